@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building and testing ember needs on Debian 12; does nothing when all of it is there.
+# usage: scripts/deps.sh [--bench]   (--bench adds libtorch-dev, ~1 GB, for bench/vs_libtorch)
+set -euo pipefail
+pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev)
+for arg in "$@"; do
+  case $arg in
+    --bench) pkgs+=(libtorch-dev) ;;
+    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${pkgs[@]}"; do
+  [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all installed"
+  exit 0
+fi
+
+sudo=()
+[ "$(id -u)" -eq 0 ] || sudo=(sudo)
+echo "deps: installing ${missing[*]}"
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every public header of include/ember compiles on its own (.cuh files need nvcc and are left out): a TU that
+# includes it twice (so a missing include guard fails too) must compile with nothing else before it.
+# usage: check_headers.sh CXX SOURCE_DIR [EIGEN_INCLUDE_DIRS, ':'-separated]
+set -euo pipefail
+cxx=$1 root=$2 eigen=${3:-/usr/include/eigen3}
+cd "$root"
+args=("$cxx" -std=c++20 -fsyntax-only -I include)
+IFS=: read -ra dirs <<<"$eigen"
+for d in "${dirs[@]}"; do args+=(-I "$d"); done
+args+=(-x c++ -)
+
+mapfile -t headers < <(find include/ember -type f -name '*.hpp' 2>/dev/null | sort)
+[ ${#headers[@]} -gt 0 ] || { echo "headers_standalone: no headers yet"; exit 0; }
+
+export log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+# Each job compiles one header; a failing one leaves its diagnostics in $log/<header with / as _>.
+printf '%s\0' "${headers[@]}" | xargs -0 -n1 -P2 bash -c \
+  'h=${!#}; i="#include <${h#include/}>"; printf "%s\n%s\n" "$i" "$i" | "${@:1:$#-1}" >"$log/${h//\//_}" 2>&1 ||
+     echo "$h" >>"$log/failed"' _ "${args[@]}"
+
+if [ -s "$log/failed" ]; then
+  mapfile -t failed < <(sort "$log/failed")
+  for h in "${failed[@]}"; do echo "==== $h"; head -n 30 "$log/${h//\//_}"; done
+  echo "headers_standalone: ${#failed[@]} of ${#headers[@]} headers do not compile on their own:"
+  printf '  %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "headers_standalone: all ${#headers[@]} headers compile on their own"

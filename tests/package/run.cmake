@@ -1,0 +1,37 @@
+# Builds and runs tests/package/consumer against ember the way a user would. Run by CTest:
+#   cmake -DMODE=add_subdirectory|find_package -DSOURCE_DIR= -DWORK_DIR= -DPREFIX= -DGENERATOR= -DCXX=
+#         -DWITH_CUDA= -P run.cmake
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release -DEMBER_WITH_CUDA=${WITH_CUDA})
+file(REMOVE_RECURSE ${WORK_DIR})
+if(MODE STREQUAL "find_package")
+  file(REMOVE_RECURSE ${PREFIX})
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/ember-build ${common}
+      -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF)
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/ember-build)
+  run(${CMAKE_COMMAND} --install ${WORK_DIR}/ember-build --prefix ${PREFIX})
+  set(how -DCMAKE_PREFIX_PATH=${PREFIX})
+elseif(MODE STREQUAL "add_subdirectory")
+  set(how -DEMBER_SOURCE_DIR=${SOURCE_DIR})
+else()
+  message(FATAL_ERROR "MODE must be add_subdirectory or find_package, not '${MODE}'")
+endif()
+
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/consumer ${common} ${how})
+if(MODE STREQUAL "find_package")
+  # The consumer must have found the package just installed, not some other ember.
+  file(STRINGS ${WORK_DIR}/consumer/CMakeCache.txt ember_dir REGEX "^ember_DIR:")
+  string(FIND "${ember_dir}" "${PREFIX}/" at)
+  if(NOT at GREATER -1)
+    message(FATAL_ERROR "consumer found ember elsewhere: ${ember_dir} (expected under ${PREFIX})")
+  endif()
+endif()
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
+run(${WORK_DIR}/consumer/consumer)
+message(STATUS "package_${MODE}: consumer built and ran")
