@@ -1,0 +1,168 @@
+// ember — the backward of fused expressions. For each leaf position P on a differentiable path, the gradient is
+// the fused expression `G * d expr / d leaf_P` (derivative.hpp), where G is the upstream gradient as an
+// expression (the output's gradient for a materialised expression; a broadcast of it, maybe scaled, for a
+// reduction). When every such leaf needs a gradient and has the full shape, all of them are written in ONE
+// pass; a broadcast leaf gets its gradient summed over the broadcast dims inside a fused reduction.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "ember/config.hpp"
+#include "ember/autograd/node.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/cpu/executor.hpp"
+#include "ember/cpu/reduce.hpp"
+#include "ember/expr/derivative.hpp"
+#include "ember/expr/nodes.hpp"
+
+namespace ember::autograd {
+
+namespace detail {
+template <class E, std::size_t... I>
+constexpr std::array<bool, sizeof...(I)> path_mask(std::index_sequence<I...>) {
+  return {expr::grad_path<E, int(I)>::value...};
+}
+template <class E>
+inline constexpr auto paths = path_mask<E>(std::make_index_sequence<E::num_leaves>{});
+template <class E>
+constexpr int path_count() {
+  int c = 0;
+  for (bool b : paths<E>) c += b;
+  return c;
+}
+template <class E>
+constexpr std::array<int, path_count<E>()> path_list() {
+  std::array<int, path_count<E>()> r{};
+  int k = 0;
+  for (int i = 0; i < E::num_leaves; ++i)
+    if (paths<E>[i]) r[k++] = i;
+  return r;
+}
+template <int P, class E>
+using leaf_value_t = typename std::remove_cvref_t<decltype(expr::leaf_at<P>(std::declval<const E&>()))>::value_type;
+}  // namespace detail
+
+/// `shape` left-padded with 1s to the rank of `space` (the keepdim form of a broadcast operand).
+inline Shape keepdim_shape(const Shape& shape, const Shape& space) {
+  Shape k;
+  k.n = space.n;
+  for (int i = 0; i < space.n; ++i) {
+    const int j = shape.n - space.n + i;
+    k[i] = j < 0 ? 1 : shape[j];
+  }
+  return k;
+}
+
+/// Sums expression ge (over `space`) down to shape `to`, which broadcasts to `space`.
+template <class U, class GE>
+Tensor<U> sum_to(const GE& ge, const Shape& space, const Shape& to) {
+  Tensor<U> out = empty<U>(keepdim_shape(to, space));
+  cpu::reduce<cpu::SumR<cpu::sum_acc_t<compute_t<U>>>>(out, ge, "backward");
+  return out.as_strided_raw(to, contiguous_strides(to), 0);
+}
+
+/// Delivers, for every leaf position of e that needs it, G * de/dleaf to node.next[P].
+template <class T, class E, class G>
+void backward_through(TypedNode<T>& node, const E& e, const G& g, const Shape& space, const std::uint64_t* versions,
+                      const char* op) {
+  constexpr auto list = detail::path_list<E>();
+  constexpr int npaths = int(list.size());
+  bool fused = npaths > 1;
+  auto check = [&]<int P>() {
+    const auto& t = expr::leaf_at<P>(e).tensor();
+    EMBER_CHECK(t.version() == versions[P], op, ": a tensor needed for gradient computation (leaf ", P, ", shape ",
+                t.shape().str(), ") was modified by an in-place operation after it was used (version ",
+                versions[P], ", now ", t.version(), "); clone() it before modifying it");
+    fused = fused && node.next[P] != nullptr && t.shape() == space;
+  };
+  [&]<std::size_t... J>(std::index_sequence<J...>) {
+    (check.template operator()<list[J]>(), ...);
+  }(std::make_index_sequence<npaths>{});
+
+  if constexpr (npaths > 1) {
+    if (fused) {
+      [&]<std::size_t... J>(std::index_sequence<J...>) {
+        auto outs = std::make_tuple(empty<detail::leaf_value_t<list[J], E>>(space)...);
+        auto exprs = std::make_tuple(expr::chain(g, expr::deriv<list[J]>(e))...);
+        cpu::assign_multi(outs, exprs, space);
+        (node.template deliver<detail::leaf_value_t<list[J], E>>(std::size_t(list[J]), std::move(std::get<J>(outs))),
+         ...);
+      }(std::make_index_sequence<npaths>{});
+      return;
+    }
+  }
+  auto one = [&]<int P>() {
+    if (!node.next[P]) return;
+    using U = detail::leaf_value_t<P, E>;
+    const auto& t = expr::leaf_at<P>(e).tensor();
+    auto ge = expr::chain(g, expr::deriv<P>(e));
+    if (t.shape() == space) {
+      Tensor<U> out = empty<U>(space);
+      cpu::assign(out, ge, op);
+      node.template deliver<U>(std::size_t(P), std::move(out));
+    } else {
+      node.template deliver<U>(std::size_t(P), sum_to<U>(ge, space, t.shape()));
+    }
+  };
+  [&]<std::size_t... J>(std::index_sequence<J...>) {
+    (one.template operator()<list[J]>(), ...);
+  }(std::make_index_sequence<npaths>{});
+}
+
+/// Saves an expression's leaves (by value) with their versions, and its edges.
+template <class E>
+struct SavedExpr {
+  std::optional<expr::owned_t<E>> e;
+  std::array<std::uint64_t, E::num_leaves> versions{};
+
+  template <class T>
+  void save(TypedNode<T>& node, const E& ex) {
+    e.emplace(expr::make_owned(ex));
+    int k = 0;
+    expr::visit_leaves(ex, [&](const auto& leaf) {
+      versions[k] = leaf.tensor().version();
+      node.next.push_back(detail::paths<E>[k] ? gradient_edge(leaf.tensor()) : nullptr);
+      ++k;
+    });
+  }
+};
+
+/// The node of a materialised expression: y = e(leaves).
+template <class T, class E>
+struct ExprNode final : TypedNode<T> {
+  SavedExpr<E> s;
+  Shape space;
+  const char* name() const override { return "ExprBackward"; }
+  void backward() override {
+    backward_through(*this, *s.e, expr::TensorLeaf<T, false>{&this->grad}, space, s.versions.data(), name());
+  }
+  void release() override { s.e.reset(); }
+};
+
+/// True when any tensor leaf of e requires a gradient and grad mode is on.
+template <class E>
+bool needs_grad(const E& e) {
+  if (!is_grad_enabled()) return false;
+  bool any = false;
+  expr::visit_leaves(e, [&](const auto& leaf) { any = any || leaf.tensor().requires_grad(); });
+  return any;
+}
+
+/// Records y = e on the tape (call after y was computed).
+template <class T, class E>
+void record_expr(Tensor<T>& y, const E& e) {
+  if constexpr (is_floating_v<T>) {
+    if (!needs_grad(e)) return;
+    auto node = std::make_shared<ExprNode<T, E>>();
+    node->s.save(*node, e);
+    node->space = y.shape();
+    node->output = y.impl_ptr();
+    set_history<T>(y, node);
+  }
+}
+
+}  // namespace ember::autograd

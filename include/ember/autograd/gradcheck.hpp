@@ -1,0 +1,73 @@
+// ember — gradcheck: compares the gradients autograd computes with central finite differences, in double
+// precision. The output is projected on a fixed random vector v, so one backward pass gives vᵀJ, and each input
+// element is perturbed by ±eps to get the same quantity numerically.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/autograd/reduce.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/random.hpp"
+#include "ember/core/tensor.hpp"
+
+namespace ember {
+
+struct GradcheckResult {
+  bool ok = true;
+  double max_error = 0;  // largest |numeric - analytic|
+  std::string message;   // the first mismatch, if any
+  explicit operator bool() const { return ok; }
+};
+
+/// f maps a list of double tensors to a double tensor of any shape. The inputs given are copied into fresh
+/// leaves (views of them may be taken inside f). Passes when |numeric - analytic| <= atol + rtol * |numeric|.
+template <class F>
+GradcheckResult gradcheck(F&& f, const std::vector<Tensor<double>>& inputs, double eps = 1e-6, double atol = 1e-5,
+                          double rtol = 1e-4) {
+  std::vector<Tensor<double>> xs;
+  for (const auto& x : inputs) {
+    Tensor<double> c = x.detach().clone();
+    c.requires_grad_(true);
+    xs.push_back(c);
+  }
+  GradcheckResult res;
+  Tensor<double> y = f(xs);
+  EMBER_CHECK(y.requires_grad(), "gradcheck: the output does not depend on any input through differentiable ops");
+  Generator gen(0x9e3779b97f4a7c15ULL);
+  Tensor<double> v = randn<double>(y.shape(), gen);
+  y.backward(v);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    Tensor<double>& x = xs[i];
+    const Tensor<double> ana = x.grad().defined() ? x.grad().contiguous() : zeros<double>(x.shape());
+    for (std::int64_t j = 0; j < x.numel(); ++j) {
+      double* p = x.data() + j;
+      const double orig = *p;
+      auto project = [&] {
+        NoGradGuard ng;
+        Tensor<double> out = f(xs);
+        return sum(out * v).item();
+      };
+      *p = orig + eps;
+      const double lp = project();
+      *p = orig - eps;
+      const double lm = project();
+      *p = orig;
+      const double num = (lp - lm) / (2 * eps), a = ana.data()[j];
+      const double err = std::fabs(num - a);
+      res.max_error = std::max(res.max_error, err);
+      if (!(err <= atol + rtol * std::fabs(num)) && res.ok) {
+        res.ok = false;
+        res.message = "gradcheck: input " + std::to_string(i) + " (shape " + x.shape().str() + "), element " +
+                      std::to_string(j) + ": numeric " + std::to_string(num) + " vs analytic " + std::to_string(a);
+      }
+    }
+  }
+  return res;
+}
+
+}  // namespace ember

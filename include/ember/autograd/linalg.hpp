@@ -1,0 +1,124 @@
+// ember — differentiable matrix products: mm, bmm, matmul (PyTorch's broadcasting rules), linear.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ember/autograd/node.hpp"
+#include "ember/autograd/reduce.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/ops/matmul.hpp"
+
+namespace ember {
+
+namespace autograd {
+/// c = a @ b for 2-D (Batched = false) or 3-D batched operands: ga = g @ bᵀ, gb = aᵀ @ g.
+template <class T, bool Batched>
+struct MatmulNode final : TypedNode<T> {
+  Saved<T> a, b;
+  const char* name() const override { return Batched ? "BmmBackward" : "MmBackward"; }
+  void release() override { a = b = Saved<T>(); }
+  void backward() override {
+    const Tensor<T>& g = this->grad;
+    const Tensor<T>& av = a.get(name());
+    const Tensor<T>& bv = b.get(name());
+    const int r = Batched ? 1 : 0;
+    if (this->next[0]) this->template deliver<T>(0, Batched ? ops::bmm(g, bv.transpose(r, r + 1)) : ops::mm(g, bv.t()));
+    if (this->next[1]) this->template deliver<T>(1, Batched ? ops::bmm(av.transpose(r, r + 1), g) : ops::mm(av.t(), g));
+  }
+};
+
+template <bool Batched, class T>
+Tensor<T> record_matmul(Tensor<T> c, const Tensor<T>& a, const Tensor<T>& b) {
+  if constexpr (is_floating_v<T>) {
+    if (is_grad_enabled() && (a.requires_grad() || b.requires_grad())) {
+      auto node = std::make_shared<MatmulNode<T, Batched>>();
+      node->next = {gradient_edge(a), gradient_edge(b)};
+      if (b.requires_grad()) node->a = Saved<T>(a);
+      if (a.requires_grad()) node->b = Saved<T>(b);
+      node->output = c.impl_ptr();
+      set_history<T>(c, node);
+    }
+  }
+  return c;
+}
+}  // namespace autograd
+
+/// Matrix product of 2-D tensors (m, k) @ (k, n).
+template <class T>
+Tensor<T> mm(const Tensor<T>& a, const Tensor<T>& b) {
+  return autograd::record_matmul<false>(ops::mm(a, b), a, b);
+}
+
+/// Batched matrix product (B, m, k) @ (B, k, n).
+template <class T>
+Tensor<T> bmm(const Tensor<T>& a, const Tensor<T>& b) {
+  return autograd::record_matmul<true>(ops::bmm(a, b), a, b);
+}
+
+/// Dot product of two 1-D tensors (one fused pass).
+template <class T>
+Tensor<T> dot(const Tensor<T>& a, const Tensor<T>& b) {
+  EMBER_CHECK(a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel(), "dot: expected two 1-D tensors of the same "
+              "size, got shapes ", a.shape().str(), " and ", b.shape().str());
+  return sum(a * b);
+}
+
+/// torch.matmul: 1-D operands are vectors, leading dims of N-D operands are broadcast batch dims.
+template <class T>
+Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
+  EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, got shapes ",
+              a.shape().str(), " and ", b.shape().str());
+  if (a.dim() == 1 && b.dim() == 1) return dot(a, b);
+  if (a.dim() == 2 && b.dim() == 2) return mm(a, b);
+  if (a.dim() == 2 && b.dim() == 1) return mm(a, b.unsqueeze(1)).squeeze(1);
+  if (a.dim() == 1 && b.dim() == 2) return mm(a.unsqueeze(0), b).squeeze(0);
+  // Batched: (..., m, k) @ (..., k, n) with broadcast batch dims.
+  const Tensor<T> a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+  const Tensor<T> b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+  const std::int64_t m = a2.size(-2), k = a2.size(-1), n = b2.size(-1);
+  EMBER_CHECK(b2.size(-2) == k, "matmul: shapes ", a.shape().str(), " and ", b.shape().str(),
+              " cannot be multiplied (", k, " != ", b2.size(-2), ")");
+  Shape out;
+  if (b2.dim() == 2) {  // (..., m, k) @ (k, n): one GEMM over the folded batch
+    Shape lead(a2.shape().begin(), a2.shape().end() - 2);
+    Tensor<T> c = mm(a2.reshape({-1, k}), b2);
+    out = lead;
+    out.push_back(m);
+    out.push_back(n);
+    Tensor<T> r = c.view(out);
+    if (b.dim() == 1) r = r.squeeze(-1);
+    return r;
+  }
+  Shape ba(a2.shape().begin(), a2.shape().end() - 2), bb(b2.shape().begin(), b2.shape().end() - 2);
+  Shape batch = broadcast_shapes(ba, bb, "matmul");
+  Shape ea = batch, eb = batch;
+  ea.push_back(m);
+  ea.push_back(k);
+  eb.push_back(k);
+  eb.push_back(n);
+  const std::int64_t B = batch.numel();
+  Tensor<T> c = bmm(a2.expand(ea).reshape({B, m, k}), b2.expand(eb).reshape({B, k, n}));
+  out = batch;
+  out.push_back(m);
+  out.push_back(n);
+  Tensor<T> r = c.view(out);
+  if (a.dim() == 1) r = r.squeeze(-2);
+  if (b.dim() == 1) r = r.squeeze(-1);
+  return r;
+}
+
+/// y = x @ wᵀ + b, as torch.nn.functional.linear (w is (out_features, in_features); b may be undefined).
+template <class T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
+  EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
+  EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
+              " does not match weight of shape ", w.shape().str(), " (expected last dim ", w.size(1), ")");
+  Tensor<T> y = matmul(x, w.t());
+  if (!b.defined()) return y;
+  EMBER_CHECK(b.dim() == 1 && b.numel() == w.size(0), "linear: bias of shape ", b.shape().str(),
+              " does not match ", w.size(0), " output features");
+  return y + b;
+}
+
+}  // namespace ember

@@ -1,0 +1,140 @@
+// ember — autograd nodes. A node is one entry of the tape: it holds what its backward needs, a buffer where the
+// gradient of its output accumulates, and one edge per input (the node that produced that input, or the
+// input's gradient sink if it is a leaf). Nodes are numbered in recording order on each thread; backward runs
+// them in reverse order of that number once all their consumers have delivered.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/executor.hpp"
+#include "ember/autograd/grad_mode.hpp"
+
+namespace ember::autograd {
+
+inline std::uint64_t next_sequence_number() {
+  thread_local std::uint64_t seq = 0;
+  return ++seq;
+}
+
+struct Node : std::enable_shared_from_this<Node> {
+  std::uint64_t seq = next_sequence_number();
+  std::vector<std::shared_ptr<Node>> next;  // per input; null where the input needs no gradient
+  bool released = false;
+
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  /// Runs hooks of the output, then computes and delivers the inputs' gradients.
+  virtual void apply() = 0;
+  /// Drops the gradient buffer after apply.
+  virtual void clear_grad() = 0;
+  /// Frees what backward needed (the tape is freed after backward unless retain_graph).
+  virtual void release() {}
+  virtual bool is_accumulator() const { return false; }
+};
+
+/// A node whose output has element type T.
+template <class T>
+struct TypedNode : Node {
+  Tensor<T> grad;                       // gradient of the output, accumulated from its consumers
+  std::weak_ptr<TensorImpl<T>> output;  // the output tensor, for retain_grad() and hooks
+
+  /// Adds g into the gradient buffer.
+  void accumulate(Tensor<T> g) {
+    if (!grad.defined()) {
+      grad = std::move(g);
+      return;
+    }
+    Tensor<T> sum = empty<T>(grad.shape(), grad.device());
+    cpu::assign(sum, expr::make_binary(ops_table::Add{}, grad, g), "backward");
+    grad = std::move(sum);
+  }
+  void clear_grad() override { grad = Tensor<T>(); }
+
+  void apply() final {
+    if (!grad.defined()) return;  // no consumer produced a gradient
+    if (auto out = output.lock(); out && out->meta) {
+      AutogradMeta<T>& m = *out->meta;
+      if (m.retains_grad) m.grad = grad.clone();
+      for (auto& h : m.hooks) h(grad);
+    }
+    backward();
+  }
+  /// Computes the inputs' gradients from `grad` and delivers them.
+  virtual void backward() = 0;
+
+  /// Sends g to input k's node (when that input needs a gradient).
+  template <class U>
+  void deliver(std::size_t k, Tensor<U> g) {
+    if (k < next.size() && next[k]) static_cast<TypedNode<U>*>(next[k].get())->accumulate(std::move(g));
+  }
+};
+
+/// The gradient sink of a leaf: adds into leaf.grad() and then runs the leaf's gradient-ready hooks.
+template <class T>
+struct AccumulateGrad final : TypedNode<T> {
+  std::shared_ptr<TensorImpl<T>> leaf;
+
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl<T>> l) : leaf(std::move(l)) {
+    this->seq = std::numeric_limits<std::uint64_t>::max();  // run as soon as ready
+  }
+  const char* name() const override { return "AccumulateGrad"; }
+  bool is_accumulator() const override { return true; }
+  void backward() override {
+    AutogradMeta<T>& m = *leaf->meta;
+    Tensor<T>& g = this->grad;
+    if (!m.grad.defined()) {
+      // Keep the buffer when nothing else can see it; copy it otherwise (later accumulation is in place).
+      const bool exclusive = g.is_contiguous() && g.storage().use_count() == 1 && g.numel() == g.storage()->nbytes / sizeof(T);
+      m.grad = exclusive ? g : g.detach().clone();
+    } else {
+      cpu::assign(m.grad, expr::make_binary(ops_table::Add{}, m.grad, g), "backward");
+    }
+    for (auto& h : m.hooks) h(m.grad);
+  }
+};
+
+/// The node that receives t's gradient: its producer, or (for a leaf) its gradient sink; null if none.
+template <class T>
+std::shared_ptr<Node> gradient_edge(const Tensor<T>& t) {
+  if (!t.requires_grad()) return nullptr;
+  AutogradMeta<T>& m = t.meta();
+  if (m.grad_fn) return m.grad_fn;
+  if (auto acc = m.accumulator.lock()) return acc;
+  auto acc = std::make_shared<AccumulateGrad<T>>(t.impl_ptr());
+  m.accumulator = acc;
+  return acc;
+}
+
+/// Marks `out` as produced by `node` (which must already have its edges).
+template <class T>
+void set_history(Tensor<T>& out, const std::shared_ptr<TypedNode<T>>& node) {
+  AutogradMeta<T>& m = out.meta();
+  m.requires_grad = true;
+  m.grad_fn = node;
+}
+
+/// Records the storage version of a saved tensor, to detect in-place changes before backward.
+template <class T>
+struct Saved {
+  Tensor<T> t;
+  std::uint64_t version = 0;
+  Saved() = default;
+  explicit Saved(const Tensor<T>& x) : t(x), version(x.defined() ? x.version() : 0) {}
+  const Tensor<T>& get(const char* op) const {
+    EMBER_CHECK(!t.defined() || t.version() == version, op,
+                ": a tensor needed for gradient computation (shape ", t.shape().str(),
+                ") was modified by an in-place operation after it was used (version ", version, ", now ",
+                t.version(), "); clone() it before modifying it");
+    return t;
+  }
+};
+
+}  // namespace ember::autograd

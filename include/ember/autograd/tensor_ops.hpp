@@ -1,0 +1,221 @@
+// ember — the members of Tensor<T> that need the executor or autograd (declared in core/tensor.hpp as
+// detail::TensorOps<T>): materialising and assigning expressions, copies, views' backward, and backward().
+#pragma once
+
+#include <memory>
+#include <type_traits>
+
+#include "ember/autograd/engine.hpp"
+#include "ember/autograd/expr_backward.hpp"
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/node.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/executor.hpp"
+#include "ember/expr/nodes.hpp"
+
+namespace ember::autograd {
+
+/// Backward of a view: maps the view's gradient back onto the base's shape.
+template <class T>
+struct ViewNode final : TypedNode<T> {
+  Shape base_shape;
+  ViewOp op;
+  const char* name() const override {
+    switch (op.kind) {
+      case ViewOp::Permute: return "PermuteBackward";
+      case ViewOp::Expand: return "ExpandBackward";
+      case ViewOp::Slice: return "SliceBackward";
+      case ViewOp::Select: return "SelectBackward";
+      default: return "ViewBackward";
+    }
+  }
+  void backward() override {
+    const Tensor<T>& g = this->grad;
+    switch (op.kind) {
+      case ViewOp::Reshape:
+        this->template deliver<T>(0, g.reshape(base_shape));
+        return;
+      case ViewOp::Permute: {
+        std::vector<std::int64_t> inv(std::size_t(op.perm.n));
+        for (int i = 0; i < op.perm.n; ++i) inv[std::size_t(op.perm[i])] = i;
+        this->template deliver<T>(0, g.permute(inv));
+        return;
+      }
+      case ViewOp::Expand:
+        this->template deliver<T>(0, sum_to<T>(expr::TensorLeaf<T, false>{&g}, g.shape(), base_shape));
+        return;
+      case ViewOp::Slice:
+      case ViewOp::Select: {
+        Tensor<T> gb = zeros<T>(base_shape, g.device());
+        Tensor<T> part = op.kind == ViewOp::Slice ? gb.slice(op.dim, op.start, op.end, op.step)
+                                                  : gb.select(op.dim, op.start);
+        cpu::assign(part, expr::TensorLeaf<T, false>{&g}, name());
+        this->template deliver<T>(0, std::move(gb));
+        return;
+      }
+    }
+  }
+};
+
+}  // namespace ember::autograd
+
+namespace ember::detail {
+
+template <class T>
+struct TensorOps {
+  /// Turns any right-hand side (tensor, expression, scalar) into an expression node.
+  template <class X>
+  static auto node_of(const X& x) {
+    if constexpr (std::is_arithmetic_v<X> || std::is_same_v<X, T>) return expr::ScalarLeaf<T>{compute_t<T>(x)};
+    else if constexpr (expr::is_tensor_v<X>) return expr::TensorLeaf<typename X::value_type, false>{&x};
+    else return x;
+  }
+
+  template <class E>
+  static Tensor<T> materialize(const E& e) {
+    static_assert(std::is_same_v<typename E::value_type, T>,
+                  "ember: the expression's dtype differs from the tensor's; wrap it in cast<T>(...)");
+    Device dev = Device::cpu();
+    bool have = false;
+    expr::visit_leaves(e, [&](const auto& leaf) {
+      if (!have) dev = leaf.tensor().device();
+      have = true;
+    });
+    Tensor<T> out = empty<T>(e.shape(), dev);
+    cpu::assign(out, e, "materialize");
+    autograd::record_expr(out, e);
+    return out;
+  }
+
+  /// y (=, +=, -=, *=, /=) x, written into y's memory in one pass. mode: 0 = assign, 1..4 = + - * /.
+  template <class X>
+  static void assign(Tensor<T>& y, const X& x, int mode) {
+    auto rhs = node_of(x);
+    if (!y.defined()) {
+      EMBER_CHECK(mode == 0, "compound assignment to an undefined tensor");
+      if constexpr (expr::is_tensor_v<X>) y = x;
+      else y = materialize(rhs);
+      return;
+    }
+    using L = expr::TensorLeaf<T, false>;
+    switch (mode) {
+      case 0: return write(y, rhs);
+      case 1: return write(y, expr::BinaryExpr<ops_table::Add, L, decltype(rhs)>{{}, L{&y}, rhs});
+      case 2: return write(y, expr::BinaryExpr<ops_table::Sub, L, decltype(rhs)>{{}, L{&y}, rhs});
+      case 3: return write(y, expr::BinaryExpr<ops_table::Mul, L, decltype(rhs)>{{}, L{&y}, rhs});
+      default: return write(y, expr::BinaryExpr<ops_table::Div, L, decltype(rhs)>{{}, L{&y}, rhs});
+    }
+  }
+
+  template <class E>
+  static void write(Tensor<T>& y, const E& e) {
+    static_assert(std::is_same_v<typename E::value_type, T>,
+                  "ember: the expression's dtype differs from the tensor's; wrap it in cast<T>(...)");
+    if constexpr (is_floating_v<T>) {
+      if (autograd::needs_grad(e)) {
+        EMBER_CHECK(!(y.is_leaf() && y.requires_grad()), "in-place assignment: the target (shape ", y.shape().str(),
+                    ") is a leaf that requires grad; do it under NoGradGuard or assign into a new tensor");
+        EMBER_CHECK(!y.is_view(), "in-place assignment: writing a differentiable expression into a view (shape ",
+                    y.shape().str(), ") is not supported; materialise into a new tensor instead");
+        EMBER_CHECK(y.shape() == e.shape(), "in-place assignment: a differentiable result of shape ",
+                    e.shape().str(), " cannot be broadcast into shape ", y.shape().str());
+        // The node must see the operands' values from before the write: save copies of any that alias y.
+        auto saved = expr::make_owned(e);
+        auto node = std::make_shared<autograd::ExprNode<T, decltype(saved)>>();
+        node->s.save(*node, saved);
+        bool aliased = false;
+        expr::visit_leaves(*node->s.e, [&](auto& leaf) {
+          if (leaf.tensor().storage() == y.storage()) aliased = true;
+        });
+        if (aliased) {
+          int k = 0;
+          visit_mut(*node->s.e, [&](auto& leaf) {
+            if (leaf.ref.storage() == y.storage()) {
+              leaf.ref = leaf.ref.detach().clone();
+              node->s.versions[std::size_t(k)] = leaf.ref.version();
+            }
+            ++k;
+          });
+        }
+        cpu::assign(y, e, "assign");
+        node->space = y.shape();
+        node->output = y.impl_ptr();
+        y.meta().requires_grad = true;
+        y.meta().grad_fn = node;
+        return;
+      }
+    }
+    cpu::assign(y, e, "assign");
+  }
+
+  static void fill(Tensor<T>& t, T v) {
+    EMBER_CHECK(!(t.is_leaf() && t.requires_grad() && is_grad_enabled()), "fill_: the tensor is a leaf that "
+                "requires grad; fill it under NoGradGuard");
+    cpu::assign(t, expr::ScalarLeaf<T>{compute_t<T>(v)}, "fill_");
+  }
+
+  static Tensor<T> clone(const Tensor<T>& t) { return materialize(expr::TensorLeaf<T, false>{&t}); }
+
+  static void record_view(const Tensor<T>& base, Tensor<T>& view, const ViewOp& op) {
+    if constexpr (is_floating_v<T>) {
+      if (!is_grad_enabled()) return;
+      auto node = std::make_shared<autograd::ViewNode<T>>();
+      node->base_shape = base.shape();
+      node->op = op;
+      node->next.push_back(autograd::gradient_edge(base));
+      node->output = view.impl_ptr();
+      autograd::set_history<T>(view, node);
+    }
+  }
+
+  static void backward(const Tensor<T>& root, const Tensor<T>& gradient, bool retain_graph) {
+    if constexpr (!is_floating_v<T>) {
+      EMBER_CHECK(false, "backward: called on a ", dtype_name<T>(), " tensor; only floating tensors have gradients");
+    } else {
+      EMBER_CHECK(root.requires_grad(), "backward: the tensor (shape ", root.shape().str(),
+                  ") does not require grad and has no grad_fn; did you forget requires_grad_() on a leaf, or run "
+                  "the forward pass under NoGradGuard?");
+      Tensor<T> g = gradient;
+      if (!g.defined()) {
+        EMBER_CHECK(root.numel() == 1, "backward: a gradient can be created implicitly only for a one-element "
+                    "output, but the output has shape ", root.shape().str(), "; pass backward(gradient)");
+        g = ones<T>(root.shape(), root.device());
+      }
+      EMBER_CHECK(g.shape() == root.shape(), "backward: the gradient has shape ", g.shape().str(),
+                  " but the output has shape ", root.shape().str());
+      auto node = autograd::gradient_edge(root);
+      static_cast<autograd::TypedNode<T>*>(node.get())->accumulate(g);
+      autograd::run_backward(node, retain_graph);
+    }
+  }
+
+ private:
+  template <class F, class U, bool O>
+  static void visit_mut(expr::TensorLeaf<U, O>& l, F&& f) {
+    f(l);
+  }
+  template <class F, class U>
+  static void visit_mut(expr::ScalarLeaf<U>&, F&&) {}
+  template <class F, class Op, class A>
+  static void visit_mut(expr::UnaryExpr<Op, A>& e, F&& f) {
+    visit_mut(e.a, f);
+  }
+  template <class F, class Op, class A, class B>
+  static void visit_mut(expr::BinaryExpr<Op, A, B>& e, F&& f) {
+    visit_mut(e.a, f);
+    visit_mut(e.b, f);
+  }
+  template <class F, class C, class A, class B>
+  static void visit_mut(expr::WhereExpr<C, A, B>& e, F&& f) {
+    visit_mut(e.c, f);
+    visit_mut(e.a, f);
+    visit_mut(e.b, f);
+  }
+  template <class F, class U, class A>
+  static void visit_mut(expr::CastExpr<U, A>& e, F&& f) {
+    visit_mut(e.a, f);
+  }
+};
+
+}  // namespace ember::detail

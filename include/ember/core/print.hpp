@@ -1,0 +1,142 @@
+// ember — printing tensors the way PyTorch does: `tensor([[ 1.0000, -2.5000], ...], dtype=..., requires_grad=True)`.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ember/core/tensor.hpp"
+
+namespace ember {
+
+namespace detail {
+
+struct PrintFormat {
+  enum { Int, IntFloat, Fixed, Sci } kind = Fixed;
+  int width = 1;
+};
+
+template <class T>
+std::string format_value(T v, const PrintFormat& f) {
+  char buf[64];
+  if constexpr (std::is_same_v<T, bool>) {
+    std::snprintf(buf, sizeof buf, "%s", v ? "True" : "False");
+  } else if constexpr (!is_floating_v<T>) {
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+  } else {
+    const double d = double(static_cast<compute_t<T>>(v));
+    if (std::isnan(d)) std::snprintf(buf, sizeof buf, "nan");
+    else if (std::isinf(d)) std::snprintf(buf, sizeof buf, "%s", d > 0 ? "inf" : "-inf");
+    else if (f.kind == PrintFormat::IntFloat) std::snprintf(buf, sizeof buf, "%.0f.", d);
+    else if (f.kind == PrintFormat::Sci) std::snprintf(buf, sizeof buf, "%.4e", d);
+    else std::snprintf(buf, sizeof buf, "%.4f", d);
+  }
+  std::string s(buf);
+  if (int(s.size()) < f.width) s.insert(0, std::size_t(f.width - int(s.size())), ' ');
+  return s;
+}
+
+// Index lists to show along a dim of size n: all of them, or the first and last `edge` around a gap (-1).
+inline std::vector<std::int64_t> shown(std::int64_t n, bool summarize, int edge = 3) {
+  std::vector<std::int64_t> v;
+  if (!summarize || n <= 2 * edge) {
+    for (std::int64_t i = 0; i < n; ++i) v.push_back(i);
+  } else {
+    for (int i = 0; i < edge; ++i) v.push_back(i);
+    v.push_back(-1);
+    for (std::int64_t i = n - edge; i < n; ++i) v.push_back(i);
+  }
+  return v;
+}
+
+template <class T>
+void print_rec(std::ostream& os, const Tensor<T>& t, int d, std::int64_t off, const PrintFormat& f, bool summarize,
+               int indent) {
+  os << '[';
+  const auto idx = shown(t.shape()[d], summarize);
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    if (k) {
+      if (d == t.dim() - 1) os << ", ";
+      else {
+        os << ',';
+        for (int nl = 0; nl < t.dim() - 1 - d; ++nl) os << '\n';
+        os << std::string(std::size_t(indent + d + 1), ' ');
+      }
+    }
+    if (idx[k] < 0) {
+      os << "...";
+      continue;
+    }
+    const std::int64_t o = off + idx[k] * t.strides()[d];
+    if (d == t.dim() - 1) os << format_value(t.data()[o], f);
+    else print_rec(os, t, d + 1, o, f, summarize, indent);
+  }
+  os << ']';
+}
+
+}  // namespace detail
+
+template <class T>
+std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
+  if (!t.defined()) return os << "tensor(undefined)";
+  EMBER_CHECK(t.device().is_cpu(), "printing: copy the tensor to the CPU first (it is on ", t.device().str(), ")");
+  const bool summarize = t.numel() > 1000;
+  // Choose one format for every element, as PyTorch does.
+  detail::PrintFormat f;
+  if constexpr (is_floating_v<T>) {
+    double mx = 0, mn = INFINITY;
+    bool integral = true;
+    const T* p = t.data();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      std::int64_t off = 0, r = i;
+      for (int d = t.dim() - 1; d >= 0; --d) {
+        off += (r % t.shape()[d]) * t.strides()[d];
+        r /= t.shape()[d];
+      }
+      const double v = double(static_cast<compute_t<T>>(p[off]));
+      if (!std::isfinite(v)) continue;
+      integral = integral && v == std::nearbyint(v);
+      mx = std::max(mx, std::fabs(v));
+      if (v != 0) mn = std::min(mn, std::fabs(v));
+    }
+    const bool any_nonzero = mn != INFINITY;
+    if (integral && mx < 1e8) f.kind = detail::PrintFormat::IntFloat;
+    else if (any_nonzero && (mx / mn > 1000 || mx > 1e8 || mn < 1e-4)) f.kind = detail::PrintFormat::Sci;
+    else f.kind = detail::PrintFormat::Fixed;
+  } else {
+    f.kind = detail::PrintFormat::Int;
+  }
+  // Width: the widest formatted element.
+  if (t.numel() > 0) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      std::int64_t off = 0, r = i;
+      for (int d = t.dim() - 1; d >= 0; --d) {
+        off += (r % t.shape()[d]) * t.strides()[d];
+        r /= t.shape()[d];
+      }
+      f.width = std::max(f.width, int(detail::format_value(t.data()[off], detail::PrintFormat{f.kind, 1}).size()));
+    }
+  }
+  os << "tensor(";
+  if (t.dim() == 0) os << detail::format_value(t.data()[0], f);
+  else detail::print_rec(os, t, 0, 0, f, summarize, 7);
+  if (t.device().is_cuda()) os << ", device='" << t.device().str() << "'";
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, std::int64_t> && !std::is_same_v<T, bool>)
+    os << ", dtype=torch." << dtype_name<T>();
+  if (t.has_meta() && t.meta().grad_fn) os << ", grad_fn=<" << "Backward>";
+  else if (t.requires_grad()) os << ", requires_grad=True";
+  return os << ')';
+}
+
+/// The printed form as a string.
+template <class T>
+std::string to_string(const Tensor<T>& t) {
+  std::ostringstream os;
+  os << t;
+  return os.str();
+}
+
+}  // namespace ember

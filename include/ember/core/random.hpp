@@ -1,0 +1,71 @@
+// ember — a seedable counter-based random generator (Philox-4x32-10): the stream is a pure function of
+// (seed, offset), so results do not depend on how work is split across threads or devices.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "ember/config.hpp"
+
+namespace ember {
+
+class Generator {
+ public:
+  explicit Generator(std::uint64_t seed = 0x853c49e6748fea9bULL) : seed_(seed) {}
+
+  void manual_seed(std::uint64_t seed) {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  std::uint64_t seed() const { return seed_; }
+  /// How many 128-bit blocks have been used; with the seed, the whole state (checkpoints save both).
+  std::uint64_t offset() const { return offset_; }
+  void set_offset(std::uint64_t o) { offset_ = o; }
+
+  /// Reserves n blocks of four 32-bit values and returns the first block's counter.
+  std::uint64_t reserve(std::uint64_t n) {
+    const std::uint64_t c = offset_;
+    offset_ += n;
+    return c;
+  }
+
+  /// The four 32-bit values of block `counter`.
+  EMBER_HOST_DEVICE static void block(std::uint64_t seed, std::uint64_t counter, std::uint32_t out[4]) {
+    std::uint32_t c0 = std::uint32_t(counter), c1 = std::uint32_t(counter >> 32), c2 = 0, c3 = 0;
+    std::uint32_t k0 = std::uint32_t(seed), k1 = std::uint32_t(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+      const std::uint64_t p0 = std::uint64_t(0xD2511F53u) * c0, p1 = std::uint64_t(0xCD9E8D57u) * c2;
+      const std::uint32_t n0 = std::uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = std::uint32_t(p0 >> 32) ^ c3 ^ k1;
+      c1 = std::uint32_t(p1);
+      c3 = std::uint32_t(p0);
+      c0 = n0;
+      c2 = n2;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+  }
+
+  /// Uniform float in [0, 1) from 24 random bits.
+  EMBER_HOST_DEVICE static float to_unit_float(std::uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
+  /// Uniform double in [0, 1) from 53 random bits.
+  EMBER_HOST_DEVICE static double to_unit_double(std::uint32_t a, std::uint32_t b) {
+    return double((std::uint64_t(a) << 21) ^ (b >> 11)) * (1.0 / 9007199254740992.0);
+  }
+
+ private:
+  std::uint64_t seed_;
+  std::uint64_t offset_ = 0;
+};
+
+/// The process-wide default generator (what torch.manual_seed sets).
+inline Generator& default_generator() {
+  static Generator g;
+  return g;
+}
+inline void manual_seed(std::uint64_t seed) { default_generator().manual_seed(seed); }
+
+}  // namespace ember

@@ -1,0 +1,142 @@
+// ember — Shape (sizes or strides), contiguous strides and NumPy/PyTorch broadcasting.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "ember/config.hpp"
+
+namespace ember {
+
+/// Most dimensions a tensor may have. A Shape is a fixed-capacity array so it can be copied into a kernel.
+inline constexpr int kMaxDims = 8;
+
+/// A small fixed-capacity list of int64 extents (also used for strides). Trivially copyable.
+struct Shape {
+  std::int64_t d[kMaxDims] = {};
+  int n = 0;
+
+  Shape() = default;
+  Shape(std::initializer_list<std::int64_t> il) { assign(il.begin(), il.end()); }
+  explicit Shape(const std::vector<std::int64_t>& v) { assign(v.begin(), v.end()); }
+  template <class It>
+  Shape(It b, It e) {
+    assign(b, e);
+  }
+
+  EMBER_HOST_DEVICE int size() const { return n; }
+  EMBER_HOST_DEVICE bool empty() const { return n == 0; }
+  EMBER_HOST_DEVICE std::int64_t& operator[](int i) { return d[i]; }
+  EMBER_HOST_DEVICE const std::int64_t& operator[](int i) const { return d[i]; }
+  std::int64_t* begin() { return d; }
+  std::int64_t* end() { return d + n; }
+  const std::int64_t* begin() const { return d; }
+  const std::int64_t* end() const { return d + n; }
+  std::int64_t back() const { return d[n - 1]; }
+
+  void push_back(std::int64_t v) {
+    EMBER_CHECK(n < kMaxDims, "Shape: at most ", kMaxDims, " dimensions are supported");
+    d[n++] = v;
+  }
+  void insert(int pos, std::int64_t v) {
+    push_back(0);
+    for (int i = n - 1; i > pos; --i) d[i] = d[i - 1];
+    d[pos] = v;
+  }
+  void erase(int pos) {
+    for (int i = pos; i + 1 < n; ++i) d[i] = d[i + 1];
+    --n;
+  }
+
+  /// Product of the extents (1 for a 0-d shape).
+  std::int64_t numel() const {
+    std::int64_t p = 1;
+    for (int i = 0; i < n; ++i) p *= d[i];
+    return p;
+  }
+  std::vector<std::int64_t> vec() const { return {d, d + n}; }
+
+  friend bool operator==(const Shape& a, const Shape& b) {
+    if (a.n != b.n) return false;
+    for (int i = 0; i < a.n; ++i)
+      if (a.d[i] != b.d[i]) return false;
+    return true;
+  }
+
+  /// "[2, 3]", as error messages print shapes.
+  std::string str() const {
+    std::string s = "[";
+    for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  }
+
+ private:
+  template <class It>
+  void assign(It b, It e) {
+    n = 0;
+    for (; b != e; ++b) push_back(static_cast<std::int64_t>(*b));
+  }
+};
+
+inline std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
+
+/// Row-major strides of a contiguous tensor of this shape.
+inline Shape contiguous_strides(const Shape& shape) {
+  Shape st;
+  st.n = shape.n;
+  std::int64_t s = 1;
+  for (int i = shape.n - 1; i >= 0; --i) {
+    st[i] = s;
+    s *= shape[i] > 1 ? shape[i] : 1;
+  }
+  return st;
+}
+
+/// True when (shape, strides) address memory densely in row-major order (size-1 dims may have any stride).
+inline bool is_contiguous(const Shape& shape, const Shape& strides) {
+  std::int64_t expect = 1;
+  for (int i = shape.n - 1; i >= 0; --i) {
+    if (shape[i] == 1) continue;
+    if (strides[i] != expect) return false;
+    expect *= shape[i];
+  }
+  return true;
+}
+
+/// Wraps a possibly negative dim into [0, ndim); `op` names the caller in the error.
+inline int wrap_dim(std::int64_t dim, int ndim, const char* op) {
+  const int lim = ndim > 0 ? ndim : 1;
+  EMBER_CHECK(dim >= -lim && dim < lim, op, ": dim ", dim, " is out of range for a tensor of ", ndim,
+              " dimensions (expected a dim in [", -lim, ", ", lim - 1, "])");
+  return static_cast<int>(dim < 0 ? dim + lim : dim);
+}
+
+/// The broadcast of two shapes under NumPy/PyTorch rules (align right; 1 stretches), or an Error naming `op`.
+inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  Shape out;
+  const int n = a.n > b.n ? a.n : b.n;
+  out.n = n;
+  for (int i = 0; i < n; ++i) {
+    const int ia = a.n - n + i, ib = b.n - n + i;
+    const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    EMBER_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", a.str(), " and ", b.str(),
+                " cannot be broadcast together (dim ", i - n, ": ", da, " vs ", db, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+/// Strides that read a tensor of (shape, strides) as if it had the larger shape `to` (stride 0 where broadcast).
+inline Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to) {
+  Shape st;
+  st.n = to.n;
+  for (int i = 0; i < to.n; ++i) {
+    const int j = shape.n - to.n + i;
+    st[i] = (j < 0 || shape[j] == 1) ? 0 : strides[j];
+  }
+  return st;
+}
+
+}  // namespace ember

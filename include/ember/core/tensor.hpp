@@ -1,0 +1,489 @@
+// ember — Tensor<T>: a cheap shared handle to (storage, shape, strides, offset, autograd slot), like
+// torch::Tensor. Copying a handle shares the data; clone() copies it. Views share storage.
+//
+// The geometry of views is computed here. What needs a higher layer (running a loop, recording a backward node,
+// running backward) goes through detail::TensorOps<T>, which autograd/tensor_ops.hpp defines; include
+// <ember/ember.hpp> to use those members.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/device.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/shape.hpp"
+#include "ember/core/storage.hpp"
+
+namespace ember {
+
+template <class T>
+class Tensor;
+
+namespace autograd {
+struct Node;
+}
+
+/// How a view was derived from its base; autograd replays it (or its inverse) in backward.
+struct ViewOp {
+  enum Kind : unsigned char { Reshape, Permute, Expand, Slice, Select } kind = Reshape;
+  Shape perm;  // Permute: out dim i is base dim perm[i]
+  int dim = 0;
+  std::int64_t start = 0, end = 0, step = 1;  // Slice (normalised); Select uses start as the index
+};
+
+namespace detail {
+/// Members of Tensor that need the executor or autograd; defined in autograd/tensor_ops.hpp.
+template <class T>
+struct TensorOps;
+/// Specialised true by expr/ for its expression node types.
+template <class E>
+struct is_expression : std::false_type {};
+}  // namespace detail
+
+template <class E>
+concept Expression = detail::is_expression<std::remove_cvref_t<E>>::value;
+
+/// The autograd slot of a tensor: created on demand, shared by every handle to the same tensor.
+template <class T>
+struct AutogradMeta;
+
+template <class T>
+struct TensorImpl {
+  Storage storage;
+  Shape sizes;    // (d0, d1, ...)
+  Shape strides;  // in elements
+  std::int64_t offset = 0;
+  bool is_view = false;  // shares storage with a tensor it was derived from
+  std::unique_ptr<AutogradMeta<T>> meta;
+};
+
+template <class T>
+class Tensor {
+  static_assert(Dtype<T>, "ember::Tensor<T>: T must be one of float, double, half, bfloat16, int32_t, int64_t, "
+                          "uint8_t or bool");
+
+ public:
+  using value_type = T;
+
+  /// An undefined tensor (no storage), like a default torch::Tensor.
+  Tensor() = default;
+  /// Wraps an existing implementation (used by creation functions and views).
+  explicit Tensor(std::shared_ptr<TensorImpl<T>> impl) : impl_(std::move(impl)) {}
+  /// Materialises an element-wise expression in one pass (and records one autograd node when needed).
+  template <Expression E>
+  Tensor(const E& e) : Tensor(detail::TensorOps<T>::materialize(e)) {}  // NOLINT: implicit on purpose
+
+  Tensor(const Tensor&) = default;
+  Tensor(Tensor&&) noexcept = default;
+  /// Rebinds the handle (shares `other`'s data), as assignment of torch::Tensor does.
+  Tensor& operator=(const Tensor&) = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  /// Writes an expression into this tensor's memory (through views), in one pass; allocates when undefined.
+  template <Expression E>
+  Tensor& operator=(const E& e) {
+    detail::TensorOps<T>::assign(*this, e, 0);
+    return *this;
+  }
+  template <class E>
+  Tensor& operator+=(const E& e) {
+    detail::TensorOps<T>::assign(*this, e, 1);
+    return *this;
+  }
+  template <class E>
+  Tensor& operator-=(const E& e) {
+    detail::TensorOps<T>::assign(*this, e, 2);
+    return *this;
+  }
+  template <class E>
+  Tensor& operator*=(const E& e) {
+    detail::TensorOps<T>::assign(*this, e, 3);
+    return *this;
+  }
+  template <class E>
+  Tensor& operator/=(const E& e) {
+    detail::TensorOps<T>::assign(*this, e, 4);
+    return *this;
+  }
+
+  // ---- geometry -------------------------------------------------------------------------------------------
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().sizes; }
+  const Shape& sizes() const { return impl().sizes; }
+  const Shape& strides() const { return impl().strides; }
+  std::int64_t size(std::int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+  std::int64_t stride(std::int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+  int dim() const { return impl().sizes.n; }
+  std::int64_t numel() const { return impl().sizes.numel(); }
+  std::int64_t storage_offset() const { return impl().offset; }
+  Device device() const { return impl().storage->device; }
+  bool is_contiguous() const { return ember::is_contiguous(shape(), strides()); }
+  bool is_view() const { return impl().is_view; }
+  const Storage& storage() const { return impl().storage; }
+  /// Pointer to element (0, ..., 0).
+  T* data() const { return static_cast<T*>(impl().storage->data) + impl().offset; }
+  /// Bumped by every in-place write to the storage; autograd checks it.
+  std::uint64_t version() const { return impl().storage->version.load(std::memory_order_relaxed); }
+  void bump_version() const { impl().storage->version.fetch_add(1, std::memory_order_relaxed); }
+  bool same_impl(const Tensor& o) const { return impl_ == o.impl_; }
+  TensorImpl<T>* unsafe_impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl<T>>& impl_ptr() const { return impl_; }
+
+  // ---- element access (CPU tensors) ---------------------------------------------------------------------
+  /// The single element of a one-element tensor.
+  T item() const {
+    EMBER_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape().str());
+    check_cpu("item");
+    return *data();
+  }
+  /// Bounds-checked reference to one element: `x.at(1, 2) = 3.f;`.
+  template <class... I>
+  T& at(I... idx) const {
+    static_assert((std::is_integral_v<I> && ...), "at: indices must be integers");
+    const std::int64_t ix[] = {static_cast<std::int64_t>(idx)..., 0};
+    constexpr int n = sizeof...(I);
+    EMBER_CHECK(n == dim(), "at: got ", n, " indices for a tensor of shape ", shape().str());
+    check_cpu("at");
+    std::int64_t off = 0;
+    for (int i = 0; i < n; ++i) {
+      std::int64_t v = ix[i];
+      const std::int64_t s = shape()[i];
+      EMBER_CHECK(v >= -s && v < s, "at: index ", v, " is out of range for dim ", i, " of size ", s,
+                  " (shape ", shape().str(), ")");
+      off += (v < 0 ? v + s : v) * strides()[i];
+    }
+    return data()[off];
+  }
+  /// Copies the elements (in row-major order) into a vector.
+  std::vector<T> to_vector() const {
+    check_cpu("to_vector");
+    Tensor c = contiguous();
+    return std::vector<T>(c.data(), c.data() + c.numel());
+  }
+
+  // ---- views (share storage; differentiable) ------------------------------------------------------------
+  /// Elements start, start+step, ... < end along dim; negative start/end count from the end, as in Python.
+  Tensor slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step = 1) const {
+    const int dd = wrap_dim(d, dim(), "slice");
+    EMBER_CHECK(step > 0, "slice: step must be positive, got ", step);
+    const std::int64_t n = shape()[dd];
+    auto clampi = [n](std::int64_t v) { return v < 0 ? (v + n < 0 ? 0 : v + n) : (v > n ? n : v); };
+    start = clampi(start);
+    end = clampi(end);
+    if (end < start) end = start;
+    Shape sz = shape(), st = strides();
+    sz[dd] = (end - start + step - 1) / step;
+    st[dd] *= step;
+    return view_of(sz, st, storage_offset() + start * strides()[dd], {ViewOp::Slice, {}, dd, start, end, step});
+  }
+  Tensor narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
+    const int dd = wrap_dim(d, dim(), "narrow");
+    EMBER_CHECK(start >= 0 && length >= 0 && start + length <= shape()[dd], "narrow: range [", start, ", ",
+                start + length, ") is out of bounds for dim ", dd, " of shape ", shape().str());
+    return slice(dd, start, start + length);
+  }
+  /// Removes dim d, keeping index i.
+  Tensor select(std::int64_t d, std::int64_t i) const {
+    const int dd = wrap_dim(d, dim(), "select");
+    const std::int64_t n = shape()[dd];
+    EMBER_CHECK(i >= -n && i < n, "select: index ", i, " is out of range for dim ", dd, " of size ", n,
+                " (shape ", shape().str(), ")");
+    if (i < 0) i += n;
+    Shape sz = shape(), st = strides();
+    sz.erase(dd);
+    st.erase(dd);
+    return view_of(sz, st, storage_offset() + i * strides()[dd], {ViewOp::Select, {}, dd, i, i + 1, 1});
+  }
+  /// x[i] is x.select(0, i), as in PyTorch.
+  Tensor operator[](std::int64_t i) const { return select(0, i); }
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const {
+    const int a = wrap_dim(d0, dim(), "transpose"), b = wrap_dim(d1, dim(), "transpose");
+    Shape sz = shape(), st = strides();
+    std::swap(sz[a], sz[b]);
+    std::swap(st[a], st[b]);
+    Shape perm;
+    for (int i = 0; i < dim(); ++i) perm.push_back(i);
+    std::swap(perm[a], perm[b]);
+    return view_of(sz, st, storage_offset(), {ViewOp::Permute, perm});
+  }
+  /// Transpose of a matrix (a 0-d or 1-d tensor is returned as is).
+  Tensor t() const {
+    EMBER_CHECK(dim() <= 2, "t: expected a tensor of at most 2 dimensions, got shape ", shape().str());
+    return dim() < 2 ? *this : transpose(0, 1);
+  }
+  Tensor permute(std::initializer_list<std::int64_t> order) const { return permute(std::vector(order)); }
+  Tensor permute(const std::vector<std::int64_t>& order) const {
+    EMBER_CHECK(int(order.size()) == dim(), "permute: got ", order.size(), " dims for a tensor of shape ",
+                shape().str());
+    Shape sz, st, perm;
+    bool seen[kMaxDims] = {};
+    for (auto o : order) {
+      const int d = wrap_dim(o, dim(), "permute");
+      EMBER_CHECK(!seen[d], "permute: dim ", d, " appears twice");
+      seen[d] = true;
+      sz.push_back(shape()[d]);
+      st.push_back(strides()[d]);
+      perm.push_back(d);
+    }
+    return view_of(sz, st, storage_offset(), {ViewOp::Permute, perm});
+  }
+  /// A view with a new shape; one dim may be -1. Errors when the strides cannot express it (use reshape).
+  Tensor view(std::initializer_list<std::int64_t> s) const { return view(Shape(s)); }
+  Tensor view(Shape s) const {
+    s = infer_size(s, "view");
+    Shape st;
+    EMBER_CHECK(view_strides(s, st), "view: a tensor of shape ", shape().str(), " and strides ", strides().str(),
+                " cannot be viewed as ", s.str(), " without a copy; call reshape() or contiguous() first");
+    return view_of(s, st, storage_offset(), {});
+  }
+  /// view() when the strides allow it, else a contiguous copy with the new shape.
+  Tensor reshape(std::initializer_list<std::int64_t> s) const { return reshape(Shape(s)); }
+  Tensor reshape(Shape s) const {
+    s = infer_size(s, "reshape");
+    Shape st;
+    if (view_strides(s, st)) return view_of(s, st, storage_offset(), {});
+    return contiguous().view(s);
+  }
+  /// Broadcasts size-1 dims (and new leading dims) to `s` without copying; -1 keeps a size.
+  Tensor expand(std::initializer_list<std::int64_t> s) const { return expand(Shape(s)); }
+  Tensor expand(Shape s) const {
+    EMBER_CHECK(s.n >= dim(), "expand: the target ", s.str(), " has fewer dims than the tensor ", shape().str());
+    Shape st;
+    st.n = s.n;
+    for (int i = 0; i < s.n; ++i) {
+      const int j = dim() - s.n + i;
+      if (j < 0) {
+        EMBER_CHECK(s[i] >= 0, "expand: -1 is not allowed for a new leading dim (target ", s.str(), ")");
+        st[i] = 0;
+        continue;
+      }
+      if (s[i] == -1) s[i] = shape()[j];
+      EMBER_CHECK(shape()[j] == s[i] || shape()[j] == 1, "expand: cannot expand shape ", shape().str(), " to ",
+                  s.str(), " (dim ", i, ": ", shape()[j], " vs ", s[i], ")");
+      st[i] = shape()[j] == s[i] ? strides()[j] : 0;
+    }
+    return view_of(s, st, storage_offset(), {ViewOp::Expand});
+  }
+  template <class U>
+  Tensor expand_as(const Tensor<U>& o) const {
+    return expand(o.shape());
+  }
+  /// Removes every size-1 dim.
+  Tensor squeeze() const {
+    Shape sz, st;
+    for (int i = 0; i < dim(); ++i)
+      if (shape()[i] != 1) {
+        sz.push_back(shape()[i]);
+        st.push_back(strides()[i]);
+      }
+    return view_of(sz, st, storage_offset(), {});
+  }
+  /// Removes dim d if it has size 1 (else returns the same view, as PyTorch does).
+  Tensor squeeze(std::int64_t d) const {
+    const int dd = wrap_dim(d, dim(), "squeeze");
+    Shape sz = shape(), st = strides();
+    if (sz[dd] == 1) {
+      sz.erase(dd);
+      st.erase(dd);
+    }
+    return view_of(sz, st, storage_offset(), {});
+  }
+  Tensor unsqueeze(std::int64_t d) const {
+    const int dd = wrap_dim(d, dim() + 1, "unsqueeze");
+    Shape sz = shape(), st = strides();
+    const std::int64_t s = dd < dim() ? strides()[dd] * shape()[dd] : 1;
+    sz.insert(dd, 1);
+    st.insert(dd, s);
+    return view_of(sz, st, storage_offset(), {});
+  }
+  /// Merges dims start..end into one (a view when possible, else a copy).
+  Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const {
+    if (dim() == 0) return reshape(Shape{1});
+    const int a = wrap_dim(start, dim(), "flatten"), b = wrap_dim(end, dim(), "flatten");
+    EMBER_CHECK(a <= b, "flatten: start dim ", a, " is after end dim ", b);
+    Shape s;
+    for (int i = 0; i < a; ++i) s.push_back(shape()[i]);
+    std::int64_t m = 1;
+    for (int i = a; i <= b; ++i) m *= shape()[i];
+    s.push_back(m);
+    for (int i = b + 1; i < dim(); ++i) s.push_back(shape()[i]);
+    return reshape(s);
+  }
+
+  // ---- copies ---------------------------------------------------------------------------------------------
+  /// This tensor if already contiguous, else a contiguous copy (differentiable).
+  Tensor contiguous() const { return is_contiguous() ? *this : clone(); }
+  /// A contiguous copy (differentiable).
+  Tensor clone() const { return detail::TensorOps<T>::clone(*this); }
+  /// Copies src (broadcast to this shape) into this tensor's memory.
+  Tensor& copy_(const Tensor& src) {
+    detail::TensorOps<T>::assign(*this, src, 0);
+    return *this;
+  }
+  Tensor& fill_(T v) {
+    detail::TensorOps<T>::fill(*this, v);
+    return *this;
+  }
+  Tensor& zero_() { return fill_(T(0)); }
+
+  // ---- autograd ---------------------------------------------------------------------------------------------
+  bool requires_grad() const { return impl_ && impl_->meta && impl_->meta->requires_grad; }
+  /// Marks a leaf as needing its gradient (floating dtypes only).
+  Tensor& requires_grad_(bool on = true) {
+    if constexpr (!is_floating_v<T>) {
+      EMBER_CHECK(!on, "requires_grad_: only floating-point tensors can require gradients, this one is ",
+                  dtype_name<T>());
+    }
+    EMBER_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad; use detach() to get a "
+                           "leaf from the result of an operation");
+    meta().requires_grad = on;
+    return *this;
+  }
+  /// The accumulated gradient (undefined until a backward pass reaches this tensor).
+  Tensor& grad() const { return meta().grad; }
+  bool is_leaf() const { return !(impl_ && impl_->meta && impl_->meta->grad_fn); }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return meta().grad_fn; }
+  /// Keeps .grad() for a non-leaf tensor too.
+  Tensor& retain_grad() {
+    meta().retains_grad = true;
+    return *this;
+  }
+  /// Calls fn(grad) once this tensor's gradient of a backward pass is complete (DDP starts its allreduce here).
+  Tensor& register_hook(std::function<void(const Tensor&)> fn) {
+    EMBER_CHECK(requires_grad(), "register_hook: the tensor does not require grad");
+    meta().hooks.push_back(std::move(fn));
+    return *this;
+  }
+  /// Backward from a one-element tensor (gradient 1).
+  void backward(bool retain_graph = false) const { detail::TensorOps<T>::backward(*this, Tensor(), retain_graph); }
+  /// Backward with an explicit gradient of this tensor's shape.
+  void backward(const Tensor& gradient, bool retain_graph = false) const {
+    detail::TensorOps<T>::backward(*this, gradient, retain_graph);
+  }
+  /// A new leaf sharing this tensor's data, cut from the graph.
+  Tensor detach() const {
+    auto p = std::make_shared<TensorImpl<T>>();
+    p->storage = impl().storage;
+    p->sizes = shape();
+    p->strides = strides();
+    p->offset = storage_offset();
+    p->is_view = true;
+    return Tensor(std::move(p));
+  }
+
+  AutogradMeta<T>& meta() const {
+    auto& m = impl().meta;
+    if (!m) m = std::make_unique<AutogradMeta<T>>();
+    return *m;
+  }
+  bool has_meta() const { return impl_ && impl_->meta; }
+
+  /// The view (sizes, strides, offset) of this tensor's storage, without autograd.
+  Tensor as_strided_raw(const Shape& sz, const Shape& st, std::int64_t offset) const {
+    auto p = std::make_shared<TensorImpl<T>>();
+    p->storage = impl().storage;
+    p->sizes = sz;
+    p->strides = st;
+    p->offset = offset;
+    p->is_view = true;
+    return Tensor(std::move(p));
+  }
+
+  void check_cpu(const char* op) const {
+    EMBER_CHECK(device().is_cpu(), op, ": expected a CPU tensor, got one on ", device().str());
+  }
+
+ private:
+  TensorImpl<T>& impl() const {
+    EMBER_CHECK(impl_ != nullptr, "use of an undefined tensor");
+    return *impl_;
+  }
+  Tensor view_of(const Shape& sz, const Shape& st, std::int64_t offset, const ViewOp& op) const {
+    Tensor v = as_strided_raw(sz, st, offset);
+    if (requires_grad()) detail::TensorOps<T>::record_view(*this, v, op);
+    return v;
+  }
+  Shape infer_size(Shape s, const char* op) const {
+    int infer = -1;
+    std::int64_t known = 1;
+    for (int i = 0; i < s.n; ++i) {
+      if (s[i] == -1) {
+        EMBER_CHECK(infer < 0, op, ": only one dim can be -1, got ", s.str());
+        infer = i;
+      } else {
+        EMBER_CHECK(s[i] >= 0, op, ": invalid size ", s[i], " in ", s.str());
+        known *= s[i];
+      }
+    }
+    if (infer >= 0) {
+      EMBER_CHECK(known != 0 && numel() % known == 0, op, ": shape ", s.str(), " is invalid for a tensor of ",
+                  numel(), " elements (shape ", shape().str(), ")");
+      s[infer] = numel() / known;
+    }
+    EMBER_CHECK(s.numel() == numel(), op, ": shape ", s.str(), " is invalid for a tensor of ", numel(),
+                " elements (shape ", shape().str(), ")");
+    return s;
+  }
+  // Strides for viewing this tensor as `s` without copying, if possible: each run of old dims that is merged
+  // or split must be contiguous within itself (the rule PyTorch's view follows).
+  bool view_strides(const Shape& s, Shape& out) const {
+    out.n = s.n;
+    if (numel() == 0 || s.n == 0) {
+      out = contiguous_strides(s);
+      return true;
+    }
+    // Old dims without size-1 ones.
+    Shape os, ost;
+    for (int i = 0; i < dim(); ++i)
+      if (shape()[i] != 1) {
+        os.push_back(shape()[i]);
+        ost.push_back(strides()[i]);
+      }
+    int oi = 0, ni = 0;
+    while (ni < s.n) {
+      if (s[ni] == 1) {
+        out[ni] = oi < os.n ? ost[oi] * os[oi] : 1;
+        ++ni;
+        continue;
+      }
+      // Take a chunk of old dims [oi, oj) and new dims [ni, nj) with equal products.
+      int oj = oi, nj = ni;
+      std::int64_t po = os[oj++], pn = s[nj++];
+      while (po != pn) {
+        if (po < pn) po *= os[oj++];
+        else pn *= s[nj++];
+      }
+      for (int k = oi; k + 1 < oj; ++k)
+        if (ost[k] != ost[k + 1] * os[k + 1]) return false;  // old chunk not contiguous
+      std::int64_t st = ost[oj - 1];
+      for (int k = nj - 1; k >= ni; --k) {
+        out[k] = st;
+        st *= s[k];
+      }
+      oi = oj;
+      ni = nj;
+    }
+    return true;
+  }
+
+  std::shared_ptr<TensorImpl<T>> impl_;
+};
+
+template <class T>
+struct AutogradMeta {
+  bool requires_grad = false;
+  bool retains_grad = false;
+  Tensor<T> grad;                                  // accumulated gradient
+  std::shared_ptr<autograd::Node> grad_fn;         // the node that produced this tensor (null for leaves)
+  std::weak_ptr<autograd::Node> accumulator;       // a leaf's gradient sink, made on first use
+  std::vector<std::function<void(const Tensor<T>&)>> hooks;
+};
+
+}  // namespace ember

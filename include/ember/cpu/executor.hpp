@@ -1,0 +1,181 @@
+// ember — the CPU executor ("where"): runs an evaluator over a plan in one threaded pass. Dense plans take a flat
+// loop the compiler vectorises; others walk rows (outer coordinates, then a strided inner loop).
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/thread_pool.hpp"
+#include "ember/expr/evaluator.hpp"
+
+namespace ember::cpu {
+
+/// Elements per chunk below which a loop stays on one thread.
+inline constexpr std::int64_t kGrain = 32768;
+
+/// Runs body over every index of the plan, in parallel chunks. Body provides set_row(coords, outer) and
+/// run(LinearIdx/RowIdx range); it is copied per chunk so each thread has its own row pointers.
+template <class Body>
+void run_plan(const expr::Plan& p, const Body& body) {
+  const std::int64_t n = p.numel();
+  if (n == 0) return;
+  if (p.linear) {
+    parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
+      Body local = body;
+      local.run_linear(a, b);
+    });
+    return;
+  }
+  const std::int64_t row = p.row_len();
+  const int outer = p.outer_dims();
+  parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
+    Body local = body;
+    std::int64_t coords[kMaxDims] = {};
+    std::int64_t o = a / row, j = a % row;
+    for (int d = outer - 1; d >= 0; --d) {  // unflatten the outer index
+      coords[d] = o % p.shape[d];
+      o /= p.shape[d];
+    }
+    std::int64_t i = a;
+    while (i < b) {
+      local.set_row(coords, outer);
+      const std::int64_t j1 = std::min(row, j + (b - i));
+      local.run_row(j, j1);
+      i += j1 - j;
+      j = 0;
+      for (int d = outer - 1; d >= 0; --d) {  // next row
+        if (++coords[d] < p.shape[d]) break;
+        coords[d] = 0;
+      }
+    }
+  });
+}
+
+/// Writes each expression of a pack into its output: out_k[i] = e_k(i), all in one loop over one plan.
+template <class... Pairs>
+struct AssignBody {
+  std::tuple<Pairs...> pairs;  // each pair: (OperandEval<T> out, Eval<E> ev)
+
+  void set_row(const std::int64_t* c, int outer) {
+    std::apply([&](auto&... pr) { (..., (pr.first.set_row(c, outer), pr.second.set_row(c, outer))); }, pairs);
+  }
+  void run_linear(std::int64_t a, std::int64_t b) {
+    std::apply([&](auto&... pr) { run(a, b, pr...); }, pairs);
+  }
+  void run_row(std::int64_t a, std::int64_t b) {
+    std::apply([&](auto&... pr) { run_r(a, b, pr...); }, pairs);
+  }
+
+ private:
+  template <class... P>
+  static void run(std::int64_t a, std::int64_t b, P&... pr) {
+    // Local copies so the compiler keeps pointers in registers and vectorises.
+    auto local = std::make_tuple(pr...);
+    std::apply(
+        [&](auto&... q) {
+          for (std::int64_t i = a; i < b; ++i) (..., store(q, expr::LinearIdx{i}));
+        },
+        local);
+  }
+  template <class... P>
+  static void run_r(std::int64_t a, std::int64_t b, P&... pr) {
+    auto local = std::make_tuple(pr...);
+    std::apply(
+        [&](auto&... q) {
+          for (std::int64_t j = a; j < b; ++j) (..., store(q, expr::RowIdx{j}));
+        },
+        local);
+  }
+  template <class Q, class I>
+  EMBER_INLINE static void store(Q& q, I ix) {
+    using T = std::remove_const_t<std::remove_reference_t<decltype(q.first.at(ix))>>;
+    q.first.at(ix) = convert<T>(q.second.eval(ix));
+  }
+};
+
+template <class T>
+void check_writable(const Tensor<T>& out, const char* op) {
+  for (int i = 0; i < out.dim(); ++i)
+    EMBER_CHECK(!(out.strides()[i] == 0 && out.shape()[i] > 1), op,
+                ": cannot write into a tensor with a broadcast (stride 0) dim; shape ", out.shape().str(),
+                ", strides ", out.strides().str(), " (clone() it first)");
+}
+
+/// True when writing `out` in one element-wise pass could overwrite an element an operand still has to read:
+/// an operand shares its storage but reads it with a different geometry.
+template <class T>
+bool overlaps_badly(const Tensor<T>& out, const expr::PlanBuilder& b, int out_k, int nops, const void* const* ptrs,
+                    const StorageImpl* const* storages) {
+  for (int k = 0; k < nops; ++k) {
+    if (k == out_k || storages[k] != out.storage().get()) continue;
+    if (ptrs[k] != static_cast<const void*>(out.data()) || !(b.strides(k) == b.strides(out_k))) return true;
+  }
+  return false;
+}
+
+/// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
+template <class T, class E>
+void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
+  check_writable(out, op);
+  const Shape space = out.shape();
+  expr::PlanBuilder b(space);
+  const int ko = b.add(out.shape(), out.strides());
+  Device dev = out.device();
+  bool have = true;
+  const void* ptrs[expr::kMaxOperands] = {out.data()};
+  const StorageImpl* stor[expr::kMaxOperands] = {out.storage().get()};
+  int k = 1;
+  expr::visit_leaves(e, [&](const auto& leaf) {
+    ptrs[k] = leaf.tensor().data();
+    stor[k] = leaf.tensor().storage().get();
+    ++k;
+  });
+  expr::add_leaves(e, b, dev, have, op);
+  const Shape es = e.shape();
+  EMBER_CHECK(broadcast_shapes(es, space, op) == space, op, ": cannot write a result of shape ", es.str(),
+              " into a tensor of shape ", space.str());
+  EMBER_CHECK(dev.is_cpu(), op, ": the CPU executor got tensors on ", dev.str());
+  if (overlaps_badly(out, b, ko, k, ptrs, stor)) {
+    Tensor<T> tmp = empty<T>(space);
+    assign(tmp, e, op);
+    assign(out, expr::TensorLeaf<T, false>{&tmp}, op);
+    return;
+  }
+  const expr::Plan p = b.collapse();
+  int kk = 1;
+  auto ev = expr::make_eval(e, p, kk);
+  using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
+  run_plan(p, AssignBody<Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, ko), ev})});
+  out.bump_version();
+}
+
+/// Several outputs of the same shape from several expressions in ONE pass (the fused backward writes every
+/// leaf's gradient this way). Outputs must be fresh, dense tensors that no operand reads.
+template <class... T, class... E>
+void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space) {
+  expr::PlanBuilder b(space);
+  std::apply([&](const auto&... o) { (..., b.add(o.shape(), o.strides())); }, outs);
+  Device dev = std::get<0>(outs).device();
+  bool have = true;
+  std::apply([&](const auto&... e) { (..., expr::add_leaves(e, b, dev, have, "backward")); }, es);
+  EMBER_CHECK(dev.is_cpu(), "backward: the CPU executor got tensors on ", dev.str());
+  const expr::Plan p = b.collapse();
+  constexpr int n = sizeof...(T);
+  int kk = n;
+  // A braced list evaluates left to right, so leaves take plan operands in order.
+  auto evs = std::apply(
+      [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },
+      es);
+  using Evs = std::remove_cvref_t<decltype(evs)>;
+  auto body = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return AssignBody<std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{std::make_tuple(
+        std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...)};
+  }(std::index_sequence_for<T...>{});
+  run_plan(p, body);
+}
+
+}  // namespace ember::cpu

@@ -1,0 +1,157 @@
+// ember — the CPU thread pool: persistent workers that split a range into chunks; the calling thread works too.
+// Small ranges never touch the pool.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ember/config.hpp"
+
+namespace ember::cpu {
+
+class ThreadPool {
+ public:
+  static ThreadPool& instance() {
+    static ThreadPool* p = new ThreadPool(default_threads());  // never destroyed: workers may run at exit
+    return *p;
+  }
+  static int default_threads() {
+    if (const char* s = std::getenv("EMBER_NUM_THREADS")) return std::max(1, std::atoi(s));
+    return std::max(1u, std::thread::hardware_concurrency());
+  }
+
+  int num_threads() const { return nthreads_; }
+
+  /// Sets how many threads (including the caller) run parallel loops.
+  void set_num_threads(int n) {
+    n = std::max(1, n);
+    std::unique_lock<std::mutex> lk(run_mu_);
+    stop_workers();
+    nthreads_ = n;
+    start_workers();
+  }
+
+  /// Calls fn(chunk_begin, chunk_end) over [begin, end) split into chunks of at least `grain`, on all threads.
+  /// Chunk boundaries depend only on (begin, end, grain, thread count). Exceptions reach the caller.
+  template <class F>
+  void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, const F& fn) {
+    const std::int64_t n = end - begin;
+    if (n <= 0) return;
+    const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
+    if (nthreads_ == 1 || maxchunks < 2 || in_worker()) {
+      fn(begin, end);
+      return;
+    }
+    std::unique_lock<std::mutex> run(run_mu_);  // one parallel loop at a time; nested calls run serially
+    const std::int64_t nchunks = std::min<std::int64_t>(maxchunks, nthreads_ * 4);
+    const std::int64_t step = (n + nchunks - 1) / nchunks;
+    Job job;
+    job.fn = [&](std::int64_t c) {
+      const std::int64_t a = begin + c * step, b = std::min(end, a + step);
+      if (a < b) fn(a, b);
+    };
+    job.nchunks = nchunks;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = &job;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work(job);
+    // Wait for workers to finish the chunks they took.
+    while (job.done.load(std::memory_order_acquire) < nchunks) std::this_thread::yield();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = nullptr;
+    }
+    while (job.active.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+ private:
+  struct Job {
+    std::function<void(std::int64_t)> fn;
+    std::int64_t nchunks = 0;
+    std::atomic<std::int64_t> next{0}, done{0};
+    std::atomic<int> active{0};
+    std::exception_ptr error;
+    std::mutex err_mu;
+  };
+
+  explicit ThreadPool(int n) : nthreads_(n) { start_workers(); }
+
+  static bool& in_worker() {
+    thread_local bool w = false;
+    return w;
+  }
+
+  static void work(Job& job) {
+    for (;;) {
+      const std::int64_t c = job.next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= job.nchunks) break;
+      try {
+        job.fn(c);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(job.err_mu);
+        if (!job.error) job.error = std::current_exception();
+      }
+      job.done.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void start_workers() {
+    quit_ = false;
+    for (int i = 1; i < nthreads_; ++i)
+      workers_.emplace_back([this] {
+        in_worker() = true;
+        std::uint64_t seen = 0;
+        for (;;) {
+          Job* job = nullptr;
+          {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait(lk, [&] { return quit_ || (job_ != nullptr && generation_ != seen); });
+            if (quit_) return;
+            seen = generation_;
+            job = job_;
+            job->active.fetch_add(1, std::memory_order_acq_rel);
+          }
+          work(*job);
+          job->active.fetch_sub(1, std::memory_order_acq_rel);
+        }
+      });
+  }
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  int nthreads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_;
+  Job* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  bool quit_ = false;
+};
+
+inline void set_num_threads(int n) { ThreadPool::instance().set_num_threads(n); }
+inline int get_num_threads() { return ThreadPool::instance().num_threads(); }
+
+template <class F>
+void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, const F& fn) {
+  ThreadPool::instance().parallel_for(begin, end, grain, fn);
+}
+
+}  // namespace ember::cpu

@@ -1,0 +1,250 @@
+// ember — evaluators ("how"): the trivially copyable twin of an expression, holding raw pointers and strides
+// laid out for one iteration space (a Plan). An executor (cpu/ or cuda/) copies the evaluator into its loop or
+// kernel and asks it for element values by index:
+//   LinearIdx{i}: every operand is dense over the whole space, element i;
+//   RowIdx{j}:    element j of the current row (after set_row with the outer coordinates).
+// Broadcasting is stride 0; strided views are their strides; half/bfloat16 load as float.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ember/config.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/shape.hpp"
+#include "ember/expr/nodes.hpp"
+
+namespace ember::expr {
+
+struct LinearIdx {
+  std::int64_t i;
+};
+struct RowIdx {
+  std::int64_t j;
+};
+
+/// Most operands (leaves plus outputs) one plan holds.
+inline constexpr int kMaxOperands = kMaxLeaves + 8;
+
+/// An iteration space after merging dims that every operand walks contiguously, with each operand's strides.
+/// Outer dims come first; the last dim is the inner (row) loop.
+struct Plan {
+  Shape shape;  // collapsed extents; 0-d spaces become {1}
+  int nops = 0;
+  Shape st[kMaxOperands];
+  bool linear = false;  // every operand is dense with unit stride over the whole space: use LinearIdx
+
+  std::int64_t numel() const { return shape.numel(); }
+  std::int64_t row_len() const { return shape.back(); }
+  int outer_dims() const { return shape.n - 1; }
+};
+
+/// Collects operands (broadcast to `space`), then collapse() merges dims.
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(const Shape& space) : space_(space) {}
+  int add(const Shape& shape, const Shape& strides) {
+    EMBER_CHECK(nops_ < kMaxOperands, "expression has too many operands (at most ", kMaxOperands, ")");
+    st_[nops_] = broadcast_strides(shape, strides, space_);
+    return nops_++;
+  }
+  /// An operand with explicit strides over the space (e.g. a reduction output with stride 0 on reduced dims).
+  int add_raw(const Shape& strides) {
+    EMBER_CHECK(nops_ < kMaxOperands, "expression has too many operands (at most ", kMaxOperands, ")");
+    st_[nops_] = strides;
+    return nops_++;
+  }
+  const Shape& strides(int k) const { return st_[k]; }
+
+  Plan collapse() const {
+    Plan p;
+    p.nops = nops_;
+    // Walk dims inner to outer, skipping size-1 dims and merging a dim into the one inside it when every
+    // operand steps over the inner dim exactly once per step of the outer dim.
+    std::int64_t ext[kMaxDims];
+    std::int64_t st[kMaxOperands][kMaxDims];
+    int nd = 0;
+    for (int d = space_.n - 1; d >= 0; --d) {
+      const std::int64_t n = space_[d];
+      if (n == 1) continue;
+      bool merge = nd > 0;
+      for (int k = 0; merge && k < nops_; ++k) merge = st_[k][d] == st[k][nd - 1] * ext[nd - 1];
+      if (merge) {
+        ext[nd - 1] *= n;
+        continue;
+      }
+      ext[nd] = n;
+      for (int k = 0; k < nops_; ++k) st[k][nd] = st_[k][d];
+      ++nd;
+    }
+    if (nd == 0) {  // a single element (or a 0-d space)
+      ext[0] = space_.numel();
+      for (int k = 0; k < nops_; ++k) st[k][0] = 1;
+      nd = 1;
+    }
+    p.shape.n = nd;
+    for (int i = 0; i < nd; ++i) p.shape[i] = ext[nd - 1 - i];
+    p.linear = nd == 1;
+    for (int k = 0; k < nops_; ++k) {
+      p.st[k].n = nd;
+      for (int i = 0; i < nd; ++i) p.st[k][i] = st[k][nd - 1 - i];
+      p.linear = p.linear && p.st[k][0] == 1;
+    }
+    return p;
+  }
+
+ private:
+  Shape space_;
+  Shape st_[kMaxOperands];
+  int nops_ = 0;
+};
+
+/// Reads (or writes) one operand: base pointer, strides over the plan, and the current row.
+template <class T>
+struct OperandEval {
+  T* base = nullptr;
+  T* row = nullptr;
+  std::int64_t inner = 1;
+  std::int64_t st[kMaxDims] = {};
+
+  OperandEval() = default;
+  OperandEval(T* p, const Plan& plan, int k) : base(p), row(p) {
+    for (int i = 0; i < plan.shape.n; ++i) st[i] = plan.st[k][i];
+    inner = plan.st[k][plan.shape.n - 1];
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE T& at(LinearIdx ix) const { return base[ix.i]; }
+  EMBER_HOST_DEVICE EMBER_INLINE T& at(RowIdx ix) const { return row[ix.j * inner]; }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* coords, int outer) {
+    std::int64_t off = 0;
+    for (int d = 0; d < outer; ++d) off += coords[d] * st[d];
+    row = base + off;
+  }
+};
+
+template <class E>
+struct Eval;
+
+template <class T, bool O>
+struct Eval<TensorLeaf<T, O>> {
+  OperandEval<const T> in;
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(I ix) const {
+    return static_cast<compute_t<T>>(in.at(ix));
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { in.set_row(c, outer); }
+};
+
+template <class T>
+struct Eval<ScalarLeaf<T>> {
+  compute_t<T> v;
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(I) const {
+    return v;
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
+};
+
+template <class Op, class A>
+struct Eval<UnaryExpr<Op, A>> {
+  Op op;
+  Eval<A> a;
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE auto eval(I ix) const {
+    return op(a.eval(ix));
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { a.set_row(c, outer); }
+};
+
+template <class Op, class A, class B>
+struct Eval<BinaryExpr<Op, A, B>> {
+  using CT = typename BinaryExpr<Op, A, B>::compute_type;
+  Op op;
+  Eval<A> a;
+  Eval<B> b;
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE auto eval(I ix) const {
+    return op(static_cast<CT>(a.eval(ix)), static_cast<CT>(b.eval(ix)));
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) {
+    a.set_row(c, outer);
+    b.set_row(c, outer);
+  }
+};
+
+template <class C, class A, class B>
+struct Eval<WhereExpr<C, A, B>> {
+  using CT = compute_t<typename WhereExpr<C, A, B>::value_type>;
+  Eval<C> c;
+  Eval<A> a;
+  Eval<B> b;
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE CT eval(I ix) const {
+    const CT x = static_cast<CT>(a.eval(ix)), y = static_cast<CT>(b.eval(ix));
+    return c.eval(ix) ? x : y;
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* cc, int outer) {
+    c.set_row(cc, outer);
+    a.set_row(cc, outer);
+    b.set_row(cc, outer);
+  }
+};
+
+template <class U, class A>
+struct Eval<CastExpr<U, A>> {
+  Eval<A> a;
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE compute_t<U> eval(I ix) const {
+    return static_cast<compute_t<U>>(convert<U>(a.eval(ix)));
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { a.set_row(c, outer); }
+};
+
+// ---- building an evaluator for a plan: leaves take plan operands first, second, ... in position order ------
+
+template <class T, bool O>
+Eval<TensorLeaf<T, O>> make_eval(const TensorLeaf<T, O>& l, const Plan& p, int& k) {
+  return {OperandEval<const T>(l.tensor().data(), p, k++)};
+}
+template <class T>
+Eval<ScalarLeaf<T>> make_eval(const ScalarLeaf<T>& l, const Plan&, int&) {
+  return {l.value};
+}
+template <class Op, class A>
+Eval<UnaryExpr<Op, A>> make_eval(const UnaryExpr<Op, A>& e, const Plan& p, int& k) {
+  return {e.op, make_eval(e.a, p, k)};
+}
+template <class Op, class A, class B>
+Eval<BinaryExpr<Op, A, B>> make_eval(const BinaryExpr<Op, A, B>& e, const Plan& p, int& k) {
+  auto a = make_eval(e.a, p, k);
+  auto b = make_eval(e.b, p, k);
+  return {e.op, a, b};
+}
+template <class C, class A, class B>
+Eval<WhereExpr<C, A, B>> make_eval(const WhereExpr<C, A, B>& e, const Plan& p, int& k) {
+  auto c = make_eval(e.c, p, k);
+  auto a = make_eval(e.a, p, k);
+  auto b = make_eval(e.b, p, k);
+  return {c, a, b};
+}
+template <class U, class A>
+Eval<CastExpr<U, A>> make_eval(const CastExpr<U, A>& e, const Plan& p, int& k) {
+  return {make_eval(e.a, p, k)};
+}
+
+/// Adds every tensor leaf of `e` to the plan builder, in position order, checking devices agree.
+template <class E>
+void add_leaves(const E& e, PlanBuilder& b, Device& dev, bool& have_dev, const char* op) {
+  visit_leaves(e, [&](const auto& leaf) {
+    const auto& t = leaf.tensor();
+    EMBER_CHECK(t.defined(), op, ": an operand is an undefined tensor");
+    if (!have_dev) {
+      dev = t.device();
+      have_dev = true;
+    }
+    EMBER_CHECK(t.device() == dev, op, ": operands are on different devices (", dev.str(), " and ",
+                t.device().str(), ")");
+    b.add(t.shape(), t.strides());
+  });
+}
+
+}  // namespace ember::expr

@@ -1,0 +1,225 @@
+// ember — the table of element-wise ops. Each row is one functor: its forward math and, beside it, its
+// derivative(s). `d(x)` is the derivative of a unary op at x; `da(a, b)` / `db(a, b)` the partials of a binary
+// op. Everything is EMBER_HOST_DEVICE: the same rows run in the CPU loop and the CUDA kernel.
+// Ops without a gradient (comparisons, logic, sign) say so with `differentiable = false`.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "ember/config.hpp"
+#include "ember/expr/detail/fastmath.hpp"
+
+namespace ember::ops_table {
+
+namespace fm = ::ember::detail::fm;
+
+template <class X>
+EMBER_HOST_DEVICE EMBER_INLINE X sel(bool c, X a, X b) {
+  return c ? a : b;
+}
+
+// Integral types go through float-free paths where it matters; transcendental ops are for floating types.
+#define EMBER_UNARY(NAME, FWD, DERIV)                                        \
+  struct NAME {                                                              \
+    static constexpr const char* name = #NAME;                               \
+    static constexpr bool differentiable = true;                            \
+    template <class X>                                                       \
+    EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {                 \
+      return FWD;                                                            \
+    }                                                                        \
+    template <class X>                                                       \
+    EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {                          \
+      return DERIV;                                                          \
+    }                                                                        \
+  };
+
+//          name      forward                                  derivative
+EMBER_UNARY(Neg,      -x,                                      X(-1))
+EMBER_UNARY(Abs,      sel(x < X(0), X(-x), x),                 X(sel(x > X(0), X(1), sel(x < X(0), X(-1), X(0)))))
+EMBER_UNARY(Exp,      fm::exp(x),                              fm::exp(x))
+EMBER_UNARY(Expm1,    fm::expm1(x),                            fm::exp(x))
+EMBER_UNARY(Log,      fm::log(x),                              X(1) / x)
+EMBER_UNARY(Log1p,    fm::log1p(x),                            X(1) / (X(1) + x))
+EMBER_UNARY(Sqrt,     std::sqrt(x),                            X(0.5) / std::sqrt(x))
+EMBER_UNARY(Rsqrt,    X(1) / std::sqrt(x),                     X(-0.5) / (x * std::sqrt(x)))
+EMBER_UNARY(Square,   x * x,                                   X(2) * x)
+EMBER_UNARY(Sin,      std::sin(x),                             std::cos(x))
+EMBER_UNARY(Cos,      std::cos(x),                             -std::sin(x))
+EMBER_UNARY(Tanh,     fm::tanh(x),                             X(1) - fm::tanh(x) * fm::tanh(x))
+EMBER_UNARY(Sigmoid,  fm::sigmoid(x),                          fm::sigmoid(x) * (X(1) - fm::sigmoid(x)))
+EMBER_UNARY(Relu,     sel(x > X(0), x, X(0)),                  sel(x > X(0), X(1), X(0)))
+// SiLU: x * sigmoid(x); derivative s * (1 + x * (1 - s)).
+EMBER_UNARY(Silu,     x * fm::sigmoid(x),                      fm::sigmoid(x) * (X(1) + x * (X(1) - fm::sigmoid(x))))
+// Softplus (beta 1, threshold 20 as in PyTorch): log1p(exp(x)), linear above the threshold.
+EMBER_UNARY(Softplus, sel(x > X(20), x, fm::log1p(fm::exp(x))), sel(x > X(20), X(1), fm::sigmoid(x)))
+// GELU, erf form: x * Phi(x); derivative Phi(x) + x * phi(x).
+EMBER_UNARY(Gelu,     X(0.5) * x * (X(1) + fm::erf(x * X(0.70710678118654752))),
+                      X(0.5) * (X(1) + fm::erf(x * X(0.70710678118654752))) +
+                          x * X(0.39894228040143268) * fm::exp(X(-0.5) * x * x))
+// GELU, tanh approximation: 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi).
+EMBER_UNARY(GeluTanh, X(0.5) * x * (X(1) + fm::tanh(X(0.79788456080286536) * (x + X(0.044715) * x * x * x))),
+                      X(0.5) * (X(1) + fm::tanh(X(0.79788456080286536) * (x + X(0.044715) * x * x * x))) +
+                          X(0.5) * x *
+                              (X(1) - fm::tanh(X(0.79788456080286536) * (x + X(0.044715) * x * x * x)) *
+                                          fm::tanh(X(0.79788456080286536) * (x + X(0.044715) * x * x * x))) *
+                              X(0.79788456080286536) * (X(1) + X(3 * 0.044715) * x * x))
+#undef EMBER_UNARY
+
+/// sign(x) in {-1, 0, 1} (NaN stays NaN); no gradient.
+struct Sign {
+  static constexpr const char* name = "sign";
+  static constexpr bool differentiable = false;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    return sel(x > X(0), X(1), sel(x < X(0), X(-1), x));  // keeps 0 and NaN
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X) const {
+    return X(0);
+  }
+};
+
+/// Ops with a parameter carry it as a member (it travels into the kernel with the expression).
+struct LeakyRelu {
+  static constexpr const char* name = "leaky_relu";
+  static constexpr bool differentiable = true;
+  double slope = 0.01;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    return sel(x > X(0), x, X(slope) * x);
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    return sel(x > X(0), X(1), X(slope));
+  }
+};
+
+struct Elu {
+  static constexpr const char* name = "elu";
+  static constexpr bool differentiable = true;
+  double alpha = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    return sel(x > X(0), x, X(alpha) * fm::expm1(x));
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    return sel(x > X(0), X(1), X(alpha) * fm::exp(x));
+  }
+};
+
+/// clamp(x, lo, hi); the gradient passes where lo <= x <= hi, as in PyTorch.
+struct Clamp {
+  static constexpr const char* name = "clamp";
+  static constexpr bool differentiable = true;
+  double lo, hi;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X l = X(lo), h = X(hi);
+    return sel(x < l, l, sel(x > h, h, x));  // NaN passes through
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    return sel(x >= X(lo) && x <= X(hi), X(1), X(0));
+  }
+};
+
+#define EMBER_BINARY(NAME, FWD, DA, DB)                                      \
+  struct NAME {                                                              \
+    static constexpr const char* name = #NAME;                               \
+    static constexpr bool differentiable = true;                            \
+    template <class X>                                                       \
+    EMBER_HOST_DEVICE EMBER_INLINE X operator()(X a, X b) const {            \
+      return FWD;                                                            \
+    }                                                                        \
+    template <class X>                                                       \
+    EMBER_HOST_DEVICE EMBER_INLINE X da(X a, X b) const {                    \
+      (void)a;                                                               \
+      (void)b;                                                               \
+      return DA;                                                             \
+    }                                                                        \
+    template <class X>                                                       \
+    EMBER_HOST_DEVICE EMBER_INLINE X db(X a, X b) const {                    \
+      (void)a;                                                               \
+      (void)b;                                                               \
+      return DB;                                                             \
+    }                                                                        \
+  };
+
+//           name     forward          d/da                               d/db
+EMBER_BINARY(Add,     a + b,           X(1),                              X(1))
+EMBER_BINARY(Sub,     a - b,           X(1),                              X(-1))
+EMBER_BINARY(Mul,     a * b,           b,                                 a)
+EMBER_BINARY(Div,     a / b,           X(1) / b,                          -a / (b * b))
+EMBER_BINARY(Pow,     std::pow(a, b),  b * std::pow(a, b - X(1)),         sel(a > X(0), std::pow(a, b) * fm::log(a), X(0)))
+// Element-wise max/min: on ties the gradient is split evenly, as PyTorch does.
+EMBER_BINARY(Maximum, sel(a > b || a != a, a, b), sel(a > b, X(1), sel(a == b, X(0.5), X(0))),
+                                                  sel(b > a, X(1), sel(a == b, X(0.5), X(0))))
+EMBER_BINARY(Minimum, sel(a < b || a != a, a, b), sel(a < b, X(1), sel(a == b, X(0.5), X(0))),
+                                                  sel(b < a, X(1), sel(a == b, X(0.5), X(0))))
+#undef EMBER_BINARY
+
+/// Comparisons and logic: bool results, no gradient.
+#define EMBER_PREDICATE(NAME, FWD)                                           \
+  struct NAME {                                                              \
+    static constexpr const char* name = #NAME;                               \
+    static constexpr bool differentiable = false;                           \
+    template <class X>                                                       \
+    EMBER_HOST_DEVICE EMBER_INLINE bool operator()(X a, X b) const {         \
+      return FWD;                                                            \
+    }                                                                        \
+  };
+EMBER_PREDICATE(Lt, a < b)
+EMBER_PREDICATE(Le, a <= b)
+EMBER_PREDICATE(Gt, a > b)
+EMBER_PREDICATE(Ge, a >= b)
+EMBER_PREDICATE(Eq, a == b)
+EMBER_PREDICATE(Ne, a != b)
+EMBER_PREDICATE(And, bool(a) && bool(b))
+EMBER_PREDICATE(Or, bool(a) || bool(b))
+EMBER_PREDICATE(Xor, bool(a) != bool(b))
+#undef EMBER_PREDICATE
+
+struct Not {
+  static constexpr const char* name = "logical_not";
+  static constexpr bool differentiable = false;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE bool operator()(X x) const {
+    return !bool(x);
+  }
+};
+
+/// Derivative wrappers: an expression node whose op is Deriv<Op> evaluates Op's derivative instead of Op.
+template <class Op>
+struct Deriv {
+  static constexpr const char* name = "deriv";
+  static constexpr bool differentiable = false;
+  Op op;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    return op.d(x);
+  }
+};
+template <class Op>
+struct DerivA {
+  static constexpr const char* name = "deriv_a";
+  static constexpr bool differentiable = false;
+  Op op;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X a, X b) const {
+    return op.da(a, b);
+  }
+};
+template <class Op>
+struct DerivB {
+  static constexpr const char* name = "deriv_b";
+  static constexpr bool differentiable = false;
+  Op op;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X a, X b) const {
+    return op.db(a, b);
+  }
+};
+
+}  // namespace ember::ops_table

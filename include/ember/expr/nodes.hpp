@@ -1,0 +1,405 @@
+// ember — expression nodes ("what"): small values describing element-wise math over tensors and scalars.
+// `a * b + c` builds BinaryExpr<Add, BinaryExpr<Mul, Leaf, Leaf>, Leaf>; nothing runs until the expression is
+// assigned to a tensor or reduced. Lvalue tensors are held by pointer, temporaries by value (a handle), scalars
+// by value. How an expression is evaluated is in evaluator.hpp; where, in cpu/ and cuda/.
+#pragma once
+
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "ember/config.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/shape.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/expr/functors.hpp"
+
+namespace ember::expr {
+
+/// The most tensor leaves one fused expression may have (a CUDA kernel's parameter space is finite).
+/// Beyond it, materialise part of the expression into a tensor.
+inline constexpr int kMaxLeaves = 16;
+
+template <class T, bool Own>
+struct TensorLeaf {
+  using value_type = T;
+  static constexpr int num_leaves = 1;
+  std::conditional_t<Own, Tensor<T>, const Tensor<T>*> ref;
+
+  const Tensor<T>& tensor() const {
+    if constexpr (Own) return ref;
+    else return *ref;
+  }
+  Shape shape() const { return tensor().shape(); }
+};
+
+template <class T>
+struct ScalarLeaf {
+  using value_type = T;
+  static constexpr int num_leaves = 0;
+  compute_t<T> value;
+  Shape shape() const { return {}; }
+};
+
+template <class Op, class V>
+using unary_result_t =
+    std::conditional_t<std::is_same_v<decltype(std::declval<Op>()(compute_t<V>{})), bool>, bool, V>;
+
+template <class Op, class A>
+struct UnaryExpr {
+  using value_type = unary_result_t<Op, typename A::value_type>;
+  static constexpr int num_leaves = A::num_leaves;
+  Op op;
+  A a;
+  Shape shape() const { return a.shape(); }
+};
+
+template <class VA, class VB>
+using common_value_t = std::conditional_t<std::is_same_v<VA, VB>, VA, std::common_type_t<compute_t<VA>, compute_t<VB>>>;
+
+template <class Op, class A, class B>
+struct BinaryExpr {
+  using compute_type = std::common_type_t<compute_t<typename A::value_type>, compute_t<typename B::value_type>>;
+  using value_type =
+      std::conditional_t<std::is_same_v<decltype(std::declval<Op>()(compute_type{}, compute_type{})), bool>, bool,
+                         common_value_t<typename A::value_type, typename B::value_type>>;
+  static constexpr int num_leaves = A::num_leaves + B::num_leaves;
+  Op op;
+  A a;
+  B b;
+  Shape shape() const { return broadcast_shapes(a.shape(), b.shape(), Op::name); }
+};
+
+/// where(c, a, b): a where c is true, else b.
+template <class C, class A, class B>
+struct WhereExpr {
+  using value_type = common_value_t<typename A::value_type, typename B::value_type>;
+  static constexpr int num_leaves = C::num_leaves + A::num_leaves + B::num_leaves;
+  C c;
+  A a;
+  B b;
+  Shape shape() const {
+    return broadcast_shapes(c.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
+  }
+};
+
+/// cast<U>(a): converts each element to U (so half storage computes in float inside the same loop).
+template <class U, class A>
+struct CastExpr {
+  using value_type = U;
+  static constexpr int num_leaves = A::num_leaves;
+  A a;
+  Shape shape() const { return a.shape(); }
+};
+
+}  // namespace ember::expr
+
+namespace ember::detail {
+template <class Op, class A>
+struct is_expression<expr::UnaryExpr<Op, A>> : std::true_type {};
+template <class Op, class A, class B>
+struct is_expression<expr::BinaryExpr<Op, A, B>> : std::true_type {};
+template <class C, class A, class B>
+struct is_expression<expr::WhereExpr<C, A, B>> : std::true_type {};
+template <class U, class A>
+struct is_expression<expr::CastExpr<U, A>> : std::true_type {};
+}  // namespace ember::detail
+
+namespace ember::expr {
+
+// ---- visiting leaves in position order --------------------------------------------------------------------------
+
+/// Calls f(leaf) for every tensor leaf, in position order (left to right).
+template <class F, class T, bool O>
+void visit_leaves(const TensorLeaf<T, O>& l, F&& f) {
+  f(l);
+}
+template <class F, class T>
+void visit_leaves(const ScalarLeaf<T>&, F&&) {}
+template <class F, class Op, class A>
+void visit_leaves(const UnaryExpr<Op, A>& e, F&& f) {
+  visit_leaves(e.a, f);
+}
+template <class F, class Op, class A, class B>
+void visit_leaves(const BinaryExpr<Op, A, B>& e, F&& f) {
+  visit_leaves(e.a, f);
+  visit_leaves(e.b, f);
+}
+template <class F, class C, class A, class B>
+void visit_leaves(const WhereExpr<C, A, B>& e, F&& f) {
+  visit_leaves(e.c, f);
+  visit_leaves(e.a, f);
+  visit_leaves(e.b, f);
+}
+template <class F, class U, class A>
+void visit_leaves(const CastExpr<U, A>& e, F&& f) {
+  visit_leaves(e.a, f);
+}
+
+// ---- owned copies: every tensor leaf held by value (what an autograd node saves) -----------------------------
+
+template <class E>
+struct owned;
+template <class E>
+using owned_t = typename owned<E>::type;
+template <class T, bool O>
+struct owned<TensorLeaf<T, O>> {
+  using type = TensorLeaf<T, true>;
+  static type make(const TensorLeaf<T, O>& l) { return {l.tensor()}; }
+};
+template <class T>
+struct owned<ScalarLeaf<T>> {
+  using type = ScalarLeaf<T>;
+  static type make(const ScalarLeaf<T>& l) { return l; }
+};
+template <class Op, class A>
+struct owned<UnaryExpr<Op, A>> {
+  using type = UnaryExpr<Op, owned_t<A>>;
+  static type make(const UnaryExpr<Op, A>& e) { return {e.op, owned<A>::make(e.a)}; }
+};
+template <class Op, class A, class B>
+struct owned<BinaryExpr<Op, A, B>> {
+  using type = BinaryExpr<Op, owned_t<A>, owned_t<B>>;
+  static type make(const BinaryExpr<Op, A, B>& e) { return {e.op, owned<A>::make(e.a), owned<B>::make(e.b)}; }
+};
+template <class C, class A, class B>
+struct owned<WhereExpr<C, A, B>> {
+  using type = WhereExpr<owned_t<C>, owned_t<A>, owned_t<B>>;
+  static type make(const WhereExpr<C, A, B>& e) {
+    return {owned<C>::make(e.c), owned<A>::make(e.a), owned<B>::make(e.b)};
+  }
+};
+template <class U, class A>
+struct owned<CastExpr<U, A>> {
+  using type = CastExpr<U, owned_t<A>>;
+  static type make(const CastExpr<U, A>& e) { return {owned<A>::make(e.a)}; }
+};
+template <class E>
+owned_t<E> make_owned(const E& e) {
+  return owned<E>::make(e);
+}
+
+// ---- building expressions from user operands -----------------------------------------------------------------
+
+template <class X>
+struct is_tensor : std::false_type {};
+template <class T>
+struct is_tensor<Tensor<T>> : std::true_type {};
+template <class X>
+inline constexpr bool is_tensor_v = is_tensor<std::remove_cvref_t<X>>::value;
+
+template <class X>
+concept TensorOrExpr = is_tensor_v<X> || Expression<X>;
+template <class X>
+concept Arithmetic = std::is_arithmetic_v<std::remove_cvref_t<X>>;
+
+/// The value type of a tensor or expression operand.
+template <class X>
+struct value_of {
+  using type = typename std::remove_cvref_t<X>::value_type;
+};
+
+/// The node an operand becomes: lvalue tensor → leaf by pointer, rvalue tensor → leaf by value, expression → as is.
+template <class X>
+auto as_node(X&& x) {
+  using D = std::remove_cvref_t<X>;
+  if constexpr (is_tensor_v<D>) {
+    if constexpr (std::is_lvalue_reference_v<X>) return TensorLeaf<typename D::value_type, false>{&x};
+    else return TensorLeaf<typename D::value_type, true>{std::move(x)};
+  } else {
+    return D(std::forward<X>(x));
+  }
+}
+/// A scalar operand becomes a leaf of the other side's type (a float tensor times 2 computes in float).
+template <class V, class S>
+ScalarLeaf<V> as_scalar(S s) {
+  static_assert(!(std::is_floating_point_v<S> && !is_floating_v<V>),
+                "ember: a floating-point scalar with an integer tensor would truncate; use cast<float>(x) first");
+  return {static_cast<compute_t<V>>(s)};
+}
+
+template <class Op, class A, class B>
+auto make_binary(Op op, A&& a, B&& b) {
+  if constexpr (Arithmetic<A>) {
+    using V = typename value_of<B>::type;
+    auto nb = as_node(std::forward<B>(b));
+    return BinaryExpr<Op, ScalarLeaf<V>, decltype(nb)>{op, as_scalar<V>(a), std::move(nb)};
+  } else if constexpr (Arithmetic<B>) {
+    using V = typename value_of<A>::type;
+    auto na = as_node(std::forward<A>(a));
+    return BinaryExpr<Op, decltype(na), ScalarLeaf<V>>{op, std::move(na), as_scalar<V>(b)};
+  } else {
+    static_assert(std::is_same_v<typename value_of<A>::type, typename value_of<B>::type>,
+                  "ember: element-wise operands have different dtypes; convert one with cast<T>(x)");
+    auto na = as_node(std::forward<A>(a));
+    auto nb = as_node(std::forward<B>(b));
+    return BinaryExpr<Op, decltype(na), decltype(nb)>{op, std::move(na), std::move(nb)};
+  }
+}
+
+template <class Op, class A>
+auto make_unary(Op op, A&& a) {
+  auto na = as_node(std::forward<A>(a));
+  return UnaryExpr<Op, decltype(na)>{op, std::move(na)};
+}
+
+template <class A, class B>
+concept BinaryOperands = (TensorOrExpr<A> && (TensorOrExpr<B> || Arithmetic<B>)) || (Arithmetic<A> && TensorOrExpr<B>);
+
+}  // namespace ember::expr
+
+namespace ember {
+
+// ---- the public element-wise vocabulary -------------------------------------------------------------------------
+
+#define EMBER_BINARY_OPERATOR(SYM, OP)                                                  \
+  template <class A, class B>                                                           \
+    requires expr::BinaryOperands<A, B>                                                 \
+  auto operator SYM(A&& a, B&& b) {                                                     \
+    return expr::make_binary(ops_table::OP{}, std::forward<A>(a), std::forward<B>(b));  \
+  }
+EMBER_BINARY_OPERATOR(+, Add)
+EMBER_BINARY_OPERATOR(-, Sub)
+EMBER_BINARY_OPERATOR(*, Mul)
+EMBER_BINARY_OPERATOR(/, Div)
+EMBER_BINARY_OPERATOR(<, Lt)
+EMBER_BINARY_OPERATOR(<=, Le)
+EMBER_BINARY_OPERATOR(>, Gt)
+EMBER_BINARY_OPERATOR(>=, Ge)
+EMBER_BINARY_OPERATOR(==, Eq)
+EMBER_BINARY_OPERATOR(!=, Ne)
+#undef EMBER_BINARY_OPERATOR
+
+#define EMBER_BINARY_FUNCTION(NAME, OP)                                                 \
+  template <class A, class B>                                                           \
+    requires expr::BinaryOperands<A, B>                                                 \
+  auto NAME(A&& a, B&& b) {                                                             \
+    return expr::make_binary(ops_table::OP{}, std::forward<A>(a), std::forward<B>(b));  \
+  }
+EMBER_BINARY_FUNCTION(pow, Pow)
+EMBER_BINARY_FUNCTION(maximum, Maximum)
+EMBER_BINARY_FUNCTION(minimum, Minimum)
+EMBER_BINARY_FUNCTION(logical_and, And)
+EMBER_BINARY_FUNCTION(logical_or, Or)
+EMBER_BINARY_FUNCTION(logical_xor, Xor)
+EMBER_BINARY_FUNCTION(eq, Eq)
+EMBER_BINARY_FUNCTION(ne, Ne)
+EMBER_BINARY_FUNCTION(lt, Lt)
+EMBER_BINARY_FUNCTION(le, Le)
+EMBER_BINARY_FUNCTION(gt, Gt)
+EMBER_BINARY_FUNCTION(ge, Ge)
+#undef EMBER_BINARY_FUNCTION
+
+#define EMBER_UNARY_FUNCTION(NAME, OP)                             \
+  template <expr::TensorOrExpr A>                                  \
+  auto NAME(A&& a) {                                               \
+    return expr::make_unary(ops_table::OP{}, std::forward<A>(a));  \
+  }
+EMBER_UNARY_FUNCTION(neg, Neg)
+EMBER_UNARY_FUNCTION(abs, Abs)
+EMBER_UNARY_FUNCTION(sign, Sign)
+EMBER_UNARY_FUNCTION(exp, Exp)
+EMBER_UNARY_FUNCTION(expm1, Expm1)
+EMBER_UNARY_FUNCTION(log, Log)
+EMBER_UNARY_FUNCTION(log1p, Log1p)
+EMBER_UNARY_FUNCTION(sqrt, Sqrt)
+EMBER_UNARY_FUNCTION(rsqrt, Rsqrt)
+EMBER_UNARY_FUNCTION(square, Square)
+EMBER_UNARY_FUNCTION(sin, Sin)
+EMBER_UNARY_FUNCTION(cos, Cos)
+EMBER_UNARY_FUNCTION(tanh, Tanh)
+EMBER_UNARY_FUNCTION(sigmoid, Sigmoid)
+EMBER_UNARY_FUNCTION(relu, Relu)
+EMBER_UNARY_FUNCTION(silu, Silu)
+EMBER_UNARY_FUNCTION(softplus, Softplus)
+EMBER_UNARY_FUNCTION(logical_not, Not)
+#undef EMBER_UNARY_FUNCTION
+
+template <expr::TensorOrExpr A>
+auto operator-(A&& a) {
+  return expr::make_unary(ops_table::Neg{}, std::forward<A>(a));
+}
+template <expr::TensorOrExpr A>
+auto operator!(A&& a) {
+  return expr::make_unary(ops_table::Not{}, std::forward<A>(a));
+}
+template <class A, class B>
+  requires expr::BinaryOperands<A, B>
+auto operator&(A&& a, B&& b) {
+  return logical_and(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires expr::BinaryOperands<A, B>
+auto operator|(A&& a, B&& b) {
+  return logical_or(std::forward<A>(a), std::forward<B>(b));
+}
+template <class A, class B>
+  requires expr::BinaryOperands<A, B>
+auto operator^(A&& a, B&& b) {
+  return logical_xor(std::forward<A>(a), std::forward<B>(b));
+}
+
+/// GELU (erf form); gelu_tanh is PyTorch's approximate='tanh'.
+template <expr::TensorOrExpr A>
+auto gelu(A&& a) {
+  return expr::make_unary(ops_table::Gelu{}, std::forward<A>(a));
+}
+template <expr::TensorOrExpr A>
+auto gelu_tanh(A&& a) {
+  return expr::make_unary(ops_table::GeluTanh{}, std::forward<A>(a));
+}
+template <expr::TensorOrExpr A>
+auto leaky_relu(A&& a, double negative_slope = 0.01) {
+  return expr::make_unary(ops_table::LeakyRelu{negative_slope}, std::forward<A>(a));
+}
+template <expr::TensorOrExpr A>
+auto elu(A&& a, double alpha = 1.0) {
+  return expr::make_unary(ops_table::Elu{alpha}, std::forward<A>(a));
+}
+template <expr::TensorOrExpr A>
+auto clamp(A&& a, double lo, double hi) {
+  EMBER_CHECK(!(lo > hi), "clamp: min ", lo, " is greater than max ", hi);
+  return expr::make_unary(ops_table::Clamp{lo, hi}, std::forward<A>(a));
+}
+template <expr::TensorOrExpr A>
+auto clamp_min(A&& a, double lo) {
+  return clamp(std::forward<A>(a), lo, std::numeric_limits<double>::infinity());
+}
+template <expr::TensorOrExpr A>
+auto clamp_max(A&& a, double hi) {
+  return clamp(std::forward<A>(a), -std::numeric_limits<double>::infinity(), hi);
+}
+
+/// Converts every element to U inside the fused loop ("fp16 storage, fp32 math" is cast<float>(x)).
+template <class U, expr::TensorOrExpr A>
+auto cast(A&& a) {
+  auto na = expr::as_node(std::forward<A>(a));
+  return expr::CastExpr<U, decltype(na)>{std::move(na)};
+}
+
+/// a where cond is true, else b. a or b may be scalars.
+template <class C, class A, class B>
+  requires expr::TensorOrExpr<C> && (expr::TensorOrExpr<A> || expr::TensorOrExpr<B>)
+auto where(C&& cond, A&& a, B&& b) {
+  static_assert(std::is_same_v<typename expr::value_of<C>::type, bool>, "where: the condition must be bool");
+  auto nc = expr::as_node(std::forward<C>(cond));
+  if constexpr (expr::Arithmetic<A>) {
+    using V = typename expr::value_of<B>::type;
+    auto nb = expr::as_node(std::forward<B>(b));
+    return expr::WhereExpr<decltype(nc), expr::ScalarLeaf<V>, decltype(nb)>{std::move(nc), expr::as_scalar<V>(a),
+                                                                             std::move(nb)};
+  } else if constexpr (expr::Arithmetic<B>) {
+    using V = typename expr::value_of<A>::type;
+    auto na = expr::as_node(std::forward<A>(a));
+    return expr::WhereExpr<decltype(nc), decltype(na), expr::ScalarLeaf<V>>{std::move(nc), std::move(na),
+                                                                             expr::as_scalar<V>(b)};
+  } else {
+    static_assert(std::is_same_v<typename expr::value_of<A>::type, typename expr::value_of<B>::type>,
+                  "where: a and b have different dtypes; convert one with cast<T>(x)");
+    auto na = expr::as_node(std::forward<A>(a));
+    auto nb = expr::as_node(std::forward<B>(b));
+    return expr::WhereExpr<decltype(nc), decltype(na), decltype(nb)>{std::move(nc), std::move(na), std::move(nb)};
+  }
+}
+
+}  // namespace ember
