@@ -65,52 +65,41 @@ Tensor<U> sum_to(const GE& ge, const Shape& space, const Shape& to) {
   return out.as_strided_raw(to, contiguous_strides(to), 0);
 }
 
-/// Delivers, for every leaf position of e that needs it, G * de/dleaf to node.next[P].
+/// Delivers, for every leaf position of e on a differentiable path, G * de/dleaf to node.next[P]. All of them
+/// are written in ONE fused pass (so each expression has exactly one backward kernel, which keeps compile times
+/// down); a leaf that was broadcast is then summed down to its shape by the reduction shared by every
+/// expression of that dtype. A position whose input needs no gradient is computed and dropped.
 template <class T, class E, class G>
 void backward_through(TypedNode<T>& node, const E& e, const G& g, const Shape& space, const std::uint64_t* versions,
                       const char* op) {
   constexpr auto list = detail::path_list<E>();
   constexpr int npaths = int(list.size());
-  bool fused = npaths > 1;
-  auto check = [&]<int P>() {
-    const auto& t = expr::leaf_at<P>(e).tensor();
-    EMBER_CHECK(t.version() == versions[P], op, ": a tensor needed for gradient computation (leaf ", P, ", shape ",
-                t.shape().str(), ") was modified by an in-place operation after it was used (version ",
-                versions[P], ", now ", t.version(), "); clone() it before modifying it");
-    fused = fused && node.next[P] != nullptr && t.shape() == space;
-  };
-  [&]<std::size_t... J>(std::index_sequence<J...>) {
-    (check.template operator()<list[J]>(), ...);
-  }(std::make_index_sequence<npaths>{});
-
-  if constexpr (npaths > 1) {
-    if (fused) {
-      [&]<std::size_t... J>(std::index_sequence<J...>) {
-        auto outs = std::make_tuple(empty<detail::leaf_value_t<list[J], E>>(space)...);
-        auto exprs = std::make_tuple(expr::chain(g, expr::deriv<list[J]>(e))...);
-        cpu::assign_multi(outs, exprs, space);
-        (node.template deliver<detail::leaf_value_t<list[J], E>>(std::size_t(list[J]), std::move(std::get<J>(outs))),
-         ...);
-      }(std::make_index_sequence<npaths>{});
-      return;
-    }
+  if constexpr (npaths > 0) {
+    bool any = false;
+    auto check = [&]<int P>() {
+      const auto& t = expr::leaf_at<P>(e).tensor();
+      EMBER_CHECK(t.version() == versions[P], op, ": a tensor needed for gradient computation (leaf ", P, ", shape ",
+                  t.shape().str(), ") was modified by an in-place operation after it was used (version ",
+                  versions[P], ", now ", t.version(), "); clone() it before modifying it");
+      any = any || node.next[P] != nullptr;
+    };
+    [&]<std::size_t... J>(std::index_sequence<J...>) {
+      (check.template operator()<list[J]>(), ...);
+    }(std::make_index_sequence<npaths>{});
+    if (!any) return;
+    [&]<std::size_t... J>(std::index_sequence<J...>) {
+      auto outs = std::make_tuple(empty<detail::leaf_value_t<list[J], E>>(space)...);
+      auto exprs = std::make_tuple(expr::chain(g, expr::deriv<list[J]>(e))...);
+      cpu::assign_multi(outs, exprs, space);
+      auto give = [&]<int P, class U>(Tensor<U>& full) {
+        if (!node.next[P]) return;
+        const Shape& ls = expr::leaf_at<P>(e).tensor().shape();
+        if (ls == space) node.template deliver<U>(std::size_t(P), std::move(full));
+        else node.template deliver<U>(std::size_t(P), sum_to<U>(expr::TensorLeaf<U, false>{&full}, space, ls));
+      };
+      (give.template operator()<list[J]>(std::get<J>(outs)), ...);
+    }(std::make_index_sequence<npaths>{});
   }
-  auto one = [&]<int P>() {
-    if (!node.next[P]) return;
-    using U = detail::leaf_value_t<P, E>;
-    const auto& t = expr::leaf_at<P>(e).tensor();
-    auto ge = expr::chain(g, expr::deriv<P>(e));
-    if (t.shape() == space) {
-      Tensor<U> out = empty<U>(space);
-      cpu::assign(out, ge, op);
-      node.template deliver<U>(std::size_t(P), std::move(out));
-    } else {
-      node.template deliver<U>(std::size_t(P), sum_to<U>(ge, space, t.shape()));
-    }
-  };
-  [&]<std::size_t... J>(std::index_sequence<J...>) {
-    (one.template operator()<list[J]>(), ...);
-  }(std::make_index_sequence<npaths>{});
 }
 
 /// Saves an expression's leaves (by value) with their versions, and its edges.
@@ -155,7 +144,7 @@ bool needs_grad(const E& e) {
 /// Records y = e on the tape (call after y was computed).
 template <class T, class E>
 void record_expr(Tensor<T>& y, const E& e) {
-  if constexpr (is_floating_v<T>) {
+  if constexpr (is_floating_v<T> && detail::path_count<E>() > 0) {
     if (!needs_grad(e)) return;
     auto node = std::make_shared<ExprNode<T, E>>();
     node->s.save(*node, e);
