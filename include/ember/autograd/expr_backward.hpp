@@ -87,10 +87,12 @@ void backward_through(TypedNode<T>& node, const E& e, const G& g, const Shape& s
       (check.template operator()<list[J]>(), ...);
     }(std::make_index_sequence<npaths>{});
     if (!any) return;
+    // Leaves of e are read through slots: every use of a leaf is one load, shared sub-expressions are computed once.
+    const auto es = expr::slotted<0>(e);
     [&]<std::size_t... J>(std::index_sequence<J...>) {
       auto outs = std::make_tuple(empty<detail::leaf_value_t<list[J], E>>(space)...);
-      auto exprs = std::make_tuple(expr::chain(g, expr::deriv<list[J]>(e))...);
-      cpu::assign_multi(outs, exprs, space);
+      auto exprs = std::make_tuple(expr::chain(g, expr::deriv<list[J]>(es))...);
+      cpu::assign_multi(outs, exprs, space, e);
       auto give = [&]<int P, class U>(Tensor<U>& full) {
         if (!node.next[P]) return;
         const Shape& ls = expr::leaf_at<P>(e).tensor().shape();

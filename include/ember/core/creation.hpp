@@ -60,10 +60,9 @@ Tensor<T> ones_like(const Tensor<T>& t) {
   return ones<T>(t.shape(), t.device());
 }
 
-/// A copy of `values` with the given shape (1-d when omitted).
+/// A copy of `values` with the given shape (Shape{} is 0-d and takes one value).
 template <class T>
-Tensor<T> from_vector(const std::vector<T>& values, Shape shape = {}) {
-  if (shape.n == 0 && values.size() != 1) shape = Shape{std::int64_t(values.size())};
+Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape) {
   EMBER_CHECK(shape.numel() == std::int64_t(values.size()), "from_vector: ", values.size(),
               " values do not fill shape ", shape.str());
   Tensor<T> t = empty<T>(shape);
@@ -73,6 +72,11 @@ Tensor<T> from_vector(const std::vector<T>& values, Shape shape = {}) {
     std::memcpy(static_cast<void*>(t.data()), values.data(), values.size() * sizeof(T));
   }
   return t;
+}
+/// A 1-d copy of `values` (like torch.tensor of a list, also for a single value).
+template <class T>
+Tensor<T> from_vector(const std::vector<T>& values) {
+  return from_vector<T>(values, Shape{std::int64_t(values.size())});
 }
 
 /// Tensors from (nested) braces: tensor<float>({1, 2}), tensor<float>({{1, 2}, {3, 4}}).
@@ -149,9 +153,9 @@ Tensor<T> linspace(double start, double end, std::int64_t n) {
   EMBER_CHECK(n >= 0, "linspace: number of steps must be non-negative, got ", n);
   Tensor<T> t = empty<T>(Shape{n});
   const double step = n > 1 ? (end - start) / double(n - 1) : 0;
-  // Symmetric evaluation, as PyTorch does, so both ends are exact.
+  // Symmetric evaluation, as PyTorch does, so both ends are exact; one step is just `start`, as in PyTorch.
   for (std::int64_t i = 0; i < n; ++i)
-    t.data()[i] = convert<T>(i < n / 2 ? start + step * double(i) : end - step * double(n - 1 - i));
+    t.data()[i] = convert<T>(n == 1 || i < n / 2 ? start + step * double(i) : end - step * double(n - 1 - i));
   return t;
 }
 

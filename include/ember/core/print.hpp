@@ -1,6 +1,7 @@
 // ember — printing tensors the way PyTorch does: `tensor([[ 1.0000, -2.5000], ...], dtype=..., requires_grad=True)`.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ostream>
@@ -52,26 +53,48 @@ inline std::vector<std::int64_t> shown(std::int64_t n, bool summarize, int edge 
   return v;
 }
 
+/// Calls f(element) for every element PyTorch shows (all, or three at each end of every dim when summarising).
+template <class T, class F>
+void for_each_shown(const Tensor<T>& t, bool summarize, F&& f) {
+  if (t.dim() == 0) {
+    f(t.data()[0]);
+    return;
+  }
+  auto rec = [&](auto& self, int d, std::int64_t off) -> void {
+    for (const std::int64_t i : shown(t.shape()[d], summarize)) {
+      if (i < 0) continue;
+      const std::int64_t o = off + i * t.strides()[d];
+      if (d == t.dim() - 1) f(t.data()[o]);
+      else self(self, d + 1, o);
+    }
+  };
+  rec(rec, 0, 0);
+}
+
+// Prints dim d of t. As PyTorch's _tensor_str: the sub-tensor at depth d is indented by indent + d; rows
+// (the last dim) wrap at 80 columns, and a summarised row shows " ..." between its ends.
 template <class T>
 void print_rec(std::ostream& os, const Tensor<T>& t, int d, std::int64_t off, const PrintFormat& f, bool summarize,
                int indent) {
   os << '[';
   const auto idx = shown(t.shape()[d], summarize);
+  const bool last = d == t.dim() - 1;
+  const std::size_t per_line = std::size_t(std::max(1, (80 - (indent + d)) / (f.width + 2)));
   for (std::size_t k = 0; k < idx.size(); ++k) {
     if (k) {
-      if (d == t.dim() - 1) os << ", ";
+      if (last && k % per_line != 0) os << ", ";
       else {
         os << ',';
-        for (int nl = 0; nl < t.dim() - 1 - d; ++nl) os << '\n';
+        for (int nl = 0; nl < (last ? 1 : t.dim() - 1 - d); ++nl) os << '\n';
         os << std::string(std::size_t(indent + d + 1), ' ');
       }
     }
     if (idx[k] < 0) {
-      os << "...";
+      os << (last ? " ..." : "...");
       continue;
     }
     const std::int64_t o = off + idx[k] * t.strides()[d];
-    if (d == t.dim() - 1) os << format_value(t.data()[o], f);
+    if (last) os << format_value(t.data()[o], f);
     else print_rec(os, t, d + 1, o, f, summarize, indent);
   }
   os << ']';
@@ -84,47 +107,48 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
   if (!t.defined()) return os << "tensor(undefined)";
   EMBER_CHECK(t.device().is_cpu(), "printing: copy the tensor to the CPU first (it is on ", t.device().str(), ")");
   const bool summarize = t.numel() > 1000;
-  // Choose one format for every element, as PyTorch does.
+  // Choose one format for every element from the elements shown, as PyTorch's _Formatter does: for floating
+  // types, the nonzero finite values decide the mode (integral, fixed with 4 decimals, or scientific) and the width.
   detail::PrintFormat f;
   if constexpr (is_floating_v<T>) {
     double mx = 0, mn = INFINITY;
     bool integral = true;
-    const T* p = t.data();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      std::int64_t off = 0, r = i;
-      for (int d = t.dim() - 1; d >= 0; --d) {
-        off += (r % t.shape()[d]) * t.strides()[d];
-        r /= t.shape()[d];
-      }
-      const double v = double(static_cast<compute_t<T>>(p[off]));
-      if (!std::isfinite(v)) continue;
-      integral = integral && v == std::nearbyint(v);
+    detail::for_each_shown(t, summarize, [&](T x) {
+      const double v = double(static_cast<compute_t<T>>(x));
+      if (!std::isfinite(v) || v == 0) return;
+      integral = integral && v == std::ceil(v);
       mx = std::max(mx, std::fabs(v));
-      if (v != 0) mn = std::min(mn, std::fabs(v));
-    }
+      mn = std::min(mn, std::fabs(v));
+    });
     const bool any_nonzero = mn != INFINITY;
-    if (integral && mx < 1e8) f.kind = detail::PrintFormat::IntFloat;
-    else if (any_nonzero && (mx / mn > 1000 || mx > 1e8 || mn < 1e-4)) f.kind = detail::PrintFormat::Sci;
+    const bool wide = any_nonzero && (mx / mn > 1000 || mx > 1e8);
+    if (integral) f.kind = wide ? detail::PrintFormat::Sci : detail::PrintFormat::IntFloat;
+    else if (wide || mn < 1e-4) f.kind = detail::PrintFormat::Sci;
     else f.kind = detail::PrintFormat::Fixed;
+    detail::for_each_shown(t, summarize, [&](T x) {
+      const double v = double(static_cast<compute_t<T>>(x));
+      if (!std::isfinite(v) || v == 0) return;
+      f.width = std::max(f.width, int(detail::format_value(x, detail::PrintFormat{f.kind, 1}).size()));
+    });
   } else {
     f.kind = detail::PrintFormat::Int;
-  }
-  // Width: the widest formatted element.
-  if (t.numel() > 0) {
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      std::int64_t off = 0, r = i;
-      for (int d = t.dim() - 1; d >= 0; --d) {
-        off += (r % t.shape()[d]) * t.strides()[d];
-        r /= t.shape()[d];
-      }
-      f.width = std::max(f.width, int(detail::format_value(t.data()[off], detail::PrintFormat{f.kind, 1}).size()));
-    }
+    detail::for_each_shown(t, summarize, [&](T x) {
+      f.width = std::max(f.width, int(detail::format_value(x, detail::PrintFormat{f.kind, 1}).size()));
+    });
   }
   os << "tensor(";
-  if (t.dim() == 0) os << detail::format_value(t.data()[0], f);
+  if (t.numel() == 0) os << "[]";
+  else if (t.dim() == 0) os << detail::format_value(t.data()[0], f);
   else detail::print_rec(os, t, 0, 0, f, summarize, 7);
   if (t.device().is_cuda()) os << ", device='" << t.device().str() << "'";
-  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, std::int64_t> && !std::is_same_v<T, bool>)
+  if (t.numel() == 0 && t.dim() != 1) {  // an empty tensor states its shape unless it is (0,)
+    os << ", size=(";
+    for (int d = 0; d < t.dim(); ++d) os << (d ? ", " : "") << t.shape()[d];
+    os << ')';
+  }
+  // float32 is the default dtype; int64 and bool are inferred from the printed values unless there are none.
+  if (!std::is_same_v<T, float> &&
+      (t.numel() == 0 || (!std::is_same_v<T, std::int64_t> && !std::is_same_v<T, bool>)))
     os << ", dtype=torch." << dtype_name<T>();
   if (t.has_meta() && t.meta().grad_fn) os << ", grad_fn=<" << "Backward>";
   else if (t.requires_grad()) os << ", requires_grad=True";

@@ -83,8 +83,14 @@ class Tensor {
   Tensor(const Tensor&) = default;
   Tensor(Tensor&&) noexcept = default;
   /// Rebinds the handle (shares `other`'s data), as assignment of torch::Tensor does.
-  Tensor& operator=(const Tensor&) = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor& operator=(const Tensor&) & = default;
+  Tensor& operator=(Tensor&&) & noexcept = default;
+  /// Assigning to a temporary handle (a view: `x.slice(0, 0, 2) = y;`, `x[i] = y;`) copies `src` into its memory,
+  /// broadcasting, as LibTorch's rvalue assignment does; rebinding a temporary would silently do nothing.
+  Tensor& operator=(const Tensor& src) && {
+    copy_(src);
+    return *this;
+  }
 
   /// Writes an expression into this tensor's memory (through views), in one pass; allocates when undefined.
   template <Expression E>

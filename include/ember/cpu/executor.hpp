@@ -56,44 +56,62 @@ void run_plan(const expr::Plan& p, const Body& body) {
 }
 
 /// Writes each expression of a pack into its output: out_k[i] = e_k(i), all in one loop over one plan.
+/// `slots` holds the operands that LeafRef nodes read (backward kernels); unused otherwise.
 template <class... Pairs>
 struct AssignBody {
   std::tuple<Pairs...> pairs;  // each pair: (OperandEval<T> out, Eval<E> ev)
+  expr::SlotTable slots;
 
   void set_row(const std::int64_t* c, int outer) {
+    slots.set_row(c, outer);
     std::apply([&](auto&... pr) { (..., (pr.first.set_row(c, outer), pr.second.set_row(c, outer))); }, pairs);
   }
   void run_linear(std::int64_t a, std::int64_t b) {
-    std::apply([&](auto&... pr) { run(a, b, pr...); }, pairs);
+    std::apply([&](auto&... pr) { run(a, b, &slots, pr...); }, pairs);
   }
   void run_row(std::int64_t a, std::int64_t b) {
-    std::apply([&](auto&... pr) { run_r(a, b, pr...); }, pairs);
+    std::apply([&](auto&... pr) { run_r(a, b, &slots, pr...); }, pairs);
   }
 
  private:
   template <class... P>
-  static void run(std::int64_t a, std::int64_t b, P&... pr) {
+  EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const expr::SlotTable* sl, P&... pr) {
     // Local copies so the compiler keeps pointers in registers and vectorises.
     auto local = std::make_tuple(pr...);
+    const expr::SlotTable t = *sl;
     std::apply(
         [&](auto&... q) {
-          for (std::int64_t i = a; i < b; ++i) (..., store(q, expr::LinearIdx{i}));
+          // No iteration reads what another writes: outputs are fresh, or alias an operand with the same
+          // geometry (a = a * b), or the executor went through a temporary. So no runtime alias checks.
+#pragma GCC ivdep
+          for (std::int64_t i = a; i < b; ++i) step(expr::LinearIdx{i, &t}, q...);
         },
         local);
   }
   template <class... P>
-  static void run_r(std::int64_t a, std::int64_t b, P&... pr) {
+  EMBER_VECTORIZE static void run_r(std::int64_t a, std::int64_t b, const expr::SlotTable* sl, P&... pr) {
     auto local = std::make_tuple(pr...);
+    const expr::SlotTable t = *sl;
     std::apply(
         [&](auto&... q) {
-          for (std::int64_t j = a; j < b; ++j) (..., store(q, expr::RowIdx{j}));
+#pragma GCC ivdep
+          for (std::int64_t j = a; j < b; ++j) step(expr::RowIdx{j, &t}, q...);
         },
         local);
   }
-  template <class Q, class I>
-  EMBER_INLINE static void store(Q& q, I ix) {
+  // Every value first, then every store: a store cannot clobber what a later expression reads, so the compiler
+  // computes sub-expressions shared between outputs (the same derivative factor, the same exp) once.
+  template <class I, class... Q>
+  EMBER_INLINE static void step(I ix, Q&... q) {
+    const std::tuple<decltype(q.second.eval(ix))...> vals{q.second.eval(ix)...};
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (..., store(q, ix, std::get<K>(vals)));
+    }(std::index_sequence_for<Q...>{});
+  }
+  template <class Q, class I, class V>
+  EMBER_INLINE static void store(Q& q, I ix, V v) {
     using T = std::remove_const_t<std::remove_reference_t<decltype(q.first.at(ix))>>;
-    q.first.at(ix) = convert<T>(q.second.eval(ix));
+    q.first.at(ix) = convert<T>(v);
   }
 };
 
@@ -149,31 +167,49 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   int kk = 1;
   auto ev = expr::make_eval(e, p, kk);
   using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
-  run_plan(p, AssignBody<Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, ko), ev})});
+  run_plan(p, AssignBody<Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, ko), ev}), {}});
   out.bump_version();
 }
 
 /// Several outputs of the same shape from several expressions in ONE pass (the fused backward writes every
-/// leaf's gradient this way). Outputs must be fresh, dense tensors that no operand reads.
-template <class... T, class... E>
-void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space) {
+/// leaf's gradient this way). Outputs must be fresh, dense tensors that no operand reads. The tensor leaves of
+/// `slot_src` fill the slot table, in position order, for the LeafRef nodes of the expressions.
+template <class... T, class... E, class S>
+void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
+                  const S& slot_src) {
   expr::PlanBuilder b(space);
   std::apply([&](const auto&... o) { (..., b.add(o.shape(), o.strides())); }, outs);
   Device dev = std::get<0>(outs).device();
   bool have = true;
+  constexpr int n = sizeof...(T);
+  const char* slot_ptr[expr::kMaxLeaves];
+  int nslots = 0;
+  std::size_t slot_size[expr::kMaxLeaves];
+  expr::visit_leaves(slot_src, [&](const auto& leaf) {
+    slot_ptr[nslots] = reinterpret_cast<const char*>(leaf.tensor().data());
+    slot_size[nslots++] = sizeof(*leaf.tensor().data());
+  });
+  expr::add_leaves(slot_src, b, dev, have, "backward");
   std::apply([&](const auto&... e) { (..., expr::add_leaves(e, b, dev, have, "backward")); }, es);
   EMBER_CHECK(dev.is_cpu(), "backward: the CPU executor got tensors on ", dev.str());
   const expr::Plan p = b.collapse();
-  constexpr int n = sizeof...(T);
-  int kk = n;
+  expr::SlotTable slots;
+  slots.n = nslots;
+  for (int k = 0; k < nslots; ++k) {
+    slots.base[k] = slots.row[k] = slot_ptr[k];
+    for (int d = 0; d < p.shape.n; ++d) slots.st[k][d] = p.st[n + k][d] * std::int64_t(slot_size[k]);
+    slots.inner[k] = slots.st[k][p.shape.n - 1];
+  }
+  int kk = n + nslots;
   // A braced list evaluates left to right, so leaves take plan operands in order.
   auto evs = std::apply(
       [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },
       es);
   using Evs = std::remove_cvref_t<decltype(evs)>;
   auto body = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return AssignBody<std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{std::make_tuple(
-        std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...)};
+    return AssignBody<std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{
+        std::make_tuple(std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...),
+        slots};
   }(std::index_sequence_for<T...>{});
   run_plan(p, body);
 }

@@ -78,7 +78,7 @@ inline constexpr std::int64_t kBlock = 16384;
 
 // Reduces elements [a, b) of an evaluator (LinearIdx or RowIdx), with `base` added to indices.
 template <class R, class Ev, class Idx>
-EMBER_INLINE typename R::acc reduce_range(const Ev& ev, std::int64_t a, std::int64_t b, std::int64_t base) {
+EMBER_VECTORIZE typename R::acc reduce_range(const Ev& ev, std::int64_t a, std::int64_t b, std::int64_t base) {
   using Acc = typename R::acc;
   Acc lanes[kLanes];
   for (auto& l : lanes) l = R::init();
@@ -95,6 +95,12 @@ EMBER_INLINE typename R::acc reduce_range(const Ev& ev, std::int64_t a, std::int
     else acc = R::step(acc, static_cast<Acc>(ev.eval(Idx{j})), 0);
   }
   return acc;
+}
+
+// acc[j] = R(acc[j], row[j]) along one row (the column-sum case of a reduction).
+template <class R, class Ev>
+EMBER_VECTORIZE void accumulate_row(typename R::acc* EMBER_RESTRICT acc, const Ev& ev, std::int64_t n, std::int64_t r) {
+  for (std::int64_t j = 0; j < n; ++j) acc[j] = R::step(acc[j], static_cast<typename R::acc>(ev.eval(expr::RowIdx{j})), r);
 }
 
 template <class V, class Acc>
@@ -244,8 +250,7 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
         for (int d = 0; d < nred; ++d) coords[d] = 0;
         for (std::int64_t r = 0; r < nrows_red; ++r) {
           local.set_row(coords, nd - 1);
-          for (std::int64_t j = 0; j < row; ++j)
-            a[j] = R::step(a[j], static_cast<typename R::acc>(local.eval(expr::RowIdx{j})), r);
+          detail::accumulate_row<R>(a, local, row, r);
           for (int d = nred - 1; d >= 0; --d) {
             if (++coords[d] < q.shape[d]) break;
             coords[d] = 0;

@@ -26,6 +26,8 @@ template <class E, int P>
 struct grad_path : std::false_type {};
 template <class T, bool O>
 struct grad_path<TensorLeaf<T, O>, 0> : std::bool_constant<is_floating_v<T>> {};
+template <class T, int K>
+struct grad_path<LeafRef<T, K>, 0> : std::bool_constant<is_floating_v<T>> {};
 template <class Op, class A, int P>
 struct grad_path<UnaryExpr<Op, A>, P> : std::bool_constant<Op::differentiable && grad_path<A, P>::value> {};
 template <class Op, class A, class B, int P>
@@ -43,6 +45,11 @@ struct grad_path<CastExpr<U, A>, P> : std::bool_constant<is_floating_v<U> && gra
 /// d e / d leaf_P as an expression (or One). Only instantiated where grad_path<E, P> holds.
 template <int P, class T, bool O>
 One deriv(const TensorLeaf<T, O>&) {
+  static_assert(P == 0);
+  return {};
+}
+template <int P, class T, int K>
+One deriv(const LeafRef<T, K>&) {
   static_assert(P == 0);
   return {};
 }
@@ -95,6 +102,39 @@ const auto& leaf_at(const WhereExpr<C, A, B>& e) {
 template <int P, class U, class A>
 const auto& leaf_at(const CastExpr<U, A>& e) {
   return leaf_at<P>(e.a);
+}
+
+/// The same expression with the tensor leaf at position p replaced by LeafRef<T, Base + p>.
+template <int Base, class T, bool O>
+LeafRef<T, Base> slotted(const TensorLeaf<T, O>& l) {
+  return {l.tensor().shape()};
+}
+template <int Base, class T>
+ScalarLeaf<T> slotted(const ScalarLeaf<T>& l) {
+  return l;
+}
+template <int Base, class Op, class A>
+auto slotted(const UnaryExpr<Op, A>& e) {
+  auto a = slotted<Base>(e.a);
+  return UnaryExpr<Op, decltype(a)>{e.op, a};
+}
+template <int Base, class Op, class A, class B>
+auto slotted(const BinaryExpr<Op, A, B>& e) {
+  auto a = slotted<Base>(e.a);
+  auto b = slotted<Base + A::num_leaves>(e.b);
+  return BinaryExpr<Op, decltype(a), decltype(b)>{e.op, a, b};
+}
+template <int Base, class C, class A, class B>
+auto slotted(const WhereExpr<C, A, B>& e) {
+  auto c = slotted<Base>(e.c);
+  auto a = slotted<Base + C::num_leaves>(e.a);
+  auto b = slotted<Base + C::num_leaves + A::num_leaves>(e.b);
+  return WhereExpr<decltype(c), decltype(a), decltype(b)>{c, a, b};
+}
+template <int Base, class U, class A>
+auto slotted(const CastExpr<U, A>& e) {
+  auto a = slotted<Base>(e.a);
+  return CastExpr<U, decltype(a)>{a};
 }
 
 }  // namespace ember::expr

@@ -16,15 +16,34 @@
 
 namespace ember::expr {
 
+/// Most operands (leaves plus outputs) one plan holds.
+inline constexpr int kMaxOperands = 2 * kMaxLeaves + 8;
+
+/// Operands shared by every LeafRef<T, K> of a backward expression: slot K is read through one pointer, so the
+/// compiler sees repeated reads of a leaf as the same value and computes shared sub-expressions once.
+struct SlotTable {
+  const char* base[kMaxLeaves];
+  const char* row[kMaxLeaves];
+  std::int64_t inner[kMaxLeaves];  // bytes
+  std::int64_t st[kMaxLeaves][kMaxDims];  // bytes
+  int n = 0;
+  EMBER_HOST_DEVICE void set_row(const std::int64_t* coords, int outer) {
+    for (int k = 0; k < n; ++k) {
+      std::int64_t off = 0;
+      for (int d = 0; d < outer; ++d) off += coords[d] * st[k][d];
+      row[k] = base[k] + off;
+    }
+  }
+};
+
 struct LinearIdx {
   std::int64_t i;
+  const SlotTable* slots = nullptr;
 };
 struct RowIdx {
   std::int64_t j;
+  const SlotTable* slots = nullptr;
 };
-
-/// Most operands (leaves plus outputs) one plan holds.
-inline constexpr int kMaxOperands = kMaxLeaves + 8;
 
 /// An iteration space after merging dims that every operand walks contiguously, with each operand's strides.
 /// Outer dims come first; the last dim is the inner (row) loop.
@@ -134,6 +153,17 @@ struct Eval<TensorLeaf<T, O>> {
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { in.set_row(c, outer); }
 };
 
+template <class T, int K>
+struct Eval<LeafRef<T, K>> {
+  EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(LinearIdx ix) const {
+    return static_cast<compute_t<T>>(reinterpret_cast<const T*>(ix.slots->base[K])[ix.i]);
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(RowIdx ix) const {
+    return static_cast<compute_t<T>>(*reinterpret_cast<const T*>(ix.slots->row[K] + ix.j * ix.slots->inner[K]));
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
+};
+
 template <class T>
 struct Eval<ScalarLeaf<T>> {
   compute_t<T> v;
@@ -204,6 +234,10 @@ struct Eval<CastExpr<U, A>> {
 template <class T, bool O>
 Eval<TensorLeaf<T, O>> make_eval(const TensorLeaf<T, O>& l, const Plan& p, int& k) {
   return {OperandEval<const T>(l.tensor().data(), p, k++)};
+}
+template <class T, int K>
+Eval<LeafRef<T, K>> make_eval(const LeafRef<T, K>&, const Plan&, int&) {
+  return {};
 }
 template <class T>
 Eval<ScalarLeaf<T>> make_eval(const ScalarLeaf<T>& l, const Plan&, int&) {

@@ -33,6 +33,16 @@ struct TensorLeaf {
   Shape shape() const { return tensor().shape(); }
 };
 
+/// Leaf position K of another expression, read through a SlotTable (backward kernels use it so that every use
+/// of a leaf is the same load). It is not a plan operand itself.
+template <class T, int K>
+struct LeafRef {
+  using value_type = T;
+  static constexpr int num_leaves = 1;
+  Shape shape_;
+  Shape shape() const { return shape_; }
+};
+
 template <class T>
 struct ScalarLeaf {
   using value_type = T;
@@ -116,6 +126,8 @@ void visit_leaves(const TensorLeaf<T, O>& l, F&& f) {
 }
 template <class F, class T>
 void visit_leaves(const ScalarLeaf<T>&, F&&) {}
+template <class F, class T, int K>
+void visit_leaves(const LeafRef<T, K>&, F&&) {}
 template <class F, class Op, class A>
 void visit_leaves(const UnaryExpr<Op, A>& e, F&& f) {
   visit_leaves(e.a, f);
@@ -146,6 +158,11 @@ template <class T, bool O>
 struct owned<TensorLeaf<T, O>> {
   using type = TensorLeaf<T, true>;
   static type make(const TensorLeaf<T, O>& l) { return {l.tensor()}; }
+};
+template <class T, int K>
+struct owned<LeafRef<T, K>> {
+  using type = LeafRef<T, K>;
+  static type make(const LeafRef<T, K>& l) { return l; }
 };
 template <class T>
 struct owned<ScalarLeaf<T>> {

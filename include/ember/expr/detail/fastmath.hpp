@@ -152,15 +152,18 @@ inline constexpr float kLogLn2Hi = 0.693145751953125f;
 inline constexpr float kLogLn2Lo = 1.4286068e-6f;
 inline constexpr std::uint32_t kSqrtHalfBits = 0x3f3504f3u;  // 0.70710677f
 
-/// log(x) + corr for finite x > 0 (subnormals included); `corr` is a tiny correction (log1p passes c/u). Garbage,
-/// but no UB, for other x — the callers select the special cases.
-EMBER_HOST_DEVICE EMBER_INLINE float log_core(float x, float corr) noexcept {
+/// Splits finite x > 0 (subnormals included) into x = 2^e * (1 + f), 1 + f in [sqrt(1/2), sqrt(2)). Garbage, but no
+/// UB, for other x — the callers select the special cases.
+EMBER_HOST_DEVICE EMBER_INLINE void log_split(float x, std::int32_t& e, float& f) noexcept {
   const bool sub = x < 1.17549435e-38f;  // scale subnormals (and 0, harmlessly) into the normal range
   const float xs = x * sel(sub, 8388608.0f, 1.0f);
   const std::uint32_t d = as_u32(xs) - kSqrtHalfBits;
-  const std::int32_t e = (static_cast<std::int32_t>(d) >> 23) - static_cast<std::int32_t>(23u & (0u - sub));
-  const float m = as_f32((d & 0x007fffffu) + kSqrtHalfBits);
-  const float f = m - 1.0f;
+  e = (static_cast<std::int32_t>(d) >> 23) - static_cast<std::int32_t>(23u & (0u - sub));
+  f = as_f32((d & 0x007fffffu) + kSqrtHalfBits) - 1.0f;
+}
+
+/// e*ln2 + log(1 + f) + corr, for f in [sqrt(1/2) - 1, sqrt(2) - 1] and a tiny correction `corr`.
+EMBER_HOST_DEVICE EMBER_INLINE float log_join(std::int32_t e, float f, float corr) noexcept {
   const float s = f / (2.0f + f);
   const float z = s * s;
   float R = mad(0.24280103f, z, 0.28498763f);
@@ -193,22 +196,29 @@ EMBER_HOST_DEVICE EMBER_INLINE float expm1(float x) noexcept {
 /// Natural logarithm. ≤ 1 ulp; log(±0) = -inf, log(x < 0) = NaN, log(+inf) = +inf, NaN -> NaN.
 EMBER_HOST_DEVICE EMBER_INLINE float log(float x) noexcept {
   using impl::sel;
-  float y = impl::log_core(x, 0.0f);
+  std::int32_t e;
+  float f;
+  impl::log_split(x, e, f);
+  float y = impl::log_join(e, f, 0.0f);
   y = sel(x == impl::kInf, impl::kInf, y);
   y = sel(x == 0.0f, -impl::kInf, y);
   return sel(!(x >= 0.0f), impl::kNaN, y);  // x < 0 or NaN
 }
 
-/// log(1 + x), accurate near 0. ≤ 2 ulp; log1p(-1) = -inf, x < -1 -> NaN, +inf -> +inf, keeps -0.
+/// log(1 + x), accurate near 0. ≤ 1 ulp; log1p(-1) = -inf, x < -1 -> NaN, +inf -> +inf, keeps -0.
 EMBER_HOST_DEVICE EMBER_INLINE float log1p(float x) noexcept {
   using impl::sel;
   const float u = 1.0f + x;
-  // c = (1 + x) - u exactly (each subtraction is exact in its range, by Sterbenz); log(1+x) = log(u) + c/u.
-  const float c_big = 1.0f - (u - x);
-  const float c_small = x - (u - 1.0f);
-  const float c = sel(x >= 1.0f, c_big, c_small);
-  const float us = sel(u > 0.0f, u, 1.0f);  // keep the special-case lanes tame
-  float y = impl::log_core(us, c / us);
+  std::int32_t e;
+  float f;
+  impl::log_split(sel(u > 0.0f, u, 1.0f), e, f);  // keep the special-case lanes tame
+  // Where u = 1 + x lands in [sqrt(1/2), sqrt(2)) (e == 0) the reduced argument is x itself, exactly. Elsewhere
+  // u was rounded: c = (1 + x) - u is recovered exactly (each subtraction is exact in its range, by Sterbenz) and
+  // log(1 + x) = log(u) + c/u. The exact-x path also keeps small x accurate under -ffast-math, which may
+  // reassociate c to 0.
+  const bool central = e == 0;
+  const float c = sel(x >= 1.0f, 1.0f - (u - x), x - (u - 1.0f));
+  float y = impl::log_join(e, sel(central, x, f), sel(central, 0.0f, c / u));
   y = sel(x == impl::kInf, impl::kInf, y);
   y = sel(u == 0.0f, -impl::kInf, y);
   y = sel(!(x >= -1.0f), impl::kNaN, y);  // x < -1 or NaN
