@@ -1,6 +1,7 @@
 // ember — differentiable matrix products: mm, bmm, matmul (PyTorch's broadcasting rules), linear.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -69,6 +70,10 @@ template <class T>
 Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both arguments need at least 1 dimension, got shapes ",
               a.shape().str(), " and ", b.shape().str());
+  // Checked here, on the shapes the user passed (the paths below reshape them before mm/bmm/dot see them).
+  const std::int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  EMBER_CHECK(ka == kb, "matmul: shapes ", a.shape().str(), " and ", b.shape().str(), " cannot be multiplied (", ka,
+              " != ", kb, ")");
   if (a.dim() == 1 && b.dim() == 1) return dot(a, b);
   if (a.dim() == 2 && b.dim() == 2) return mm(a, b);
   if (a.dim() == 2 && b.dim() == 1) return mm(a, b.unsqueeze(1)).squeeze(1);
@@ -91,6 +96,11 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
     return r;
   }
   Shape ba(a2.shape().begin(), a2.shape().end() - 2), bb(b2.shape().begin(), b2.shape().end() - 2);
+  for (int i = 1; i <= std::min(ba.n, bb.n); ++i) {
+    const std::int64_t da = ba[ba.n - i], db = bb[bb.n - i];
+    EMBER_CHECK(da == db || da == 1 || db == 1, "matmul: shapes ", a.shape().str(), " and ", b.shape().str(),
+                " cannot be multiplied: batch dims ", ba.str(), " and ", bb.str(), " do not broadcast");
+  }
   Shape batch = broadcast_shapes(ba, bb, "matmul");
   Shape ea = batch, eb = batch;
   ea.push_back(m);

@@ -92,7 +92,8 @@ struct AccumulateGrad final : TypedNode<T> {
     Tensor<T>& g = this->grad;
     if (!m.grad.defined()) {
       // Keep the buffer when nothing else can see it; copy it otherwise (later accumulation is in place).
-      const bool exclusive = g.is_contiguous() && g.storage().use_count() == 1 && g.numel() == g.storage()->nbytes / sizeof(T);
+      const bool exclusive = g.is_contiguous() && g.storage().use_count() == 1 &&
+                             std::size_t(g.numel()) == g.storage()->nbytes / sizeof(T);
       m.grad = exclusive ? g : g.detach().clone();
     } else {
       cpu::assign(m.grad, expr::make_binary(ops_table::Add{}, m.grad, g), "backward");

@@ -47,6 +47,9 @@ inline ReducePlan plan_reduce(const Shape& space, const Dims& dims, bool keepdim
     for (int d = 0; d < space.n; ++d) p.reduced[d] = true;
   } else {
     for (auto d : dims.v) {
+      const int lim = space.n > 0 ? space.n : 1;
+      EMBER_CHECK(d >= -lim && d < lim, op, ": dim ", d, " is out of range for a tensor of shape ", space.str(),
+                  " (expected a dim in [", -lim, ", ", lim - 1, "])");
       const int w = wrap_dim(d, space.n, op);
       if (space.n == 0) continue;
       EMBER_CHECK(!p.reduced[w], op, ": dim ", w, " appears more than once");
@@ -86,6 +89,7 @@ struct ReduceNode final : TypedNode<T> {
   ReducePlan plan;
   double scale = 1, p = 2;
   Tensor<T> result, aux;
+  std::uint64_t result_version = 0;  // the result is the user's output tensor: it can be written in place
 
   const char* name() const override { return "ReduceBackward"; }
   void release() override {
@@ -93,6 +97,10 @@ struct ReduceNode final : TypedNode<T> {
     result = aux = Tensor<T>();
   }
   void backward() override {
+    EMBER_CHECK(!result.defined() || result.version() == result_version, name(),
+                ": a tensor needed for gradient computation (the result, shape ", result.shape().str(),
+                ") was modified by an in-place operation after it was used (version ", result_version, ", now ",
+                result.version(), "); clone() it before modifying it");
     using L = expr::TensorLeaf<T, false>;
     using S = expr::ScalarLeaf<T>;
     const Tensor<T> gk = this->grad.reshape(plan.keep);
@@ -190,6 +198,7 @@ void record_reduce(Tensor<T>& res, const E& e, const ReducePlan& plan, double sc
     node->scale = scale;
     node->p = p;
     node->result = std::move(result);
+    node->result_version = node->result.defined() ? node->result.version() : 0;
     node->aux = std::move(aux);
     node->output = res.impl_ptr();
     set_history<T>(res, node);
@@ -212,7 +221,9 @@ Tensor<OutT> reduce_into(const E& e, const ReducePlan& plan, const char* op) {
 
 template <class T>
 Tensor<T> view_out(const Tensor<T>& keep, const ReducePlan& plan) {
-  return keep.as_strided_raw(plan.out, contiguous_strides(plan.out), keep.storage_offset());
+  Tensor<T> r = keep.as_strided_raw(plan.out, contiguous_strides(plan.out), keep.storage_offset());
+  r.unsafe_impl()->is_view = false;  // a fresh result (keep is internal), so `s = s * 2.f` may write into it
+  return r;
 }
 
 }  // namespace autograd

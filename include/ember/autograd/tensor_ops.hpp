@@ -113,9 +113,11 @@ struct TensorOps {
     static_assert(std::is_same_v<typename E::value_type, T>,
                   "ember: the expression's dtype differs from the tensor's; wrap it in cast<T>(...)");
     if constexpr (is_floating_v<T>) {
+      // Whatever the right-hand side, as in PyTorch (and as fill_ does): a leaf that requires grad changes only
+      // under NoGradGuard.
+      EMBER_CHECK(!(is_grad_enabled() && y.is_leaf() && y.requires_grad()), "in-place assignment: the target (shape ",
+                  y.shape().str(), ") is a leaf that requires grad; do it under NoGradGuard or assign into a new tensor");
       if (autograd::needs_grad(e)) {
-        EMBER_CHECK(!(y.is_leaf() && y.requires_grad()), "in-place assignment: the target (shape ", y.shape().str(),
-                    ") is a leaf that requires grad; do it under NoGradGuard or assign into a new tensor");
         EMBER_CHECK(!y.is_view(), "in-place assignment: writing a differentiable expression into a view (shape ",
                     y.shape().str(), ") is not supported; materialise into a new tensor instead");
         EMBER_CHECK(y.shape() == e.shape(), "in-place assignment: a differentiable result of shape ",
@@ -141,6 +143,9 @@ struct TensorOps {
         cpu::assign(y, e, "assign");
         node->space = y.shape();
         node->output = y.impl_ptr();
+        // y's retain_grad() and hooks now belong to its new version: the old node must not also write y.grad()
+        // (it would overwrite the new gradient with the old version's) or run y's hooks a second time.
+        if (const auto& old = y.meta().grad_fn) static_cast<autograd::TypedNode<T>*>(old.get())->output.reset();
         y.meta().requires_grad = true;
         y.meta().grad_fn = node;
         return;

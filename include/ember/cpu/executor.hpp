@@ -57,10 +57,15 @@ void run_plan(const expr::Plan& p, const Body& body) {
 
 /// Writes each expression of a pack into its output: out_k[i] = e_k(i), all in one loop over one plan.
 /// `slots` holds the operands that LeafRef nodes read (backward kernels); unused otherwise.
-template <class... Pairs>
+struct NoSlots {
+  void set_row(const std::int64_t*, int) {}
+};
+
+template <bool Slots, class... Pairs>
 struct AssignBody {
+  using Table = std::conditional_t<Slots, expr::SlotTable, NoSlots>;
   std::tuple<Pairs...> pairs;  // each pair: (OperandEval<T> out, Eval<E> ev)
-  expr::SlotTable slots;
+  Table slots;
 
   void set_row(const std::int64_t* c, int outer) {
     slots.set_row(c, outer);
@@ -75,27 +80,32 @@ struct AssignBody {
 
  private:
   template <class... P>
-  EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const expr::SlotTable* sl, P&... pr) {
+  EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const Table* sl, P&... pr) {
     // Local copies so the compiler keeps pointers in registers and vectorises.
     auto local = std::make_tuple(pr...);
-    const expr::SlotTable t = *sl;
+    // The slot table is copied so its pointers are loop invariants the compiler can prove.
+    const Table t = *sl;
+    const expr::SlotTable* tp = nullptr;
+    if constexpr (Slots) tp = &t;
     std::apply(
         [&](auto&... q) {
           // No iteration reads what another writes: outputs are fresh, or alias an operand with the same
           // geometry (a = a * b), or the executor went through a temporary. So no runtime alias checks.
 #pragma GCC ivdep
-          for (std::int64_t i = a; i < b; ++i) step(expr::LinearIdx{i, &t}, q...);
+          for (std::int64_t i = a; i < b; ++i) step(expr::LinearIdx{i, tp}, q...);
         },
         local);
   }
   template <class... P>
-  EMBER_VECTORIZE static void run_r(std::int64_t a, std::int64_t b, const expr::SlotTable* sl, P&... pr) {
+  EMBER_VECTORIZE static void run_r(std::int64_t a, std::int64_t b, const Table* sl, P&... pr) {
     auto local = std::make_tuple(pr...);
-    const expr::SlotTable t = *sl;
+    const Table t = *sl;
+    const expr::SlotTable* tp = nullptr;
+    if constexpr (Slots) tp = &t;
     std::apply(
         [&](auto&... q) {
 #pragma GCC ivdep
-          for (std::int64_t j = a; j < b; ++j) step(expr::RowIdx{j, &t}, q...);
+          for (std::int64_t j = a; j < b; ++j) step(expr::RowIdx{j, tp}, q...);
         },
         local);
   }
@@ -167,7 +177,7 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   int kk = 1;
   auto ev = expr::make_eval(e, p, kk);
   using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
-  run_plan(p, AssignBody<Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, ko), ev}), {}});
+  run_plan(p, AssignBody<false, Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, ko), ev}), {}});
   out.bump_version();
 }
 
@@ -207,7 +217,7 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
       es);
   using Evs = std::remove_cvref_t<decltype(evs)>;
   auto body = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return AssignBody<std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{
+    return AssignBody<true, std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{
         std::make_tuple(std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...),
         slots};
   }(std::index_sequence_for<T...>{});

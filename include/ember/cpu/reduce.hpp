@@ -119,6 +119,12 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
   Device dev = Device::cpu();
   bool have = false;
   const std::int64_t n = space.numel();
+  if (n == 0 && out.numel() != 1) {
+    // Empty groups (a reduced dim of size 0): every output is the reducer's identity (sum 0, prod 1).
+    if (out.numel() > 0)
+      assign(out, expr::ScalarLeaf<OutT>{static_cast<compute_t<OutT>>(detail::finish<OutT>(R::init()))}, op);
+    return;
+  }
   if (out.numel() == 1 || n == 0) {
     // Everything into one value: fixed blocks, partials merged in order.
     expr::PlanBuilder b(space);
@@ -173,6 +179,16 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
   expr::add_leaves(e, b, dev, have, op);
   EMBER_CHECK(dev.is_cpu(), op, ": the CPU executor got tensors on ", dev.str());
   expr::Plan p = b.collapse();
+  if constexpr (R::indexed) {
+    // Only size-1 dims are reduced, and collapse() dropped them: add one back, so that each output reduces a row
+    // of length 1 (index 0) instead of the last kept dim being taken for the reduced row.
+    bool any_red = false;
+    for (int d = 0; d < p.shape.n; ++d) any_red = any_red || p.st[0][d] == 0;
+    if (!any_red) {
+      p.shape.push_back(1);
+      for (int k = 0; k < p.nops; ++k) p.st[k].push_back(0);
+    }
+  }
   const int nd = p.shape.n;
   // Order dims: kept then reduced when the inner dim is reduced (each output reduces rows), reduced then kept
   // otherwise (rows of outputs accumulate). Indexed reducers always reduce rows.

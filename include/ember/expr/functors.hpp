@@ -48,7 +48,8 @@ EMBER_UNARY(Sin,      std::sin(x),                             std::cos(x))
 EMBER_UNARY(Cos,      std::cos(x),                             -std::sin(x))
 EMBER_UNARY(Tanh,     fm::tanh(x),                             X(1) - fm::tanh(x) * fm::tanh(x))
 EMBER_UNARY(Sigmoid,  fm::sigmoid(x),                          fm::sigmoid(x) * (X(1) - fm::sigmoid(x)))
-EMBER_UNARY(Relu,     sel(x > X(0), x, X(0)),                  sel(x > X(0), X(1), X(0)))
+// ReLU lets NaN through (as PyTorch's, which is clamp_min(x, 0)): sel(x < 0, 0, x), not sel(x > 0, x, 0).
+EMBER_UNARY(Relu,     sel(x < X(0), X(0), x),                  sel(x > X(0), X(1), X(0)))
 // SiLU: x * sigmoid(x); derivative s * (1 + x * (1 - s)).
 EMBER_UNARY(Silu,     x * fm::sigmoid(x),                      fm::sigmoid(x) * (X(1) + x * (X(1) - fm::sigmoid(x))))
 // Softplus (beta 1, threshold 20 as in PyTorch): log1p(exp(x)), linear above the threshold.

@@ -420,3 +420,61 @@ auto where(C&& cond, A&& a, B&& b) {
 }
 
 }  // namespace ember
+
+// Argument-dependent lookup for expressions: their types live in ember::expr, so the vocabulary is visible there
+// too (`(a * b) + (c * d)` then works without `using namespace ember`).
+namespace ember::expr {
+using ember::operator+;
+using ember::operator-;
+using ember::operator*;
+using ember::operator/;
+using ember::operator<;
+using ember::operator<=;
+using ember::operator>;
+using ember::operator>=;
+using ember::operator==;
+using ember::operator!=;
+using ember::operator!;
+using ember::operator&;
+using ember::operator|;
+using ember::operator^;
+using ember::pow;
+using ember::maximum;
+using ember::minimum;
+using ember::logical_and;
+using ember::logical_or;
+using ember::logical_xor;
+using ember::eq;
+using ember::ne;
+using ember::lt;
+using ember::le;
+using ember::gt;
+using ember::ge;
+using ember::neg;
+using ember::abs;
+using ember::sign;
+using ember::exp;
+using ember::expm1;
+using ember::log;
+using ember::log1p;
+using ember::sqrt;
+using ember::rsqrt;
+using ember::square;
+using ember::sin;
+using ember::cos;
+using ember::tanh;
+using ember::sigmoid;
+using ember::relu;
+using ember::silu;
+using ember::softplus;
+using ember::logical_not;
+using ember::gelu;
+using ember::gelu_tanh;
+using ember::leaky_relu;
+using ember::elu;
+using ember::clamp;
+using ember::clamp_min;
+using ember::clamp_max;
+using ember::cast;
+using ember::where;
+}  // namespace ember::expr

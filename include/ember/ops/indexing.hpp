@@ -43,13 +43,16 @@ Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim) {
 }
 
 /// Reads a 1-D int64 index (any stride), checking every entry lies in [-n, n); returns them wrapped to [0, n).
-inline std::vector<std::int64_t> read_index(const Tensor<std::int64_t>& idx, std::int64_t n, const char* op) {
+/// `shape`, when given, is the indexed tensor's (for the error message).
+inline std::vector<std::int64_t> read_index(const Tensor<std::int64_t>& idx, std::int64_t n, const char* op,
+                                            const Shape& shape = Shape()) {
   EMBER_CHECK(idx.dim() == 1, op, ": index must be 1-D, got shape ", idx.shape().str());
   idx.check_cpu(op);
   std::vector<std::int64_t> r(std::size_t(idx.numel()));
   for (std::int64_t i = 0; i < idx.numel(); ++i) {
     const std::int64_t v = idx.data()[i * idx.strides()[0]];
-    EMBER_CHECK(v >= -n && v < n, op, ": index ", v, " at position ", i, " is out of range for a dim of size ", n);
+    EMBER_CHECK(v >= -n && v < n, op, ": index ", v, " at position ", i, " is out of range for a dim of size ", n,
+                shape.n ? " (shape " + shape.str() + ")" : std::string());
     r[std::size_t(i)] = v < 0 ? v + n : v;
   }
   return r;
@@ -60,7 +63,7 @@ template <class T>
 Tensor<T> index_select(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& idx) {
   const int d = wrap_dim(dim, x.dim(), "index_select");
   const std::int64_t n = x.shape()[d];
-  const auto ix = read_index(idx, n, "index_select");
+  const auto ix = read_index(idx, n, "index_select", x.shape());
   Shape out = x.shape();
   out[d] = idx.numel();
   Tensor<T> r = empty<T>(out, x.device());
