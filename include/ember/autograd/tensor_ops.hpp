@@ -116,7 +116,8 @@ struct TensorOps {
       // Whatever the right-hand side, as in PyTorch (and as fill_ does): a leaf that requires grad changes only
       // under NoGradGuard.
       EMBER_CHECK(!(is_grad_enabled() && y.is_leaf() && y.requires_grad()), "in-place assignment: the target (shape ",
-                  y.shape().str(), ") is a leaf that requires grad; do it under NoGradGuard or assign into a new tensor");
+                  y.shape().str(),
+                  ") is a leaf that requires grad; do it under NoGradGuard or assign into a new tensor");
       if (autograd::needs_grad(e)) {
         EMBER_CHECK(!y.is_view(), "in-place assignment: writing a differentiable expression into a view (shape ",
                     y.shape().str(), ") is not supported; materialise into a new tensor instead");

@@ -33,7 +33,7 @@ struct Node;
 /// How a view was derived from its base; autograd replays it (or its inverse) in backward.
 struct ViewOp {
   enum Kind : unsigned char { Reshape, Permute, Expand, Slice, Select } kind = Reshape;
-  Shape perm;  // Permute: out dim i is base dim perm[i]
+  Shape perm{};  // Permute: out dim i is base dim perm[i]
   int dim = 0;
   std::int64_t start = 0, end = 0, step = 1;  // Slice (normalised); Select uses start as the index
 };
@@ -446,7 +446,7 @@ class Tensor {
       return true;
     }
     // Old dims without size-1 ones.
-    Shape os, ost;
+    Shape os{}, ost{};
     for (int i = 0; i < dim(); ++i)
       if (shape()[i] != 1) {
         os.push_back(shape()[i]);

@@ -148,6 +148,32 @@ bool overlaps_badly(const Tensor<T>& out, const expr::PlanBuilder& b, int out_k,
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
+  // Fast path, the common small op: every operand dense with exactly out's shape. No plan to build.
+  bool dense = out.is_contiguous() && out.device().is_cpu();
+  expr::visit_leaves(e, [&](const auto& leaf) {
+    const auto& t = leaf.tensor();
+    dense = dense && t.defined() && t.device().is_cpu() && t.shape() == out.shape() && t.is_contiguous() &&
+            (t.storage() != out.storage() || static_cast<const void*>(t.data()) == static_cast<const void*>(out.data()));
+  });
+  if (dense) {
+    const expr::Plan& lp = expr::linear_plan();
+    int kk = 1;
+    auto ev = expr::make_eval(e, lp, kk);
+    using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
+    const AssignBody<false, Pair> body{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), lp, 0), ev}), {}};
+    const std::int64_t n = out.numel();
+    if (n < 2 * kGrain) {
+      AssignBody<false, Pair> local = body;
+      local.run_linear(0, n);
+    } else {
+      parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
+        AssignBody<false, Pair> local = body;
+        local.run_linear(a, b);
+      });
+    }
+    out.bump_version();
+    return;
+  }
   check_writable(out, op);
   const Shape space = out.shape();
   expr::PlanBuilder b(space);
@@ -203,7 +229,7 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
   std::apply([&](const auto&... e) { (..., expr::add_leaves(e, b, dev, have, "backward")); }, es);
   EMBER_CHECK(dev.is_cpu(), "backward: the CPU executor got tensors on ", dev.str());
   const expr::Plan p = b.collapse();
-  expr::SlotTable slots;
+  expr::SlotTable slots{};
   slots.n = nslots;
   for (int k = 0; k < nslots; ++k) {
     slots.base[k] = slots.row[k] = slot_ptr[k];

@@ -58,6 +58,19 @@ struct Plan {
   int outer_dims() const { return shape.n - 1; }
 };
 
+/// The plan of a dense 1-d space where every operand has unit stride (the executors' fast path).
+inline const Plan& linear_plan() {
+  static const Plan p = [] {
+    Plan q;
+    q.shape = Shape{1};
+    q.nops = kMaxOperands;
+    for (auto& st : q.st) st = Shape{1};
+    q.linear = true;
+    return q;
+  }();
+  return p;
+}
+
 /// Collects operands (broadcast to `space`), then collapse() merges dims.
 class PlanBuilder {
  public:
