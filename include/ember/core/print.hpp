@@ -136,23 +136,38 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
       f.width = std::max(f.width, int(detail::format_value(x, detail::PrintFormat{f.kind, 1}).size()));
     });
   }
-  os << "tensor(";
-  if (t.numel() == 0) os << "[]";
-  else if (t.dim() == 0) os << detail::format_value(t.data()[0], f);
-  else detail::print_rec(os, t, 0, 0, f, summarize, 7);
-  if (t.device().is_cuda()) os << ", device='" << t.device().str() << "'";
+  std::ostringstream body;
+  body << "tensor(";
+  if (t.numel() == 0) body << "[]";
+  else if (t.dim() == 0) body << detail::format_value(t.data()[0], f);
+  else detail::print_rec(body, t, 0, 0, f, summarize, 7);
+  std::vector<std::string> suffixes;
+  if (t.device().is_cuda()) suffixes.push_back("device='" + t.device().str() + "'");
   if (t.numel() == 0 && t.dim() != 1) {  // an empty tensor states its shape unless it is (0,)
-    os << ", size=(";
-    for (int d = 0; d < t.dim(); ++d) os << (d ? ", " : "") << t.shape()[d];
-    os << ')';
+    std::string sz = "size=(";
+    for (int d = 0; d < t.dim(); ++d) sz += (d ? ", " : "") + std::to_string(t.shape()[d]);
+    suffixes.push_back(sz + ")");
   }
   // float32 is the default dtype; int64 and bool are inferred from the printed values unless there are none.
   if (!std::is_same_v<T, float> &&
       (t.numel() == 0 || (!std::is_same_v<T, std::int64_t> && !std::is_same_v<T, bool>)))
-    os << ", dtype=torch." << dtype_name<T>();
-  if (t.has_meta() && t.meta().grad_fn) os << ", grad_fn=<" << "Backward>";
-  else if (t.requires_grad()) os << ", requires_grad=True";
-  return os << ')';
+    suffixes.push_back(std::string("dtype=torch.") + dtype_name<T>());
+  if (t.has_meta() && t.meta().grad_fn) suffixes.push_back("grad_fn=<Backward>");
+  else if (t.requires_grad()) suffixes.push_back("requires_grad=True");
+  // As PyTorch's _add_suffixes: a suffix that would pass column 80 starts a new line, indented under "tensor(".
+  std::string s = body.str();
+  const std::size_t nl = s.rfind('\n');
+  std::size_t last = nl == std::string::npos ? s.size() + 2 : s.size() - nl + 1;
+  for (const auto& suf : suffixes) {
+    if (last + suf.size() + 2 > 80) {
+      s += ",\n       " + suf;
+      last = 7 + suf.size();
+    } else {
+      s += ", " + suf;
+      last += suf.size() + 2;
+    }
+  }
+  return os << s << ')';
 }
 
 /// The printed form as a string.

@@ -113,6 +113,14 @@ inline int wrap_dim(std::int64_t dim, int ndim, const char* op) {
   return static_cast<int>(dim < 0 ? dim + lim : dim);
 }
 
+/// wrap_dim for a tensor of this shape (the error names the shape).
+inline int wrap_dim(std::int64_t dim, const Shape& shape, const char* op) {
+  const int lim = shape.n > 0 ? shape.n : 1;
+  EMBER_CHECK(dim >= -lim && dim < lim, op, ": dim ", dim, " is out of range for a tensor of shape ", shape.str(),
+              " (expected a dim in [", -lim, ", ", lim - 1, "])");
+  return static_cast<int>(dim < 0 ? dim + lim : dim);
+}
+
 /// The broadcast of two shapes under NumPy/PyTorch rules (align right; 1 stretches), or an Error naming `op`.
 inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   Shape out;

@@ -124,8 +124,8 @@ class Tensor {
   const Shape& shape() const { return impl().sizes; }
   const Shape& sizes() const { return impl().sizes; }
   const Shape& strides() const { return impl().strides; }
-  std::int64_t size(std::int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
-  std::int64_t stride(std::int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+  std::int64_t size(std::int64_t d) const { return shape()[wrap_dim(d, shape(), "size")]; }
+  std::int64_t stride(std::int64_t d) const { return strides()[wrap_dim(d, shape(), "stride")]; }
   int dim() const { return impl().sizes.n; }
   std::int64_t numel() const { return impl().sizes.numel(); }
   std::int64_t storage_offset() const { return impl().offset; }
@@ -177,7 +177,7 @@ class Tensor {
   // ---- views (share storage; differentiable) ------------------------------------------------------------
   /// Elements start, start+step, ... < end along dim; negative start/end count from the end, as in Python.
   Tensor slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step = 1) const {
-    const int dd = wrap_dim(d, dim(), "slice");
+    const int dd = wrap_dim(d, shape(), "slice");
     EMBER_CHECK(step > 0, "slice: step must be positive, got ", step);
     const std::int64_t n = shape()[dd];
     auto clampi = [n](std::int64_t v) { return v < 0 ? (v + n < 0 ? 0 : v + n) : (v > n ? n : v); };
@@ -190,14 +190,15 @@ class Tensor {
     return view_of(sz, st, storage_offset() + start * strides()[dd], {ViewOp::Slice, {}, dd, start, end, step});
   }
   Tensor narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
-    const int dd = wrap_dim(d, dim(), "narrow");
+    const int dd = wrap_dim(d, shape(), "narrow");
+    if (start < 0) start += shape()[dd];  // counts from the end, as in PyTorch
     EMBER_CHECK(start >= 0 && length >= 0 && start + length <= shape()[dd], "narrow: range [", start, ", ",
                 start + length, ") is out of bounds for dim ", dd, " of shape ", shape().str());
     return slice(dd, start, start + length);
   }
   /// Removes dim d, keeping index i.
   Tensor select(std::int64_t d, std::int64_t i) const {
-    const int dd = wrap_dim(d, dim(), "select");
+    const int dd = wrap_dim(d, shape(), "select");
     const std::int64_t n = shape()[dd];
     EMBER_CHECK(i >= -n && i < n, "select: index ", i, " is out of range for dim ", dd, " of size ", n,
                 " (shape ", shape().str(), ")");
@@ -210,7 +211,7 @@ class Tensor {
   /// x[i] is x.select(0, i), as in PyTorch.
   Tensor operator[](std::int64_t i) const { return select(0, i); }
   Tensor transpose(std::int64_t d0, std::int64_t d1) const {
-    const int a = wrap_dim(d0, dim(), "transpose"), b = wrap_dim(d1, dim(), "transpose");
+    const int a = wrap_dim(d0, shape(), "transpose"), b = wrap_dim(d1, shape(), "transpose");
     Shape sz = shape(), st = strides();
     std::swap(sz[a], sz[b]);
     std::swap(st[a], st[b]);
@@ -231,7 +232,7 @@ class Tensor {
     Shape sz, st, perm;
     bool seen[kMaxDims] = {};
     for (auto o : order) {
-      const int d = wrap_dim(o, dim(), "permute");
+      const int d = wrap_dim(o, shape(), "permute");
       EMBER_CHECK(!seen[d], "permute: dim ", d, " appears twice");
       seen[d] = true;
       sz.push_back(shape()[d]);
@@ -275,7 +276,7 @@ class Tensor {
                   s.str(), " (dim ", i, ": ", shape()[j], " vs ", s[i], ")");
       st[i] = shape()[j] == s[i] ? strides()[j] : 0;
     }
-    return view_of(s, st, storage_offset(), {ViewOp::Expand});
+    return view_of(s, st, storage_offset(), {ViewOp::Expand, {}});
   }
   template <class U>
   Tensor expand_as(const Tensor<U>& o) const {
@@ -293,7 +294,7 @@ class Tensor {
   }
   /// Removes dim d if it has size 1 (else returns the same view, as PyTorch does).
   Tensor squeeze(std::int64_t d) const {
-    const int dd = wrap_dim(d, dim(), "squeeze");
+    const int dd = wrap_dim(d, shape(), "squeeze");
     Shape sz = shape(), st = strides();
     if (sz[dd] == 1) {
       sz.erase(dd);
@@ -302,7 +303,10 @@ class Tensor {
     return view_of(sz, st, storage_offset(), {});
   }
   Tensor unsqueeze(std::int64_t d) const {
-    const int dd = wrap_dim(d, dim() + 1, "unsqueeze");
+    const int n = dim() + 1;
+    EMBER_CHECK(d >= -n && d < n, "unsqueeze: dim ", d, " is out of range for a tensor of shape ", shape().str(),
+                " (expected a dim in [", -n, ", ", n - 1, "])");
+    const int dd = int(d < 0 ? d + n : d);
     Shape sz = shape(), st = strides();
     const std::int64_t s = dd < dim() ? strides()[dd] * shape()[dd] : 1;
     sz.insert(dd, 1);
@@ -312,7 +316,7 @@ class Tensor {
   /// Merges dims start..end into one (a view when possible, else a copy).
   Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const {
     if (dim() == 0) return reshape(Shape{1});
-    const int a = wrap_dim(start, dim(), "flatten"), b = wrap_dim(end, dim(), "flatten");
+    const int a = wrap_dim(start, shape(), "flatten"), b = wrap_dim(end, shape(), "flatten");
     EMBER_CHECK(a <= b, "flatten: start dim ", a, " is after end dim ", b);
     Shape s;
     for (int i = 0; i < a; ++i) s.push_back(shape()[i]);

@@ -30,6 +30,7 @@ EMBER_HOST_DEVICE EMBER_INLINE X sel(bool c, X a, X b) {
     }                                                                        \
     template <class X>                                                       \
     EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {                          \
+      (void)x;                                                               \
       return DERIV;                                                          \
     }                                                                        \
   };

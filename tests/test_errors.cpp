@@ -1,0 +1,306 @@
+// User errors: every misuse below throws ember::Error (never crashes, never returns garbage) whose message names
+// the op and the shapes (or dtypes/devices) involved, as DESIGN.md asks ("Errors are exceptions ... whose message
+// names the op, the shapes/devices/dtypes involved and what was expected").
+//
+// Not tested here because they do not compile, by design (dtype is a template parameter, so these are
+// static_asserts with a message that says what to do):
+//   Tensor<float>  + Tensor<double>         "element-wise operands have different dtypes; convert one with cast<T>(x)"
+//   Tensor<float> t = double_expression;     "the expression's dtype differs from the tensor's; wrap it in cast<T>"
+//   Tensor<int32_t> * 0.5                    "a floating-point scalar with an integer tensor would truncate"
+//   where(float_condition, a, b)             "where: the condition must be bool"
+//   mean / var / norm of an integer tensor   "mean: needs a floating-point argument; use cast<float>(x)"
+//   Tensor<std::string>                      "T must be one of float, double, half, bfloat16, int32_t, ..."
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ember/ember.hpp"
+
+using namespace ember;
+
+namespace {
+
+using TF = Tensor<float>;
+
+/// Runs f and returns the message of the ember::Error it throws (or a marker that can never match).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ember::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not an ember::Error: ") + e.what() + ">";
+  } catch (...) {
+    return "<not an ember::Error>";
+  }
+  return "<no exception>";
+}
+
+/// Checks that f throws ember::Error and that its message contains every part.
+void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
+  const std::string msg = error_of(f);
+  INFO("line " << line << ", message: " << msg);
+  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
+  for (const char* p : parts) {
+    INFO("expected the message to contain \"" << std::string(p) << "\"");
+    CHECK(msg.find(p) != std::string::npos);
+  }
+}
+#define EXPECT_ERROR(...) expect_error(__LINE__, __VA_ARGS__)
+
+TF arange_f(const Shape& s) { return arange<float>(double(s.numel())).reshape(s); }
+TF leaf_f(const Shape& s) {
+  TF t = arange_f(s);
+  t.requires_grad_();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("errors: element-wise shapes that do not broadcast") {
+  const TF a = arange_f({2, 3}), b = arange_f({4}), c = arange_f({3, 2});
+  EXPECT_ERROR([&] { TF r = a + b; }, {"Add", "[2, 3]", "[4]", "broadcast"});
+  EXPECT_ERROR([&] { TF r = a * c; }, {"Mul", "[2, 3]", "[3, 2]"});
+  EXPECT_ERROR([&] { TF r = sum(a * c); }, {"Mul", "[2, 3]", "[3, 2]"});  // inside a reduction
+  EXPECT_ERROR([&] { TF r = (a + 1.f) * c; }, {"Mul", "[2, 3]", "[3, 2]"});  // deeper in an expression
+  EXPECT_ERROR([&] { TF r = where(a > 1.f, a, c); }, {"where", "[2, 3]", "[3, 2]"});
+  TF t = arange_f({2, 3});
+  EXPECT_ERROR([&] { t += c; }, {"Add", "[2, 3]", "[3, 2]"});
+  // An in-place target must already have the broadcast shape of the result.
+  TF small = arange_f({3});
+  EXPECT_ERROR([&] { small += a; }, {"[2, 3]", "[3]"});
+  EXPECT_ERROR([&] { small.copy_(a); }, {"[2, 3]", "[3]"});
+}
+
+TEST_CASE("errors: matrix products with mismatched inner dims") {
+  const TF a23 = arange_f({2, 3}), b45 = arange_f({4, 5}), v4 = arange_f({4}), v3 = arange_f({3});
+  EXPECT_ERROR([&] { TF r = matmul(a23, b45); }, {"matmul", "[2, 3]", "[4, 5]"});
+  EXPECT_ERROR([&] { TF r = matmul(a23, v4); }, {"matmul", "[2, 3]", "[4]"});
+  EXPECT_ERROR([&] { TF r = matmul(v4, a23); }, {"matmul", "[4]", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = matmul(v3, v4); }, {"matmul", "[3]", "[4]"});
+  const TF a234 = arange_f({2, 3, 4}), b256 = arange_f({2, 5, 6}), b345 = arange_f({3, 4, 5});
+  EXPECT_ERROR([&] { TF r = matmul(a234, b256); }, {"matmul", "[2, 3, 4]", "[2, 5, 6]"});
+  EXPECT_ERROR([&] { TF r = matmul(a234, arange_f({5, 6})); }, {"matmul", "[2, 3, 4]", "[5, 6]"});
+  EXPECT_ERROR([&] { TF r = matmul(a234, b345); }, {"matmul", "[2, 3, 4]", "[3, 4, 5]"});  // batch 2 vs 3
+  EXPECT_ERROR([&] { TF r = matmul(scalar_tensor(1.f), a23); }, {"matmul", "[]", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = mm(a23, b45); }, {"mm", "[2, 3]", "[4, 5]"});
+  EXPECT_ERROR([&] { TF r = mm(a23, v3); }, {"mm", "[2, 3]", "[3]"});
+  EXPECT_ERROR([&] { TF r = bmm(a234, b256); }, {"bmm", "[2, 3, 4]", "[2, 5, 6]"});
+  EXPECT_ERROR([&] { TF r = bmm(a234, arange_f({3, 4, 5})); }, {"bmm", "[2, 3, 4]", "[3, 4, 5]"});
+  EXPECT_ERROR([&] { TF r = bmm(a23, b45); }, {"bmm", "[2, 3]", "[4, 5]"});
+  EXPECT_ERROR([&] { TF r = dot(v3, v4); }, {"dot", "[3]", "[4]"});
+  EXPECT_ERROR([&] { TF r = linear(a23, arange_f({5, 4})); }, {"linear", "[2, 3]", "[5, 4]"});
+  EXPECT_ERROR([&] { TF r = linear(a23, arange_f({5, 3}), arange_f({4})); }, {"linear", "[4]"});
+}
+
+TEST_CASE("errors: cat and stack") {
+  const TF a = arange_f({2, 3}), b = arange_f({2, 4}), c = arange_f({3});
+  EXPECT_ERROR([&] { TF r = cat(std::vector<TF>{a, b}, 0); }, {"cat", "[2, 3]", "[2, 4]"});
+  EXPECT_ERROR([&] { TF r = cat(std::vector<TF>{a, c}, 0); }, {"cat", "[2, 3]", "[3]"});
+  EXPECT_ERROR([&] { TF r = cat(std::vector<TF>{a, a}, 2); }, {"cat", "dim 2"});
+  EXPECT_ERROR([&] { TF r = cat(std::vector<TF>{}, 0); }, {"cat", "empty"});
+  EXPECT_ERROR([&] { TF r = stack(std::vector<TF>{a, b}); }, {"stack", "[2, 3]", "[2, 4]"});
+  EXPECT_ERROR([&] { TF r = stack(std::vector<TF>{a, a.t()}, 1); }, {"stack", "[2, 3]", "[3, 2]"});
+  EXPECT_ERROR([&] { TF r = stack(std::vector<TF>{}); }, {"stack", "empty"});
+}
+
+TEST_CASE("errors: out-of-range indices") {
+  const TF a = arange_f({2, 3});
+  EXPECT_ERROR([&] { (void)a.at(2, 0); }, {"at", "index 2", "[2, 3]"});
+  EXPECT_ERROR([&] { (void)a.at(0, -4); }, {"at", "index -4", "[2, 3]"});
+  EXPECT_ERROR([&] { (void)a.at(1); }, {"at", "[2, 3]"});  // wrong number of indices
+  EXPECT_ERROR([&] { TF r = a.select(1, 3); }, {"select", "index 3", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a[2]; }, {"select", "index 2", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.narrow(1, 2, 2); }, {"narrow", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.narrow(0, 1, 2); }, {"narrow", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = index_select(a, 1, from_vector<std::int64_t>({0, 5})); },
+               {"index_select", "index 5", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = index_select(a, 0, from_vector<std::int64_t>({-3})); },
+               {"index_select", "index -3", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = index_select(a, 0, from_vector<std::int64_t>({0, 1, 0, 1}, {2, 2})); },
+               {"index_select", "1-D", "[2, 2]"});
+  EXPECT_ERROR([&] { TF r = a.slice(1, 0, 2, 0); }, {"slice", "step"});
+}
+
+TEST_CASE("errors: out-of-range dims") {
+  const TF a = arange_f({2, 3});
+  EXPECT_ERROR([&] { TF r = a.transpose(0, 5); }, {"transpose", "dim 5", "2 dimensions"});
+  EXPECT_ERROR([&] { TF r = a.transpose(-3, 0); }, {"transpose", "dim -3"});
+  EXPECT_ERROR([&] { TF r = sum(a, 5); }, {"sum", "dim 5", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = mean(a, {0, -3}); }, {"mean", "dim -3", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = max(a, 2); }, {"max", "dim 2", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = norm(a, 2, 4); }, {"norm", "dim 4", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = sum(a, {1, 1}); }, {"sum", "dim 1", "more than once"});
+  EXPECT_ERROR([&] { TF r = a.permute({0}); }, {"permute", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.permute({0, 0}); }, {"permute", "twice"});
+  EXPECT_ERROR([&] { TF r = a.unsqueeze(4); }, {"unsqueeze", "dim 4"});
+  EXPECT_ERROR([&] { (void)a.size(2); }, {"size", "dim 2"});
+  EXPECT_ERROR([&] { TF r = arange_f({2, 3, 4}).t(); }, {"t", "[2, 3, 4]"});
+  EXPECT_ERROR([&] { TF r = arange_f({2, 3, 4}).flatten(2, 1); }, {"flatten"});
+}
+
+TEST_CASE("errors: out-of-range dims name the shape") {
+  const TF a = arange_f({2, 3});
+  EXPECT_ERROR([&] { TF r = a.transpose(0, 5); }, {"transpose", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.unsqueeze(4); }, {"unsqueeze", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.select(2, 0); }, {"select", "[2, 3]"});
+}
+
+TEST_CASE("errors: views and reshapes") {
+  const TF a = arange_f({2, 3});
+  EXPECT_ERROR([&] { TF r = a.t().view({6}); }, {"view", "[3, 2]", "[6]"});
+  EXPECT_ERROR([&] { TF r = a.view({4, 2}); }, {"view", "[4, 2]", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.reshape({4, 2}); }, {"reshape", "[4, 2]", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.reshape({-1, 4}); }, {"reshape", "[-1, 4]", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = a.reshape({-1, -1}); }, {"reshape", "[-1, -1]"});
+  EXPECT_ERROR([&] { TF r = a.reshape({-2, -3}); }, {"reshape", "[-2, -3]"});
+  EXPECT_ERROR([&] { TF r = a.expand({4, 3}); }, {"expand", "[2, 3]", "[4, 3]"});
+  EXPECT_ERROR([&] { TF r = a.expand({3}); }, {"expand", "[2, 3]", "[3]"});
+  EXPECT_ERROR([&] { TF r = a.expand({-1, 2, 3}); }, {"expand", "[-1, 2, 3]"});
+}
+
+TEST_CASE("errors: backward misuse") {
+  const TF x = leaf_f({2, 3});
+  TF y = x * 2.f;
+  EXPECT_ERROR([&] { y.backward(); }, {"backward", "[2, 3]"});  // non-scalar without a gradient
+  EXPECT_ERROR([&] { y.backward(ones<float>({3, 2})); }, {"backward", "[3, 2]", "[2, 3]"});
+  const TF plain = arange_f({2, 3});
+  EXPECT_ERROR([&] { plain.backward(ones<float>({2, 3})); }, {"backward", "[2, 3]", "require"});
+  TF s = sum(plain);
+  EXPECT_ERROR([&] { s.backward(); }, {"backward", "[]", "require"});
+  {
+    NoGradGuard ng;
+    TF z = sum(x);
+    EXPECT_ERROR([&] { z.backward(); }, {"backward", "NoGradGuard"});
+  }
+  Tensor<std::int32_t> iz = zeros<std::int32_t>({2});
+  EXPECT_ERROR([&] { iz.backward(); }, {"backward", "int32"});
+
+  // Through a graph that a first backward freed.
+  TF e = exp(x);
+  TF l = sum(e);
+  l.backward();
+  EXPECT_ERROR([&] { l.backward(); }, {"backward", "retain_graph"});
+
+  // A saved tensor changed in place (version counter).
+  TF a = exp(x);
+  TF b = a * a;
+  {
+    NoGradGuard ng;
+    a.fill_(1.f);
+  }
+  TF sb = sum(b);
+  EXPECT_ERROR([&] { sb.backward(); }, {"in-place", "[2, 3]", "version"});
+  TF w = leaf_f({3, 3});
+  TF m = mm(x, w);
+  {
+    NoGradGuard ng;
+    w.fill_(0.f);
+  }
+  TF sm = sum(m);
+  EXPECT_ERROR([&] { sm.backward(); }, {"MmBackward", "in-place", "[3, 3]"});
+
+  TF u = arange_f({2});
+  EXPECT_ERROR([&] { u.register_hook([](const TF&) {}); }, {"register_hook", "require"});
+}
+
+TEST_CASE("errors: requires_grad_ on an integer tensor and on a non-leaf") {
+  Tensor<std::int32_t> i = zeros<std::int32_t>({2});
+  EXPECT_ERROR([&] { i.requires_grad_(); }, {"requires_grad_", "int32"});
+  Tensor<std::int64_t> l = zeros<std::int64_t>({2});
+  EXPECT_ERROR([&] { l.requires_grad_(); }, {"requires_grad_", "int64"});
+  const TF x = leaf_f({2, 3});
+  TF y = x * 2.f;
+  EXPECT_ERROR([&] { y.requires_grad_(false); }, {"requires_grad_", "leaf"});
+}
+
+TEST_CASE("errors: in-place writes that autograd cannot allow") {
+  TF x = leaf_f({2, 3});
+  const TF p = arange_f({2, 3});
+  EXPECT_ERROR([&] { x = x * 2.f; }, {"in-place", "[2, 3]", "leaf"});
+  EXPECT_ERROR([&] { x += 1.f; }, {"in-place", "[2, 3]", "leaf"});
+  EXPECT_ERROR([&] { x.fill_(0.f); }, {"fill_", "leaf"});
+  EXPECT_ERROR([&] { x.zero_(); }, {"fill_", "leaf"});
+  // Also when the right-hand side needs no gradient: the leaf's value would change under the optimizer's feet.
+  EXPECT_ERROR([&] { x = p * 2.f; }, {"in-place", "[2, 3]", "leaf"});
+  EXPECT_ERROR([&] { x.copy_(p); }, {"in-place", "[2, 3]", "leaf"});
+  {
+    NoGradGuard ng;  // allowed under NoGradGuard (optimizer steps, initialisation)
+    x.fill_(1.f);
+    x += 1.f;
+    x.copy_(p);
+  }
+  CHECK(x.to_vector() == p.to_vector());
+  // A differentiable result written into a view of another tensor is not supported.
+  TF base = arange_f({2, 3});
+  TF row = base.select(0, 1);
+  EXPECT_ERROR([&] { row = x.select(0, 0) * 2.f; }, {"in-place", "view", "[3]"});
+}
+
+TEST_CASE("errors: writing into an expanded (stride 0) tensor") {
+  const TF a = arange_f({1, 3});
+  TF e = a.expand({4, 3});
+  EXPECT_ERROR([&] { e.fill_(1.f); }, {"fill_", "[4, 3]", "stride"});
+  EXPECT_ERROR([&] { e.copy_(arange_f({4, 3})); }, {"[4, 3]", "stride"});
+  EXPECT_ERROR([&] { e += 1.f; }, {"[4, 3]", "stride"});
+  EXPECT_ERROR([&] { e = a * 2.f; }, {"[4, 3]", "stride"});
+}
+
+TEST_CASE("errors: creation and scalar access") {
+  const TF a = arange_f({2, 3});
+  EXPECT_ERROR([&] { (void)a.item(); }, {"item", "[2, 3]"});
+  EXPECT_ERROR([&] { (void)arange_f({0}).item(); }, {"item", "[0]"});
+  EXPECT_ERROR([&] { TF r = empty<float>({2, -1}); }, {"empty", "[2, -1]"});
+  EXPECT_ERROR([&] { TF r = zeros<float>({-3}); }, {"[-3]"});
+  EXPECT_ERROR([&] { TF r = ones<float>({1, -2}); }, {"[1, -2]"});
+  EXPECT_ERROR([&] { TF r = arange<float>(0, 5, 0); }, {"arange", "step"});
+  EXPECT_ERROR([&] { TF r = arange<float>(0, 5, -1); }, {"arange"});
+  EXPECT_ERROR([&] { TF r = linspace<float>(0, 1, -1); }, {"linspace", "-1"});
+  EXPECT_ERROR([&] { TF r = from_vector<float>({1, 2, 3, 4, 5}, {2, 3}); }, {"from_vector", "[2, 3]"});
+  EXPECT_ERROR([&] { TF r = tensor<float>({{1, 2}, {3}}); }, {"tensor", "ragged"});
+  EXPECT_ERROR([&] { Tensor<std::int64_t> r = randint(5, 5, {3}); }, {"randint", "5"});
+  EXPECT_ERROR([&] { Tensor<std::int64_t> r = randint(6, 2, {3}); }, {"randint", "6", "2"});
+  EXPECT_ERROR([&] { TF r = bernoulli<float>({3}, 1.5); }, {"bernoulli", "1.5"});
+  TF u;  // undefined
+  EXPECT_ERROR([&] { (void)u.shape(); }, {"undefined"});
+  EXPECT_ERROR([&] { TF r = u + a; }, {"undefined"});
+  EXPECT_ERROR([&] { u += a; }, {"undefined"});
+}
+
+TEST_CASE("errors: invalid arguments of element-wise ops and reductions") {
+  const TF a = arange_f({2, 3});
+  EXPECT_ERROR([&] { TF r = clamp(a, 2.0, 1.0); }, {"clamp", "2", "1"});
+  EXPECT_ERROR([&] { TF r = norm(a, 0.0); }, {"norm", "p"});
+  EXPECT_ERROR([&] { TF r = norm(a, -1.0); }, {"norm", "-1"});
+  const TF e = empty<float>({0, 3});
+  EXPECT_ERROR([&] { TF r = max(e); }, {"max", "empty", "[0, 3]"});
+  EXPECT_ERROR([&] { TF r = min(e); }, {"min", "empty", "[0, 3]"});
+  EXPECT_ERROR([&] { TF r = max(e, 0); }, {"max", "empty", "[0, 3]"});
+  EXPECT_ERROR([&] { Tensor<std::int64_t> r = argmax(e); }, {"argmax", "empty", "[0, 3]"});
+  EXPECT_ERROR([&] { Tensor<std::int64_t> r = argmin(e, 1); }, {"argmin", "empty", "[0, 3]"});
+}
+
+TEST_CASE("errors: devices") {
+  // No CUDA backend in this build: allocating on a GPU says so instead of crashing.
+  EXPECT_ERROR([] { TF r = empty<float>({2}, Device::cuda()); }, {"cuda:0", "built without"});
+  EXPECT_ERROR([] { TF r = zeros<float>({2}, Device::cuda(1)); }, {"cuda:1", "built without"});
+  EXPECT_ERROR([] { TF r = full<float>({2}, 1.f, Device::cuda()); }, {"cuda:0", "built without"});
+
+  // Memory labelled as a CUDA tensor (from_blob does not allocate) reaches the device checks of the ops.
+  std::vector<float> mem(6, 1.f);
+  const TF g = from_blob(mem.data(), {2, 3}, std::function<void(void*)>{}, Device::cuda());
+  const TF c = arange_f({2, 3});
+  CHECK(g.device() == Device::cuda());
+  EXPECT_ERROR([&] { TF r = c + g; }, {"different devices", "cpu", "cuda:0"});
+  EXPECT_ERROR([&] { TF r = sum(c * g); }, {"different devices", "cpu", "cuda:0"});
+  EXPECT_ERROR([&] { TF r = mm(c, g.t()); }, {"mm", "different devices", "cpu", "cuda:0"});
+  EXPECT_ERROR([&] { TF r = cat(std::vector<TF>{c, g}); }, {"cat", "cpu", "cuda:0"});
+  EXPECT_ERROR([&] { (void)g.item(); }, {"item", "[2, 3]"});
+  EXPECT_ERROR([&] { (void)g.at(0, 0); }, {"at", "cuda:0"});
+  EXPECT_ERROR([&] { (void)g.to_vector(); }, {"to_vector", "cuda:0"});
+}
