@@ -1,0 +1,109 @@
+// Fused vs unfused element-wise work, fused backward and fused reductions, as bytes/s.
+//
+// bytes_per_second counts the bytes each variant actually moves through memory (every array read or written
+// once per pass, 4 bytes per float), so it shows how close a variant runs to memory bandwidth; the time column
+// shows what fusion saves. Arrays are contiguous floats; ember's default thread count (EMBER_NUM_THREADS, else
+// all cores). Wall-clock time (UseRealTime) because the work runs on the thread pool.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+
+#include <ember/ember.hpp>
+
+using namespace ember;  // as ember's users write it
+
+namespace {
+
+constexpr double kF = sizeof(float);
+
+// y = a*b + c*d - e in ONE pass into a new tensor: reads 5 arrays, writes 1.
+void BM_ChainFused(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> a = ember::randn<float>({n}), b = ember::randn<float>({n}), c = ember::randn<float>({n}),
+                d = ember::randn<float>({n}), e = ember::randn<float>({n});
+  for (auto _ : state) {
+    Tensor<float> y = a * b + c * d - e;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(6 * n * kF));
+}
+
+// The same, written into an existing tensor (no allocation).
+void BM_ChainFusedInto(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> a = ember::randn<float>({n}), b = ember::randn<float>({n}), c = ember::randn<float>({n}),
+                d = ember::randn<float>({n}), e = ember::randn<float>({n}), y = ember::empty<float>({n});
+  for (auto _ : state) {
+    y = a * b + c * d - e;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(6 * n * kF));
+}
+
+// The same op by op, materialising every intermediate (what an eager library does): 4 passes of
+// 2 reads + 1 write each = 12 arrays moved.
+void BM_ChainUnfused(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> a = ember::randn<float>({n}), b = ember::randn<float>({n}), c = ember::randn<float>({n}),
+                d = ember::randn<float>({n}), e = ember::randn<float>({n});
+  for (auto _ : state) {
+    Tensor<float> ab = a * b;
+    Tensor<float> cd = c * d;
+    Tensor<float> s = ab + cd;
+    Tensor<float> y = s - e;
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(12 * n * kF));
+}
+
+// gelu(x*w + b) forward and backward (all-ones upstream gradient), grads reset to none each iteration.
+// Forward: 3 reads + 1 write; fused backward: reads x, w, b, g, writes 3 grads. 11 arrays.
+void BM_GeluFwdBwd(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> x = ember::randn<float>({n}), w = ember::randn<float>({n}), b = ember::randn<float>({n});
+  Tensor<float> g = ember::ones<float>({n});
+  for (auto* p : {&x, &w, &b}) p->requires_grad_();
+  for (auto _ : state) {
+    Tensor<float> y = ember::gelu(x * w + b);
+    y.backward(g);
+    benchmark::DoNotOptimize(x.grad().data());
+    for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(11 * n * kF));
+}
+
+// sum(a*a): the square is evaluated inside the reduction, so a is read once and nothing is written.
+void BM_SumSquares(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> a = ember::randn<float>({n});
+  for (auto _ : state) {
+    Tensor<float> s = ember::sum(a * a);
+    benchmark::DoNotOptimize(s.item());
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(n * kF));
+}
+
+// The unfused version: materialise a*a (read 1, write 1), then sum it (read 1).
+void BM_SumSquaresUnfused(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> a = ember::randn<float>({n});
+  for (auto _ : state) {
+    Tensor<float> sq = a * a;
+    Tensor<float> s = ember::sum(sq);
+    benchmark::DoNotOptimize(s.item());
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(3 * n * kF));
+}
+
+// 64K floats stays in L2; 16M floats (64 MiB per array) is bound by DRAM.
+#define EMBER_SIZES ->Arg(1 << 16)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_ChainFused) EMBER_SIZES;
+BENCHMARK(BM_ChainFusedInto) EMBER_SIZES;
+BENCHMARK(BM_ChainUnfused) EMBER_SIZES;
+BENCHMARK(BM_GeluFwdBwd) EMBER_SIZES;
+BENCHMARK(BM_SumSquares) EMBER_SIZES;
+BENCHMARK(BM_SumSquaresUnfused) EMBER_SIZES;
+
+}  // namespace
+
+BENCHMARK_MAIN();

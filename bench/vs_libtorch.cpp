@@ -1,0 +1,428 @@
+// ember vs LibTorch, side by side in one process, 2 threads each (torch::set_num_threads(2),
+// at::set_num_interop_threads(1), ember::cpu::set_num_threads(2)).
+//
+// Method. Each case is the same work written the natural way in both libraries (eager LibTorch code as a
+// PyTorch user writes it; every result goes into a new tensor in both). Per case: both sides run once on the
+// same inputs and their results are compared (a wrong result prints the max abs diff to stderr and the program
+// exits with status 1); then each side is warmed up, its repetition count is calibrated so that one rep set
+// takes >= 0.3 s (--quick: 0.03 s), and then rep sets are timed alternately, ember then LibTorch, 7 times each
+// (--quick: 3, and no warm-up beyond the check). A figure is the MEDIAN over rep sets of (rep set time / reps).
+//
+// Output, one line per case on stdout:
+//   case=<name> ember=<value><unit> libtorch=<value><unit> speedup=<libtorch time / ember time>
+// Units: tiny_add us/op, tiny_grad us/iter (forward + backward), the 16M cases ms per op or per iteration,
+// matmul GFLOP/s (2 n^3 flops; speedup = ember GFLOP/s / libtorch GFLOP/s, which is again libtorch time / ember
+// time). `case=membw value=<GB/s>` is std::memcpy of a 256 MiB buffer (pre-faulted buffers), counting read +
+// write bytes, i.e. 2 x 256 MiB per copy. One sample = one copy on one thread and one split in halves over two
+// threads, the faster of the two (the limit for ember's 2 threads); membw is the median of the samples. When
+// chain_16M runs, the samples are taken between its rep sets (the load of a shared machine changes over a
+// run, so the limit is measured under the same conditions as ember), and chain_16M adds frac_membw = ember's effective bandwidth, counted
+// the same way (6 arrays x 64 MiB: 5 read + 1 written), divided by membw. (Stores that miss the cache also read
+// the line first unless they stream, so a loop with regular stores moves 7 arrays, where memcpy moves 2.)
+//
+// Usage: vs_libtorch [--quick] [--case=NAME]   (NAME one of the case names above, or membw)
+#include <torch/torch.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ember/ember.hpp>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ember::Tensor;
+// As ember's users write it.
+using namespace ember;  // NOLINT
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+template <class X>
+inline void keep(const X& x) {
+  asm volatile("" : : "g"(&x) : "memory");
+}
+
+struct Options {
+  bool quick = false;
+  std::string only;
+  double target_s() const { return quick ? 0.03 : 0.3; }
+  int measurements() const { return quick ? 3 : 7; }
+  int warmups() const { return quick ? 0 : 2; }  // the correctness check before timing warms up too
+  bool wants(const std::string& name) const { return only.empty() || only == name; }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Reps so that one rep set of fn takes about target seconds (fn runs for >= target / 4 to estimate).
+long calibrate(const std::function<void()>& fn, double target) {
+  long n = 0;
+  const auto t0 = Clock::now();
+  double el = 0;
+  do {
+    fn();
+    ++n;
+    el = seconds_since(t0);
+  } while (el < target / 4);
+  return std::max(1L, long(std::ceil(target / (el / double(n)))));
+}
+
+double time_reps(const std::function<void()>& fn, long reps) {
+  const auto t0 = Clock::now();
+  for (long i = 0; i < reps; ++i) fn();
+  return seconds_since(t0) / double(reps);
+}
+
+struct Timing {
+  double ember_s, torch_s;  // median seconds per op
+};
+
+// Warm-up, calibration, then alternating rep sets: ember, libtorch, ember, libtorch, ... (`between`, if set, runs
+// after each pair).
+Timing compare(const Options& o, const std::function<void()>& fe, const std::function<void()>& ft,
+               const std::function<void()>& between = {}) {
+  for (int i = 0; i < o.warmups(); ++i) {
+    fe();
+    ft();
+  }
+  const long re = calibrate(fe, o.target_s()), rt = calibrate(ft, o.target_s());
+  std::vector<double> te, tt;
+  for (int m = 0; m < o.measurements(); ++m) {
+    te.push_back(time_reps(fe, re));
+    tt.push_back(time_reps(ft, rt));
+    if (between) between();
+  }
+  return {median(te), median(tt)};
+}
+
+// ---- correctness -------------------------------------------------------------------------------------------
+
+torch::Tensor to_torch(const Tensor<float>& t) {
+  Tensor<float> c = t.contiguous();
+  std::vector<int64_t> sizes(c.shape().begin(), c.shape().end());
+  return torch::from_blob(c.data(), sizes, torch::kFloat32).clone();
+}
+
+bool g_failed = false;
+
+// |e - t| <= atol + rtol * |t| elementwise; reports the max abs diff when it fails.
+void check(const char* cas, const char* what, const Tensor<float>& e, const torch::Tensor& t, double atol,
+           double rtol) {
+  torch::Tensor tc = t.contiguous();
+  const auto n = std::int64_t(tc.numel());
+  if (!e.defined() || e.numel() != n) {
+    std::fprintf(stderr, "%s: %s: ember has %lld elements, libtorch %lld\n", cas, what,
+                 e.defined() ? (long long)e.numel() : -1LL, (long long)n);
+    g_failed = true;
+    return;
+  }
+  Tensor<float> ec = e.contiguous();
+  const float* pe = ec.data();
+  const float* pt = tc.data_ptr<float>();
+  double maxdiff = 0;
+  bool bad = false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(double(pe[i]) - double(pt[i]));
+    if (!(d <= atol + rtol * std::fabs(double(pt[i])))) bad = true;  // NaN counts as bad
+    if (!(d <= maxdiff)) maxdiff = d;
+  }
+  if (bad) {
+    std::fprintf(stderr, "%s: %s: ember and libtorch differ, max abs diff %g (atol %g, rtol %g)\n", cas, what,
+                 maxdiff, atol, rtol);
+    g_failed = true;
+  }
+}
+
+// ---- reporting ---------------------------------------------------------------------------------------------
+
+void print_time(const char* name, const Timing& t, double scale, const char* unit, const char* extra = "") {
+  std::printf("case=%s ember=%.4g%s libtorch=%.4g%s speedup=%.2f%s\n", name, t.ember_s * scale, unit,
+              t.torch_s * scale, unit, t.torch_s / t.ember_s, extra);
+  std::fflush(stdout);
+}
+
+// ---- memcpy bandwidth --------------------------------------------------------------------------------------
+
+class Membw {
+ public:
+  static constexpr std::size_t kBytes = std::size_t(256) << 20;
+  Membw() : src_(kBytes, 1), dst_(kBytes, 0) {}  // both pre-faulted
+  // One copy on one thread and one split over two threads; records both, and the faster as one sample.
+  void sample() {
+    const std::size_t half = kBytes / 2;
+    auto t0 = Clock::now();
+    std::memcpy(dst_.data(), src_.data(), kBytes);
+    keep(dst_);
+    const double bw1 = 2.0 * double(kBytes) / seconds_since(t0) / 1e9;
+    t0 = Clock::now();
+    std::thread other([&] { std::memcpy(dst_.data() + half, src_.data() + half, half); });
+    std::memcpy(dst_.data(), src_.data(), half);
+    other.join();
+    keep(dst_);
+    const double bw2 = 2.0 * double(kBytes) / seconds_since(t0) / 1e9;
+    bw1_.push_back(bw1);
+    bw2_.push_back(bw2);
+    best_.push_back(std::max(bw1, bw2));
+  }
+  void clear() { bw1_.clear(), bw2_.clear(), best_.clear(); }
+  double gbps() const { return median(best_); }
+  void report() const {
+    std::fprintf(stderr, "membw: memcpy of 256 MiB, median of %zu samples: 1 thread %.2f GB/s, 2 threads %.2f GB/s "
+                 "(read + write)\n", best_.size(), median(bw1_), median(bw2_));
+    std::printf("case=membw value=%.2fGB/s\n", gbps());
+    std::fflush(stdout);
+  }
+
+ private:
+  std::vector<char> src_, dst_;
+  std::vector<double> bw1_, bw2_, best_;
+};
+
+// ---- cases -------------------------------------------------------------------------------------------------
+
+constexpr std::int64_t kBig = 16 << 20;  // 16M floats = 64 MiB per array
+
+// Uniform in [-2, 2): cheap to make (randn's Box-Muller costs ~0.5 s per 16M values).
+Tensor<float> big_input() { return ember::rand<float>({kBig}) * 4.f - 2.f; }
+
+void tiny_add(const Options& o) {
+  Tensor<float> a = ember::randn<float>({8}), b = ember::randn<float>({8});
+  torch::Tensor ta = to_torch(a), tb = to_torch(b);
+  {
+    Tensor<float> c = a + b;
+    check("tiny_add", "c", c, ta + tb, 0, 0);
+  }
+  auto t = compare(
+      o,
+      [&] {
+        Tensor<float> c = a + b;
+        keep(c);
+      },
+      [&] {
+        auto c = ta + tb;
+        keep(c);
+      });
+  print_time("tiny_add", t, 1e6, "us/op");
+}
+
+void tiny_grad(const Options& o) {
+  Tensor<float> x = ember::randn<float>({8});
+  torch::Tensor tx = to_torch(x);
+  x.requires_grad_();
+  tx.requires_grad_();
+  {
+    Tensor<float> s = ember::sum(x * 2.f + 1.f);
+    s.backward();
+    auto ts = (tx * 2 + 1).sum();
+    ts.backward();
+    check("tiny_grad", "loss", s.detach(), ts.detach(), 1e-5, 1e-5);
+    check("tiny_grad", "x.grad", x.grad(), tx.grad(), 0, 0);
+    x.grad() = Tensor<float>();
+    tx.mutable_grad().reset();
+  }
+  auto t = compare(
+      o,
+      [&] {
+        Tensor<float> s = ember::sum(x * 2.f + 1.f);
+        s.backward();
+        x.grad() = Tensor<float>();
+      },
+      [&] {
+        auto s = (tx * 2 + 1).sum();
+        s.backward();
+        tx.mutable_grad().reset();
+      });
+  print_time("tiny_grad", t, 1e6, "us/iter");
+}
+
+void chain(const Options& o, Membw* membw) {
+  Tensor<float> a = big_input(), b = big_input(), c = big_input(), d = big_input(), e = big_input();
+  torch::Tensor ta = to_torch(a), tb = to_torch(b), tc = to_torch(c), td = to_torch(d), te = to_torch(e);
+  {
+    Tensor<float> y = a * b + c * d - e;
+    check("chain_16M", "y", y, ta * tb + tc * td - te, 1e-5, 1e-5);
+  }
+  auto t = compare(
+      o,
+      [&] {
+        Tensor<float> y = a * b + c * d - e;
+        keep(y);
+      },
+      [&] {
+        auto y = ta * tb + tc * td - te;
+        keep(y);
+      },
+      [&] {
+        if (membw) membw->sample();
+      });
+  char extra[64] = "";
+  if (membw) {
+    const double ember_bw = 6.0 * double(kBig) * sizeof(float) / t.ember_s / 1e9;
+    std::snprintf(extra, sizeof extra, " frac_membw=%.2f", ember_bw / membw->gbps());
+    membw->report();
+  }
+  print_time("chain_16M", t, 1e3, "ms", extra);
+}
+
+void gelu_bwd(const Options& o) {
+  Tensor<float> x = big_input(), w = big_input(), b = big_input();
+  Tensor<float> g = ember::ones<float>({kBig});
+  torch::Tensor tx = to_torch(x), tw = to_torch(w), tb = to_torch(b), tg = torch::ones({kBig});
+  for (auto* p : {&x, &w, &b}) p->requires_grad_();
+  for (auto* p : {&tx, &tw, &tb}) p->requires_grad_();
+  auto ember_iter = [&] {
+    Tensor<float> y = ember::gelu(x * w + b);
+    y.backward(g);
+    return y;
+  };
+  auto torch_iter = [&] {
+    auto y = torch::gelu(tx * tw + tb);
+    y.backward(tg);
+    return y;
+  };
+  auto reset = [&] {
+    for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
+    for (auto* p : {&tx, &tw, &tb}) p->mutable_grad().reset();
+  };
+  {
+    Tensor<float> y = ember_iter();
+    torch::Tensor ty = torch_iter();
+    check("gelu_bwd_16M", "y", y.detach(), ty.detach(), 1e-5, 1e-5);
+    check("gelu_bwd_16M", "x.grad", x.grad(), tx.grad(), 1e-5, 1e-4);
+    check("gelu_bwd_16M", "w.grad", w.grad(), tw.grad(), 1e-5, 1e-4);
+    check("gelu_bwd_16M", "b.grad", b.grad(), tb.grad(), 1e-5, 1e-4);
+    reset();
+  }
+  auto t = compare(
+      o,
+      [&] {
+        keep(ember_iter());
+        for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
+      },
+      [&] {
+        keep(torch_iter());
+        for (auto* p : {&tx, &tw, &tb}) p->mutable_grad().reset();
+      });
+  print_time("gelu_bwd_16M", t, 1e3, "ms");
+}
+
+void sum_sq(const Options& o) {
+  Tensor<float> a = big_input();
+  torch::Tensor ta = to_torch(a);
+  {
+    Tensor<float> s = ember::sum(a * a);
+    check("sum_sq_16M", "sum", s, (ta * ta).sum(), 0, 1e-4);
+  }
+  auto t = compare(
+      o,
+      [&] {
+        Tensor<float> s = ember::sum(a * a);
+        keep(s);
+      },
+      [&] {
+        auto s = (ta * ta).sum();
+        keep(s);
+      });
+  print_time("sum_sq_16M", t, 1e3, "ms");
+}
+
+void matmul(const Options& o, std::int64_t n, const char* name) {
+  Tensor<float> a = ember::randn<float>({n, n}), b = ember::randn<float>({n, n});
+  torch::Tensor ta = to_torch(a), tb = to_torch(b);
+  {
+    Tensor<float> c = ember::matmul(a, b);
+    // Entries are sums of n products of N(0,1) values (size ~sqrt(n)); fp32 rounding differs by summation order.
+    check(name, "c", c, torch::mm(ta, tb), 1e-4 * std::sqrt(double(n)), 1e-4);
+  }
+  auto t = compare(
+      o,
+      [&] {
+        Tensor<float> c = ember::matmul(a, b);
+        keep(c);
+      },
+      [&] {
+        auto c = torch::mm(ta, tb);
+        keep(c);
+      });
+  const double flop = 2.0 * double(n) * double(n) * double(n);
+  if (flop / t.torch_s / 1e9 < 10)
+    std::fprintf(stderr, "note: %s: LibTorch's GEMM runs at %.1f GFLOP/s: it is using the reference BLAS (Debian's "
+                 "default libblas3). For an optimised BLAS, install libopenblas0-openmp, or run with "
+                 "LD_LIBRARY_PATH=<dir holding openblas-openmp's libblas.so.3>\n", name, flop / t.torch_s / 1e9);
+  std::printf("case=%s ember=%.1fGFLOP/s libtorch=%.1fGFLOP/s speedup=%.2f\n", name, flop / t.ember_s / 1e9,
+              flop / t.torch_s / 1e9, t.torch_s / t.ember_s);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") o.quick = true;
+    else if (arg.rfind("--case=", 0) == 0) o.only = arg.substr(7);
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--case=NAME]\n", argv[0]);
+      return 2;
+    }
+  }
+  const std::vector<std::string> names = {"membw",      "tiny_add",    "tiny_grad",   "chain_16M",
+                                          "gelu_bwd_16M", "sum_sq_16M", "matmul_1024", "matmul_2048"};
+  if (!o.only.empty() && std::find(names.begin(), names.end(), o.only) == names.end()) {
+    std::fprintf(stderr, "unknown case '%s'; cases:", o.only.c_str());
+    for (auto& n : names) std::fprintf(stderr, " %s", n.c_str());
+    std::fprintf(stderr, "\n");
+    return 2;
+  }
+
+  try {
+    at::set_num_interop_threads(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "note: at::set_num_interop_threads(1) refused: %s\n", e.what());
+  }
+  torch::set_num_threads(2);
+  ember::cpu::set_num_threads(2);
+
+  try {
+    std::unique_ptr<Membw> membw;
+    if (o.wants("membw") || o.wants("chain_16M")) {
+      membw = std::make_unique<Membw>();
+      membw->sample();  // warm-up
+      membw->clear();
+    }
+    if (o.wants("membw") && !o.wants("chain_16M")) {
+      for (int i = 0; i < o.measurements(); ++i) membw->sample();
+      membw->report();
+    }
+    if (o.wants("tiny_add")) tiny_add(o);
+    if (o.wants("tiny_grad")) tiny_grad(o);
+    if (o.wants("chain_16M")) chain(o, membw.get());
+    if (o.wants("gelu_bwd_16M")) gelu_bwd(o);
+    if (o.wants("sum_sq_16M")) sum_sq(o);
+    if (o.wants("matmul_1024")) matmul(o, 1024, "matmul_1024");
+    if (o.wants("matmul_2048")) matmul(o, 2048, "matmul_2048");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  if (g_failed) {
+    std::fprintf(stderr, "vs_libtorch: ember and libtorch results differ (see above)\n");
+    return 1;
+  }
+  return 0;
+}
