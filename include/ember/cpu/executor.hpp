@@ -72,18 +72,19 @@ struct AssignBody {
     std::apply([&](auto&... pr) { (..., (pr.first.set_row(c, outer), pr.second.set_row(c, outer))); }, pairs);
   }
   void run_linear(std::int64_t a, std::int64_t b) {
-    std::apply([&](auto&... pr) { run(a, b, &slots, pr...); }, pairs);
+    std::apply([&](auto&... pr) { run<expr::LinearIdx>(a, b, &slots, pr...); }, pairs);
   }
   void run_row(std::int64_t a, std::int64_t b) {
-    std::apply([&](auto&... pr) { run_r(a, b, &slots, pr...); }, pairs);
+    std::apply([&](auto&... pr) { run<expr::RowIdx>(a, b, &slots, pr...); }, pairs);
   }
 
  private:
-  template <class... P>
+  // Indices [a, b) of the whole space (LinearIdx) or of the current row (RowIdx).
+  template <class Idx, class... P>
   EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const Table* sl, P&... pr) {
-    // Local copies so the compiler keeps pointers in registers and vectorises.
+    // Local copies so the compiler keeps pointers in registers and vectorises; the slot table is copied so its
+    // pointers are loop invariants the compiler can prove.
     auto local = std::make_tuple(pr...);
-    // The slot table is copied so its pointers are loop invariants the compiler can prove.
     const Table t = *sl;
     const expr::SlotTable* tp = nullptr;
     if constexpr (Slots) tp = &t;
@@ -92,20 +93,7 @@ struct AssignBody {
           // No iteration reads what another writes: outputs are fresh, or alias an operand with the same
           // geometry (a = a * b), or the executor went through a temporary. So no runtime alias checks.
 #pragma GCC ivdep
-          for (std::int64_t i = a; i < b; ++i) step(expr::LinearIdx{i, tp}, q...);
-        },
-        local);
-  }
-  template <class... P>
-  EMBER_VECTORIZE static void run_r(std::int64_t a, std::int64_t b, const Table* sl, P&... pr) {
-    auto local = std::make_tuple(pr...);
-    const Table t = *sl;
-    const expr::SlotTable* tp = nullptr;
-    if constexpr (Slots) tp = &t;
-    std::apply(
-        [&](auto&... q) {
-#pragma GCC ivdep
-          for (std::int64_t j = a; j < b; ++j) step(expr::RowIdx{j, tp}, q...);
+          for (std::int64_t i = a; i < b; ++i) step(Idx{i, tp}, q...);
         },
         local);
   }
