@@ -254,7 +254,7 @@ auto mean(const X& x, const Dims& dims = {}, bool keepdim = false) {
   const double scale = 1.0 / double(plan.count);
   {
     NoGradGuard ng;
-    keep *= compute_t<V>(scale);
+    keep /= compute_t<V>(double(plan.count));
   }
   Tensor<V> res = autograd::view_out(keep, plan);
   autograd::record_reduce<V, autograd::RKind::Mean>(res, e, plan, scale, 0, {}, {});

@@ -237,6 +237,11 @@ ScalarLeaf<V> as_scalar(S s) {
 
 template <class Op, class A, class B>
 auto make_binary(Op op, A&& a, B&& b) {
+  if constexpr (std::is_same_v<Op, ops_table::Div>) {
+    using V = typename value_of<std::conditional_t<Arithmetic<A>, B, A>>::type;
+    static_assert(is_floating_v<V>, "ember: `/` on integer tensors would truncate (PyTorch promotes to float); "
+                                    "divide cast<float>(x) instead");
+  }
   if constexpr (Arithmetic<A>) {
     using V = typename value_of<B>::type;
     auto nb = as_node(std::forward<B>(b));
