@@ -15,7 +15,7 @@ inline constexpr int kMaxDims = 8;
 
 /// A small fixed-capacity list of int64 extents (also used for strides). Trivially copyable.
 struct Shape {
-  std::int64_t d[kMaxDims];  // entries past n are unspecified
+  std::int64_t d[kMaxDims] = {};
   int n = 0;
 
   Shape() = default;
