@@ -450,11 +450,15 @@ class Tensor {
       return true;
     }
     // Old dims without size-1 ones.
-    Shape os{}, ost{};
+    struct Dims1 {
+      std::int64_t d[kMaxDims] = {};
+      int n = 0;
+      std::int64_t operator[](int i) const { return d[i]; }
+    } os, ost;
     for (int i = 0; i < dim(); ++i)
       if (shape()[i] != 1) {
-        os.push_back(shape()[i]);
-        ost.push_back(strides()[i]);
+        os.d[os.n++] = shape()[i];
+        ost.d[ost.n++] = strides()[i];
       }
     int oi = 0, ni = 0;
     while (ni < s.n) {
