@@ -36,37 +36,15 @@
 #include <limits>
 
 #include "ember/config.hpp"
+#include "ember/core/float16.hpp"
 
 namespace ember::detail::fm {
 
 namespace impl {
 
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_bit_cast)
-#define EMBER_FM_BUILTIN_BIT_CAST 1
-#endif
-#endif
-
-EMBER_HOST_DEVICE EMBER_INLINE std::uint32_t as_u32(float x) noexcept {
-#if defined(EMBER_FM_BUILTIN_BIT_CAST)
-  return __builtin_bit_cast(std::uint32_t, x);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
-}
-
-EMBER_HOST_DEVICE EMBER_INLINE float as_f32(std::uint32_t u) noexcept {
-#if defined(EMBER_FM_BUILTIN_BIT_CAST)
-  return __builtin_bit_cast(float, u);
-#else
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-#endif
-}
-#undef EMBER_FM_BUILTIN_BIT_CAST
+// Bit casts: the same ones the 16-bit types use.
+EMBER_HOST_DEVICE EMBER_INLINE std::uint32_t as_u32(float x) noexcept { return ::ember::detail::f16::float_bits(x); }
+EMBER_HOST_DEVICE EMBER_INLINE float as_f32(std::uint32_t u) noexcept { return ::ember::detail::f16::bits_float(u); }
 
 /// a*b + c, fused where the target has a fused multiply-add (never a libm call).
 EMBER_HOST_DEVICE EMBER_INLINE float mad(float a, float b, float c) noexcept {
