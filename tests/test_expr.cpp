@@ -29,27 +29,16 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
+using namespace ember_test;
 
 namespace {
 
-using i64 = std::int64_t;
 constexpr double kRtol = 1e-5, kAtol = 1e-6;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr float kInfF = std::numeric_limits<float>::infinity();
-constexpr float kNaNF = std::numeric_limits<float>::quiet_NaN();
 
-/// Element i (row-major) of t, read through shape/strides by hand.
-template <class T>
-T rd(const Tensor<T>& t, i64 i) {
-  i64 off = 0;
-  for (int d = t.dim() - 1; d >= 0; --d) {
-    off += (i % t.shape()[d]) * t.strides()[d];
-    i /= t.shape()[d];
-  }
-  return t.data()[off];
-}
 
 bool close(double got, double ref, double rtol = kRtol, double atol = kAtol) {
   if (std::isnan(ref)) return std::isnan(got);
@@ -58,16 +47,7 @@ bool close(double got, double ref, double rtol = kRtol, double atol = kAtol) {
   return std::fabs(got - ref) <= atol + rtol * std::fabs(ref);
 }
 
-Tensor<float> fvec(const std::vector<float>& v) { return from_vector(v); }
 
-/// Evaluates an expression into a new tensor with the CPU executor (materialising without the autograd record).
-template <class E>
-auto run_expr(const E& e) {
-  using T = typename E::value_type;
-  Tensor<T> out = empty<T>(e.shape());
-  cpu::assign(out, e);
-  return out;
-}
 
 /// A spread of arguments: a dense grid over [-8, 8], small and large magnitudes, signed zeros, infinities, NaN.
 Tensor<float> general_inputs() {
@@ -130,21 +110,6 @@ void check_pred(const char* name, const Tensor<float>& a, const Tensor<float>& b
   CHECK_MESSAGE(bad == 0, name << ": " << bad << " mismatches");
 }
 
-std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
-
-/// True when every element of a and b has the same bit pattern.
-bool bitwise_equal(const Tensor<float>& a, const Tensor<float>& b) {
-  if (!(a.shape() == b.shape())) return false;
-  for (i64 i = 0; i < a.numel(); ++i)
-    if (bits(rd(a, i)) != bits(rd(b, i))) return false;
-  return true;
-}
-
-/// Restores the thread count when a test changes it.
-struct ThreadsGuard {
-  int saved = cpu::get_num_threads();
-  ~ThreadsGuard() { cpu::set_num_threads(saved); }
-};
 
 double relu_ref(double v) { return v < 0 ? 0.0 : v; }  // NaN passes
 double gelu_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }

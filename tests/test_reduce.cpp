@@ -13,25 +13,14 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
+using namespace ember_test;
 
 namespace {
 
-using i64 = std::int64_t;
-constexpr float kInfF = std::numeric_limits<float>::infinity();
-constexpr float kNaNF = std::numeric_limits<float>::quiet_NaN();
 
-/// Element i (row-major) of t, read through shape/strides by hand.
-template <class T>
-T rd(const Tensor<T>& t, i64 i) {
-  i64 off = 0;
-  for (int d = t.dim() - 1; d >= 0; --d) {
-    off += (i % t.shape()[d]) * t.strides()[d];
-    i /= t.shape()[d];
-  }
-  return t.data()[off];
-}
 
 bool close(double got, double ref, double rtol, double atol) {
   if (std::isnan(ref)) return std::isnan(got);
@@ -39,32 +28,8 @@ bool close(double got, double ref, double rtol, double atol) {
   return std::fabs(got - ref) <= atol + rtol * std::fabs(ref);
 }
 
-Tensor<float> fvec(const std::vector<float>& v) { return from_vector(v); }
 
-/// Evaluates an expression into a new tensor with the CPU executor (materialising without the autograd record).
-template <class E>
-auto run_expr(const E& e) {
-  using T = typename E::value_type;
-  Tensor<T> out = empty<T>(e.shape());
-  cpu::assign(out, e);
-  return out;
-}
 
-std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
-
-/// True when every element of a and b has the same bit pattern.
-bool bitwise_equal(const Tensor<float>& a, const Tensor<float>& b) {
-  if (!(a.shape() == b.shape())) return false;
-  for (i64 i = 0; i < a.numel(); ++i)
-    if (bits(rd(a, i)) != bits(rd(b, i))) return false;
-  return true;
-}
-
-/// Restores the thread count when a test changes it.
-struct ThreadsGuard {
-  int saved = cpu::get_num_threads();
-  ~ThreadsGuard() { cpu::set_num_threads(saved); }
-};
 
 }  // namespace
 
