@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
+using namespace ember_test;
 
 namespace {
 
-using i64 = std::int64_t;
 
 /// 0, 1, 2, ... as a contiguous float tensor of the given shape (filled by a plain loop, not by ember).
 Tensor<float> iota(const Shape& s) {
@@ -27,21 +28,10 @@ Tensor<float> iota(const Shape& s) {
   return t;
 }
 
-/// Reads element (row-major index i) of t through its shape/strides/offset by hand.
-template <class T>
-T read_strided(const Tensor<T>& t, i64 i) {
-  i64 off = 0;
-  for (int d = t.dim() - 1; d >= 0; --d) {
-    off += (i % t.shape()[d]) * t.strides()[d];
-    i /= t.shape()[d];
-  }
-  return t.data()[off];
-}
-
 template <class T>
 std::vector<double> values(const Tensor<T>& t) {
   std::vector<double> v;
-  for (i64 i = 0; i < t.numel(); ++i) v.push_back(double(read_strided(t, i)));
+  for (i64 i = 0; i < t.numel(); ++i) v.push_back(double(rd(t, i)));
   return v;
 }
 
