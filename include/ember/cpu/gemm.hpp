@@ -1,14 +1,20 @@
-// ember — CPU matrix multiply through Eigen, split across the thread pool. Operands are read in place when one
-// of their strides is 1 (so a transposed view costs no copy).
+// ember — CPU matrix multiply, split across the thread pool. On x86 with AVX2+FMA or AVX-512 (the compiler's
+// target macros, e.g. -march=native) it runs ember's packed GEMM (cpu/detail/gemm_kernel.hpp), which reads any
+// strides in place; elsewhere it runs Eigen's, which reads operands in place when one of their strides is 1 (so
+// a transposed view costs no copy).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-
-#include <Eigen/Core>
+#include <type_traits>
 
 #include "ember/config.hpp"
+#include "ember/cpu/detail/gemm_kernel.hpp"
 #include "ember/cpu/thread_pool.hpp"
+
+#if !EMBER_GEMM_PACKED
+#include <Eigen/Core>
+#endif
 
 namespace ember::cpu {
 
@@ -22,21 +28,48 @@ struct MatView {
 };
 
 namespace detail {
-template <class T, int Order>
-using EMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
-using RM = std::integral_constant<int, Eigen::RowMajor>;
-using CM = std::integral_constant<int, Eigen::ColMajor>;
+#if EMBER_GEMM_PACKED
+// Rows and columns of C per thread panel: whole micro-tiles.
+template <class T>
+inline constexpr std::int64_t kGemmRowAlign = gemm::kMR;
+template <class T>
+inline constexpr std::int64_t kGemmColAlign = gemm::kNR<T>;
 
-template <class T, class OA, class OB>
+template <class T>
 void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, T* c, std::int64_t ldc,
                 bool accumulate) {
-  EMap<T, OA::value> A(a.p, m, k, Eigen::OuterStride<>(OA::value == Eigen::RowMajor ? a.rs : a.cs));
-  EMap<T, OB::value> B(b.p, k, n, Eigen::OuterStride<>(OB::value == Eigen::RowMajor ? b.rs : b.cs));
+  gemm::gemm_packed<T>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
+}
+#else
+template <class T>
+inline constexpr std::int64_t kGemmRowAlign = 8;
+template <class T>
+inline constexpr std::int64_t kGemmColAlign = 8;
+
+template <class T, int Order>
+using EMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
+
+template <class T, int OA, int OB>
+void gemm_eigen(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, T* c, std::int64_t ldc,
+                bool accumulate) {
+  EMap<T, OA> A(a.p, m, k, Eigen::OuterStride<>(OA == Eigen::RowMajor ? a.rs : a.cs));
+  EMap<T, OB> B(b.p, k, n, Eigen::OuterStride<>(OB == Eigen::RowMajor ? b.rs : b.cs));
   Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0, Eigen::OuterStride<>> C(
       c, m, n, Eigen::OuterStride<>(ldc));
   if (accumulate) C.noalias() += A * B;
   else C.noalias() = A * B;
 }
+
+template <class T>
+void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, T* c, std::int64_t ldc,
+                bool accumulate) {
+  constexpr int RM = Eigen::RowMajor, CM = Eigen::ColMajor;
+  if (a.row_major() && b.row_major()) gemm_eigen<T, RM, RM>(m, n, k, a, b, c, ldc, accumulate);
+  else if (a.row_major()) gemm_eigen<T, RM, CM>(m, n, k, a, b, c, ldc, accumulate);
+  else if (b.row_major()) gemm_eigen<T, CM, RM>(m, n, k, a, b, c, ldc, accumulate);
+  else gemm_eigen<T, CM, CM>(m, n, k, a, b, c, ldc, accumulate);
+}
+#endif
 }  // namespace detail
 
 /// C (m, n; row-major, leading dim ldc) = A (m, k) @ B (k, n), or += when accumulate. A and B must each have a
@@ -51,33 +84,27 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
       for (std::int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
     return;
   }
-  auto run = [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
-    const MatView<T> as{a.p + i0 * a.rs, a.rs, a.cs}, bs{b.p + j0 * b.cs, b.rs, b.cs};
-    T* cs = c + i0 * ldc + j0;
-    const std::int64_t mm = i1 - i0, nn = j1 - j0;
-    if (a.row_major() && b.row_major()) detail::gemm_block<T, detail::RM, detail::RM>(mm, nn, k, as, bs, cs, ldc, accumulate);
-    else if (a.row_major()) detail::gemm_block<T, detail::RM, detail::CM>(mm, nn, k, as, bs, cs, ldc, accumulate);
-    else if (b.row_major()) detail::gemm_block<T, detail::CM, detail::RM>(mm, nn, k, as, bs, cs, ldc, accumulate);
-    else detail::gemm_block<T, detail::CM, detail::CM>(mm, nn, k, as, bs, cs, ldc, accumulate);
-  };
   const int nt = get_num_threads();
   const double flops = 2.0 * double(m) * double(n) * double(k);
   if (nt == 1 || flops < 4e6) {
-    run(0, m, 0, n);
+    detail::gemm_block<T>(m, n, k, a, b, c, ldc, accumulate);
     return;
   }
-  // Split the larger of m and n into one panel per thread (panels of whole 8-row/col multiples).
-  if (m >= n) {
-    const std::int64_t step = ((m + nt - 1) / nt + 7) / 8 * 8;
-    parallel_for(0, (m + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
-      for (std::int64_t p = p0; p < p1; ++p) run(p * step, std::min(m, (p + 1) * step), 0, n);
-    });
-  } else {
-    const std::int64_t step = ((n + nt - 1) / nt + 7) / 8 * 8;
-    parallel_for(0, (n + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
-      for (std::int64_t p = p0; p < p1; ++p) run(0, m, p * step, std::min(n, (p + 1) * step));
-    });
-  }
+  // Split the larger of m and n into one panel per thread (whole micro-tiles); each thread packs its own
+  // operand blocks.
+  const bool split_rows = m * detail::kGemmColAlign<T> >= n * detail::kGemmRowAlign<T>;
+  const std::int64_t len = split_rows ? m : n;
+  const std::int64_t align = split_rows ? detail::kGemmRowAlign<T> : detail::kGemmColAlign<T>;
+  const std::int64_t step = ((len + nt - 1) / nt + align - 1) / align * align;
+  parallel_for(0, (len + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const std::int64_t i0 = p * step, i1 = std::min(len, i0 + step);
+      if (split_rows)
+        detail::gemm_block<T>(i1 - i0, n, k, {a.p + i0 * a.rs, a.rs, a.cs}, b, c + i0 * ldc, ldc, accumulate);
+      else
+        detail::gemm_block<T>(m, i1 - i0, k, a, {b.p + i0 * b.cs, b.rs, b.cs}, c + i0, ldc, accumulate);
+    }
+  });
 }
 
 }  // namespace ember::cpu
