@@ -1,6 +1,7 @@
-// ember — the packed CPU GEMM: register-blocked FMA micro-kernels (AVX-512 or AVX2+FMA, chosen at compile time
-// from the compiler's target macros), operand packing that reads any strides in place, and cache blocking.
-// cpu/gemm.hpp calls it when EMBER_GEMM_PACKED is 1 and falls back to Eigen otherwise.
+// ember — the packed CPU GEMM: register-blocked micro-kernels chosen at compile time from the compiler's target
+// macros (AVX-512, AVX2+FMA, or 128-bit GCC/Clang vector extensions, i.e. SSE2 on any x86-64 and NEON on ARM),
+// operand packing that reads any strides in place, and cache blocking. cpu/gemm.hpp calls it when
+// EMBER_GEMM_PACKED is 1 and falls back to Eigen otherwise (compilers without vector extensions).
 //
 // Layout (BLIS-style): C (m, n) row-major is computed in panels of kc along k. B's (kc, nc) block is packed into
 // micro-panels of NR columns (kc rows of NR values, L1/L2-resident while the kernel sweeps A); A's (mc, kc)
@@ -16,14 +17,23 @@
 
 #include "ember/config.hpp"
 
-#if defined(__AVX512F__) && !defined(EMBER_GEMM_NO_AVX512)
+// EMBER_GEMM_EIGEN selects the Eigen fallback, EMBER_GEMM_NO_AVX512 the AVX2 kernel on an AVX-512 target.
+#if defined(EMBER_GEMM_EIGEN)
+#define EMBER_GEMM_PACKED 0
+#elif defined(__AVX512F__) && !defined(EMBER_GEMM_NO_AVX512)
 #include <immintrin.h>
 #define EMBER_GEMM_PACKED 1
 #define EMBER_GEMM_AVX512 1
+#define EMBER_GEMM_AVX2 0
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define EMBER_GEMM_PACKED 1
 #define EMBER_GEMM_AVX512 0
+#define EMBER_GEMM_AVX2 1
+#elif (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define EMBER_GEMM_PACKED 1
+#define EMBER_GEMM_AVX512 0
+#define EMBER_GEMM_AVX2 0
 #else
 #define EMBER_GEMM_PACKED 0
 #endif
@@ -64,7 +74,7 @@ struct Vec<double> {
 // 12 x 2 vectors: 24 accumulators, 2 B loads and 12 broadcasts per k (32 registers).
 inline constexpr int kMR = 12;
 inline constexpr int kNV = 2;
-#else
+#elif EMBER_GEMM_AVX2
 template <>
 struct Vec<float> {
   using type = __m256;
@@ -92,6 +102,33 @@ struct Vec<double> {
 // 6 x 2 vectors: 12 accumulators, 2 B loads and 6 broadcasts per k (16 registers).
 inline constexpr int kMR = 6;
 inline constexpr int kNV = 2;
+#else
+// Portable: 16-byte vectors through the compiler's vector extensions (SSE2, NEON, ...); multiply then add, which
+// the compiler contracts into an FMA where the target has one and contraction is allowed.
+template <class T>
+struct GenericVec {
+  typedef T type __attribute__((vector_size(16)));
+  static constexpr int width = int(16 / sizeof(T));
+  static type zero() { return type{}; }
+  static type load(const T* p) { return *reinterpret_cast<const type*>(p); }
+  static type loadu(const T* p) {
+    type v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void storeu(T* p, type v) { std::memcpy(p, &v, sizeof v); }
+  static type bcast(const T* p) { return type{} + *p; }
+  static type fma(type a, type b, type c) { return a * b + c; }
+  static type add(type a, type b) { return a + b; }
+};
+template <>
+struct Vec<float> : GenericVec<float> {};
+template <>
+struct Vec<double> : GenericVec<double> {};
+// 3 x 3 vectors: 9 accumulators, 3 B loads and 3 broadcasts per k (fits 16 registers with temporaries; on SSE2
+// a broadcast costs a shuffle, so the kernel is kept square).
+inline constexpr int kMR = 3;
+inline constexpr int kNV = 3;
 #endif
 
 template <class T>
@@ -102,7 +139,7 @@ template <class T>
 struct Blocking {
   static constexpr std::int64_t kc = 1024 / sizeof(T);  // B micro-panel kc * NR * sizeof(T) stays in L1/L2
   static constexpr std::int64_t mc = kMR * (96 / kMR);   // A block mc * kc * sizeof(T) in L2
-  static constexpr std::int64_t nc = 4096;               // B block kc * nc * sizeof(T) in L3
+  static constexpr std::int64_t nc = kNR<T> * (4096 / kNR<T>);  // B block kc * nc * sizeof(T) in L3
 };
 
 /// c (MR, NR; leading dim ldc) = [c +] a_packed (MR, kc) @ b_packed (kc, NR).
