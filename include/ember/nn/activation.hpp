@@ -1,0 +1,88 @@
+// ember — parameter-free layers: activations, Flatten, Identity. Each forwards any floating dtype and returns a
+// tensor materialised by one fused pass (write `relu(a * b + c)` in your own forward to fuse more).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/expr/nodes.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::nn {
+
+#define EMBER_NN_ACTIVATION(Name, expr_of_x)                              \
+  class Name : public Module {                                             \
+   public:                                                                 \
+    Name() : Module(#Name) {}                                              \
+    template <class T>                                                     \
+    Tensor<T> forward(const Tensor<T>& x) const {                          \
+      return expr_of_x;                                                    \
+    }                                                                      \
+    template <class T>                                                     \
+    Tensor<T> operator()(const Tensor<T>& x) const {                       \
+      return forward(x);                                                   \
+    }                                                                      \
+  };
+
+EMBER_NN_ACTIVATION(ReLU, relu(x))
+EMBER_NN_ACTIVATION(SiLU, silu(x))
+EMBER_NN_ACTIVATION(Tanh, tanh(x))
+EMBER_NN_ACTIVATION(Sigmoid, sigmoid(x))
+EMBER_NN_ACTIVATION(Identity, x)
+#undef EMBER_NN_ACTIVATION
+
+/// GELU, exact (erf) by default; approximate = true uses the tanh form (PyTorch's approximate='tanh').
+class GELU : public Module {
+ public:
+  explicit GELU(bool approximate = false) : Module("GELU"), approximate(approximate) {
+    set_extra_repr([approximate] { return std::string("approximate='") + (approximate ? "tanh'" : "none'"); });
+  }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return approximate ? Tensor<T>(gelu_tanh(x)) : Tensor<T>(gelu(x));
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  bool approximate;
+};
+
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : Module("LeakyReLU"), negative_slope(negative_slope) {
+    set_extra_repr([negative_slope] { return "negative_slope=" + std::to_string(negative_slope); });
+  }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return leaky_relu(x, negative_slope);
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  double negative_slope;
+};
+
+/// Flattens dims start_dim..end_dim (by default everything but the batch dim), a view when the layout allows.
+class Flatten : public Module {
+ public:
+  explicit Flatten(std::int64_t start_dim = 1, std::int64_t end_dim = -1)
+      : Module("Flatten"), start_dim(start_dim), end_dim(end_dim) {
+    set_extra_repr([start_dim, end_dim] {
+      return "start_dim=" + std::to_string(start_dim) + ", end_dim=" + std::to_string(end_dim);
+    });
+  }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return x.flatten(start_dim, end_dim);
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  std::int64_t start_dim, end_dim;
+};
+
+}  // namespace ember::nn

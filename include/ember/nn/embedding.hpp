@@ -1,0 +1,69 @@
+// ember — nn::Embedding: a lookup table of num_embeddings vectors of size embedding_dim, as torch.nn.Embedding
+// (weights from N(0, 1); the padding_idx row starts at zero and receives no gradient).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ember/amp/policy.hpp"
+#include "ember/autograd/shape_ops.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/init.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::nn {
+
+template <amp::PrecisionPolicy P = amp::fp32>
+class EmbeddingT : public Module {
+ public:
+  using param_t = typename P::param_t;
+  using compute_t = typename P::compute_t;
+
+  EmbeddingT(std::int64_t num_embeddings, std::int64_t embedding_dim,
+             std::optional<std::int64_t> padding_idx = std::nullopt)
+      : Module("Embedding"), num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
+    EMBER_CHECK(num_embeddings > 0 && embedding_dim > 0, "nn::Embedding: sizes must be positive, got (",
+                num_embeddings, ", ", embedding_dim, ")");
+    if (padding_idx) {
+      std::int64_t i = *padding_idx;
+      EMBER_CHECK(i >= -num_embeddings && i < num_embeddings, "nn::Embedding: padding_idx ", i,
+                  " is out of range for ", num_embeddings, " embeddings");
+      this->padding_idx = i < 0 ? i + num_embeddings : i;
+    }
+    weight = empty<param_t>(Shape{num_embeddings, embedding_dim});
+    init::normal_(weight);
+    if (this->padding_idx) {
+      NoGradGuard ng;
+      weight[*this->padding_idx].zero_();
+    }
+    register_parameter("weight", weight);
+    set_extra_repr([num_embeddings, embedding_dim] {
+      return std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim);
+    });
+  }
+
+  /// indices (any shape) -> (*indices.shape, embedding_dim)
+  Tensor<compute_t> forward(const Tensor<std::int64_t>& indices) const {
+    Shape out = indices.shape();
+    out.push_back(embedding_dim);
+    Tensor<compute_t> w = detail::to_compute<compute_t>(weight);
+    Tensor<compute_t> rows = index_select(w, 0, indices.reshape({-1}));
+    if (padding_idx) {
+      // Rows looked up at padding_idx are zero and pass no gradient back to the table.
+      Tensor<compute_t> keep = cast<compute_t>(indices.reshape({-1, 1}) != *padding_idx);
+      rows = rows * keep;
+    }
+    return rows.view(out);
+  }
+  Tensor<compute_t> operator()(const Tensor<std::int64_t>& indices) const { return forward(indices); }
+
+  std::int64_t num_embeddings, embedding_dim;
+  std::optional<std::int64_t> padding_idx;
+  Tensor<param_t> weight;  // (num_embeddings, embedding_dim)
+};
+
+using Embedding = EmbeddingT<>;
+
+}  // namespace ember::nn

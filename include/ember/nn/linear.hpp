@@ -1,0 +1,51 @@
+// ember — nn::Linear: y = x @ weightᵀ + bias, as torch.nn.Linear (same parameter layout and initialisation).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ember/amp/policy.hpp"
+#include "ember/autograd/linalg.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/init.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::nn {
+
+/// A fully connected layer. Parameters are stored in the policy's param_t and cast to its compute_t in forward.
+template <amp::PrecisionPolicy P = amp::fp32>
+class LinearT : public Module {
+ public:
+  using param_t = typename P::param_t;
+  using compute_t = typename P::compute_t;
+
+  LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias = true)
+      : Module("Linear"), in_features(in_features), out_features(out_features) {
+    EMBER_CHECK(in_features > 0 && out_features > 0, "nn::Linear: features must be positive, got in_features=",
+                in_features, ", out_features=", out_features);
+    weight = empty<param_t>(Shape{out_features, in_features});
+    if (with_bias) bias = empty<param_t>(Shape{out_features});
+    init::default_weight_and_bias_(weight, &bias);
+    register_parameter("weight", weight);
+    if (with_bias) register_parameter("bias", bias);
+    set_extra_repr([in_features, out_features, with_bias] {
+      return "in_features=" + std::to_string(in_features) + ", out_features=" + std::to_string(out_features) +
+             ", bias=" + (with_bias ? "True" : "False");
+    });
+  }
+
+  /// x (..., in_features) -> (..., out_features)
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(bias));
+  }
+  Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
+
+  std::int64_t in_features, out_features;
+  Tensor<param_t> weight;  // (out_features, in_features)
+  Tensor<param_t> bias;    // (out_features), undefined without bias
+};
+
+using Linear = LinearT<>;
+
+}  // namespace ember::nn

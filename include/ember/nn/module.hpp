@@ -1,0 +1,311 @@
+// ember — Module: the base of every layer and model. A module owns named parameters and buffers and named child
+// modules; it switches between training and evaluation, moves between devices, and saves/loads its state as a
+// name -> tensor map with PyTorch's names ("conv1.weight", "bn1.running_mean", ...).
+//
+// A module is a cheap handle, as a tensor is: its registry lives in shared state and its parameters are tensor
+// handles, so copying a module (into a Sequential, into a lambda) shares the parameters instead of duplicating
+// them, and a model can be a plain struct:
+//
+//   struct Net : nn::Module {
+//     nn::Linear fc1{784, 256}, fc2{256, 10};
+//     Net() { register_module("fc1", fc1); register_module("fc2", fc2); }
+//     Tensor<float> forward(const Tensor<float>& x) { return fc2(relu(fc1(x))); }
+//   };
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/device.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+
+namespace ember::nn {
+
+/// A tensor of any of the dtypes a module's state can hold.
+using AnyTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
+/// A module's (or optimizer's) state: fully qualified name -> tensor, ordered by name.
+using StateDict = std::map<std::string, AnyTensor>;
+
+/// The shape and dtype of an AnyTensor, for messages.
+inline std::string describe(const AnyTensor& t) {
+  return std::visit(
+      [](const auto& x) {
+        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+        return std::string(dtype_name<T>()) + (x.defined() ? " " + x.shape().str() : std::string(" (undefined)"));
+      },
+      t);
+}
+
+class Module;
+
+namespace detail {
+using TensorSlot = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
+
+struct ModuleState {
+  std::string type_name;
+  std::vector<std::pair<std::string, TensorSlot>> params, buffers;
+  std::vector<std::pair<std::string, std::shared_ptr<ModuleState>>> children;
+  std::function<std::string()> extra_repr;  // "784, 256, bias=True" for printing
+  bool training = true;
+};
+
+/// Calls f(name, tensor) for every registered tensor of `which` (params or buffers) in s and its descendants.
+template <class F>
+void walk(const ModuleState& s, const std::string& prefix, bool params, bool recurse, F&& f) {
+  for (const auto& [n, t] : params ? s.params : s.buffers) f(prefix + n, t);
+  if (!recurse) return;
+  for (const auto& [n, c] : s.children) walk(*c, prefix + n + ".", params, true, f);
+}
+
+}  // namespace detail
+
+class Module {
+ public:
+  explicit Module(std::string type_name = "Module") : s_(std::make_shared<detail::ModuleState>()) {
+    s_->type_name = std::move(type_name);
+  }
+  virtual ~Module() = default;
+  // Copies share the module (handle semantics, like tensors). Deriving structs get these for free.
+  Module(const Module&) = default;
+  Module& operator=(const Module&) = default;
+
+  // ---- parameters, buffers, children ---------------------------------------------------------------------
+  /// Parameters of dtype T (all of this module's and, when recurse, its descendants'), in registration order.
+  template <class T = float>
+  std::vector<Tensor<T>> parameters(bool recurse = true) const {
+    std::vector<Tensor<T>> out;
+    for (auto& [n, t] : named_parameters<T>(recurse)) out.push_back(t);
+    return out;
+  }
+  template <class T = float>
+  std::vector<std::pair<std::string, Tensor<T>>> named_parameters(bool recurse = true) const {
+    std::vector<std::pair<std::string, Tensor<T>>> out;
+    detail::walk(*s_, "", true, recurse, [&](const std::string& n, const detail::TensorSlot& t) {
+      if (auto* p = std::get_if<Tensor<T>>(&t)) out.emplace_back(n, *p);
+    });
+    return out;
+  }
+  /// Every parameter whatever its dtype.
+  std::vector<std::pair<std::string, AnyTensor>> named_parameters_any(bool recurse = true) const {
+    std::vector<std::pair<std::string, AnyTensor>> out;
+    detail::walk(*s_, "", true, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+    return out;
+  }
+  std::vector<std::pair<std::string, AnyTensor>> named_buffers(bool recurse = true) const {
+    std::vector<std::pair<std::string, AnyTensor>> out;
+    detail::walk(*s_, "", false, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+    return out;
+  }
+  /// Number of parameter elements (all dtypes), as sum(p.numel() for p in model.parameters()).
+  std::int64_t num_parameters() const {
+    std::int64_t n = 0;
+    for (auto& [name, t] : named_parameters_any()) std::visit([&](const auto& x) { n += x.numel(); }, t);
+    return n;
+  }
+  const std::string& type_name() const { return s_->type_name; }
+
+  // ---- modes ---------------------------------------------------------------------------------------------
+  /// Training mode (dropout active, batch norm uses and updates batch statistics) for this module and its children.
+  void train(bool on = true) { set_training(*s_, on); }
+  /// Evaluation mode: train(false).
+  void eval() { train(false); }
+  bool is_training() const { return s_->training; }
+
+  /// Clears (set_to_none, the default as in PyTorch 2) or zeroes every parameter's gradient.
+  void zero_grad(bool set_to_none = true) {
+    detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
+      std::visit(
+          [&](const auto& p) {
+            using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+            if constexpr (is_floating_v<T>) {
+              if (!p.has_meta() || !p.grad().defined()) return;
+              if (set_to_none) p.grad() = Tensor<T>();
+              else {
+                NoGradGuard ng;
+                p.grad().zero_();
+              }
+            }
+          },
+          slot);
+    });
+  }
+
+  /// Moves every parameter and buffer to `device`, in place: every handle to them (this module's members, copies of
+  /// the module) sees the moved tensors. Create optimizers after moving the model, as in PyTorch.
+  void to(Device device) {
+    auto move = [&](const std::string& n, const detail::TensorSlot& slot) {
+      std::visit(
+          [&](const auto& t) {
+            if (!t.defined() || t.device() == device) return;
+            EMBER_CHECK(device.is_cpu() || ember::detail::cuda_allocator != nullptr, "Module::to: cannot move '", n,
+                        "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(),
+                        ": this program was built without ember's CUDA backend (compile with nvcc and link "
+                        "ember::cuda)");
+            EMBER_CHECK(false, "Module::to: moving '", n, "' from ", t.device().str(), " to ", device.str(),
+                        " needs device copies, which this build of ember does not provide");
+          },
+          slot);
+    };
+    detail::walk(*s_, "", true, true, move);
+    detail::walk(*s_, "", false, true, move);
+  }
+
+  // ---- state -----------------------------------------------------------------------------------------------
+  /// Parameters and buffers by fully qualified name. The tensors are detached handles sharing the module's memory
+  /// (as PyTorch's state_dict); clone them to snapshot.
+  StateDict state_dict() const {
+    StateDict sd;
+    auto add = [&](const std::string& n, const detail::TensorSlot& slot) {
+      std::visit([&](const auto& t) { sd.emplace(n, AnyTensor(t.defined() ? t.detach() : t)); }, slot);
+    };
+    detail::walk(*s_, "", true, true, add);
+    detail::walk(*s_, "", false, true, add);
+    return sd;
+  }
+
+  /// Copies `sd` into the parameters and buffers. strict: every key must match (missing and unexpected keys are
+  /// listed in the error). Shapes must match; floating dtypes convert (as PyTorch's copy_ does), other dtype
+  /// changes are errors. Nothing is written unless every check passes.
+  void load_state_dict(const StateDict& sd, bool strict = true) {
+    std::vector<std::pair<std::string, const detail::TensorSlot*>> mine;
+    auto collect = [&](const std::string& n, const detail::TensorSlot& t) { mine.emplace_back(n, &t); };
+    detail::walk(*s_, "", true, true, collect);
+    detail::walk(*s_, "", false, true, collect);
+    std::vector<std::string> missing, unexpected;
+    for (auto& [n, t] : mine)
+      if (!sd.count(n)) missing.push_back(n);
+    for (auto& [n, t] : sd) {
+      bool found = false;
+      for (auto& [m, s] : mine) found = found || m == n;
+      if (!found) unexpected.push_back(n);
+    }
+    if (strict && (!missing.empty() || !unexpected.empty())) {
+      std::ostringstream os;
+      os << "load_state_dict: error(s) loading the state of " << type_name() << ":";
+      if (!missing.empty()) {
+        os << " missing key(s):";
+        for (auto& k : missing) os << " '" << k << "'";
+        os << ";";
+      }
+      if (!unexpected.empty()) {
+        os << " unexpected key(s):";
+        for (auto& k : unexpected) os << " '" << k << "'";
+        os << ";";
+      }
+      throw Error(os.str());
+    }
+    // Check everything first, then write.
+    for (auto& [n, slot] : mine) {
+      auto it = sd.find(n);
+      if (it == sd.end()) continue;
+      std::visit(
+          [&](const auto& dst, const auto& src) {
+            using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
+            using S = typename std::remove_cvref_t<decltype(src)>::value_type;
+            EMBER_CHECK(src.defined(), "load_state_dict: '", n, "' is an undefined tensor");
+            EMBER_CHECK(dst.shape() == src.shape(), "load_state_dict: size mismatch for '", n, "': the checkpoint has ",
+                        src.shape().str(), ", the module has ", dst.shape().str());
+            EMBER_CHECK((std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)),
+                        "load_state_dict: dtype mismatch for '", n, "': the checkpoint has ", dtype_name<S>(),
+                        ", the module has ", dtype_name<D>());
+          },
+          *slot, it->second);
+    }
+    NoGradGuard ng;
+    for (auto& [n, slot] : mine) {
+      auto it = sd.find(n);
+      if (it == sd.end()) continue;
+      std::visit(
+          [&](const auto& dst, const auto& src) {
+            using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
+            using S = typename std::remove_cvref_t<decltype(src)>::value_type;
+            Tensor<D> d = dst;
+            if constexpr (std::is_same_v<D, S>) d.copy_(src);
+            else if constexpr (is_floating_v<D> && is_floating_v<S>) d = cast<D>(src);
+          },
+          *slot, it->second);
+    }
+  }
+
+  /// Prints the module tree as PyTorch does.
+  friend std::ostream& operator<<(std::ostream& os, const Module& m) {
+    print(os, *m.s_, 0);
+    return os;
+  }
+
+ protected:
+  /// Registers a parameter (a leaf that requires grad) under `name`; returns it.
+  template <class T>
+  Tensor<T>& register_parameter(const std::string& name, Tensor<T>& t, bool requires_grad = true) {
+    static_assert(is_floating_v<T>, "register_parameter: parameters must be floating point");
+    check_name(name);
+    if (t.defined() && requires_grad && !t.requires_grad()) t.requires_grad_(true);
+    s_->params.emplace_back(name, t);
+    return t;
+  }
+  /// Registers a buffer: state that is saved and moved with the module but not trained (running statistics).
+  template <class T>
+  Tensor<T>& register_buffer(const std::string& name, Tensor<T>& t) {
+    check_name(name);
+    s_->buffers.emplace_back(name, t);
+    return t;
+  }
+  /// Registers a child module (shares it: the child stays usable through `m`).
+  template <class M>
+  M& register_module(const std::string& name, M& m) {
+    static_assert(std::is_base_of_v<Module, M>, "register_module: the child must derive from nn::Module");
+    check_name(name);
+    EMBER_CHECK(m.s_ != s_, "register_module: a module cannot be its own child ('", name, "')");
+    s_->children.emplace_back(name, m.s_);
+    return m;
+  }
+  /// What the module prints inside its parentheses ("784, 256, bias=True").
+  void set_extra_repr(std::function<std::string()> f) { s_->extra_repr = std::move(f); }
+
+ private:
+  void check_name(const std::string& name) const {
+    EMBER_CHECK(!name.empty() && name.find('.') == std::string::npos, "register: invalid name '", name,
+                "' in ", type_name(), " (names are non-empty and contain no '.')");
+    auto taken = [&](const auto& v) {
+      for (auto& [n, x] : v)
+        if (n == name) return true;
+      return false;
+    };
+    EMBER_CHECK(!taken(s_->params) && !taken(s_->buffers) && !taken(s_->children), "register: '", name,
+                "' is already registered in ", type_name());
+  }
+  static void set_training(detail::ModuleState& s, bool on) {
+    s.training = on;
+    for (auto& [n, c] : s.children) set_training(*c, on);
+  }
+  static void print(std::ostream& os, const detail::ModuleState& s, int indent) {
+    os << s.type_name << "(";
+    if (s.extra_repr) os << s.extra_repr();
+    if (!s.children.empty()) {
+      os << "\n";
+      for (auto& [n, c] : s.children) {
+        os << std::string(std::size_t(indent + 2), ' ') << "(" << n << "): ";
+        print(os, *c, indent + 2);
+        os << "\n";
+      }
+      os << std::string(std::size_t(indent), ' ');
+    }
+    os << ")";
+  }
+
+  std::shared_ptr<detail::ModuleState> s_;
+};
+
+}  // namespace ember::nn

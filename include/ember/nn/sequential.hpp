@@ -1,0 +1,88 @@
+// ember — nn::Sequential: runs its modules in order, each one's output the next one's input.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ember/core/tensor.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::nn {
+
+/// Holds a handle (a copy sharing parameters) of each module; a module can be run by Sequential on every dtype its
+/// forward accepts.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  template <class... M>
+    requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, std::remove_cvref_t<M>> && ...))
+  explicit Sequential(M&&... modules) : Module("Sequential") {
+    (push_back(std::forward<M>(modules)), ...);
+  }
+
+  /// Appends a module, named by its position ("0", "1", ...) as in PyTorch.
+  template <class M>
+  Sequential& push_back(M&& module) {
+    using D = std::remove_cvref_t<M>;
+    static_assert(std::is_base_of_v<Module, D>, "Sequential::push_back: expected an nn::Module");
+    auto m = std::make_shared<D>(std::forward<M>(module));
+    register_module(std::to_string(stages_.size()), *m);
+    Stage s;
+    s.keep = m;
+    bind<float>(s.f32, m);
+    bind<double>(s.f64, m);
+    bind<half>(s.f16, m);
+    bind<bfloat16>(s.bf16, m);
+    stages_.push_back(std::move(s));
+    return *this;
+  }
+
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    Tensor<T> h = x;
+    for (std::size_t i = 0; i < stages_.size(); ++i) {
+      const auto& f = slot<T>(stages_[i]);
+      EMBER_CHECK(bool(f), "Sequential: module ", i, " has no forward for a ", dtype_name<T>(), " tensor");
+      h = f(h);
+    }
+    return h;
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  std::size_t size() const { return stages_.size(); }
+
+ private:
+  template <class T>
+  using Fn = std::function<Tensor<T>(const Tensor<T>&)>;
+  struct Stage {
+    std::shared_ptr<Module> keep;
+    Fn<float> f32;
+    Fn<double> f64;
+    Fn<half> f16;
+    Fn<bfloat16> bf16;
+  };
+  template <class T, class D>
+  static void bind(Fn<T>& f, const std::shared_ptr<D>& m) {
+    if constexpr (requires(D& d, const Tensor<T>& x) {
+                    { d.forward(x) } -> std::convertible_to<Tensor<T>>;
+                  })
+      f = [m](const Tensor<T>& x) { return Tensor<T>(m->forward(x)); };
+  }
+  template <class T>
+  static const Fn<T>& slot(const Stage& s) {
+    if constexpr (std::is_same_v<T, float>) return s.f32;
+    else if constexpr (std::is_same_v<T, double>) return s.f64;
+    else if constexpr (std::is_same_v<T, half>) return s.f16;
+    else return s.bf16;
+  }
+
+  std::vector<Stage> stages_;
+};
+
+}  // namespace ember::nn

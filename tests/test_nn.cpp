@@ -1,0 +1,270 @@
+// nn: the Module registry (names, state_dict round trips and its errors, modes, printing), the layers without
+// convolution/normalisation (Linear, Embedding, Dropout, activations, Flatten, Sequential), initialisation, and
+// the precision-policy parameter of layers.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ember/ember.hpp"
+#include "helpers.hpp"
+
+using namespace ember;
+using ember_test::rd;
+
+namespace {
+
+using TD = Tensor<double>;
+
+struct Mlp : nn::Module {
+  nn::Linear fc1{4, 8}, fc2{8, 3};
+  nn::Dropout drop{0.5};
+  Mlp() : nn::Module("Mlp") {
+    register_module("fc1", fc1);
+    register_module("drop", drop);
+    register_module("fc2", fc2);
+  }
+  Tensor<float> forward(const Tensor<float>& x) const { return fc2(drop(Tensor<float>(relu(fc1(x))))); }
+};
+
+std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor<float>>>& v) {
+  std::vector<std::string> r;
+  for (auto& [n, t] : v) r.push_back(n);
+  return r;
+}
+
+template <class T>
+double max_abs_diff(const Tensor<T>& a, const Tensor<T>& b) {
+  REQUIRE(a.shape() == b.shape());
+  double m = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(double(rd(a, i)) - double(rd(b, i))));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("Module: parameter names, counts, modes and printing follow PyTorch") {
+  Mlp m;
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  CHECK(m.num_parameters() == 4 * 8 + 8 + 8 * 3 + 3);
+  for (auto& p : m.parameters()) CHECK(p.requires_grad());
+  CHECK(m.parameters<double>().empty());
+  CHECK(m.is_training());
+  m.eval();
+  CHECK(!m.is_training());
+  CHECK(!m.drop.is_training());  // children follow
+  m.train();
+  CHECK(m.fc1.is_training());
+  std::ostringstream os;
+  os << m;
+  CHECK(os.str() ==
+        "Mlp(\n  (fc1): Linear(in_features=4, out_features=8, bias=True)\n  (drop): Dropout(p=0.500000)\n"
+        "  (fc2): Linear(in_features=8, out_features=3, bias=True)\n)");
+  // A copy is a handle: it shares the parameters.
+  Mlp c = m;
+  CHECK(c.fc1.weight.same_impl(m.fc1.weight));
+}
+
+TEST_CASE("Module: state_dict round trip, strictness and shape/dtype errors") {
+  Mlp a, b;
+  Tensor<float> x = randn<float>({5, 4});
+  a.eval();
+  b.eval();
+  Tensor<float> ya = a.forward(x), yb = b.forward(x);
+  CHECK(max_abs_diff(ya, yb) > 1e-3);  // different random initialisations
+  nn::StateDict sd = a.state_dict();
+  CHECK(sd.size() == 4);
+  b.load_state_dict(sd);
+  CHECK(max_abs_diff(a.forward(x), b.forward(x)) == 0);
+  // state_dict shares memory, as PyTorch's does.
+  CHECK(std::get<Tensor<float>>(sd.at("fc1.weight")).storage() == a.fc1.weight.storage());
+
+  nn::StateDict missing = sd;
+  missing.erase("fc2.bias");
+  CHECK_THROWS_WITH_AS(b.load_state_dict(missing), doctest::Contains("missing key(s): 'fc2.bias'"), Error);
+  b.load_state_dict(missing, /*strict=*/false);  // allowed when not strict
+  nn::StateDict extra = sd;
+  extra.emplace("fc3.weight", zeros<float>({2}));
+  CHECK_THROWS_WITH_AS(b.load_state_dict(extra), doctest::Contains("unexpected key(s): 'fc3.weight'"), Error);
+  nn::StateDict bad = sd;
+  bad["fc1.weight"] = zeros<float>({8, 5});
+  CHECK_THROWS_WITH_AS(b.load_state_dict(bad),
+                       doctest::Contains("size mismatch for 'fc1.weight': the checkpoint has [8, 5], the module has "
+                                         "[8, 4]"),
+                       Error);
+  nn::StateDict ints = sd;
+  ints["fc1.bias"] = zeros<std::int64_t>({8});
+  CHECK_THROWS_WITH_AS(b.load_state_dict(ints), doctest::Contains("dtype mismatch for 'fc1.bias'"), Error);
+  // Floating dtypes convert, as copy_ does in PyTorch.
+  nn::StateDict dbl = sd;
+  dbl["fc1.bias"] = full<double>({8}, 0.25);
+  b.load_state_dict(dbl);
+  CHECK(rd(b.fc1.bias, 7) == 0.25f);
+}
+
+TEST_CASE("Module: register errors and zero_grad") {
+  struct Bad : nn::Module {
+    Tensor<float> w = zeros<float>({2});
+    nn::Linear l{1, 1};
+    void dup() { register_parameter("w", w), register_parameter("w", w); }
+    void dotted() { register_module("a.b", l); }
+  } bad;
+  CHECK_THROWS_WITH_AS(bad.dup(), doctest::Contains("'w' is already registered"), Error);
+  CHECK_THROWS_WITH_AS(bad.dotted(), doctest::Contains("invalid name 'a.b'"), Error);
+
+  nn::Linear l(3, 2);
+  sum(l(ones<float>({4, 3}))).backward();
+  REQUIRE(l.weight.grad().defined());
+  l.zero_grad(/*set_to_none=*/false);
+  CHECK(l.weight.grad().defined());
+  CHECK(rd(l.weight.grad(), 0) == 0.f);
+  l.zero_grad();
+  CHECK(!l.weight.grad().defined());
+}
+
+TEST_CASE("Linear: PyTorch's initialisation bounds, forward by hand, gradcheck in double") {
+  manual_seed(7);
+  nn::Linear l(100, 30);
+  const double bound = 1.0 / std::sqrt(100.0);
+  double lo = 1, hi = -1;
+  for (auto v : l.weight.to_vector()) lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
+  CHECK(lo >= -bound);
+  CHECK(hi <= bound);
+  CHECK(lo < -0.9 * bound);  // fills the whole range
+  CHECK(hi > 0.9 * bound);
+
+  nn::LinearT<amp::fp64> d(3, 2);
+  TD x = randn<double>({4, 3});
+  TD y = d(x);
+  for (int i = 0; i < 4; ++i)
+    for (int o = 0; o < 2; ++o) {
+      double ref = d.bias.at(o);
+      for (int k = 0; k < 3; ++k) ref += x.at(i, k) * d.weight.at(o, k);
+      CHECK(y.at(i, o) == doctest::Approx(ref).epsilon(1e-12));
+    }
+  // Gradients reach x, weight and bias (the layer's members are rebound to the checked leaves).
+  auto r = gradcheck(
+      [&](const std::vector<TD>& v) {
+        d.weight = v[1];
+        d.bias = v[2];
+        return d(v[0]);
+      },
+      {randn<double>({4, 3}), randn<double>({2, 3}), randn<double>({2})});
+  CHECK_MESSAGE(r.ok, r.message);
+  // Batched input (..., in) and no bias.
+  nn::LinearT<amp::fp64> nb(3, 5, /*bias=*/false);
+  CHECK(nb.named_parameters<double>().size() == 1);
+  CHECK(nb(randn<double>({2, 7, 3})).shape() == Shape{2, 7, 5});
+  CHECK_THROWS_WITH_AS(nb(randn<double>({2, 4})), doctest::Contains("does not match weight of shape [5, 3]"), Error);
+  CHECK_THROWS_AS(nn::Linear(0, 3), Error);
+}
+
+TEST_CASE("Sequential: runs its modules in order and names them by position") {
+  manual_seed(3);
+  nn::Linear a(4, 6), b(6, 2);
+  nn::Sequential seq(a, nn::ReLU(), b, nn::Tanh());
+  CHECK(seq.size() == 4);
+  CHECK(names(seq.named_parameters()) == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  Tensor<float> x = randn<float>({3, 4});
+  Tensor<float> ref = tanh(b(Tensor<float>(relu(a(x)))));
+  CHECK(max_abs_diff(seq(x), ref) == 0);
+  CHECK_THROWS_WITH_AS(seq(randn<double>({3, 4})), doctest::Contains("module 0 has no forward for a float64"), Error);
+  // Activations and Flatten accept any floating dtype.
+  nn::Sequential any(nn::Flatten(), nn::GELU(), nn::SiLU(), nn::Sigmoid(), nn::LeakyReLU(0.2), nn::GELU(true));
+  TD xd = randn<double>({2, 3, 4});
+  TD yd = any(xd);
+  CHECK(yd.shape() == Shape{2, 12});
+  auto r = gradcheck([&](const std::vector<TD>& v) { return any(v[0]); }, {xd});
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+TEST_CASE("Dropout: identity in eval, Bernoulli mask scaled by 1/(1-p) in training, reproducible by seed") {
+  nn::Dropout d(0.3, 42);
+  Tensor<float> x = ones<float>({100000});
+  x.requires_grad_();
+  Tensor<float> y = d(x);
+  std::int64_t zeros_n = 0;
+  bool scaled = true;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const float v = rd(y, i);
+    if (v == 0.f) ++zeros_n;
+    else scaled = scaled && std::fabs(v - 1.f / 0.7f) < 1e-6f;
+  }
+  CHECK(scaled);
+  CHECK(double(zeros_n) / 1e5 == doctest::Approx(0.3).epsilon(0.03));
+  sum(y).backward();
+  CHECK(max_abs_diff(x.grad(), y.detach()) == 0);  // the gradient is the same mask times the same scale
+  nn::Dropout d2(0.3, 42);
+  CHECK(max_abs_diff(d2(x.detach()), y.detach()) == 0);
+  d.eval();
+  CHECK(d(x).same_impl(x));
+  CHECK_THROWS_AS(nn::Dropout(1.5), Error);
+}
+
+TEST_CASE("Embedding: rows of the table, accumulated gradients for repeated indices, padding_idx") {
+  nn::EmbeddingT<amp::fp64> e(5, 3, /*padding_idx=*/1);
+  for (int j = 0; j < 3; ++j) CHECK(e.weight.at(1, j) == 0.0);
+  Tensor<std::int64_t> idx = tensor<std::int64_t>({{0, 2, 0}, {1, 4, 0}});
+  TD y = e(idx);
+  CHECK(y.shape() == Shape{2, 3, 3});
+  for (int j = 0; j < 3; ++j) {
+    CHECK(y.at(0, 1, j) == e.weight.at(2, j));
+    CHECK(y.at(1, 1, j) == e.weight.at(4, j));
+    CHECK(y.at(1, 0, j) == 0.0);
+  }
+  sum(y).backward();
+  for (int j = 0; j < 3; ++j) {
+    CHECK(e.weight.grad().at(0, j) == 3.0);  // index 0 appears three times
+    CHECK(e.weight.grad().at(1, j) == 0.0);  // padding
+    CHECK(e.weight.grad().at(3, j) == 0.0);  // unused
+  }
+  CHECK_THROWS_WITH_AS(e(tensor<std::int64_t>({7})), doctest::Contains("out of range"), Error);
+}
+
+TEST_CASE("init: gains, bounds and moments as torch.nn.init") {
+  CHECK(nn::init::calculate_gain(nn::init::Nonlinearity::ReLU) == doctest::Approx(std::sqrt(2.0)));
+  CHECK(nn::init::calculate_gain(nn::init::Nonlinearity::Tanh) == doctest::Approx(5.0 / 3.0));
+  CHECK(nn::init::calculate_gain(nn::init::Nonlinearity::LeakyReLU, std::sqrt(5.0)) ==
+        doctest::Approx(std::sqrt(2.0 / 6.0)));
+  Generator g(1);
+  Tensor<double> w = empty<double>({256, 64, 3, 3});
+  auto moments = [&] {
+    double s = 0, s2 = 0;
+    for (auto v : w.to_vector()) s += v, s2 += v * v;
+    const double n = double(w.numel());
+    return std::pair{s / n, std::sqrt(s2 / n - (s / n) * (s / n))};
+  };
+  nn::init::kaiming_normal_(w, 0.0, nn::init::FanMode::FanIn, nn::init::Nonlinearity::ReLU, g);
+  CHECK(moments().second == doctest::Approx(std::sqrt(2.0 / (64 * 9))).epsilon(0.02));
+  nn::init::xavier_uniform_(w, 1.0, g);
+  CHECK(moments().second == doctest::Approx(std::sqrt(2.0 / (64 * 9 + 256 * 9))).epsilon(0.02));
+  nn::init::normal_(w, 2.0, 0.5, g);
+  CHECK(moments().first == doctest::Approx(2.0).epsilon(0.01));
+  nn::init::zeros_(w);
+  CHECK(moments().first == 0.0);
+  Tensor<double> v = empty<double>({3});
+  CHECK_THROWS_WITH_AS(nn::init::kaiming_uniform_(v), doctest::Contains("fewer than 2 dims"), Error);
+}
+
+TEST_CASE("Precision policy: a bf16-compute Linear keeps fp32 master weights and gradients") {
+  manual_seed(11);
+  nn::LinearT<amp::bf16_mixed> lb(16, 4);
+  nn::Linear lf(16, 4);
+  lf.load_state_dict(lb.state_dict());
+  Tensor<float> x = randn<float>({8, 16});
+  Tensor<bfloat16> xb = cast<bfloat16>(x);
+  Tensor<bfloat16> yb = lb(xb);
+  Tensor<float> yf = lf(x);
+  CHECK(max_abs_diff(Tensor<float>(cast<float>(yb)), yf) < 0.05);
+  Tensor<float> lossb = sum(cast<float>(yb));
+  lossb.backward();
+  sum(yf).backward();
+  static_assert(std::is_same_v<decltype(lb.weight), Tensor<float>>);
+  REQUIRE(lb.weight.grad().defined());
+  CHECK(max_abs_diff(lb.weight.grad(), lf.weight.grad()) < 0.1);
+  CHECK(max_abs_diff(lb.bias.grad(), lf.bias.grad()) == 0);
+}
