@@ -32,3 +32,8 @@
 #include "ember/nn/dropout.hpp"
 #include "ember/nn/embedding.hpp"
 #include "ember/nn/sequential.hpp"
+#include "ember/optim/optimizer.hpp"
+#include "ember/optim/sgd.hpp"
+#include "ember/optim/adam.hpp"
+#include "ember/optim/lr_scheduler.hpp"
+#include "ember/optim/clip_grad.hpp"

@@ -1,0 +1,183 @@
+// ember — Adam and AdamW (torch.optim.Adam / AdamW, with the amsgrad option). Each parameter is updated in one
+// fused, threaded pass over p, grad and the moment buffers, with no allocation after the first step.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/cpu/thread_pool.hpp"
+#include "ember/optim/optimizer.hpp"
+
+namespace ember::optim {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // Adam: added to the gradient (L2); AdamW: decoupled, p *= 1 - lr * weight_decay
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+/// Adam when Decoupled is false, AdamW when true.
+template <class T, bool Decoupled>
+class BasicAdam : public Optimizer {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "optim::Adam: parameters are float or double (mixed precision keeps fp32 master weights)");
+  static constexpr const char* kName = Decoupled ? "optim::AdamW" : "optim::Adam";
+
+ public:
+  using Group = ParamGroup<T, AdamOptions>;
+
+  BasicAdam(std::vector<Tensor<T>> params, const AdamOptions& o)
+      : BasicAdam(std::vector<Group>{{std::move(params), o}}) {}
+  explicit BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
+    for (auto& g : groups_) {
+      const AdamOptions& o = g.options;
+      EMBER_CHECK(o.lr >= 0, kName, ": invalid learning rate ", o.lr);
+      EMBER_CHECK(o.eps >= 0, kName, ": invalid epsilon ", o.eps);
+      EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, kName, ": invalid betas (", o.beta1,
+                  ", ", o.beta2, "), expected each in [0, 1)");
+      EMBER_CHECK(o.weight_decay >= 0, kName, ": invalid weight_decay ", o.weight_decay);
+      for (auto& p : g.params) {
+        EMBER_CHECK(p.defined() && p.is_leaf(), kName, ": can only optimize leaf tensors");
+        state_.emplace_back();
+      }
+    }
+  }
+
+  void step() override {
+    NoGradGuard ng;
+    std::size_t k = 0;
+    for (auto& grp : groups_) {
+      const AdamOptions& o = grp.options;
+      for (auto& p : grp.params) {
+        State& s = state_[k++];
+        if (!p.has_meta() || !p.grad().defined()) continue;
+        const Tensor<T> g = detail::checked_grad(p, kName);
+        if (!s.m.defined()) {
+          s.m = zeros<T>(p.shape());
+          s.v = zeros<T>(p.shape());
+          if (o.amsgrad) s.vmax = zeros<T>(p.shape());
+        }
+        ++s.step;
+        const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
+        const T step_size = T(o.lr / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o.eps);
+        const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(o.weight_decay);
+        const T decay = Decoupled ? T(1 - o.lr * o.weight_decay) : T(1);
+        const T sign = o.maximize ? T(-1) : T(1);
+        T* pp = p.data();
+        const T* gp = g.data();
+        T *mp = s.m.data(), *vp = s.v.data(), *xp = s.vmax.defined() ? s.vmax.data() : nullptr;
+        const bool ams = o.amsgrad;
+        cpu::parallel_for(0, p.numel(), 1 << 14, [=](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) {
+            const T pi = pp[i] * decay;
+            const T gi = sign * gp[i] + l2 * pp[i];
+            const T m = b1 * mp[i] + (1 - b1) * gi;
+            const T v = b2 * vp[i] + (1 - b2) * gi * gi;
+            mp[i] = m;
+            vp[i] = v;
+            T vv = v;
+            if (ams) {
+              vv = xp[i] > v ? xp[i] : v;
+              xp[i] = vv;
+            }
+            pp[i] = pi - step_size * m / (std::sqrt(vv) * inv_sqrt_bc2 + eps);
+          }
+        });
+        p.bump_version();
+      }
+    }
+  }
+
+  void zero_grad(bool set_to_none = true) override {
+    for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
+  }
+  std::size_t num_groups() const override { return groups_.size(); }
+  double& lr(std::size_t g) override { return groups_.at(g).options.lr; }
+  double* momentum(std::size_t g) override { return &groups_.at(g).options.beta1; }
+  std::vector<Group>& param_groups() { return groups_; }
+
+  nn::StateDict state_dict() const override {
+    nn::StateDict sd;
+    for (std::size_t i = 0; i < state_.size(); ++i) {
+      const State& s = state_[i];
+      if (!s.m.defined()) continue;
+      const std::string pre = "state." + std::to_string(i) + ".";
+      sd.emplace(pre + "step", detail::scalar(double(s.step)));
+      sd.emplace(pre + "exp_avg", s.m.clone());
+      sd.emplace(pre + "exp_avg_sq", s.v.clone());
+      if (s.vmax.defined()) sd.emplace(pre + "max_exp_avg_sq", s.vmax.clone());
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const std::string pre = "param_groups." + std::to_string(g) + ".";
+      const AdamOptions& o = groups_[g].options;
+      sd.emplace(pre + "lr", detail::scalar(o.lr));
+      sd.emplace(pre + "beta1", detail::scalar(o.beta1));
+      sd.emplace(pre + "beta2", detail::scalar(o.beta2));
+      sd.emplace(pre + "eps", detail::scalar(o.eps));
+      sd.emplace(pre + "weight_decay", detail::scalar(o.weight_decay));
+    }
+    return sd;
+  }
+  void load_state_dict(const nn::StateDict& sd) override {
+    std::vector<AdamOptions> opts;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const std::string pre = "param_groups." + std::to_string(g) + ".";
+      AdamOptions o = groups_[g].options;
+      o.lr = detail::read_scalar(sd, pre + "lr", kName);
+      o.beta1 = detail::read_scalar(sd, pre + "beta1", kName);
+      o.beta2 = detail::read_scalar(sd, pre + "beta2", kName);
+      o.eps = detail::read_scalar(sd, pre + "eps", kName);
+      o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", kName);
+      opts.push_back(o);
+    }
+    std::vector<State> st(state_.size());
+    std::size_t k = 0;
+    for (auto& grp : groups_)
+      for (auto& p : grp.params) {
+        const std::string pre = "state." + std::to_string(k) + ".";
+        State& s = st[k++];
+        if (!sd.count(pre + "step")) continue;
+        s.step = std::int64_t(detail::read_scalar(sd, pre + "step", kName));
+        detail::load_buffer(sd, pre + "exp_avg", p, s.m, kName);
+        detail::load_buffer(sd, pre + "exp_avg_sq", p, s.v, kName);
+        detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s.vmax, kName);
+        EMBER_CHECK(s.m.defined() && s.v.defined(), kName, "::load_state_dict: '", pre,
+                    "step' is present but exp_avg / exp_avg_sq are missing");
+        EMBER_CHECK(!grp.options.amsgrad || s.vmax.defined(), kName, "::load_state_dict: '", pre,
+                    "max_exp_avg_sq' is missing and amsgrad is on");
+      }
+    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
+    state_ = std::move(st);
+  }
+
+ private:
+  struct State {
+    std::int64_t step = 0;
+    Tensor<T> m, v, vmax;  // first and second moments, running max of the second (amsgrad)
+  };
+  std::vector<Group> groups_;
+  std::vector<State> state_;
+};
+
+template <class T = float>
+class Adam : public BasicAdam<T, false> {
+ public:
+  using BasicAdam<T, false>::BasicAdam;
+};
+template <class T = float>
+class AdamW : public BasicAdam<T, true> {
+ public:
+  using BasicAdam<T, true>::BasicAdam;
+};
+template <class T>
+Adam(std::vector<Tensor<T>>, const AdamOptions&) -> Adam<T>;
+template <class T>
+AdamW(std::vector<Tensor<T>>, const AdamOptions&) -> AdamW<T>;
+
+}  // namespace ember::optim

@@ -1,0 +1,220 @@
+// ember — learning-rate schedules, stepped once per optimizer step (OneCycleLR, cosine with warmup) or per epoch
+// (StepLR, ReduceLROnPlateau), with PyTorch's formulas.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/optim/optimizer.hpp"
+
+namespace ember::optim {
+
+/// Base of the schedules that compute each group's lr from a step counter.
+class LRScheduler {
+ public:
+  explicit LRScheduler(Optimizer& opt) : opt_(opt) {
+    for (std::size_t g = 0; g < opt.num_groups(); ++g) base_lrs_.push_back(opt.lr(g));
+  }
+  virtual ~LRScheduler() = default;
+  /// Advances the schedule by one step and writes the new rates into the optimizer.
+  virtual void step() {
+    ++step_;
+    apply();
+  }
+  std::int64_t last_step() const { return step_; }
+  std::vector<double> last_lr() const {
+    std::vector<double> r;
+    for (std::size_t g = 0; g < opt_.num_groups(); ++g) r.push_back(opt_.lr(g));
+    return r;
+  }
+
+ protected:
+  virtual double lr_at(std::size_t group, std::int64_t step) const = 0;
+  void apply() {
+    for (std::size_t g = 0; g < opt_.num_groups(); ++g) opt_.lr(g) = lr_at(g, step_);
+  }
+  Optimizer& opt_;
+  std::vector<double> base_lrs_;
+  std::int64_t step_ = 0;
+};
+
+/// lr = base_lr * gamma^floor(step / step_size).
+class StepLR final : public LRScheduler {
+ public:
+  StepLR(Optimizer& opt, std::int64_t step_size, double gamma = 0.1) : LRScheduler(opt), size_(step_size), gamma_(gamma) {
+    EMBER_CHECK(step_size > 0, "optim::StepLR: step_size must be positive, got ", step_size);
+  }
+
+ protected:
+  double lr_at(std::size_t g, std::int64_t s) const override {
+    return base_lrs_[g] * std::pow(gamma_, double(s / size_));
+  }
+
+ private:
+  std::int64_t size_;
+  double gamma_;
+};
+
+/// Linear warmup from 0 to base_lr over warmup_steps, then cosine annealing to min_lr at total_steps.
+class CosineWarmupLR final : public LRScheduler {
+ public:
+  CosineWarmupLR(Optimizer& opt, std::int64_t warmup_steps, std::int64_t total_steps, double min_lr = 0.0)
+      : LRScheduler(opt), warmup_(warmup_steps), total_(total_steps), min_lr_(min_lr) {
+    EMBER_CHECK(warmup_steps >= 0 && total_steps > warmup_steps, "optim::CosineWarmupLR: expected 0 <= warmup_steps < ",
+                "total_steps, got warmup_steps=", warmup_steps, ", total_steps=", total_steps);
+    apply();
+  }
+
+ protected:
+  double lr_at(std::size_t g, std::int64_t s) const override {
+    if (s < warmup_) return base_lrs_[g] * double(s) / double(warmup_);
+    const double progress = std::min(1.0, double(s - warmup_) / double(total_ - warmup_));
+    return min_lr_ + (base_lrs_[g] - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  }
+
+ private:
+  std::int64_t warmup_, total_;
+  double min_lr_;
+};
+
+struct OneCycleOptions {
+  std::int64_t total_steps = 0;   // required: optimizer steps in the whole run
+  double pct_start = 0.3;         // fraction of the steps spent increasing the lr
+  bool cos_anneal = true;         // cosine annealing (else linear)
+  bool cycle_momentum = true;     // momentum (SGD) or beta1 (Adam) moves inversely to the lr
+  double base_momentum = 0.85;
+  double max_momentum = 0.95;
+  double div_factor = 25.0;       // initial_lr = max_lr / div_factor
+  double final_div_factor = 1e4;  // min_lr = initial_lr / final_div_factor
+  bool three_phase = false;       // up, back down to initial_lr, then annihilate (fast.ai's schedule)
+};
+
+/// Leslie Smith's 1cycle policy as torch.optim.lr_scheduler.OneCycleLR: the lr rises from max_lr/div_factor to
+/// max_lr over pct_start of the steps, then anneals to a tiny value; momentum moves the opposite way between
+/// max_momentum and base_momentum. Construction sets the initial lr (and momentum); call step() after every
+/// optimizer step, total_steps times at most.
+class OneCycleLR final : public LRScheduler {
+ public:
+  OneCycleLR(Optimizer& opt, double max_lr, const OneCycleOptions& o) : OneCycleLR(opt, std::vector<double>{max_lr}, o) {}
+  OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o) : LRScheduler(opt), o_(o) {
+    EMBER_CHECK(o.total_steps > 0, "optim::OneCycleLR: total_steps must be positive, got ", o.total_steps);
+    EMBER_CHECK(o.pct_start >= 0 && o.pct_start <= 1, "optim::OneCycleLR: pct_start must be in [0, 1], got ",
+                o.pct_start);
+    EMBER_CHECK(max_lrs.size() == 1 || max_lrs.size() == opt.num_groups(), "optim::OneCycleLR: got ", max_lrs.size(),
+                " max_lr values for ", opt.num_groups(), " parameter groups");
+    EMBER_CHECK(!o.cycle_momentum || opt.momentum(0) != nullptr,
+                "optim::OneCycleLR: cycle_momentum needs an optimizer with momentum or beta1");
+    const double n = double(o.total_steps);
+    if (o.three_phase) {
+      phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {2 * o.pct_start * n - 2, 1, 0, 1, 0}, {n - 1, 0, 2, 0, 0}};
+    } else {
+      phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {n - 1, 1, 2, 1, 0}};
+    }
+    for (std::size_t g = 0; g < opt.num_groups(); ++g) {
+      const double mx = max_lrs.size() == 1 ? max_lrs[0] : max_lrs[g];
+      const double init = mx / o.div_factor;
+      lrs_.push_back({init, mx, init / o.final_div_factor});
+    }
+    apply();
+  }
+  void step() override {
+    EMBER_CHECK(step_ + 1 <= o_.total_steps, "optim::OneCycleLR: tried to step ", step_ + 1,
+                " times; the schedule has total_steps=", o_.total_steps);
+    LRScheduler::step();
+  }
+
+ protected:
+  // lr and momentum of step s: within the phase containing s, annealed from the phase's start to its end value.
+  double lr_at(std::size_t g, std::int64_t s) const override {
+    double start_step = 0;
+    for (std::size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& p = phases_[i];
+      if (double(s) <= p.end_step || i + 1 == phases_.size()) {
+        const double pct = (double(s) - start_step) / (p.end_step - start_step);
+        if (o_.cycle_momentum) {
+          const double m[2] = {o_.max_momentum, o_.base_momentum};
+          *opt_.momentum(g) = anneal(m[p.mom_from], m[p.mom_to], pct);
+        }
+        return anneal(lrs_[g][p.lr_from], lrs_[g][p.lr_to], pct);
+      }
+      start_step = p.end_step;
+    }
+    return lrs_[g][2];
+  }
+
+ private:
+  struct Phase {
+    double end_step;
+    int lr_from, lr_to;    // 0 initial, 1 max, 2 min
+    int mom_from, mom_to;  // 0 max_momentum, 1 base_momentum
+  };
+  double anneal(double a, double b, double pct) const {
+    if (o_.cos_anneal) return b + (a - b) / 2.0 * (std::cos(std::numbers::pi * pct) + 1);
+    return (b - a) * pct + a;
+  }
+  OneCycleOptions o_;
+  std::vector<Phase> phases_;
+  std::vector<std::array<double, 3>> lrs_;
+};
+
+struct PlateauOptions {
+  bool mode_max = false;      // false: the metric should decrease (a loss); true: increase (an accuracy)
+  double factor = 0.1;        // new_lr = lr * factor
+  std::int64_t patience = 10; // epochs without improvement before reducing
+  double threshold = 1e-4;    // what counts as an improvement
+  bool threshold_rel = true;  // relative (best * (1 -/+ threshold)) or absolute (best -/+ threshold)
+  std::int64_t cooldown = 0;  // epochs to wait after a reduction
+  double min_lr = 0.0;
+  double eps = 1e-8;          // reductions smaller than this are skipped
+};
+
+/// Reduces the lr by `factor` when a metric has stopped improving for `patience` epochs
+/// (torch.optim.lr_scheduler.ReduceLROnPlateau). Call step(metric) once per epoch.
+class ReduceLROnPlateau {
+ public:
+  ReduceLROnPlateau(Optimizer& opt, const PlateauOptions& o = {}) : opt_(opt), o_(o) {
+    EMBER_CHECK(o.factor < 1.0 && o.factor >= 0, "optim::ReduceLROnPlateau: factor must be in [0, 1), got ", o.factor);
+    EMBER_CHECK(o.patience >= 0 && o.cooldown >= 0, "optim::ReduceLROnPlateau: patience and cooldown must be >= 0");
+    best_ = o.mode_max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+  }
+  void step(double metric) {
+    EMBER_CHECK(!std::isnan(metric), "optim::ReduceLROnPlateau: the metric is NaN");
+    if (better(metric)) {
+      best_ = metric;
+      bad_ = 0;
+    } else {
+      ++bad_;
+    }
+    if (cooldown_left_ > 0) {
+      --cooldown_left_;
+      bad_ = 0;
+    }
+    if (bad_ > o_.patience) {
+      for (std::size_t g = 0; g < opt_.num_groups(); ++g) {
+        const double old = opt_.lr(g), nw = std::max(old * o_.factor, o_.min_lr);
+        if (old - nw > o_.eps) opt_.lr(g) = nw;
+      }
+      cooldown_left_ = o_.cooldown;
+      bad_ = 0;
+    }
+  }
+  double best() const { return best_; }
+  std::int64_t num_bad_epochs() const { return bad_; }
+
+ private:
+  bool better(double a) const {
+    if (!o_.mode_max) return o_.threshold_rel ? a < best_ * (1 - o_.threshold) : a < best_ - o_.threshold;
+    return o_.threshold_rel ? a > best_ * (1 + o_.threshold) : a > best_ + o_.threshold;
+  }
+  Optimizer& opt_;
+  PlateauOptions o_;
+  double best_;
+  std::int64_t bad_ = 0, cooldown_left_ = 0;
+};
+
+}  // namespace ember::optim

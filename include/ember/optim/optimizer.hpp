@@ -1,0 +1,96 @@
+// ember — the optimizer interface: parameter groups with their own options, zero_grad, step, state_dict. Schedulers
+// and the training loop talk to this non-template base; SGD and Adam/AdamW implement it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::optim {
+
+/// A set of parameters sharing options (e.g. no weight decay for biases and norms).
+template <class T, class Options>
+struct ParamGroup {
+  std::vector<Tensor<T>> params;
+  Options options;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// Updates every parameter that has a gradient (parameters without one are skipped, as in PyTorch).
+  virtual void step() = 0;
+  /// Clears the gradients (set_to_none, the default) or zeroes them in place.
+  virtual void zero_grad(bool set_to_none = true) = 0;
+  virtual std::size_t num_groups() const = 0;
+  /// The learning rate of a group (schedulers write it).
+  virtual double& lr(std::size_t group) = 0;
+  /// SGD's momentum or Adam's beta1, which one-cycle schedules cycle; nullptr if the optimizer has none.
+  virtual double* momentum(std::size_t group) = 0;
+  /// Per-parameter state ("state.<i>.<name>", i counting parameters over the groups in order) and the groups'
+  /// hyper-parameters ("param_groups.<g>.<name>" as 0-d float64 tensors), as PyTorch's optimizer state_dict.
+  virtual nn::StateDict state_dict() const = 0;
+  virtual void load_state_dict(const nn::StateDict& sd) = 0;
+};
+
+namespace detail {
+
+/// Checks a parameter and its gradient before a fused update; returns the gradient, contiguous.
+template <class T>
+Tensor<T> checked_grad(const Tensor<T>& p, const char* op) {
+  const Tensor<T>& g = p.grad();
+  EMBER_CHECK(p.is_contiguous(), op, ": parameters must be contiguous, got one of shape ", p.shape().str(),
+              " with strides ", p.strides().str());
+  EMBER_CHECK(g.shape() == p.shape(), op, ": the gradient has shape ", g.shape().str(), " but the parameter has ",
+              p.shape().str());
+  EMBER_CHECK(p.device().is_cpu() && g.device().is_cpu(), op, ": the fused update runs on CPU tensors; got a ",
+              "parameter on ", p.device().str(), " and its gradient on ", g.device().str());
+  return g.is_contiguous() ? g : g.contiguous();
+}
+
+template <class T>
+void zero_grads(const std::vector<Tensor<T>>& params, bool set_to_none) {
+  for (const Tensor<T>& p : params) {
+    if (!p.has_meta() || !p.grad().defined()) continue;
+    if (set_to_none) p.grad() = Tensor<T>();
+    else {
+      NoGradGuard ng;
+      p.grad().zero_();
+    }
+  }
+}
+
+inline Tensor<double> scalar(double v) { return full<double>(Shape{}, v); }
+inline double read_scalar(const nn::StateDict& sd, const std::string& key, const char* op) {
+  auto it = sd.find(key);
+  EMBER_CHECK(it != sd.end(), op, "::load_state_dict: missing key '", key, "'");
+  const auto* t = std::get_if<Tensor<double>>(&it->second);
+  EMBER_CHECK(t && t->numel() == 1, op, "::load_state_dict: '", key, "' must be a one-element float64 tensor, got ",
+              nn::describe(it->second));
+  return t->item();
+}
+/// Copies a saved state tensor into (or creates) a buffer of the parameter's shape.
+template <class T>
+void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,
+                 const char* op) {
+  auto it = sd.find(key);
+  if (it == sd.end()) {
+    buf = Tensor<T>();
+    return;
+  }
+  const auto* t = std::get_if<Tensor<T>>(&it->second);
+  EMBER_CHECK(t && t->shape() == like.shape(), op, "::load_state_dict: '", key, "' is ", nn::describe(it->second),
+              ", expected ", dtype_name<T>(), " ", like.shape().str());
+  buf = t->clone();
+}
+
+}  // namespace detail
+}  // namespace ember::optim

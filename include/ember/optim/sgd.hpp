@@ -1,0 +1,130 @@
+// ember — stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (torch.optim.SGD).
+// Each parameter is updated in one fused, threaded pass that reads p, grad and the momentum buffer once and
+// allocates nothing after the first step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/cpu/thread_pool.hpp"
+#include "ember/optim/optimizer.hpp"
+
+namespace ember::optim {
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  bool maximize = false;
+};
+
+template <class T = float>
+class SGD final : public Optimizer {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "optim::SGD: parameters are float or double (mixed precision keeps fp32 master weights)");
+
+ public:
+  using Group = ParamGroup<T, SGDOptions>;
+
+  SGD(std::vector<Tensor<T>> params, const SGDOptions& o) : SGD(std::vector<Group>{{std::move(params), o}}) {}
+  explicit SGD(std::vector<Group> groups) : groups_(std::move(groups)) {
+    for (auto& g : groups_) {
+      const SGDOptions& o = g.options;
+      EMBER_CHECK(o.lr >= 0, "optim::SGD: invalid learning rate ", o.lr);
+      EMBER_CHECK(o.momentum >= 0, "optim::SGD: invalid momentum ", o.momentum);
+      EMBER_CHECK(o.weight_decay >= 0, "optim::SGD: invalid weight_decay ", o.weight_decay);
+      EMBER_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+                  "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
+      for (auto& p : g.params) {
+        EMBER_CHECK(p.defined() && p.is_leaf(), "optim::SGD: can only optimize leaf tensors");
+        buf_.emplace_back();
+      }
+    }
+  }
+
+  void step() override {
+    NoGradGuard ng;
+    std::size_t k = 0;
+    for (auto& grp : groups_) {
+      const SGDOptions& o = grp.options;
+      for (auto& p : grp.params) {
+        Tensor<T>& buf = buf_[k++];
+        if (!p.has_meta() || !p.grad().defined()) continue;
+        const Tensor<T> g = detail::checked_grad(p, "optim::SGD");
+        const bool first = !buf.defined();
+        if (o.momentum != 0 && first) buf = empty<T>(p.shape());
+        T* pp = p.data();
+        const T* gp = g.data();
+        T* bp = buf.defined() ? buf.data() : nullptr;
+        const T lr = T(o.lr), wd = T(o.weight_decay), mom = T(o.momentum), damp = T(1 - o.dampening);
+        const T sign = o.maximize ? T(-1) : T(1);
+        const bool nesterov = o.nesterov, use_mom = o.momentum != 0;
+        cpu::parallel_for(0, p.numel(), 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
+          for (std::int64_t i = i0; i < i1; ++i) {
+            T d = sign * gp[i] + wd * pp[i];
+            if (use_mom) {
+              const T b = first ? d : mom * bp[i] + damp * d;
+              bp[i] = b;
+              d = nesterov ? d + mom * b : b;
+            }
+            pp[i] -= lr * d;
+          }
+        });
+        p.bump_version();
+      }
+    }
+  }
+
+  void zero_grad(bool set_to_none = true) override {
+    for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
+  }
+  std::size_t num_groups() const override { return groups_.size(); }
+  double& lr(std::size_t g) override { return groups_.at(g).options.lr; }
+  double* momentum(std::size_t g) override { return &groups_.at(g).options.momentum; }
+  std::vector<Group>& param_groups() { return groups_; }
+
+  nn::StateDict state_dict() const override {
+    nn::StateDict sd;
+    for (std::size_t i = 0; i < buf_.size(); ++i)
+      if (buf_[i].defined()) sd.emplace("state." + std::to_string(i) + ".momentum_buffer", buf_[i].clone());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const std::string pre = "param_groups." + std::to_string(g) + ".";
+      const SGDOptions& o = groups_[g].options;
+      sd.emplace(pre + "lr", detail::scalar(o.lr));
+      sd.emplace(pre + "momentum", detail::scalar(o.momentum));
+      sd.emplace(pre + "dampening", detail::scalar(o.dampening));
+      sd.emplace(pre + "weight_decay", detail::scalar(o.weight_decay));
+    }
+    return sd;
+  }
+  void load_state_dict(const nn::StateDict& sd) override {
+    std::vector<SGDOptions> opts;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const std::string pre = "param_groups." + std::to_string(g) + ".";
+      SGDOptions o = groups_[g].options;
+      o.lr = detail::read_scalar(sd, pre + "lr", "optim::SGD");
+      o.momentum = detail::read_scalar(sd, pre + "momentum", "optim::SGD");
+      o.dampening = detail::read_scalar(sd, pre + "dampening", "optim::SGD");
+      o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", "optim::SGD");
+      opts.push_back(o);
+    }
+    std::vector<Tensor<T>> bufs(buf_.size());
+    std::size_t k = 0;
+    for (auto& grp : groups_)
+      for (auto& p : grp.params) {
+        detail::load_buffer(sd, "state." + std::to_string(k) + ".momentum_buffer", p, bufs[k], "optim::SGD");
+        ++k;
+      }
+    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
+    buf_ = std::move(bufs);
+  }
+
+ private:
+  std::vector<Group> groups_;
+  std::vector<Tensor<T>> buf_;  // momentum buffer per parameter, undefined until its first step
+};
+
+}  // namespace ember::optim

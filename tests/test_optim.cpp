@@ -1,0 +1,349 @@
+// optim: SGD / Adam / AdamW trajectories and lr/momentum schedules against PyTorch (fixtures written by
+// tests/fixtures/gen_optim.py with torch), state_dict resume, parameter groups, gradient clipping, gradient
+// accumulation equal to one big batch, and a training step that allocates nothing from the system in steady state.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ember/ember.hpp"
+#include "helpers.hpp"
+
+using namespace ember;
+using ember_test::rd;
+
+namespace {
+
+using TD = Tensor<double>;
+
+const std::map<std::string, std::vector<double>>& fixtures() {
+  static const auto m = [] {
+    std::map<std::string, std::vector<double>> r;
+    const auto path = std::filesystem::path(__FILE__).parent_path() / "fixtures" / "optim_ref.txt";
+    std::ifstream f(path);
+    REQUIRE_MESSAGE(f.good(), "cannot open ", path.string());
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream is(line);
+      std::string name;
+      std::size_t n = 0;
+      is >> name >> n;
+      std::vector<double> v(n);
+      for (auto& x : v) is >> x;
+      r[name] = v;
+    }
+    return r;
+  }();
+  return m;
+}
+const std::vector<double>& fixture(const std::string& name) {
+  auto it = fixtures().find(name);
+  REQUIRE_MESSAGE(it != fixtures().end(), "fixture ", name, " missing");
+  return it->second;
+}
+
+TD arr(std::int64_t n, double a, double b) {
+  TD t = empty<double>({n});
+  for (std::int64_t i = 0; i < n; ++i) t.data()[i] = std::sin(a * double(i) + b);
+  return t;
+}
+
+// The problem of gen_optim.py: loss = sum(c0*a + 0.5*d0*a*a*|a|) + sum(c1*b + 0.5*d1*b*b).
+struct Problem {
+  TD a = arr(12, 0.7, 0.1).reshape({3, 4}).clone(), b = arr(5, 1.3, 0.4);
+  TD c0 = arr(12, 0.9, 1.0).reshape({3, 4}).clone(), c1 = arr(5, 0.5, 2.0);
+  TD d0 = TD(abs(arr(12, 0.3, 0.2)) + 0.5).reshape({3, 4}), d1 = abs(arr(5, 0.2, 0.6)) + 0.5;
+  Problem() {
+    a.requires_grad_();
+    b.requires_grad_();
+  }
+  std::vector<TD> params() const { return {a, b}; }
+  void grads() const {
+    TD loss = sum(c0 * a + 0.5 * d0 * a * a * abs(a)) + sum(c1 * b + 0.5 * d1 * b * b);
+    loss.backward();
+  }
+  std::vector<double> values() const {
+    auto v = a.to_vector();
+    for (double x : b.to_vector()) v.push_back(x);
+    return v;
+  }
+};
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    CHECK_MESSAGE(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])), what, " [", i, "]: ", got[i],
+                  " vs torch ", want[i]);
+}
+
+template <class Opt>
+std::vector<double> run(Problem& pr, Opt& opt, int steps = 6) {
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    pr.grads();
+    opt.step();
+  }
+  return pr.values();
+}
+
+}  // namespace
+
+TEST_CASE("SGD, Adam and AdamW follow torch.optim's trajectories") {
+  check_close(Problem().values(), fixture("init"), 1e-15, "init");
+  using optim::AdamOptions;
+  using optim::SGDOptions;
+  const std::vector<std::pair<std::string, std::function<std::unique_ptr<optim::Optimizer>(std::vector<TD>)>>> cases = {
+      {"sgd_plain", [](auto p) { return std::make_unique<optim::SGD<double>>(p, SGDOptions{.lr = 0.1}); }},
+      {"sgd_momentum",
+       [](auto p) {
+         return std::make_unique<optim::SGD<double>>(
+             p, SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
+       }},
+      {"sgd_nesterov",
+       [](auto p) {
+         return std::make_unique<optim::SGD<double>>(
+             p, SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.02, .nesterov = true});
+       }},
+      {"sgd_maximize",
+       [](auto p) {
+         return std::make_unique<optim::SGD<double>>(p, SGDOptions{.lr = 0.05, .momentum = 0.5, .maximize = true});
+       }},
+      {"adam", [](auto p) { return std::make_unique<optim::Adam<double>>(p, AdamOptions{.lr = 0.05}); }},
+      {"adam_wd_amsgrad",
+       [](auto p) {
+         return std::make_unique<optim::Adam<double>>(
+             p, AdamOptions{.lr = 0.05, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-6, .weight_decay = 0.1, .amsgrad = true});
+       }},
+      {"adamw",
+       [](auto p) { return std::make_unique<optim::AdamW<double>>(p, AdamOptions{.lr = 0.05, .weight_decay = 0.1}); }},
+      {"adamw_amsgrad",
+       [](auto p) {
+         return std::make_unique<optim::AdamW<double>>(
+             p, AdamOptions{.lr = 0.02, .beta1 = 0.85, .beta2 = 0.95, .weight_decay = 0.3, .amsgrad = true});
+       }},
+  };
+  for (auto& [name, make] : cases) {
+    Problem pr;
+    auto opt = make(pr.params());
+    check_close(run(pr, *opt), fixture(name), 1e-12, name);
+  }
+}
+
+TEST_CASE("Optimizer state_dict: 3 steps, save, load into a fresh optimizer, 3 more steps = 6 steps") {
+  optim::AdamOptions o{.lr = 0.02, .beta1 = 0.85, .beta2 = 0.95, .weight_decay = 0.3, .amsgrad = true};
+  Problem straight;
+  optim::AdamW<double> a(straight.params(), o);
+  const auto want = run(straight, a, 6);
+
+  Problem resumed;
+  nn::StateDict sd;
+  std::vector<double> mid;
+  {
+    optim::AdamW<double> first(resumed.params(), o);
+    run(resumed, first, 3);
+    sd = first.state_dict();
+  }
+  CHECK(sd.count("state.0.exp_avg") == 1);
+  CHECK(sd.count("state.1.max_exp_avg_sq") == 1);
+  optim::AdamW<double> second(resumed.params(), optim::AdamOptions{.amsgrad = true});
+  second.load_state_dict(sd);
+  CHECK(second.lr(0) == 0.02);
+  check_close(run(resumed, second, 3), want, 0, "resumed AdamW");
+
+  Problem sg1, sg2;
+  optim::SGD<double> s1(sg1.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  const auto sw = run(sg1, s1, 4);
+  optim::SGD<double> s2a(sg2.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  run(sg2, s2a, 2);
+  optim::SGD<double> s2b(sg2.params(), {.lr = 1, .momentum = 0.9, .nesterov = true});
+  s2b.load_state_dict(s2a.state_dict());
+  check_close(run(sg2, s2b, 2), sw, 0, "resumed SGD");
+
+  nn::StateDict bad = sd;
+  bad["state.0.exp_avg"] = zeros<double>({2});
+  CHECK_THROWS_WITH_AS(second.load_state_dict(bad), doctest::Contains("'state.0.exp_avg' is float64 [2], expected "
+                                                                      "float64 [3, 4]"),
+                       Error);
+  bad = sd;
+  bad.erase("param_groups.0.lr");
+  CHECK_THROWS_WITH_AS(second.load_state_dict(bad), doctest::Contains("missing key 'param_groups.0.lr'"), Error);
+}
+
+TEST_CASE("Parameter groups: no weight decay on biases; parameters without gradients are skipped") {
+  nn::LinearT<amp::fp64> l(3, 2);
+  const TD w0 = l.weight.detach().clone(), b0 = l.bias.detach().clone();
+  optim::SGD<double> opt(std::vector<optim::SGD<double>::Group>{{{l.weight}, {.lr = 0.1, .weight_decay = 0.5}},
+                                                                {{l.bias}, {.lr = 0.1}}});
+  // Gradients of zero: only decay moves anything.
+  l.weight.grad() = zeros<double>({2, 3});
+  l.bias.grad() = zeros<double>({2});
+  opt.step();
+  CHECK(rd(l.weight, 0) == doctest::Approx(rd(w0, 0) * (1 - 0.1 * 0.5)));
+  CHECK(rd(l.bias, 1) == rd(b0, 1));
+  opt.zero_grad();
+  CHECK(!l.weight.grad().defined());
+  const TD w1 = l.weight.detach().clone();
+  opt.step();  // no gradients: nothing changes
+  CHECK(rd(l.weight, 3) == rd(w1, 3));
+  CHECK_THROWS_WITH_AS(optim::SGD<double>(l.parameters<double>(), {.lr = -1}), doctest::Contains("invalid learning rate"),
+                       Error);
+  CHECK_THROWS_WITH_AS(optim::SGD<double>(l.parameters<double>(), {.lr = 0.1, .nesterov = true}),
+                       doctest::Contains("Nesterov momentum requires a momentum"), Error);
+  CHECK_THROWS_WITH_AS(optim::Adam<double>(l.parameters<double>(), {.beta2 = 1.0}), doctest::Contains("invalid betas"),
+                       Error);
+  l.weight.grad() = zeros<double>({3, 2});
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("the gradient has shape [3, 2] but the parameter has [2, 3]"),
+                       Error);
+}
+
+TEST_CASE("Schedules follow torch.optim.lr_scheduler (OneCycleLR, StepLR, ReduceLROnPlateau)") {
+  auto one_cycle = [](const std::string& name, double max_lr, optim::OneCycleOptions o, bool adam) {
+    TD w = zeros<double>({1});
+    w.requires_grad_();
+    std::unique_ptr<optim::Optimizer> opt;
+    if (adam) opt = std::make_unique<optim::Adam<double>>(std::vector<TD>{w}, optim::AdamOptions{.lr = 0.1});
+    else opt = std::make_unique<optim::SGD<double>>(std::vector<TD>{w}, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    optim::OneCycleLR s(*opt, max_lr, o);
+    std::vector<double> lrs, moms;
+    for (std::int64_t i = 0; i < o.total_steps; ++i) {
+      lrs.push_back(opt->lr(0));
+      moms.push_back(*opt->momentum(0));
+      opt->step();
+      s.step();
+    }
+    check_close(lrs, fixture(name + "_lr"), 1e-12, name + " lr");
+    check_close(moms, fixture(name + "_mom"), 1e-12, name + " momentum");
+    CHECK_THROWS_WITH_AS(s.step(), doctest::Contains("tried to step"), Error);
+  };
+  one_cycle("onecycle_cos", 0.4, {.total_steps = 20}, false);
+  one_cycle("onecycle_linear", 0.4,
+            {.total_steps = 23, .pct_start = 0.25, .cos_anneal = false, .div_factor = 10, .final_div_factor = 100},
+            false);
+  one_cycle("onecycle_three", 1.0, {.total_steps = 30, .three_phase = true}, false);
+  one_cycle("onecycle_adam", 0.01, {.total_steps = 15, .base_momentum = 0.8, .max_momentum = 0.9}, true);
+
+  TD w = zeros<double>({1});
+  w.requires_grad_();
+  optim::SGD<double> sgd({w}, {.lr = 0.1, .momentum = 0.9});
+  optim::StepLR step(sgd, 3, 0.5);
+  std::vector<double> lrs;
+  for (int i = 0; i < 10; ++i) {
+    lrs.push_back(sgd.lr(0));
+    step.step();
+  }
+  check_close(lrs, fixture("steplr_lr"), 1e-15, "StepLR");
+
+  optim::SGD<double> plain({w}, {.lr = 1.0});
+  optim::ReduceLROnPlateau plateau(plain, {.factor = 0.5, .patience = 2, .threshold = 0.01, .cooldown = 1, .min_lr = 0.1});
+  lrs.clear();
+  for (double m : fixture("plateau_metrics")) {
+    plateau.step(m);
+    lrs.push_back(plain.lr(0));
+  }
+  check_close(lrs, fixture("plateau_lr"), 1e-15, "ReduceLROnPlateau");
+  CHECK_THROWS_WITH_AS(plateau.step(std::nan("")), doctest::Contains("metric is NaN"), Error);
+}
+
+TEST_CASE("CosineWarmupLR: linear warmup, then cosine to min_lr") {
+  TD w = zeros<double>({1});
+  w.requires_grad_();
+  optim::SGD<double> sgd({w}, {.lr = 0.8});
+  optim::CosineWarmupLR s(sgd, 4, 14, 0.1);
+  std::vector<double> got;
+  for (int i = 0; i < 16; ++i) {
+    got.push_back(sgd.lr(0));
+    s.step();
+  }
+  for (int i = 0; i < 16; ++i) {
+    const double want = i < 4 ? 0.8 * i / 4.0
+                              : 0.1 + 0.7 * 0.5 * (1 + std::cos(3.14159265358979323846 * std::min(1.0, (i - 4) / 10.0)));
+    CHECK(got[std::size_t(i)] == doctest::Approx(want).epsilon(1e-12));
+  }
+  CHECK_THROWS_AS(optim::CosineWarmupLR(sgd, 5, 5), Error);
+}
+
+TEST_CASE("clip_grad_norm_ and clip_grad_value_") {
+  TD a = zeros<double>({2}), b = zeros<double>({1});
+  a.requires_grad_();
+  b.requires_grad_();
+  auto set = [&](double x, double y, double z) {
+    a.grad() = from_vector<double>({x, y});
+    b.grad() = from_vector<double>({z});
+  };
+  set(3, 0, 4);
+  CHECK(optim::clip_grad_norm_<double>({a, b}, 10.0) == doctest::Approx(5.0));
+  CHECK(rd(a.grad(), 0) == 3.0);  // below the limit: untouched
+  CHECK(optim::clip_grad_norm_<double>({a, b}, 1.0) == doctest::Approx(5.0));
+  CHECK(rd(a.grad(), 0) == doctest::Approx(0.6).epsilon(1e-6));
+  CHECK(rd(b.grad(), 0) == doctest::Approx(0.8).epsilon(1e-6));
+  set(3, -7, 4);
+  CHECK(optim::clip_grad_norm_<double>({a, b}, 1.0, INFINITY) == 7.0);
+  CHECK(rd(a.grad(), 1) == doctest::Approx(-1.0).epsilon(1e-6));
+  set(1, 1, 1);
+  CHECK(optim::clip_grad_norm_<double>({a, b}, 10.0, 1.0) == doctest::Approx(3.0));
+  set(1, INFINITY, 1);
+  CHECK_THROWS_WITH_AS(optim::clip_grad_norm_<double>({a, b}, 1.0, 2.0, true), doctest::Contains("non-finite (inf)"),
+                       Error);
+  set(1, NAN, 1);
+  CHECK(std::isnan(optim::clip_grad_norm_<double>({a, b}, 1.0)));
+  CHECK(std::isnan(rd(b.grad(), 0)));  // scaled by NaN, as PyTorch does without error_if_nonfinite
+  set(3, -7, 0.5);
+  optim::clip_grad_value_<double>({a, b}, 2.0);
+  CHECK(a.grad().to_vector() == std::vector<double>{2, -2});
+  CHECK(rd(b.grad(), 0) == 0.5);
+}
+
+TEST_CASE("Gradient accumulation: k micro-batches with the loss over the total sample count = one big batch") {
+  manual_seed(5);
+  TD x = randn<double>({12, 6}), y = randn<double>({12, 2});
+  auto train = [&](int k) {
+    manual_seed(9);
+    nn::LinearT<amp::fp64> l(6, 2);
+    optim::SGD<double> opt(l.parameters<double>(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      const std::int64_t mb = 12 / k;
+      for (int i = 0; i < k; ++i) {
+        TD xi = x.narrow(0, i * mb, mb), yi = y.narrow(0, i * mb, mb);
+        TD loss = sum(square(l(xi) - yi)) / 12.0;  // sum over the micro-batch / total count
+        loss.backward();
+      }
+      opt.step();
+    }
+    auto v = l.weight.to_vector();
+    for (double b : l.bias.to_vector()) v.push_back(b);
+    return v;
+  };
+  const auto one = train(1);
+  check_close(train(3), one, 1e-13, "k=3");
+  check_close(train(4), one, 1e-13, "k=4");
+}
+
+TEST_CASE("A training step allocates nothing from the system in the steady state") {
+  manual_seed(1);
+  nn::Sequential model(nn::Linear(64, 128), nn::ReLU(), nn::Linear(128, 10));
+  optim::SGD opt(model.parameters(), {.lr = 0.01, .momentum = 0.9, .nesterov = true});
+  Tensor<float> x = randn<float>({32, 64}), y = randn<float>({32, 10});
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor<float> loss = mean(square(model(x) - y));
+    loss.backward();
+    optim::clip_grad_norm_(model.parameters(), 1.0);
+    opt.step();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  const auto before = CpuCachingAllocator::instance().stats();
+  for (int i = 0; i < 10; ++i) step();
+  const auto after = CpuCachingAllocator::instance().stats();
+  CHECK(after.system_allocs == before.system_allocs);
+  CHECK(after.cache_hits > before.cache_hits);
+}
