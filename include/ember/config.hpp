@@ -4,7 +4,9 @@
 
 #include <sstream>
 #include <stdexcept>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #define EMBER_VERSION_MAJOR 0
@@ -56,11 +58,67 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// Error messages are built by ONE non-template function: the parts (strings, numbers) travel as a list of tagged
+// values, so the many EMBER_CHECK sites do not each instantiate a stream formatter of their own argument types.
+struct MsgPart {
+  enum Kind : unsigned char { CStr, Str, Int, UInt, Dbl, Chr, Bool } kind;
+  union {
+    const char* s;
+    const std::string* str;
+    long long i;
+    unsigned long long u;
+    double d;
+    char c;
+    bool b;
+  };
+  MsgPart(const char* x) : kind(CStr), s(x) {}
+  MsgPart(const std::string& x) : kind(Str), str(&x) {}
+  MsgPart(char x) : kind(Chr), c(x) {}
+  MsgPart(bool x) : kind(Bool), b(x) {}
+  template <class T, std::enable_if_t<std::is_integral_v<T> && std::is_signed_v<T>, int> = 0>
+  MsgPart(T x) : kind(Int), i(x) {}
+  template <class T, std::enable_if_t<std::is_integral_v<T> && std::is_unsigned_v<T>, int> = 0>
+  MsgPart(T x) : kind(UInt), u(x) {}
+  template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+  MsgPart(T x) : kind(Dbl), d(double(x)) {}
+};
+
+// Types a MsgPart prints exactly as an ostream does (character types other than char print as characters, so
+// they, like every other type, take the general path).
+template <class T>
+inline constexpr bool is_msg_part_v =
+    std::is_same_v<T, char> || std::is_same_v<T, bool> || std::is_same_v<T, float> || std::is_same_v<T, double> ||
+    (std::is_integral_v<T> && sizeof(T) > 1 && !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char16_t> &&
+     !std::is_same_v<T, char32_t>) ||
+    std::is_same_v<T, std::string> || std::is_same_v<T, const char*> ||
+    std::is_same_v<T, char*> || (std::is_array_v<T> && std::is_same_v<std::remove_cv_t<std::remove_extent_t<T>>, char>);
+
+[[gnu::cold, gnu::noinline]] inline std::string concat_parts(std::initializer_list<MsgPart> parts) {
+  std::ostringstream os;
+  for (const MsgPart& p : parts) {
+    switch (p.kind) {
+      case MsgPart::CStr: os << p.s; break;
+      case MsgPart::Str: os << *p.str; break;
+      case MsgPart::Int: os << p.i; break;
+      case MsgPart::UInt: os << p.u; break;
+      case MsgPart::Dbl: os << p.d; break;
+      case MsgPart::Chr: os << p.c; break;
+      case MsgPart::Bool: os << p.b; break;
+    }
+  }
+  return os.str();
+}
+
+/// The concatenation of the parts as an ostream prints them.
 template <class... Args>
 std::string concat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  if constexpr ((is_msg_part_v<Args> && ...)) {
+    return concat_parts({MsgPart(args)...});
+  } else {
+    std::ostringstream os;
+    (os << ... << args);
+    return os.str();
+  }
 }
 }  // namespace detail
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -44,19 +45,46 @@ class ThreadPool {
   void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, const F& fn) {
     const std::int64_t n = end - begin;
     if (n <= 0) return;
-    const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
-    if (nthreads_ == 1 || maxchunks < 2 || in_worker()) {
+    if (runs_serially(n, grain)) {
       fn(begin, end);
       return;
     }
+    // The pool's machinery is one non-template function; each caller adds only this trampoline.
+    run_parallel(begin, end, grain, [](const void* f, std::int64_t a, std::int64_t b) { (*static_cast<const F*>(f))(a, b); },
+                 &fn);
+  }
+
+ private:
+  using RangeFn = void (*)(const void*, std::int64_t, std::int64_t);
+
+  struct Job {
+    RangeFn call = nullptr;
+    const void* fn = nullptr;
+    std::int64_t begin = 0, end = 0, step = 0;
+    std::int64_t nchunks = 0;
+    std::atomic<std::int64_t> next{0}, done{0};
+    std::atomic<int> active{0};
+    std::exception_ptr error;
+    std::mutex err_mu;
+  };
+
+  bool runs_serially(std::int64_t n, std::int64_t grain) const {
+    const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
+    return nthreads_ == 1 || maxchunks < 2 || in_worker();
+  }
+
+  [[gnu::noinline]] void run_parallel(std::int64_t begin, std::int64_t end, std::int64_t grain, RangeFn call,
+                                      const void* fn) {
+    const std::int64_t n = end - begin;
+    const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
     std::unique_lock<std::mutex> run(run_mu_);  // one parallel loop at a time; nested calls run serially
     const std::int64_t nchunks = std::min<std::int64_t>(maxchunks, nthreads_ * 4);
-    const std::int64_t step = (n + nchunks - 1) / nchunks;
     Job job;
-    job.fn = [&](std::int64_t c) {
-      const std::int64_t a = begin + c * step, b = std::min(end, a + step);
-      if (a < b) fn(a, b);
-    };
+    job.call = call;
+    job.fn = fn;
+    job.begin = begin;
+    job.end = end;
+    job.step = (n + nchunks - 1) / nchunks;
     job.nchunks = nchunks;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -75,16 +103,6 @@ class ThreadPool {
     if (job.error) std::rethrow_exception(job.error);
   }
 
- private:
-  struct Job {
-    std::function<void(std::int64_t)> fn;
-    std::int64_t nchunks = 0;
-    std::atomic<std::int64_t> next{0}, done{0};
-    std::atomic<int> active{0};
-    std::exception_ptr error;
-    std::mutex err_mu;
-  };
-
   explicit ThreadPool(int n) : nthreads_(n) { start_workers(); }
 
   static bool& in_worker() {
@@ -97,7 +115,8 @@ class ThreadPool {
       const std::int64_t c = job.next.fetch_add(1, std::memory_order_relaxed);
       if (c >= job.nchunks) break;
       try {
-        job.fn(c);
+        const std::int64_t a = job.begin + c * job.step, b = std::min(job.end, a + job.step);
+        if (a < b) job.call(job.fn, a, b);
       } catch (...) {
         std::lock_guard<std::mutex> lk(job.err_mu);
         if (!job.error) job.error = std::current_exception();
