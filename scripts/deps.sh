@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what building and testing ember needs on Debian 12; does nothing when all of it is there.
-# usage: scripts/deps.sh [--bench]   (--bench adds libtorch-dev, ~1 GB, for bench/vs_libtorch)
+# usage: scripts/deps.sh [--bench] [--fuzz]
+#   --bench adds libtorch-dev (~1 GB) for bench/vs_libtorch; --fuzz adds clang and libFuzzer for scripts/fuzz.sh
 set -euo pipefail
-pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev)
+# zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: safetensors headers; dataset-fashion-mnist: the examples' data
+pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist)
 for arg in "$@"; do
   case $arg in
     --bench) pkgs+=(libtorch-dev) ;;
-    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+    --fuzz) pkgs+=(clang libclang-rt-14-dev) ;;
+    *) echo "usage: $0 [--bench] [--fuzz]" >&2; exit 2 ;;
   esac
 done
 

@@ -1,0 +1,12 @@
+// ember — the data pipeline: datasets (IDX, Fashion-MNIST, packed record files), samplers, transforms and the
+// DataLoader. Separate from ember/ember.hpp because reading gzip-compressed IDX files uses zlib: link the CMake
+// target ember::ember (it carries ZLIB::ZLIB when CMake finds zlib) or add -lz.
+#pragma once
+
+#include "ember/data/dataset.hpp"
+#include "ember/data/rng.hpp"
+#include "ember/data/sampler.hpp"
+#include "ember/data/transforms.hpp"
+#include "ember/data/dataloader.hpp"
+#include "ember/data/idx.hpp"
+#include "ember/data/fashion_mnist.hpp"

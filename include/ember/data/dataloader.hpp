@@ -1,0 +1,346 @@
+// ember — DataLoader: batches from a Dataset, loaded, transformed and collated by worker threads ahead of the
+// consumer, like torch.utils.data.DataLoader (threads instead of processes: no pickling, shared memory for free).
+//
+//   data::DataLoader loader(dataset, {.batch_size = 128, .shuffle = true, .num_workers = 2}, transform);
+//   for (int epoch = 0; epoch < n; ++epoch) {
+//     loader.set_epoch(epoch);                 // a new (reproducible) order and new augmentations
+//     for (auto& batch : loader) { ... batch.data /* (B, 1, 28, 28) */ ... batch.target /* (B) */ }
+//     loader.stats().wait_fraction();          // the share of the epoch the consumer waited for data
+//   }
+//
+// Guarantees: the batches, their order and their contents depend only on (dataset, options.seed, epoch, sampler),
+// never on num_workers or thread timing; at most num_workers * prefetch_factor batches are in flight; leaving a
+// loop early (break, exception) stops and joins the workers; an exception thrown while loading or transforming a
+// sample reaches the consumer as an ember::Error naming the sample index, at the batch where it happened.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/data/dataset.hpp"
+#include "ember/data/rng.hpp"
+#include "ember/data/sampler.hpp"
+
+namespace ember::data {
+
+/// DataLoader settings, named as in PyTorch.
+struct DataLoaderOptions {
+  std::size_t batch_size = 1;
+  bool shuffle = false;       ///< a new permutation each epoch (from seed and epoch); ignored with a custom sampler
+  bool drop_last = false;     ///< drop the last batch when it is smaller than batch_size
+  int num_workers = 0;        ///< 0: load in the consumer's thread; n: n worker threads
+  int prefetch_factor = 2;    ///< batches each worker may have ready ahead of the consumer
+  /// Batches in page-locked host memory for asynchronous copies to a GPU. ember has no pinned allocator yet, so
+  /// this is accepted and does nothing (batches are in ordinary 64-byte aligned host memory); it never fails.
+  bool pin_memory = false;
+  std::uint64_t seed = 0;     ///< seeds the shuffle and every sample's augmentation stream
+};
+
+/// What one epoch's iteration cost the consumer: time waiting for batches vs. total time (the "accelerator idle
+/// because of data" figure is wait_fraction()).
+struct LoaderStats {
+  double wait_seconds = 0;   ///< time the consumer spent blocked on the loader (all of the loading when num_workers = 0)
+  double total_seconds = 0;  ///< time from the start of the epoch's iteration to the last batch handed out
+  std::size_t batches = 0;
+  std::size_t samples = 0;
+  double wait_fraction() const { return total_seconds > 0 ? wait_seconds / total_seconds : 0.0; }
+  double samples_per_second() const { return total_seconds > 0 ? double(samples) / total_seconds : 0.0; }
+};
+
+/// The transform of a loader that has none.
+struct NoTransform {};
+
+/// The default sampler: sequential, or a per-epoch permutation when options.shuffle is set.
+struct DefaultSampler {
+  bool shuffle = false;
+  std::uint64_t seed = 0;
+  std::vector<std::size_t> indices(std::size_t n, std::uint64_t epoch) const {
+    return shuffle ? RandomSampler{seed}.indices(n, epoch) : SequentialSampler{}.indices(n, epoch);
+  }
+  std::size_t size(std::size_t n) const { return n; }
+};
+
+namespace detail {
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Applies a transform to one sample: transform(sample, rng) when it takes whole samples, else, for Examples,
+/// transform(sample.data, rng).
+template <class Tr, class S>
+S apply_transform(const Tr& t, S&& s, Rng& g) {
+  using Sample = std::remove_cvref_t<S>;
+  if constexpr (std::is_same_v<Tr, NoTransform>) {
+    return std::forward<S>(s);
+  } else if constexpr (std::is_invocable_r_v<Sample, const Tr&, Sample, Rng&>) {
+    return t(std::forward<S>(s), g);
+  } else {
+    static_assert(std::is_same_v<Sample, Example> && std::is_invocable_r_v<Tensor<float>, const Tr&, Tensor<float>, Rng&>,
+                  "DataLoader: a transform must be callable as t(sample, Rng&) -> sample, or, for Examples, as "
+                  "t(Tensor<float>, Rng&) -> Tensor<float>");
+    Sample out = std::forward<S>(s);
+    out.data = t(out.data, g);
+    return out;
+  }
+}
+}  // namespace detail
+
+template <Dataset D, class Transform = NoTransform, Sampler S = DefaultSampler>
+class DataLoader {
+ public:
+  using dataset_type = D;
+  using sample_type = sample_t<D>;
+  /// What collate(samples, indices) returns for this sample type: a Batch for Examples.
+  using batch_type = std::remove_cvref_t<decltype(collate(std::declval<const std::vector<sample_type>&>(),
+                                                           std::declval<const std::vector<std::size_t>&>()))>;
+
+  /// Sequential or shuffled (options.shuffle) batches, no transform.
+  DataLoader(D dataset, DataLoaderOptions opt = {}) requires std::is_same_v<S, DefaultSampler>
+      : DataLoader(std::move(dataset), opt, Transform{}, DefaultSampler{opt.shuffle, opt.seed}) {}
+  /// With a transform run in the workers.
+  DataLoader(D dataset, DataLoaderOptions opt, Transform transform) requires std::is_same_v<S, DefaultSampler>
+      : DataLoader(std::move(dataset), opt, std::move(transform), DefaultSampler{opt.shuffle, opt.seed}) {}
+  /// With a transform and a sampler (options.shuffle must then be false: the sampler decides the order).
+  DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler)
+      : dataset_(std::move(dataset)), opt_(opt), transform_(std::move(transform)), sampler_(std::move(sampler)),
+        stats_(std::make_shared<LoaderStats>()) {
+    EMBER_CHECK(opt.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opt.batch_size);
+    EMBER_CHECK(opt.num_workers >= 0, "DataLoader: num_workers must be non-negative, got ", opt.num_workers);
+    EMBER_CHECK(opt.prefetch_factor >= 1, "DataLoader: prefetch_factor must be at least 1, got ",
+                opt.prefetch_factor);
+    if constexpr (!std::is_same_v<S, DefaultSampler>)
+      EMBER_CHECK(!opt.shuffle, "DataLoader: shuffle = true together with a sampler; the sampler decides the order "
+                                "(use RandomSampler, or DistributedSampler with shuffle), so leave shuffle false");
+  }
+
+  /// Batches per epoch.
+  std::size_t size() const {
+    const std::size_t n = sampler_.size(dataset_.size()), b = opt_.batch_size;
+    return opt_.drop_last ? n / b : (n + b - 1) / b;
+  }
+  /// Sets the epoch the next iteration draws its order and augmentations from (as DistributedSampler.set_epoch).
+  void set_epoch(std::uint64_t e) { epoch_ = e; }
+  std::uint64_t epoch() const { return epoch_; }
+  /// Statistics of the current (or last) epoch's iteration.
+  LoaderStats stats() const { return *stats_; }
+  const D& dataset() const { return dataset_; }
+  const DataLoaderOptions& options() const { return opt_; }
+  const S& sampler() const { return sampler_; }
+
+  class Run;
+  struct Sentinel {};
+
+  /// An input iterator over one epoch's batches. Destroying it (the end of a range-for, a break, an exception)
+  /// stops and joins the workers.
+  class Iterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    batch_type& operator*() const { return *run_->current; }
+    batch_type* operator->() const { return &*run_->current; }
+    Iterator& operator++() {
+      run_->advance();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const Iterator& it, Sentinel) { return !it.run_ || !it.run_->current; }
+
+   private:
+    friend class DataLoader;
+    explicit Iterator(std::shared_ptr<Run> r) : run_(std::move(r)) {}
+    std::shared_ptr<Run> run_;
+  };
+
+  /// Starts an epoch: draws the sampler's order for the current epoch and starts the workers.
+  Iterator begin() {
+    auto run = std::make_shared<Run>(*this);
+    run->advance();
+    return Iterator(std::move(run));
+  }
+  Sentinel end() const { return {}; }
+
+  /// One epoch's iteration: the batches' indices, the workers and the queue of ready batches.
+  class Run {
+   public:
+    explicit Run(const DataLoader& l)
+        : loader_(l), stats_(l.stats_), t0_(detail::Clock::now()), epoch_(l.epoch_) {
+      *stats_ = LoaderStats{};
+      const std::vector<std::size_t> idx = l.sampler_.indices(l.dataset_.size(), l.epoch_);
+      const std::size_t n = l.dataset_.size(), bs = l.opt_.batch_size;
+      for (std::size_t i = 0; i < idx.size(); ++i)
+        EMBER_CHECK(idx[i] < n, "DataLoader: the sampler returned index ", idx[i], " for a dataset of ", n,
+                    " samples");
+      const std::size_t nb = l.size();
+      batches_.resize(nb);
+      for (std::size_t b = 0; b < nb; ++b) {
+        const std::size_t lo = b * bs, hi = std::min(idx.size(), lo + bs);
+        batches_[b].first = lo;
+        batches_[b].indices.assign(idx.begin() + std::ptrdiff_t(lo), idx.begin() + std::ptrdiff_t(hi));
+      }
+      const int w = l.opt_.num_workers;
+      window_ = std::size_t(w) * std::size_t(l.opt_.prefetch_factor);
+      try {
+        for (int i = 0; i < w; ++i) workers_.emplace_back([this, i, w] { work(std::size_t(i), std::size_t(w)); });
+      } catch (...) {  // could not start a thread: stop the ones that started before reporting it
+        shutdown();
+        throw;
+      }
+    }
+    Run(const Run&) = delete;
+    Run& operator=(const Run&) = delete;
+    ~Run() { shutdown(); }
+
+    /// Moves to the next batch (or to the end), waiting for it when it is not ready.
+    void advance() {
+      current.reset();
+      if (failed_) return;
+      if (next_ >= batches_.size()) {
+        stats_->total_seconds = detail::seconds_since(t0_);
+        return;
+      }
+      const auto tw = detail::Clock::now();
+      Slot s = workers_.empty() ? produce(next_) : take(next_);
+      stats_->wait_seconds += detail::seconds_since(tw);
+      ++next_;
+      if (!s.error.empty()) {
+        failed_ = true;
+        stats_->total_seconds = detail::seconds_since(t0_);
+        throw Error(s.error);
+      }
+      stats_->batches++;
+      stats_->samples += batches_[next_ - 1].indices.size();
+      stats_->total_seconds = detail::seconds_since(t0_);
+      current = std::move(s.batch);
+    }
+
+    std::optional<batch_type> current;
+
+   private:
+    struct BatchPlan {
+      std::size_t first = 0;             // position of its first sample in the epoch's order
+      std::vector<std::size_t> indices;  // dataset indices
+    };
+    struct Slot {
+      std::optional<batch_type> batch;
+      std::string error;  // non-empty when loading failed
+      bool ready = false;
+    };
+
+    // Loads, transforms and collates batch b. Sample k of the epoch gets the stream Rng(seed, epoch, k).
+    Slot produce(std::size_t b) const {
+      const BatchPlan& plan = batches_[b];
+      Slot s;
+      std::size_t at = 0;
+      try {
+        std::vector<sample_type> samples;
+        samples.reserve(plan.indices.size());
+        for (; at < plan.indices.size(); ++at) {
+          Rng g(loader_.opt_.seed, epoch_, plan.first + at);
+          samples.push_back(detail::apply_transform(loader_.transform_, loader_.dataset_.get(plan.indices[at]), g));
+        }
+        s.batch.emplace(collate(samples, plan.indices));
+      } catch (const std::exception& e) {
+        s.error = at < plan.indices.size()
+                      ? ember::detail::concat("DataLoader: loading sample ", plan.indices[at], " (batch ", b, ") failed: ",
+                                       e.what())
+                      : ember::detail::concat("DataLoader: collating batch ", b, " failed: ", e.what());
+      } catch (...) {
+        s.error = ember::detail::concat("DataLoader: loading sample ",
+                                 at < plan.indices.size() ? plan.indices[at] : std::size_t(0), " (batch ", b,
+                                 ") failed with an exception that is not a std::exception");
+      }
+      s.ready = true;
+      return s;
+    }
+
+    // Worker w of nw produces batches w, w + nw, ..., never more than window_ batches ahead of the consumer.
+    void work(std::size_t w, std::size_t nw) {
+      for (std::size_t b = w; b < batches_.size(); b += nw) {
+        {
+          std::unique_lock<std::mutex> lk(mu_);
+          space_.wait(lk, [&] { return stop_ || b < consumed_ + window_; });
+          if (stop_) return;
+        }
+        Slot s = produce(b);
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (stop_) return;
+          batches_[b].slot = std::move(s);
+        }
+        ready_.notify_all();
+      }
+    }
+
+    Slot take(std::size_t b) {
+      std::unique_lock<std::mutex> lk(mu_);
+      ready_.wait(lk, [&] { return batches_[b].slot.ready; });
+      Slot s = std::move(batches_[b].slot);
+      batches_[b].slot = Slot{};
+      consumed_ = b + 1;
+      lk.unlock();
+      space_.notify_all();
+      return s;
+    }
+
+    void shutdown() {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+      }
+      space_.notify_all();
+      for (auto& t : workers_)
+        if (t.joinable()) t.join();
+      workers_.clear();
+    }
+
+    struct Planned : BatchPlan {
+      Slot slot;
+    };
+
+    const DataLoader& loader_;
+    std::shared_ptr<LoaderStats> stats_;
+    detail::Clock::time_point t0_;
+    std::uint64_t epoch_;
+    std::vector<Planned> batches_;
+    std::size_t next_ = 0;      // consumer: next batch to hand out
+    std::size_t consumed_ = 0;  // guarded by mu_: batches taken by the consumer
+    std::size_t window_ = 0;
+    bool failed_ = false;
+    bool stop_ = false;
+    std::mutex mu_;
+    std::condition_variable ready_, space_;
+    std::vector<std::thread> workers_;
+  };
+
+ private:
+  D dataset_;
+  DataLoaderOptions opt_;
+  Transform transform_;
+  S sampler_;
+  std::uint64_t epoch_ = 0;
+  std::shared_ptr<LoaderStats> stats_;
+};
+
+template <Dataset D>
+DataLoader(D, DataLoaderOptions) -> DataLoader<D>;
+template <Dataset D>
+DataLoader(D) -> DataLoader<D>;
+template <Dataset D, class Tr>
+DataLoader(D, DataLoaderOptions, Tr) -> DataLoader<D, Tr>;
+template <Dataset D, class Tr, Sampler S>
+DataLoader(D, DataLoaderOptions, Tr, S) -> DataLoader<D, Tr, S>;
+
+}  // namespace ember::data

@@ -1,0 +1,107 @@
+// ember — samplers: the order in which an epoch visits a dataset's indices. Sequential, random (seeded, a new
+// permutation per epoch) and distributed (each rank a disjoint shard of equal size, reshuffled per epoch).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/data/rng.hpp"
+
+namespace ember::data {
+
+/// A sampler: `indices(n, epoch)` is the list of dataset indices (each < n) one epoch visits, in order, and
+/// `size(n)` its length. The same (n, epoch) always gives the same list.
+template <class S>
+concept Sampler = requires(const S& s, std::size_t n, std::uint64_t epoch) {
+  { s.indices(n, epoch) } -> std::same_as<std::vector<std::size_t>>;
+  { s.size(n) } -> std::convertible_to<std::size_t>;
+};
+
+namespace detail {
+/// A permutation of 0..n-1 (Fisher–Yates), a pure function of (seed, epoch).
+inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
+  std::vector<std::size_t> p(n);
+  std::iota(p.begin(), p.end(), std::size_t(0));
+  Rng g(seed, epoch, 0x5A3B1E);
+  for (std::size_t i = n; i > 1; --i) std::swap(p[i - 1], p[g.below(i)]);
+  return p;
+}
+}  // namespace detail
+
+/// 0, 1, ..., n-1 every epoch.
+struct SequentialSampler {
+  std::vector<std::size_t> indices(std::size_t n, std::uint64_t /*epoch*/ = 0) const {
+    std::vector<std::size_t> v(n);
+    std::iota(v.begin(), v.end(), std::size_t(0));
+    return v;
+  }
+  std::size_t size(std::size_t n) const { return n; }
+};
+
+/// A permutation of 0..n-1 drawn from (seed, epoch): a new order each epoch, the same order for the same epoch.
+struct RandomSampler {
+  std::uint64_t seed = 0;
+  std::vector<std::size_t> indices(std::size_t n, std::uint64_t epoch = 0) const {
+    return detail::permutation(n, seed, epoch);
+  }
+  std::size_t size(std::size_t n) const { return n; }
+};
+
+/// Options of DistributedSampler.
+struct DistributedSamplerOptions {
+  bool shuffle = true;       ///< permute the dataset each epoch (the same permutation on every rank)
+  std::uint64_t seed = 0;    ///< must be equal on every rank
+  bool drop_last = false;    ///< drop the tail so the shards divide evenly; else pad by repeating indices
+};
+
+/// The shard of one rank, as torch.utils.data.DistributedSampler draws it: every rank computes the same
+/// permutation of (seed, epoch), pads it to a multiple of world_size by repeating its start (or, with drop_last,
+/// cuts it), and rank r takes positions r, r + world_size, ... So shards are disjoint (up to the padding) and
+/// equally long, which keeps the ranks' collective calls in step. Call set_epoch (or DataLoader::set_epoch) every
+/// epoch for a new order.
+class DistributedSampler {
+ public:
+  DistributedSampler(int rank, int world_size, DistributedSamplerOptions opt = {})
+      : rank_(rank), world_(world_size), opt_(opt) {
+    EMBER_CHECK(world_size >= 1, "DistributedSampler: world_size must be at least 1, got ", world_size);
+    EMBER_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank,
+                " is out of range for world_size ", world_size, " (expected 0 <= rank < world_size)");
+  }
+
+  /// Samples per rank for a dataset of n.
+  std::size_t size(std::size_t n) const {
+    const std::size_t w = std::size_t(world_);
+    return opt_.drop_last ? n / w : (n + w - 1) / w;
+  }
+  /// This rank's indices for the given epoch.
+  std::vector<std::size_t> indices(std::size_t n, std::uint64_t epoch) const {
+    std::vector<std::size_t> all =
+        opt_.shuffle ? detail::permutation(n, opt_.seed, epoch) : SequentialSampler{}.indices(n);
+    const std::size_t per = size(n), total = per * std::size_t(world_);
+    if (total > n && n > 0) {
+      for (std::size_t i = n; i < total; ++i) all.push_back(all[(i - n) % n]);  // pad by repeating the start
+    }
+    all.resize(total);
+    std::vector<std::size_t> mine;
+    mine.reserve(per);
+    for (std::size_t i = std::size_t(rank_); i < total; i += std::size_t(world_)) mine.push_back(all[i]);
+    return mine;
+  }
+  /// Indices for the epoch last passed to set_epoch.
+  std::vector<std::size_t> indices(std::size_t n) const { return indices(n, epoch_); }
+  void set_epoch(std::uint64_t e) { epoch_ = e; }
+  std::uint64_t epoch() const { return epoch_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+
+ private:
+  int rank_, world_;
+  DistributedSamplerOptions opt_;
+  std::uint64_t epoch_ = 0;
+};
+
+}  // namespace ember::data

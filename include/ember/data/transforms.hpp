@@ -1,0 +1,183 @@
+// ember — image transforms run by DataLoader workers: Normalize, RandomCrop (with padding), RandomHorizontalFlip,
+// RandomErasing, Compose. A transform maps one sample's input (C, H, W) float tensor and the sample's own random
+// stream to a new tensor; it never writes to its input (a dataset may hand out views of its storage).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/data/dataset.hpp"
+#include "ember/data/rng.hpp"
+
+namespace ember::data::transforms {
+
+namespace detail {
+/// x as a contiguous CPU (C, H, W) tensor (a copy only when x is strided); `op` names the transform in errors.
+inline Tensor<float> chw(const Tensor<float>& x, const char* op) {
+  EMBER_CHECK(x.defined(), op, ": got an undefined tensor");
+  EMBER_CHECK(x.dim() == 3, op, ": expected an image (C, H, W), got shape ", x.shape().str());
+  x.check_cpu(op);
+  if (x.is_contiguous()) return x;
+  Tensor<float> c = empty<float>(x.shape());
+  ember::data::detail::copy_to_contiguous(x, c.data());
+  return c;
+}
+}  // namespace detail
+
+/// (x - mean[c]) / std[c] per channel; one value applies to every channel. Like torchvision's Normalize.
+struct Normalize {
+  std::vector<float> mean, std;
+
+  Normalize(std::vector<float> m, std::vector<float> s) : mean(std::move(m)), std(std::move(s)) {
+    EMBER_CHECK(!mean.empty() && mean.size() == std.size(), "Normalize: mean has ", mean.size(),
+                " values and std has ", std.size(), "; expected the same non-zero count");
+    for (float v : std) EMBER_CHECK(v != 0.0f && std::isfinite(v), "Normalize: std must be finite and non-zero, got ", v);
+  }
+  Tensor<float> operator()(const Tensor<float>& in, Rng&) const {
+    const Tensor<float> x = detail::chw(in, "Normalize");
+    const std::int64_t C = x.size(0), hw = x.size(1) * x.size(2);
+    EMBER_CHECK(mean.size() == 1 || std::int64_t(mean.size()) == C, "Normalize: ", mean.size(),
+                " means for an image of ", C, " channels (shape ", x.shape().str(), ")");
+    Tensor<float> out = empty<float>(x.shape());
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float m = mean[mean.size() == 1 ? 0 : c], inv = 1.0f / std[std.size() == 1 ? 0 : c];
+      const float* s = x.data() + c * hw;
+      float* o = out.data() + c * hw;
+      for (std::int64_t i = 0; i < hw; ++i) o[i] = (s[i] - m) * inv;
+    }
+    return out;
+  }
+};
+
+/// Options of RandomCrop.
+struct RandomCropOptions {
+  std::int64_t padding = 0;  ///< pixels added on every side before cropping
+  float fill = 0.0f;         ///< value of the padding
+};
+
+/// Pads the image by `padding` on each side, then cuts a (height, width) window at a random position, as
+/// torchvision's RandomCrop(size, padding).
+struct RandomCrop {
+  std::int64_t height, width;
+  RandomCropOptions opt;
+
+  RandomCrop(std::int64_t h, std::int64_t w, RandomCropOptions o = {}) : height(h), width(w), opt(o) {
+    EMBER_CHECK(h > 0 && w > 0 && o.padding >= 0, "RandomCrop: size (", h, ", ", w, ") must be positive and padding ",
+                o.padding, " non-negative");
+  }
+  explicit RandomCrop(std::int64_t size, RandomCropOptions o = {}) : RandomCrop(size, size, o) {}
+
+  Tensor<float> operator()(const Tensor<float>& in, Rng& g) const {
+    const Tensor<float> x = detail::chw(in, "RandomCrop");
+    const std::int64_t C = x.size(0), H = x.size(1), W = x.size(2), p = opt.padding;
+    EMBER_CHECK(H + 2 * p >= height && W + 2 * p >= width, "RandomCrop: a (", height, ", ", width,
+                ") crop does not fit an image of shape ", x.shape().str(), " padded by ", p);
+    const std::int64_t top = std::int64_t(g.below(std::uint64_t(H + 2 * p - height + 1))) - p;
+    const std::int64_t left = std::int64_t(g.below(std::uint64_t(W + 2 * p - width + 1))) - p;
+    Tensor<float> out = empty<float>(Shape{C, height, width});
+    for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t i = 0; i < height; ++i) {
+        float* o = out.data() + (c * height + i) * width;
+        const std::int64_t y = top + i;
+        if (y < 0 || y >= H) {
+          for (std::int64_t j = 0; j < width; ++j) o[j] = opt.fill;
+          continue;
+        }
+        const float* s = x.data() + (c * H + y) * W;
+        for (std::int64_t j = 0; j < width; ++j) {
+          const std::int64_t xx = left + j;
+          o[j] = xx >= 0 && xx < W ? s[xx] : opt.fill;
+        }
+      }
+    return out;
+  }
+};
+
+/// Mirrors the image left-right with probability p.
+struct RandomHorizontalFlip {
+  float p = 0.5f;
+
+  Tensor<float> operator()(const Tensor<float>& in, Rng& g) const {
+    const Tensor<float> x = detail::chw(in, "RandomHorizontalFlip");
+    if (!g.bernoulli(p)) return x;
+    const std::int64_t rows = x.size(0) * x.size(1), W = x.size(2);
+    Tensor<float> out = empty<float>(x.shape());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* s = x.data() + r * W;
+      float* o = out.data() + r * W;
+      for (std::int64_t j = 0; j < W; ++j) o[j] = s[W - 1 - j];
+    }
+    return out;
+  }
+};
+
+/// Options of RandomErasing (torchvision's defaults).
+struct RandomErasingOptions {
+  float p = 0.5f;                          ///< probability of erasing a rectangle
+  float scale_min = 0.02f, scale_max = 0.33f;  ///< erased area as a fraction of the image
+  float ratio_min = 0.3f, ratio_max = 3.3f;    ///< aspect ratio range (sampled log-uniformly)
+  float value = 0.0f;                      ///< fill value
+};
+
+/// With probability p, fills a random rectangle of random area and aspect ratio with `value` (Zhong et al., 2017;
+/// torchvision's RandomErasing: up to 10 tries to find a rectangle that fits, else the image is unchanged).
+struct RandomErasing {
+  RandomErasingOptions opt;
+
+  RandomErasing() = default;
+  explicit RandomErasing(RandomErasingOptions o) : opt(o) {
+    EMBER_CHECK(o.p >= 0 && o.p <= 1, "RandomErasing: p must be in [0, 1], got ", o.p);
+    EMBER_CHECK(0 < o.scale_min && o.scale_min <= o.scale_max && o.scale_max <= 1, "RandomErasing: scale range [",
+                o.scale_min, ", ", o.scale_max, "] must lie in (0, 1] and be ordered");
+    EMBER_CHECK(0 < o.ratio_min && o.ratio_min <= o.ratio_max, "RandomErasing: ratio range [", o.ratio_min, ", ",
+                o.ratio_max, "] must be positive and ordered");
+  }
+
+  Tensor<float> operator()(const Tensor<float>& in, Rng& g) const {
+    const Tensor<float> x = detail::chw(in, "RandomErasing");
+    if (!g.bernoulli(opt.p)) return x;
+    const std::int64_t C = x.size(0), H = x.size(1), W = x.size(2);
+    const float area = float(H * W);
+    const float lr0 = std::log(opt.ratio_min), lr1 = std::log(opt.ratio_max);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const float target = area * g.uniform(opt.scale_min, opt.scale_max);
+      const float ratio = std::exp(g.uniform(lr0, lr1));
+      const std::int64_t h = std::int64_t(std::lround(std::sqrt(target * ratio)));
+      const std::int64_t w = std::int64_t(std::lround(std::sqrt(target / ratio)));
+      if (h < 1 || w < 1 || h >= H || w >= W) continue;
+      const std::int64_t top = std::int64_t(g.below(std::uint64_t(H - h + 1)));
+      const std::int64_t left = std::int64_t(g.below(std::uint64_t(W - w + 1)));
+      Tensor<float> out = empty<float>(x.shape());
+      std::memcpy(out.data(), x.data(), std::size_t(x.numel()) * sizeof(float));
+      for (std::int64_t c = 0; c < C; ++c)
+        for (std::int64_t i = top; i < top + h; ++i) {
+          float* o = out.data() + (c * H + i) * W;
+          for (std::int64_t j = left; j < left + w; ++j) o[j] = opt.value;
+        }
+      return out;
+    }
+    return x;
+  }
+};
+
+/// Applies transforms in order: Compose(RandomCrop(28, {.padding = 2}), RandomHorizontalFlip{}, Normalize(...)).
+template <class... Ts>
+struct Compose {
+  std::tuple<Ts...> ts;
+
+  explicit Compose(Ts... t) : ts(std::move(t)...) {}
+  Tensor<float> operator()(Tensor<float> x, Rng& g) const {
+    std::apply([&](const auto&... t) { ((x = t(x, g)), ...); }, ts);
+    return x;
+  }
+};
+template <class... Ts>
+Compose(Ts...) -> Compose<Ts...>;
+
+}  // namespace ember::data::transforms
