@@ -719,3 +719,127 @@ TEST_CASE("DataLoader: pin_memory is accepted and batches are usable host memory
   }
   CHECK(n == 6);
 }
+
+// ---- packed record files -------------------------------------------------------------------------------------
+
+namespace {
+Bytes record_payload(std::size_t i) {
+  Bytes r(i % 7 == 3 ? 0 : 1 + (i * 37) % 300);  // some empty records
+  for (std::size_t k = 0; k < r.size(); ++k) r[k] = std::uint8_t(i * 31 + k * 7);
+  return r;
+}
+std::string write_records(const TempDir& d, std::size_t n, const std::string& name = "r.rec") {
+  data::RecordWriter w(d / name);
+  for (std::size_t i = 0; i < n; ++i) CHECK(w.write(record_payload(i)) == i);
+  CHECK(w.size() == n);
+  w.close();
+  return d / name;
+}
+std::vector<std::uint8_t> span_vec(std::span<const unsigned char> s) { return {s.begin(), s.end()}; }
+}  // namespace
+
+TEST_CASE("crc32c: the check value of the Castagnoli polynomial") {
+  CHECK(data::detail::crc32c("123456789", 9) == 0xE3069283u);
+  CHECK(data::detail::crc32c("", 0) == 0u);
+  // Incremental use equals one pass.
+  const std::string s = "the quick brown fox jumps over the lazy dog, twice over";
+  CHECK(data::detail::crc32c(s.data() + 20, s.size() - 20, data::detail::crc32c(s.data(), 20)) ==
+        data::detail::crc32c(s.data(), s.size()));
+}
+
+TEST_CASE("record files: records come back as written, in any order") {
+  TempDir d;
+  const std::string path = write_records(d, 200);
+  data::RecordReader r(path);
+  REQUIRE(r.size() == 200);
+  for (std::size_t i : {199u, 0u, 3u, 57u, 100u})
+    CHECK(span_vec(r[i]) == record_payload(i));
+  for (std::size_t i = 0; i < 200; ++i) CHECK(span_vec(r.record(i)) == record_payload(i));
+  data::RecordReader copy = r;  // shares the mapping
+  CHECK(span_vec(copy[10]) == record_payload(10));
+  // An empty file of records is valid too.
+  data::RecordReader empty_file(write_records(d, 0, "e.rec"));
+  CHECK(empty_file.size() == 0);
+  EXPECT_ERROR([&] { r.record(200); }, {"record 200 is out of range", "200 records"});
+}
+
+TEST_CASE("record files: every truncation is an error, never a crash or a wrong record") {
+  TempDir d;
+  const Bytes full = data::detail::read_file_bytes(write_records(d, 20), "t");
+  for (std::size_t cut = 0; cut < full.size(); ++cut) {
+    const std::string msg = error_of([&] { data::RecordView(std::span(full.data(), cut), "cut.rec"); });
+    INFO("cut at " << cut << ": " << msg);
+    CHECK(msg.rfind("RecordReader: ", 0) == 0);
+  }
+  write_bytes(d / "half.rec", Bytes(full.begin(), full.begin() + std::ptrdiff_t(full.size() / 2)));
+  EXPECT_ERROR([&] { data::RecordReader(d / "half.rec"); }, {"RecordReader", "half.rec", "truncated"});
+}
+
+TEST_CASE("record files: a corrupt record fails its checksum when read") {
+  TempDir d;
+  const std::string path = write_records(d, 20);
+  Bytes b = data::detail::read_file_bytes(path, "t");
+  // Record 5 starts after the header and records 0..4.
+  std::size_t off = 16;
+  for (std::size_t i = 0; i < 5; ++i) off += record_payload(i).size();
+  b[off + 2] ^= 0x01;
+  const data::RecordView v(b, "flip.rec");
+  EXPECT_ERROR([&] { v.record(5); }, {"record 5", "flip.rec", "corrupt", "CRC-32C"});
+  CHECK(span_vec(v.record(4)) == record_payload(4));  // the others are fine
+  CHECK(span_vec(v.record(5, /*verify=*/false)).size() == record_payload(5).size());
+}
+
+TEST_CASE("record files: a corrupt index") {
+  TempDir d;
+  Bytes b = data::detail::read_file_bytes(write_records(d, 20), "t");
+  b[b.size() - 32 - 24 * 20 + 9] ^= 0x40;  // the size of record 0
+  EXPECT_ERROR([&] { data::RecordView(b, "idx.rec"); }, {"idx.rec", "index checksum", "corrupt"});
+}
+
+TEST_CASE("record files: a footer whose index does not fit the file") {
+  TempDir d;
+  Bytes b = data::detail::read_file_bytes(write_records(d, 3), "t");
+  b[b.size() - 32 + 8] = 200;  // record count
+  EXPECT_ERROR([&] { data::RecordView(b, "f.rec"); }, {"f.rec", "does not fit the file", "200 records"});
+}
+
+TEST_CASE("record files: a file that is not a record file, or of another version") {
+  Bytes b(64, 0);
+  EXPECT_ERROR([&] { data::RecordView(b, "z.rec"); }, {"z.rec", "not a record file"});
+  std::memcpy(b.data(), "EMBERREC", 8);
+  b[8] = 2;
+  EXPECT_ERROR([&] { data::RecordView(b, "v.rec"); }, {"format version 2", "version 1"});
+  EXPECT_ERROR([] { data::RecordReader("/nonexistent/x.rec"); }, {"RecordReader", "cannot open", "/nonexistent/x.rec"});
+}
+
+TEST_CASE("record files: writing after close") {
+  TempDir d;
+  data::RecordWriter w(d / "w.rec");
+  w.close();
+  const Bytes one{1};
+  EXPECT_ERROR([&] { w.write(one); }, {"RecordWriter", "write after close"});
+  EXPECT_ERROR([] { data::RecordWriter("/nonexistent/dir/w.rec"); }, {"RecordWriter", "cannot create"});
+}
+
+TEST_CASE("record files: packed Fashion-MNIST images decode to the same Examples, through a DataLoader too") {
+  TempDir d;
+  write_fake_fashion(d, "train", 30);
+  data::FashionMNIST ds(data::Split::Train, d.path.string());
+  data::pack_byte_images(ds.images(), ds.labels(), d / "train.rec");
+  data::RecordDataset packed(d / "train.rec", data::ByteImageDecoder{Shape{1, 28, 28}});
+  REQUIRE(packed.size() == 30);
+  for (std::size_t i : {0u, 17u, 29u}) {
+    const data::Example a = ds.get(i), b = packed.get(i);
+    CHECK(a.target == b.target);
+    CHECK(vec(a.data) == vec(b.data));
+    CHECK(b.data.shape() == Shape{1, 28, 28});
+  }
+  data::DataLoader l1(ds, {.batch_size = 8, .shuffle = true, .num_workers = 2, .seed = 3});
+  data::DataLoader l2(packed, {.batch_size = 8, .shuffle = true, .num_workers = 2, .seed = 3});
+  std::vector<float> a, b;
+  for (auto& x : l1) a.insert(a.end(), x.data.data(), x.data.data() + x.data.numel());
+  for (auto& x : l2) b.insert(b.end(), x.data.data(), x.data.data() + x.data.numel());
+  CHECK(a.size() == 30 * 784);
+  CHECK(a == b);
+  EXPECT_ERROR([] { data::ByteImageDecoder{Shape{1, 2, 2}}(Bytes(5)); }, {"ByteImageDecoder", "5 bytes", "takes 12"});
+}

@@ -10,3 +10,5 @@
 #include "ember/data/dataloader.hpp"
 #include "ember/data/idx.hpp"
 #include "ember/data/fashion_mnist.hpp"
+#include "ember/data/record_file.hpp"
+#include "ember/data/record_dataset.hpp"
