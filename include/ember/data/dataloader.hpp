@@ -198,6 +198,7 @@ class DataLoader {
         shutdown();
         throw;
       }
+      stats_->wait_seconds += detail::seconds_since(t0_);  // drawing the order and starting workers is waiting too
     }
     Run(const Run&) = delete;
     Run& operator=(const Run&) = delete;

@@ -1,0 +1,18 @@
+// libFuzzer target: the safetensors reader on arbitrary bytes. Every input must either parse or throw
+// ember::Error; anything else (a crash, a sanitizer report, another exception type) is a bug.
+#include <cstddef>
+#include <cstdint>
+
+#include "ember/io/safetensors.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  try {
+    const ember::io::SafeTensors f = ember::io::parse_safetensors({data, size}, "fuzz");
+    // Round trip what parsed: it must serialize and parse to the same tensors.
+    const auto bytes = ember::io::serialize_safetensors(f.tensors, f.metadata);
+    const ember::io::SafeTensors g = ember::io::parse_safetensors(bytes, "fuzz-roundtrip");
+    if (g.tensors.size() != f.tensors.size() || g.metadata != f.metadata) __builtin_trap();
+  } catch (const ember::Error&) {
+  }
+  return 0;
+}
