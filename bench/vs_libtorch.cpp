@@ -20,6 +20,12 @@
 // the same way (6 arrays x 64 MiB: 5 read + 1 written), divided by membw. (Stores that miss the cache also read
 // the line first unless they stream, so a loop with regular stores moves 7 arrays, where memcpy moves 2.)
 //
+// loader: ember's DataLoader against torch::data's on the same work: one epoch over Fashion-MNIST's test split
+// (10000 images), batch 128, shuffled, 2 worker threads each; per sample: bytes -> float / 255, random 28x28 crop
+// of the image zero-padded by 4, random horizontal flip, normalisation; then collation into (128, 1, 28, 28).
+// The LibTorch side is a torch::data Dataset doing that with torch ops, mapped through Stack<>. Unit: samples/s.
+// Skipped (with a note) when dataset-fashion-mnist is not installed.
+//
 // Usage: vs_libtorch [--quick] [--case=NAME]   (NAME one of the case names above, or membw)
 #include <torch/torch.h>
 
@@ -33,10 +39,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <ember/data.hpp>
 #include <ember/ember.hpp>
 
 namespace {
@@ -368,6 +376,90 @@ void matmul(const Options& o, std::int64_t n, const char* name) {
   std::fflush(stdout);
 }
 
+
+// ---- loader ------------------------------------------------------------------------------------------------
+
+// Fashion-MNIST as a LibTorch user writes a dataset with augmentation. Random numbers from a per-thread
+// std::mt19937, as cheap as ember's per-sample stream, so the comparison is of the pipelines, not of RNGs.
+struct TorchFashion : torch::data::datasets::Dataset<TorchFashion> {
+  torch::Tensor images;  // (N, 28, 28) uint8
+  torch::Tensor labels;  // (N) int64
+  bool augment = true;
+
+  torch::data::Example<> get(size_t i) override {
+    thread_local std::mt19937 rng(std::random_device{}());
+    torch::Tensor x = images[int64_t(i)].to(torch::kFloat32).div(255).unsqueeze(0);  // (1, 28, 28)
+    if (augment) {
+      x = torch::constant_pad_nd(x, {4, 4, 4, 4}, 0);
+      std::uniform_int_distribution<int64_t> pos(0, 8);
+      x = x.narrow(1, pos(rng), 28).narrow(2, pos(rng), 28);
+      if (std::uniform_real_distribution<float>(0, 1)(rng) < 0.5f) x = x.flip({2});
+    }
+    x = (x - 0.2860f) / 0.3530f;
+    return {x.contiguous(), labels[int64_t(i)]};
+  }
+  torch::optional<size_t> size() const override { return size_t(images.size(0)); }
+};
+
+void loader(const Options& o) {
+  std::unique_ptr<data::FashionMNIST> test;
+  try {
+    test = std::make_unique<data::FashionMNIST>(data::Split::Test);
+  } catch (const ember::Error& e) {
+    std::fprintf(stderr, "note: loader skipped: %s\n", e.what());
+    return;
+  }
+  namespace T = data::transforms;
+  const auto images = torch::from_blob(test->images().data(), {std::int64_t(test->size()), 28, 28}, torch::kUInt8);
+  const auto labels = torch::from_blob(test->labels().data(), {std::int64_t(test->size())}, torch::kInt64);
+  auto make_torch = [&](bool augment, bool shuffle, std::size_t workers) {
+    TorchFashion ds;
+    ds.images = images;
+    ds.labels = labels;
+    ds.augment = augment;
+    auto opts = torch::data::DataLoaderOptions().batch_size(128).workers(workers);
+    std::function<void(const std::function<void(torch::Tensor&)>&)> run;
+    if (shuffle) {
+      auto l = std::shared_ptr(torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
+          ds.map(torch::data::transforms::Stack<>()), opts));
+      run = [l](const std::function<void(torch::Tensor&)>& f) {
+        for (auto& b : *l) f(b.data);
+      };
+    } else {
+      auto l = std::shared_ptr(torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+          ds.map(torch::data::transforms::Stack<>()), opts));
+      run = [l](const std::function<void(torch::Tensor&)>& f) {
+        for (auto& b : *l) f(b.data);
+      };
+    }
+    return run;
+  };
+  {  // Without augmentation the first batch is the same in both.
+    data::DataLoader el(*test, {.batch_size = 128}, T::Normalize({0.2860f}, {0.3530f}));
+    auto tl = make_torch(false, false, 0);
+    torch::Tensor first;
+    tl([&](torch::Tensor& b) {
+      if (!first.defined()) first = b.clone();
+    });
+    check("loader", "first batch", (*el.begin()).data, first, 1e-6, 1e-6);
+  }
+  data::DataLoader el(*test, {.batch_size = 128, .shuffle = true, .num_workers = 2},
+                      T::Compose(T::RandomCrop(28, {.padding = 4}), T::RandomHorizontalFlip{},
+                                 T::Normalize({0.2860f}, {0.3530f})));
+  auto tl = make_torch(true, true, 2);
+  std::uint64_t epoch = 0;
+  auto t = compare(
+      o,
+      [&] {
+        el.set_epoch(epoch++);
+        for (auto& b : el) keep(b.data);
+      },
+      [&] { tl([](torch::Tensor& b) { keep(b); }); });
+  const double n = double(test->size());
+  std::printf("case=loader ember=%.0fsamples/s libtorch=%.0fsamples/s speedup=%.2f\n", n / t.ember_s,
+              n / t.torch_s, t.torch_s / t.ember_s);
+  std::fflush(stdout);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -382,7 +474,8 @@ int main(int argc, char** argv) {
     }
   }
   const std::vector<std::string> names = {"membw",      "tiny_add",    "tiny_grad",   "chain_16M",
-                                          "gelu_bwd_16M", "sum_sq_16M", "matmul_1024", "matmul_2048"};
+                                          "gelu_bwd_16M", "sum_sq_16M", "matmul_1024", "matmul_2048",
+                                          "loader"};
   if (!o.only.empty() && std::find(names.begin(), names.end(), o.only) == names.end()) {
     std::fprintf(stderr, "unknown case '%s'; cases:", o.only.c_str());
     for (auto& n : names) std::fprintf(stderr, " %s", n.c_str());
@@ -416,6 +509,7 @@ int main(int argc, char** argv) {
     if (o.wants("sum_sq_16M")) sum_sq(o);
     if (o.wants("matmul_1024")) matmul(o, 1024, "matmul_1024");
     if (o.wants("matmul_2048")) matmul(o, 2048, "matmul_2048");
+    if (o.wants("loader")) loader(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

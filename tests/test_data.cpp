@@ -231,6 +231,14 @@ TEST_CASE("read_idx: extents whose product is absurdly large") {
                {"more than", "elements"});
 }
 
+TEST_CASE("read_idx: a zero-size dim beside huge ones (found by fuzz/fuzz_idx.cpp)") {
+  // The byte count is 0, but the strides of [33554432, 0, 84281092, 4203011, ...] overflow int64.
+  const Bytes crash{0x0, 0x0, 0x8, 0x5, 0x2, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x5, 0x6, 0x7, 0x4,
+                    0x0, 0x1, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7};
+  EXPECT_ERROR([&] { data::parse_idx(crash, "f"); }, {"read_idx", "declares shape", "more than"});
+  CHECK(data::parse_idx(idx_bytes(0x08, {0, 1u << 30, 3}, {})).shape() == Shape{0, 1 << 30, 3});
+}
+
 TEST_CASE("read_idx: a corrupt gzip stream") {
   TempDir d;
   write_gz(d / "c.gz", idx_bytes(0x08, {64}, iota_bytes(64)));

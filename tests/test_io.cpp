@@ -255,8 +255,11 @@ TEST_CASE("safetensors: a shape whose byte count overflows") {
   EXPECT_ERROR([] {
     parse(st_file(R"({"x":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"));
   }, {"overflows"});
-  // With a zero dim the product is 0, not an overflow.
-  CHECK(parse(st_file(R"({"x":{"dtype":"F64","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})"))
+  // Also beside a zero-size dim: the tensor holds no data, but its strides would overflow.
+  EXPECT_ERROR([] {
+    parse(st_file(R"({"x":{"dtype":"F64","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})"));
+  }, {"overflows"});
+  CHECK(parse(st_file(R"({"x":{"dtype":"F64","shape":[0,4294967296],"data_offsets":[0,0]}})"))
             .get<double>("x")
             .numel() == 0);
 }

@@ -127,17 +127,19 @@ inline Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t> b, const std
   const std::size_t header = 4 + 4 * std::size_t(ndim);
   EMBER_CHECK(b.size() >= header, "read_idx: '", name, "' is truncated inside its header (", b.size(),
               " bytes, the header of ", ndim, " dims needs ", header, ")");
+  // The extents, their product (the byte count) and the product of the non-zero extents (the largest stride),
+  // both bounded: a zero-size dim beside huge ones would still give strides that overflow.
   Shape shape;
-  std::uint64_t count = 1;
-  bool overflow = false;
+  std::uint64_t count = 1, span = 1;
+  bool too_big = false;
   for (unsigned i = 0; i < ndim; ++i) {
     const std::uint32_t d = detail::be32(b.data() + 4 + 4 * i);
     shape.push_back(std::int64_t(d));
-    if (d != 0 && count > detail::kMaxIdxBytes / d) overflow = true;
-    count *= d;
-    if (count == 0) overflow = false;
+    if (d > 1 && span > detail::kMaxIdxBytes / d) too_big = true;
+    if (d > 1) span *= d;
+    count *= d;  // <= span, so it does not overflow while span is bounded
   }
-  EMBER_CHECK(!overflow, "read_idx: '", name, "' declares shape ", shape.str(), ", more than ",
+  EMBER_CHECK(!too_big, "read_idx: '", name, "' declares shape ", shape.str(), ", more than ",
               detail::kMaxIdxBytes, " elements");
   const std::size_t have = b.size() - header;
   EMBER_CHECK(have >= count, "read_idx: '", name, "' is truncated: shape ", shape.str(), " needs ", count,

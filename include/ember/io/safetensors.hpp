@@ -182,22 +182,19 @@ inline SafeTensors parse_safetensors(std::span<const unsigned char> file, const 
     EMBER_CHECK(js.is_array(), what, ": shape is not an array");
     EMBER_CHECK(js.size() <= std::size_t(kMaxDims), what, " has ", js.size(), " dims; ember supports at most ",
                 kMaxDims);
-    // The byte count, checked for overflow at every step.
-    std::uint64_t bytes = detail::dtype_size(e.dtype);
-    bool overflow = false;
+    // The byte count. The product of the non-zero extents (the largest stride, in bytes) must fit in int64 too:
+    // a zero-size dim beside huge ones holds no data but its strides would still overflow.
+    const std::uint64_t esize = detail::dtype_size(e.dtype);
+    std::uint64_t span = esize, bytes = esize;
     for (const json& d : js) {
       EMBER_CHECK(d.is_number_unsigned(), what, ": shape entries must be non-negative integers, got ", d.dump());
       const std::uint64_t s = d.get<std::uint64_t>();
       EMBER_CHECK(s <= std::uint64_t(INT64_MAX), what, ": shape entry ", s, " is too large");
       e.shape.push_back(std::int64_t(s));
-      if (s != 0 && bytes > (~std::uint64_t(0)) / s) overflow = true;
-      else bytes *= s;
-    }
-    if (overflow) {  // only an error if no dim is zero
-      bool zero = false;
-      for (auto s : e.shape) zero |= s == 0;
-      EMBER_CHECK(zero, what, ": shape ", e.shape.str(), " overflows a 64-bit byte count");
-      bytes = 0;
+      EMBER_CHECK(s <= 1 || span <= std::uint64_t(INT64_MAX) / s, what, ": shape ", e.shape.str(),
+                  "... overflows a 64-bit byte count");
+      if (s > 1) span *= s;
+      bytes *= s;  // <= span
     }
     EMBER_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() && jo[1].is_number_unsigned(), what,
                 ": data_offsets must be two non-negative integers [begin, end]");
