@@ -92,7 +92,11 @@ class ThreadPool {
       ++generation_;
     }
     cv_.notify_all();
+    // The caller works too; a parallel_for nested in its chunks must run serially, as in the workers (taking
+    // run_mu_ again would deadlock).
+    in_worker() = true;
     work(job);
+    in_worker() = false;
     // Wait for workers to finish the chunks they took.
     while (job.done.load(std::memory_order_acquire) < nchunks) std::this_thread::yield();
     {
