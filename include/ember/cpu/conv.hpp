@@ -1,0 +1,203 @@
+// ember — CPU 2-D convolution: im2col + GEMM (cpu::gemm) forward, backward-data (GEMM + col2im) and
+// backward-weight (im2col + GEMM), with stride, padding, dilation and groups, on contiguous NCHW buffers.
+//
+// Parallelism: with at least as many images as threads, each thread takes a contiguous run of images and runs
+// its own im2col and serial GEMMs on a per-thread column buffer that stays in cache (the GEMMs nested in the
+// parallel loop run serially); weight gradients are summed per thread and reduced in a fixed order, so results
+// do not depend on scheduling. With fewer images than threads, images run one after another and each GEMM is
+// split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
+// column matrix.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/gemm.hpp"
+#include "ember/cpu/thread_pool.hpp"
+
+namespace ember::cpu {
+
+/// The geometry of one conv2d call (all extents already checked by ops/).
+struct ConvGeometry {
+  std::int64_t n = 0, c = 0, h = 0, w = 0;  // input (N, C, H, W)
+  std::int64_t o = 0, kh = 0, kw = 0;       // weight (O, C/groups, kh, kw)
+  std::int64_t oh = 0, ow = 0;              // output (N, O, oh, ow)
+  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+
+  std::int64_t cg() const { return c / groups; }     // input channels per group
+  std::int64_t og() const { return o / groups; }     // output channels per group
+  std::int64_t kg() const { return cg() * kh * kw; }  // GEMM depth per group
+  std::int64_t l() const { return oh * ow; }          // output positions per image
+  /// The input is its own column matrix (1x1 kernel, stride 1, no padding).
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+namespace detail {
+
+// floor(a / b) for b > 0 and any sign of a.
+inline std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// The range [lo, hi) of output positions whose input position o*s + off lies in [0, n).
+inline void valid_range(std::int64_t n, std::int64_t s, std::int64_t off, std::int64_t out, std::int64_t& lo,
+                        std::int64_t& hi) {
+  lo = std::clamp<std::int64_t>(floor_div(-off + s - 1, s), 0, out);
+  hi = std::clamp<std::int64_t>(floor_div(n - off + s - 1, s), lo, out);
+}
+
+/// cols (C*kh*kw, oh*ow) of one image x (C, H, W); padded positions read as zero.
+template <class T>
+void im2col(const ConvGeometry& g, const T* EMBER_RESTRICT x, T* EMBER_RESTRICT cols) {
+  const std::int64_t L = g.l();
+  for (std::int64_t c = 0; c < g.c; ++c)
+    for (std::int64_t i = 0; i < g.kh; ++i)
+      for (std::int64_t j = 0; j < g.kw; ++j) {
+        T* row = cols + ((c * g.kh + i) * g.kw + j) * L;
+        const std::int64_t offy = i * g.dh - g.ph, offx = j * g.dw - g.pw;
+        std::int64_t y0, y1, x0, x1;
+        valid_range(g.h, g.sh, offy, g.oh, y0, y1);
+        valid_range(g.w, g.sw, offx, g.ow, x0, x1);
+        std::fill(row, row + y0 * g.ow, T(0));
+        for (std::int64_t oy = y0; oy < y1; ++oy) {
+          T* dst = row + oy * g.ow;
+          const T* src = x + (c * g.h + oy * g.sh + offy) * g.w + offx;
+          std::fill(dst, dst + x0, T(0));
+          if (g.sw == 1) std::memcpy(dst + x0, src + x0, std::size_t(x1 - x0) * sizeof(T));
+          else
+            for (std::int64_t ox = x0; ox < x1; ++ox) dst[ox] = src[ox * g.sw];
+          std::fill(dst + x1, dst + g.ow, T(0));
+        }
+        std::fill(row + y1 * g.ow, row + L, T(0));
+      }
+}
+
+/// x (C, H, W) += the columns folded back onto the image (the adjoint of im2col).
+template <class T>
+void col2im(const ConvGeometry& g, const T* EMBER_RESTRICT cols, T* EMBER_RESTRICT x) {
+  const std::int64_t L = g.l();
+  for (std::int64_t c = 0; c < g.c; ++c)
+    for (std::int64_t i = 0; i < g.kh; ++i)
+      for (std::int64_t j = 0; j < g.kw; ++j) {
+        const T* row = cols + ((c * g.kh + i) * g.kw + j) * L;
+        const std::int64_t offy = i * g.dh - g.ph, offx = j * g.dw - g.pw;
+        std::int64_t y0, y1, x0, x1;
+        valid_range(g.h, g.sh, offy, g.oh, y0, y1);
+        valid_range(g.w, g.sw, offx, g.ow, x0, x1);
+        for (std::int64_t oy = y0; oy < y1; ++oy) {
+          const T* src = row + oy * g.ow;
+          T* dst = x + (c * g.h + oy * g.sh + offy) * g.w + offx;
+          if (g.sw == 1)
+            for (std::int64_t ox = x0; ox < x1; ++ox) dst[ox] += src[ox];
+          else
+            for (std::int64_t ox = x0; ox < x1; ++ox) dst[ox * g.sw] += src[ox];
+        }
+      }
+}
+
+// Runs body(task, first_image, end_image) over the batch: one task per thread when the batch has at least that
+// many images (serial GEMMs inside), else a single task on the calling thread (parallel GEMMs inside).
+template <class F>
+std::int64_t for_image_runs(std::int64_t n, const F& body) {
+  const int nt = get_num_threads();
+  if (nt <= 1 || n < nt) {
+    body(0, 0, n);
+    return 1;
+  }
+  parallel_for(0, nt, 1, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) body(t, t * n / nt, (t + 1) * n / nt);
+  });
+  return nt;
+}
+
+inline std::int64_t image_tasks(std::int64_t n) {
+  const int nt = get_num_threads();
+  return (nt <= 1 || n < nt) ? 1 : nt;
+}
+
+}  // namespace detail
+
+/// y (N, O, oh, ow) = conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null). All contiguous.
+template <class T>
+void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y) {
+  const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
+  const bool direct = g.pointwise();
+  Tensor<T> ws;
+  if (!direct) ws = empty<T>(Shape{detail::image_tasks(g.n), K * L});
+  detail::for_image_runs(g.n, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+    T* cols = direct ? nullptr : ws.data() + t * K * L;
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const T* xi = x + i * g.c * g.h * g.w;
+      T* yi = y + i * g.o * L;
+      if (!direct) detail::im2col(g, xi, cols);
+      const T* src = direct ? xi : cols;
+      if (b)
+        for (std::int64_t oc = 0; oc < g.o; ++oc) std::fill(yi + oc * L, yi + (oc + 1) * L, b[oc]);
+      for (std::int64_t gi = 0; gi < g.groups; ++gi)
+        gemm<T>(Og, L, Kg, MatView<T>{w + gi * Og * Kg, Kg, 1}, MatView<T>{src + gi * Kg * L, L, 1},
+                yi + gi * Og * L, L, b != nullptr);
+    }
+  });
+}
+
+/// Gradients of conv2d from gy (N, O, oh, ow): gx (N, C, H, W), gw (O, C/groups, kh, kw) and gb (O); each may
+/// be null when not wanted. x is needed only for gw, w only for gx. Outputs are overwritten. All contiguous.
+template <class T>
+void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
+  const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg(), HW = g.h * g.w;
+  const std::int64_t wn = g.o * Kg;
+  const bool direct = g.pointwise();
+  const std::int64_t tasks = detail::image_tasks(g.n);
+  Tensor<T> ws, part;
+  if (!direct) ws = empty<T>(Shape{tasks, K * L});
+  // Per-task weight and bias gradient sums (task 0 writes straight into gw / gb).
+  if ((gw || gb) && tasks > 1) part = empty<T>(Shape{tasks - 1, wn + g.o});
+  detail::for_image_runs(g.n, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+    T* cols = direct ? nullptr : ws.data() + t * K * L;
+    T* gwt = gw ? (t == 0 ? gw : part.data() + (t - 1) * (wn + g.o)) : nullptr;
+    T* gbt = gb ? (t == 0 ? gb : part.data() + (t - 1) * (wn + g.o) + wn) : nullptr;
+    if (gbt) std::fill(gbt, gbt + g.o, T(0));
+    if (gwt && i0 == i1) std::fill(gwt, gwt + wn, T(0));
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const T* gyi = gy + i * g.o * L;
+      if (gbt)
+        for (std::int64_t oc = 0; oc < g.o; ++oc) {
+          T s = 0;
+          const T* r = gyi + oc * L;
+          for (std::int64_t p = 0; p < L; ++p) s += r[p];
+          gbt[oc] += s;
+        }
+      if (gwt) {
+        const T* xi = x + i * g.c * HW;
+        if (!direct) detail::im2col(g, xi, cols);
+        const T* src = direct ? xi : cols;
+        for (std::int64_t gi = 0; gi < g.groups; ++gi)
+          gemm<T>(Og, Kg, L, MatView<T>{gyi + gi * Og * L, L, 1}, MatView<T>{src + gi * Kg * L, 1, L},
+                  gwt + gi * Og * Kg, Kg, i != i0);
+      }
+      if (gx) {
+        T* gxi = gx + i * g.c * HW;
+        T* dst = direct ? gxi : cols;
+        for (std::int64_t gi = 0; gi < g.groups; ++gi)
+          gemm<T>(Kg, L, Og, MatView<T>{w + gi * Og * Kg, 1, Kg}, MatView<T>{gyi + gi * Og * L, L, 1},
+                  dst + gi * Kg * L, L, false);
+        if (!direct) {
+          std::fill(gxi, gxi + g.c * HW, T(0));
+          detail::col2im(g, cols, gxi);
+        }
+      }
+    }
+  });
+  // Sum the other tasks' partials in task order.
+  for (std::int64_t t = 1; t < tasks; ++t) {
+    const T* p = part.data() + (t - 1) * (wn + g.o);
+    if (gw)
+      for (std::int64_t k = 0; k < wn; ++k) gw[k] += p[k];
+    if (gb)
+      for (std::int64_t k = 0; k < g.o; ++k) gb[k] += p[wn + k];
+  }
+}
+
+}  // namespace ember::cpu

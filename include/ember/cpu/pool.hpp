@@ -1,0 +1,202 @@
+// ember — CPU 2-D pooling kernels (max, average, adaptive average), forward and backward, on contiguous planes
+// (N*C planes of H x W), one plane per parallel chunk. The window rules follow PyTorch's CPU kernels exactly:
+// max pool skips padding, keeps the first maximum (a NaN wins) and records its flat index in the plane; average
+// pool divides by the window clipped to the padded input (count_include_pad) or to the input; adaptive pool bin
+// i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "ember/config.hpp"
+#include "ember/cpu/thread_pool.hpp"
+
+namespace ember::cpu {
+
+/// The geometry of one pooling call (checked by ops/).
+struct PoolGeometry {
+  std::int64_t planes = 0, h = 0, w = 0;  // input (planes = N*C, H, W)
+  std::int64_t oh = 0, ow = 0;             // output
+  std::int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  bool count_include_pad = true;
+};
+
+namespace detail {
+// Planes per parallel chunk: enough work per chunk to amortise the hand-off.
+inline std::int64_t plane_grain(std::int64_t plane_work) {
+  return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(plane_work, 1));
+}
+
+template <class T>
+inline bool greater_or_nan(T v, T m) {
+  return v > m || std::isnan(static_cast<double>(v));
+}
+}  // namespace detail
+
+/// y (planes, oh, ow) = max over each window of x (planes, h, w); idx = flat index h*W + w of the maximum.
+template <class T>
+void max_pool2d_forward(const PoolGeometry& g, const T* x, T* y, std::int64_t* idx) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  parallel_for(0, g.planes, detail::plane_grain(L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const T* xp = x + p * HW;
+      T* yp = y + p * L;
+      std::int64_t* ip = idx + p * L;
+      for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+        std::int64_t y0 = oy * g.sh - g.ph;
+        const std::int64_t y1 = std::min(y0 + (g.kh - 1) * g.dh + 1, g.h);
+        while (y0 < 0) y0 += g.dh;
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          std::int64_t x0 = ox * g.sw - g.pw;
+          const std::int64_t x1 = std::min(x0 + (g.kw - 1) * g.dw + 1, g.w);
+          while (x0 < 0) x0 += g.dw;
+          std::int64_t best = y0 * g.w + x0;
+          T m = -std::numeric_limits<T>::infinity();
+          for (std::int64_t iy = y0; iy < y1; iy += g.dh)
+            for (std::int64_t ix = x0; ix < x1; ix += g.dw) {
+              const T v = xp[iy * g.w + ix];
+              if (detail::greater_or_nan(v, m)) {
+                m = v;
+                best = iy * g.w + ix;
+              }
+            }
+          yp[oy * g.ow + ox] = m;
+          ip[oy * g.ow + ox] = best;
+        }
+      }
+    }
+  });
+}
+
+/// gx (planes, h, w) = gy (planes, oh, ow) sent to the recorded maxima (overwrites gx).
+template <class T>
+void max_pool2d_backward(const PoolGeometry& g, const T* gy, const std::int64_t* idx, T* gx) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  parallel_for(0, g.planes, detail::plane_grain(HW + L), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      T* gp = gx + p * HW;
+      std::fill(gp, gp + HW, T(0));
+      const T* gyp = gy + p * L;
+      const std::int64_t* ip = idx + p * L;
+      for (std::int64_t k = 0; k < L; ++k) gp[ip[k]] += gyp[k];
+    }
+  });
+}
+
+namespace detail {
+// The window of average-pool output (oy, ox) clipped to the input, and its divisor.
+struct AvgWindow {
+  std::int64_t y0, y1, x0, x1, divisor;
+};
+inline AvgWindow avg_window(const PoolGeometry& g, std::int64_t oy, std::int64_t ox) {
+  std::int64_t y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+  std::int64_t y1 = std::min(y0 + g.kh, g.h + g.ph), x1 = std::min(x0 + g.kw, g.w + g.pw);
+  const std::int64_t padded = (y1 - y0) * (x1 - x0);
+  y0 = std::max<std::int64_t>(y0, 0);
+  x0 = std::max<std::int64_t>(x0, 0);
+  y1 = std::min(y1, g.h);
+  x1 = std::min(x1, g.w);
+  const std::int64_t inside = std::max<std::int64_t>(y1 - y0, 0) * std::max<std::int64_t>(x1 - x0, 0);
+  return {y0, y1, x0, x1, g.count_include_pad ? padded : inside};
+}
+}  // namespace detail
+
+/// y (planes, oh, ow) = mean over each window of x (planes, h, w); a window entirely in the padding gives 0.
+template <class T>
+void avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  parallel_for(0, g.planes, detail::plane_grain(L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const T* xp = x + p * HW;
+      T* yp = y + p * L;
+      for (std::int64_t oy = 0; oy < g.oh; ++oy)
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          const auto win = detail::avg_window(g, oy, ox);
+          if (win.y0 >= win.y1 || win.x0 >= win.x1) {
+            yp[oy * g.ow + ox] = T(0);
+            continue;
+          }
+          T s = 0;
+          for (std::int64_t iy = win.y0; iy < win.y1; ++iy)
+            for (std::int64_t ix = win.x0; ix < win.x1; ++ix) s += xp[iy * g.w + ix];
+          yp[oy * g.ow + ox] = s / T(win.divisor);
+        }
+    }
+  });
+}
+
+/// gx (planes, h, w) = the adjoint of avg_pool2d_forward applied to gy (overwrites gx).
+template <class T>
+void avg_pool2d_backward(const PoolGeometry& g, const T* gy, T* gx) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  parallel_for(0, g.planes, detail::plane_grain(HW + L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      T* gp = gx + p * HW;
+      std::fill(gp, gp + HW, T(0));
+      const T* gyp = gy + p * L;
+      for (std::int64_t oy = 0; oy < g.oh; ++oy)
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          const auto win = detail::avg_window(g, oy, ox);
+          if (win.y0 >= win.y1 || win.x0 >= win.x1) continue;
+          const T v = gyp[oy * g.ow + ox] / T(win.divisor);
+          for (std::int64_t iy = win.y0; iy < win.y1; ++iy)
+            for (std::int64_t ix = win.x0; ix < win.x1; ++ix) gp[iy * g.w + ix] += v;
+        }
+    }
+  });
+}
+
+namespace detail {
+inline std::int64_t adaptive_start(std::int64_t i, std::int64_t in, std::int64_t out) { return i * in / out; }
+inline std::int64_t adaptive_end(std::int64_t i, std::int64_t in, std::int64_t out) {
+  return ((i + 1) * in + out - 1) / out;
+}
+}  // namespace detail
+
+/// y (planes, oh, ow): the mean of x (planes, h, w) over each adaptive bin.
+template <class T>
+void adaptive_avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  parallel_for(0, g.planes, detail::plane_grain(HW + L), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const T* xp = x + p * HW;
+      T* yp = y + p * L;
+      for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+        const std::int64_t y0 = detail::adaptive_start(oy, g.h, g.oh), y1 = detail::adaptive_end(oy, g.h, g.oh);
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          const std::int64_t x0 = detail::adaptive_start(ox, g.w, g.ow), x1 = detail::adaptive_end(ox, g.w, g.ow);
+          T s = 0;
+          for (std::int64_t iy = y0; iy < y1; ++iy)
+            for (std::int64_t ix = x0; ix < x1; ++ix) s += xp[iy * g.w + ix];
+          yp[oy * g.ow + ox] = s / T((y1 - y0) * (x1 - x0));
+        }
+      }
+    }
+  });
+}
+
+/// gx (planes, h, w) = the adjoint of adaptive_avg_pool2d_forward applied to gy (overwrites gx).
+template <class T>
+void adaptive_avg_pool2d_backward(const PoolGeometry& g, const T* gy, T* gx) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  parallel_for(0, g.planes, detail::plane_grain(HW + L), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      T* gp = gx + p * HW;
+      std::fill(gp, gp + HW, T(0));
+      const T* gyp = gy + p * L;
+      for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+        const std::int64_t y0 = detail::adaptive_start(oy, g.h, g.oh), y1 = detail::adaptive_end(oy, g.h, g.oh);
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          const std::int64_t x0 = detail::adaptive_start(ox, g.w, g.ow), x1 = detail::adaptive_end(ox, g.w, g.ow);
+          const T v = gyp[oy * g.ow + ox] / T((y1 - y0) * (x1 - x0));
+          for (std::int64_t iy = y0; iy < y1; ++iy)
+            for (std::int64_t ix = x0; ix < x1; ++ix) gp[iy * g.w + ix] += v;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace ember::cpu

@@ -1,0 +1,171 @@
+// ember — 2-D convolution without autograd: shape checks (errors name the op, the shapes and what was expected),
+// then dispatch to the device's kernels (cpu/conv.hpp). half and bfloat16 compute in fp32.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/conv.hpp"
+#include "ember/cpu/executor.hpp"
+#include "ember/expr/nodes.hpp"
+#include "ember/ops/window.hpp"
+
+namespace ember::ops {
+
+namespace detail {
+
+/// t itself when contiguous, else a contiguous copy (not recorded by autograd).
+template <class T>
+Tensor<T> dense(const Tensor<T>& t) {
+  if (t.is_contiguous()) return t;
+  Tensor<T> c = empty<T>(t.shape(), t.device());
+  cpu::assign(c, expr::TensorLeaf<T, false>{&t}, "contiguous");
+  return c;
+}
+
+/// A float copy of a 16-bit tensor (contiguous).
+template <class T>
+Tensor<float> to_float(const Tensor<T>& t) {
+  Tensor<float> c = empty<float>(t.shape(), t.device());
+  cpu::assign(c, expr::CastExpr<float, expr::TensorLeaf<T, false>>{{&t}}, "cast");
+  return c;
+}
+/// t (float) rounded to T.
+template <class T>
+Tensor<T> from_float(const Tensor<float>& t) {
+  Tensor<T> c = empty<T>(t.shape(), t.device());
+  cpu::assign(c, expr::CastExpr<T, expr::TensorLeaf<float, false>>{{&t}}, "cast");
+  return c;
+}
+
+inline void check_window_arg(const char* op, const char* what, Size2 v, std::int64_t min) {
+  EMBER_CHECK(v.h >= min && v.w >= min, op, ": ", what, " must be ", min == 0 ? "non-negative" : "positive",
+              ", got ", v.str());
+}
+
+}  // namespace detail
+
+/// Checks conv2d's arguments (x is 4-D here) and returns the geometry of the call.
+template <class T>
+cpu::ConvGeometry conv2d_geometry(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b,
+                                  const Conv2dOptions& o) {
+  const char* op = "conv2d";
+  EMBER_CHECK(x.dim() == 4, op, ": expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape ", x.shape().str());
+  EMBER_CHECK(w.dim() == 4, op, ": expected a 4-D weight (out_channels, in_channels/groups, kh, kw), got shape ",
+              w.shape().str());
+  EMBER_CHECK(x.device() == w.device(), op, ": input and weight are on different devices (", x.device().str(),
+              " and ", w.device().str(), ")");
+  detail::check_window_arg(op, "stride", o.stride, 1);
+  detail::check_window_arg(op, "dilation", o.dilation, 1);
+  detail::check_window_arg(op, "padding", o.padding, 0);
+  EMBER_CHECK(o.groups >= 1, op, ": groups must be positive, got ", o.groups);
+  const std::int64_t O = w.size(0), C = x.size(1);
+  EMBER_CHECK(O % o.groups == 0, op, ": weight of shape ", w.shape().str(), " has ", O,
+              " output channels, not divisible by groups=", o.groups);
+  EMBER_CHECK(C == w.size(1) * o.groups, op, ": input of shape ", x.shape().str(), " has ", C,
+              " channels, but weight of shape ", w.shape().str(), " with groups=", o.groups, " expects ",
+              w.size(1) * o.groups);
+  EMBER_CHECK(w.size(2) > 0 && w.size(3) > 0, op, ": weight of shape ", w.shape().str(), " has an empty kernel");
+  if (b.defined()) {
+    EMBER_CHECK(b.dim() == 1 && b.size(0) == O, op, ": bias of shape ", b.shape().str(), " does not match ", O,
+                " output channels (weight of shape ", w.shape().str(), "); expected shape [", O, "]");
+    EMBER_CHECK(b.device() == x.device(), op, ": bias is on ", b.device().str(), " but the input is on ",
+                x.device().str());
+  }
+  cpu::ConvGeometry g;
+  g.n = x.size(0);
+  g.c = C;
+  g.h = x.size(2);
+  g.w = x.size(3);
+  g.o = O;
+  g.kh = w.size(2);
+  g.kw = w.size(3);
+  g.sh = o.stride.h;
+  g.sw = o.stride.w;
+  g.ph = o.padding.h;
+  g.pw = o.padding.w;
+  g.dh = o.dilation.h;
+  g.dw = o.dilation.w;
+  g.groups = o.groups;
+  const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
+  EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, ": kernel ", Size2(g.kh, g.kw).str(),
+              (g.dh > 1 || g.dw > 1 ? " (dilated to " + Size2(eh, ew).str() + ")" : std::string()),
+              " is larger than the padded input ", Size2(g.h + 2 * g.ph, g.w + 2 * g.pw).str(), " (input shape ",
+              x.shape().str(), ", weight shape ", w.shape().str(), ", padding ", o.padding.str(), ")");
+  g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
+  g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
+  return g;
+}
+
+namespace detail {
+template <class T>
+void check_conv_device(const Tensor<T>& x) {
+  EMBER_CHECK(x.device().is_cpu(), "conv2d: no kernel for tensors on ", x.device().str(), " in this build");
+}
+}  // namespace detail
+
+/// y (N, O, oh, ow) = conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined).
+template <class T>
+Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
+                 const Conv2dOptions& o = {}) {
+  static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
+  const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
+  detail::check_conv_device(x);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    const Tensor<T> xc = detail::dense(x), wc = detail::dense(w), bc = b.defined() ? detail::dense(b) : b;
+    Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
+    if (y.numel() > 0)
+      cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data());
+    return y;
+  } else {
+    const Tensor<float> bf = b.defined() ? detail::to_float(b) : Tensor<float>();
+    return detail::from_float<T>(ops::conv2d<float>(detail::to_float(x), detail::to_float(w), bf, o));
+  }
+}
+
+/// The gradients of conv2d; each is undefined when not asked for.
+template <class T>
+struct Conv2dGrads {
+  Tensor<T> input;   // (N, C, H, W)
+  Tensor<T> weight;  // (O, C/groups, kh, kw)
+  Tensor<T> bias;    // (O)
+};
+
+/// Gradients of y = conv2d(x, w, b) given gy (N, O, oh, ow). x is read only for the weight gradient and w only
+/// for the input gradient.
+template <class T>
+Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w, const Conv2dOptions& o,
+                               bool need_input, bool need_weight, bool need_bias) {
+  const cpu::ConvGeometry g = conv2d_geometry(x, w, Tensor<T>(), o);
+  detail::check_conv_device(x);
+  EMBER_CHECK(gy.shape() == Shape({g.n, g.o, g.oh, g.ow}), "conv2d_backward: gradient of shape ", gy.shape().str(),
+              " does not match the output shape ", Shape({g.n, g.o, g.oh, g.ow}).str());
+  Conv2dGrads<T> r;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    const Tensor<T> gyc = detail::dense(gy);
+    const Tensor<T> xc = need_weight ? detail::dense(x) : x, wc = need_input ? detail::dense(w) : w;
+    if (need_input) r.input = empty<T>(x.shape(), x.device());
+    if (need_weight) r.weight = empty<T>(w.shape(), w.device());
+    if (need_bias) r.bias = empty<T>(Shape{g.o}, w.device());
+    if (!(need_input || need_weight || need_bias)) return r;
+    if (gy.numel() == 0) {  // nothing flows back
+      for (Tensor<T>* t : {&r.input, &r.weight, &r.bias})
+        if (t->defined()) t->zero_();
+      return r;
+    }
+    cpu::conv2d_backward<T>(g, xc.data(), wc.data(), gyc.data(), need_input ? r.input.data() : nullptr,
+                            need_weight ? r.weight.data() : nullptr, need_bias ? r.bias.data() : nullptr);
+  } else {
+    auto f = ops::conv2d_backward<float>(detail::to_float(gy), detail::to_float(x), detail::to_float(w), o, need_input,
+                                    need_weight, need_bias);
+    if (need_input) r.input = detail::from_float<T>(f.input);
+    if (need_weight) r.weight = detail::from_float<T>(f.weight);
+    if (need_bias) r.bias = detail::from_float<T>(f.bias);
+  }
+  return r;
+}
+
+}  // namespace ember::ops

@@ -1,0 +1,197 @@
+// ember — 2-D pooling without autograd (max with argmax indices, average, adaptive average): shape checks with
+// PyTorch's rules and messages naming the op and the shapes, then dispatch to cpu/pool.hpp. half and bfloat16
+// compute in fp32.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/pool.hpp"
+#include "ember/ops/conv.hpp"
+#include "ember/ops/window.hpp"
+
+namespace ember::ops {
+
+namespace detail {
+inline void check_pool_input(const char* op, const Shape& x, Device dev) {
+  EMBER_CHECK(x.n == 4, op, ": expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape ", x.str());
+  EMBER_CHECK(x[1] > 0 && x[2] > 0 && x[3] > 0, op, ": expected non-zero channels, height and width, "
+              "got input shape ", x.str());
+  EMBER_CHECK(dev.is_cpu(), op, ": no kernel for tensors on ", dev.str(), " in this build");
+}
+
+/// Checks a max/avg pool's arguments and returns its geometry (stride 0 means the kernel size).
+inline cpu::PoolGeometry pool_geometry(const char* op, const Shape& x, Device dev, Size2 kernel,
+                                       const Pool2dOptions& o, bool dilated) {
+  check_pool_input(op, x, dev);
+  check_window_arg(op, "kernel size", kernel, 1);
+  EMBER_CHECK(o.stride.h >= 0 && o.stride.w >= 0 && (o.stride.h > 0) == (o.stride.w > 0), op,
+              ": stride must be positive (or 0 for the kernel size), got ", o.stride.str());
+  const Size2 stride = o.stride.h == 0 ? kernel : o.stride;
+  check_window_arg(op, "padding", o.padding, 0);
+  const Size2 dil = dilated ? o.dilation : Size2(1);
+  check_window_arg(op, "dilation", dil, 1);
+  EMBER_CHECK(2 * o.padding.h <= kernel.h && 2 * o.padding.w <= kernel.w, op, ": padding ", o.padding.str(),
+              " must be at most half the kernel size ", kernel.str());
+  cpu::PoolGeometry g;
+  g.planes = x[0] * x[1];
+  g.h = x[2];
+  g.w = x[3];
+  g.kh = kernel.h;
+  g.kw = kernel.w;
+  g.sh = stride.h;
+  g.sw = stride.w;
+  g.ph = o.padding.h;
+  g.pw = o.padding.w;
+  g.dh = dil.h;
+  g.dw = dil.w;
+  g.count_include_pad = o.count_include_pad;
+  const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
+  EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, ": kernel ", kernel.str(),
+              (dil.h > 1 || dil.w > 1 ? " (dilated to " + Size2(eh, ew).str() + ")" : std::string()),
+              " is larger than the padded input ", Size2(g.h + 2 * g.ph, g.w + 2 * g.pw).str(), " (input shape ",
+              x.str(), ", padding ", o.padding.str(), ")");
+  g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, o.ceil_mode);
+  g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, o.ceil_mode);
+  return g;
+}
+
+inline Shape pool_out_shape(const Shape& x, const cpu::PoolGeometry& g) { return Shape{x[0], x[1], g.oh, g.ow}; }
+
+template <class T>
+void check_pool_grad(const char* op, const Tensor<T>& gy, const Shape& expect) {
+  EMBER_CHECK(gy.shape() == expect, op, ": gradient of shape ", gy.shape().str(), " does not match the output shape ",
+              expect.str());
+}
+
+template <class T>
+constexpr bool native_float = std::is_same_v<T, float> || std::is_same_v<T, double>;
+}  // namespace detail
+
+/// Max pooling of x (N, C, H, W): the output (N, C, oh, ow) and, per output, the flat index (h * W + w) of the
+/// chosen input element in its plane (as PyTorch's return_indices).
+template <class T>
+std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<T>& x, Size2 kernel,
+                                                                   const Pool2dOptions& o = {}) {
+  static_assert(is_floating_v<T>, "max_pool2d: floating-point tensors only");
+  const cpu::PoolGeometry g = detail::pool_geometry("max_pool2d", x.shape(), x.device(), kernel, o, true);
+  const Shape os = detail::pool_out_shape(x.shape(), g);
+  Tensor<std::int64_t> idx = empty<std::int64_t>(os, x.device());
+  if constexpr (detail::native_float<T>) {
+    const Tensor<T> xc = detail::dense(x);
+    Tensor<T> y = empty<T>(os, x.device());
+    cpu::max_pool2d_forward<T>(g, xc.data(), y.data(), idx.data());
+    return {y, idx};
+  } else {
+    auto [yf, i] = ops::max_pool2d_with_indices<float>(detail::to_float(x), kernel, o);
+    return {detail::from_float<T>(yf), i};
+  }
+}
+
+/// The input gradient (shape `input_shape`) of max pooling from gy (N, C, oh, ow) and the recorded indices.
+template <class T>
+Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& indices, const Shape& input_shape) {
+  detail::check_pool_grad("max_pool2d_backward", gy, indices.shape());
+  EMBER_CHECK(input_shape.n == 4 && indices.dim() == 4 && input_shape[0] == indices.size(0) &&
+                  input_shape[1] == indices.size(1),
+              "max_pool2d_backward: indices of shape ", indices.shape().str(), " do not match input shape ",
+              input_shape.str());
+  if constexpr (detail::native_float<T>) {
+    cpu::PoolGeometry g;
+    g.planes = input_shape[0] * input_shape[1];
+    g.h = input_shape[2];
+    g.w = input_shape[3];
+    g.oh = gy.size(2);
+    g.ow = gy.size(3);
+    const Tensor<T> gyc = detail::dense(gy);
+    const Tensor<std::int64_t> ic = detail::dense(indices);
+    Tensor<T> gx = empty<T>(input_shape, gy.device());
+    cpu::max_pool2d_backward<T>(g, gyc.data(), ic.data(), gx.data());
+    return gx;
+  } else {
+    return detail::from_float<T>(ops::max_pool2d_backward<float>(detail::to_float(gy), indices, input_shape));
+  }
+}
+
+/// Average pooling of x (N, C, H, W) to (N, C, oh, ow).
+template <class T>
+Tensor<T> avg_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = {}) {
+  static_assert(is_floating_v<T>, "avg_pool2d: floating-point tensors only");
+  EMBER_CHECK(o.dilation == Size2(1), "avg_pool2d: dilation is not supported (got ", o.dilation.str(), ")");
+  const cpu::PoolGeometry g = detail::pool_geometry("avg_pool2d", x.shape(), x.device(), kernel, o, false);
+  if constexpr (detail::native_float<T>) {
+    const Tensor<T> xc = detail::dense(x);
+    Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
+    cpu::avg_pool2d_forward<T>(g, xc.data(), y.data());
+    return y;
+  } else {
+    return detail::from_float<T>(ops::avg_pool2d<float>(detail::to_float(x), kernel, o));
+  }
+}
+
+/// The input gradient (shape `input_shape`, (N, C, H, W)) of avg_pool2d(x, kernel, o) from gy (N, C, oh, ow).
+template <class T>
+Tensor<T> avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_shape, Size2 kernel,
+                              const Pool2dOptions& o = {}) {
+  const cpu::PoolGeometry g = detail::pool_geometry("avg_pool2d", input_shape, gy.device(), kernel, o, false);
+  detail::check_pool_grad("avg_pool2d_backward", gy, detail::pool_out_shape(input_shape, g));
+  if constexpr (detail::native_float<T>) {
+    const Tensor<T> gyc = detail::dense(gy);
+    Tensor<T> gx = empty<T>(input_shape, gy.device());
+    cpu::avg_pool2d_backward<T>(g, gyc.data(), gx.data());
+    return gx;
+  } else {
+    return detail::from_float<T>(ops::avg_pool2d_backward<float>(detail::to_float(gy), input_shape, kernel, o));
+  }
+}
+
+namespace detail {
+inline cpu::PoolGeometry adaptive_geometry(const Shape& x, Device dev, Size2 out) {
+  check_pool_input("adaptive_avg_pool2d", x, dev);
+  EMBER_CHECK(out.h >= 0 && out.w >= 0, "adaptive_avg_pool2d: output size must be non-negative, got ", out.str());
+  cpu::PoolGeometry g;
+  g.planes = x[0] * x[1];
+  g.h = x[2];
+  g.w = x[3];
+  g.oh = out.h;
+  g.ow = out.w;
+  return g;
+}
+}  // namespace detail
+
+/// Adaptive average pooling of x (N, C, H, W) to (N, C, out.h, out.w): bin i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
+template <class T>
+Tensor<T> adaptive_avg_pool2d(const Tensor<T>& x, Size2 output_size) {
+  static_assert(is_floating_v<T>, "adaptive_avg_pool2d: floating-point tensors only");
+  const cpu::PoolGeometry g = detail::adaptive_geometry(x.shape(), x.device(), output_size);
+  if constexpr (detail::native_float<T>) {
+    const Tensor<T> xc = detail::dense(x);
+    Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
+    cpu::adaptive_avg_pool2d_forward<T>(g, xc.data(), y.data());
+    return y;
+  } else {
+    return detail::from_float<T>(ops::adaptive_avg_pool2d<float>(detail::to_float(x), output_size));
+  }
+}
+
+/// The input gradient (shape `input_shape`, (N, C, H, W)) of adaptive_avg_pool2d from gy (N, C, oh, ow).
+template <class T>
+Tensor<T> adaptive_avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_shape) {
+  EMBER_CHECK(gy.dim() == 4, "adaptive_avg_pool2d_backward: expected a 4-D gradient, got shape ", gy.shape().str());
+  const cpu::PoolGeometry g = detail::adaptive_geometry(input_shape, gy.device(), Size2(gy.size(2), gy.size(3)));
+  detail::check_pool_grad("adaptive_avg_pool2d_backward", gy, detail::pool_out_shape(input_shape, g));
+  if constexpr (detail::native_float<T>) {
+    const Tensor<T> gyc = detail::dense(gy);
+    Tensor<T> gx = empty<T>(input_shape, gy.device());
+    cpu::adaptive_avg_pool2d_backward<T>(g, gyc.data(), gx.data());
+    return gx;
+  } else {
+    return detail::from_float<T>(ops::adaptive_avg_pool2d_backward<float>(detail::to_float(gy), input_shape));
+  }
+}
+
+}  // namespace ember::ops

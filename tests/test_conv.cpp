@@ -1,0 +1,440 @@
+// Convolution and pooling: forward and backward against PyTorch (fixtures from tests/fixtures/gen_conv.py),
+// gradcheck in double for every option that changes the index arithmetic (stride, padding, dilation, groups,
+// ceil_mode, count_include_pad, non-divisible adaptive bins, non-contiguous inputs), the max-pool conventions
+// finite differences cannot see (ties, NaN), the threading paths, 16-bit dtypes, and one test per user error.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ember/ember.hpp"
+#include "helpers.hpp"
+
+using namespace ember;
+using ember_test::ThreadsGuard;
+
+namespace {
+
+using TD = Tensor<double>;
+using TF = Tensor<float>;
+using Inputs = std::vector<TD>;
+using Fn = std::function<TD(const Inputs&)>;
+using i64 = std::int64_t;
+
+TD normal(const Shape& s, std::uint64_t seed) {
+  Generator g(seed);
+  return randn<double>(s, g);
+}
+TF normal_f(const Shape& s, std::uint64_t seed) {
+  Generator g(seed);
+  return randn<float>(s, g);
+}
+
+/// Distinct values (a shuffled arange with mixed signs): max pooling has no ties, so finite differences see
+/// the same argmax on both sides of the step.
+TD distinct(const Shape& s, std::uint64_t seed) {
+  Generator g(seed);
+  TD u = rand<double>(s, g);
+  const i64 n = u.numel();
+  std::vector<i64> order(static_cast<std::size_t>(n));
+  for (i64 i = 0; i < n; ++i) order[std::size_t(i)] = i;
+  for (i64 i = n - 1; i > 0; --i) {
+    const auto j = std::min(i64(u.data()[i] * double(i + 1)), i);
+    std::swap(order[std::size_t(i)], order[std::size_t(j)]);
+  }
+  TD t = empty<double>(s);
+  for (i64 i = 0; i < n; ++i) t.data()[i] = (i % 3 == 1 ? -1.0 : 1.0) * (0.1 + 0.01 * double(order[std::size_t(i)]));
+  return t;
+}
+
+void check_grad(const std::string& what, const Fn& f, const Inputs& in) {
+  INFO(what);
+  GradcheckResult r = gradcheck(f, in, 1e-6, 1e-6, 1e-5);
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+/// max |a - b| over all elements (shapes must match).
+template <class A, class B>
+double max_diff(const Tensor<A>& a, const Tensor<B>& b) {
+  REQUIRE(a.shape() == b.shape());
+  double m = 0;
+  for (i64 i = 0; i < a.numel(); ++i) {
+    const double d = std::fabs(double(ember_test::rd(a, i)) - double(ember_test::rd(b, i)));
+    m = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(m, d);
+  }
+  return m;
+}
+
+// ---- fixtures -------------------------------------------------------------------------------------------------
+
+struct FixtureCase {
+  std::string name;
+  std::map<std::string, i64> opt;
+  std::string op;
+  std::map<std::string, TD> t;
+};
+
+std::vector<FixtureCase> load_fixtures() {
+  const auto path = std::filesystem::path(__FILE__).parent_path() / "fixtures" / "conv.txt";
+  std::ifstream f(path);
+  REQUIRE_MESSAGE(f.good(), "cannot open ", path.string());
+  std::vector<FixtureCase> cases;
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream ls(line);
+    std::string kind;
+    ls >> kind;
+    if (kind == "case") {
+      cases.emplace_back();
+      ls >> cases.back().name;
+      std::string kv;
+      while (ls >> kv) {
+        const auto eq = kv.find('=');
+        if (kv.substr(0, eq) == "op") cases.back().op = kv.substr(eq + 1);
+        else cases.back().opt[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
+      }
+    } else if (kind == "tensor") {
+      std::string name, dims;
+      ls >> name >> dims;
+      Shape s;
+      std::istringstream ds(dims);
+      for (std::string d; std::getline(ds, d, ',');) s.push_back(std::stoll(d));
+      std::vector<double> v;
+      for (double x; ls >> x;) v.push_back(x);
+      REQUIRE(i64(v.size()) == s.numel());
+      cases.back().t[name] = from_vector<double>(v, s);
+    }
+  }
+  return cases;
+}
+
+void expect_close(const char* what, const TD& got, const TD& want, double tol = 1e-10) {
+  INFO(what);
+  REQUIRE(got.defined());
+  CHECK(got.shape() == want.shape());
+  if (got.shape() == want.shape()) CHECK(max_diff(got, want) <= tol);
+}
+
+// ---- errors ---------------------------------------------------------------------------------------------------
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ember::Error& e) {
+    return e.what();
+  } catch (...) {
+    return "<not an ember::Error>";
+  }
+  return "<no exception>";
+}
+void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
+  const std::string msg = error_of(f);
+  INFO("line " << line << ", message: " << msg);
+  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
+  for (const char* p : parts) {
+    INFO("expected the message to contain \"" << std::string(p) << "\"");
+    CHECK(msg.find(p) != std::string::npos);
+  }
+}
+#define EXPECT_ERROR(...) expect_error(__LINE__, __VA_ARGS__)
+
+}  // namespace
+
+TEST_CASE("conv and pooling match PyTorch forward and backward (fixtures)") {
+  const auto cases = load_fixtures();
+  REQUIRE(cases.size() >= 18);
+  for (const auto& c : cases) {
+    INFO("case " << c.name);
+    const auto& t = c.t;
+    auto o = [&](const char* k) { return c.opt.at(k); };
+    TD x = t.at("x").detach().clone();
+    x.requires_grad_(true);
+    if (c.op == "conv2d") {
+      TD w = t.at("w").detach().clone(), b;
+      w.requires_grad_(true);
+      if (t.count("b")) {
+        b = t.at("b").detach().clone();
+        b.requires_grad_(true);
+      }
+      const Conv2dOptions opt{{o("sh"), o("sw")}, {o("ph"), o("pw")}, {o("dh"), o("dw")}, o("groups")};
+      TD y = conv2d(x, w, b, opt);
+      expect_close("y", y, t.at("y"));
+      y.backward(t.at("gy"));
+      expect_close("gx", x.grad(), t.at("gx"));
+      expect_close("gw", w.grad(), t.at("gw"));
+      if (b.defined()) expect_close("gb", b.grad(), t.at("gb"));
+      // The float path agrees too.
+      const TF yf = conv2d(TF(cast<float>(t.at("x"))), TF(cast<float>(t.at("w"))),
+                           b.defined() ? TF(cast<float>(t.at("b"))) : TF(), opt);
+      CHECK(max_diff(yf, t.at("y")) <= 1e-4);
+    } else {
+      TD y;
+      if (c.op == "adaptive_avg_pool2d") {
+        y = adaptive_avg_pool2d(x, {o("oh"), o("ow")});
+      } else {
+        Pool2dOptions opt;
+        opt.stride = {o("sh"), o("sw")};
+        opt.padding = {o("ph"), o("pw")};
+        opt.dilation = {o("dh"), o("dw")};
+        opt.ceil_mode = o("ceil") != 0;
+        opt.count_include_pad = o("cip") != 0;
+        y = c.op == "max_pool2d" ? max_pool2d(x, {o("kh"), o("kw")}, opt) : avg_pool2d(x, {o("kh"), o("kw")}, opt);
+      }
+      expect_close("y", y, t.at("y"));
+      y.backward(t.at("gy"));
+      expect_close("gx", x.grad(), t.at("gx"));
+    }
+  }
+}
+
+TEST_CASE("conv2d gradcheck: stride, padding, dilation, groups, bias, non-contiguous input") {
+  struct C {
+    const char* what;
+    Shape x, w;
+    bool bias;
+    Conv2dOptions o;
+  };
+  const C cases[] = {
+      {"3x3 pad 1 + bias", {2, 2, 5, 4}, {3, 2, 3, 3}, true, {1, 1, 1, 1}},
+      {"stride (2,1), pad (0,1)", {2, 2, 6, 5}, {2, 2, 3, 2}, false, {{2, 1}, {0, 1}, 1, 1}},
+      {"dilation (1,2), pad 2", {1, 2, 5, 6}, {2, 2, 2, 3}, true, {1, 2, {1, 2}, 1}},
+      {"groups 2", {2, 4, 4, 4}, {4, 2, 3, 3}, true, {1, 1, 1, 2}},
+      {"depthwise, stride 2", {1, 3, 5, 5}, {6, 1, 3, 3}, false, {2, 1, 1, 3}},
+      {"pointwise 1x1", {3, 3, 3, 2}, {2, 3, 1, 1}, true, {}},
+      {"1x1 stride 2 (not pointwise)", {2, 2, 5, 5}, {2, 2, 1, 1}, false, {2, 0, 1, 1}},
+      {"kernel = padded input", {1, 1, 3, 3}, {2, 1, 5, 5}, true, {1, 1, 1, 1}},
+  };
+  std::uint64_t seed = 100;
+  for (const auto& c : cases) {
+    const Conv2dOptions o = c.o;
+    Inputs in{normal(c.x, ++seed), normal(c.w, ++seed)};
+    if (c.bias) in.push_back(normal({c.w[0]}, ++seed));
+    check_grad(c.what, [o](const Inputs& v) { return conv2d(v[0], v[1], v.size() > 2 ? v[2] : TD(), o); }, in);
+  }
+  // Non-contiguous input and weight (transposed views of the leaves).
+  check_grad("transposed input and weight",
+             [](const Inputs& v) { return conv2d(v[0].transpose(2, 3), v[1].transpose(2, 3), v[2], {1, 1, 1, 1}); },
+             {normal({2, 2, 4, 5}, 7), normal({3, 2, 2, 3}, 8), normal({3}, 9)});
+  // A strided slice of the batch and channels.
+  check_grad("sliced input",
+             [](const Inputs& v) { return conv2d(v[0].slice(0, 0, 4, 2).slice(1, 1, 3), v[1], TD(), {2, 1}); },
+             {normal({4, 3, 5, 5}, 10), normal({2, 2, 3, 3}, 11)});
+  // Unbatched (C, H, W) input.
+  check_grad("unbatched", [](const Inputs& v) { return conv2d(v[0], v[1], v[2], {1, 1}); },
+             {normal({2, 4, 4}, 12), normal({3, 2, 3, 3}, 13), normal({3}, 14)});
+}
+
+TEST_CASE("conv2d: only the gradients that are needed, and unbatched shapes") {
+  TD x = normal({2, 3, 5, 5}, 1), w = normal({4, 3, 3, 3}, 2), b = normal({4}, 3);
+  w.requires_grad_(true);
+  TD y = conv2d(x, w, b, {1, 1});
+  CHECK(y.shape() == Shape({2, 4, 5, 5}));
+  sum(y).backward();
+  CHECK(w.grad().defined());
+  CHECK(!x.grad().defined());
+  const TD yu = conv2d(x[1], w.detach(), b, {1, 1});
+  CHECK(yu.shape() == Shape({4, 5, 5}));
+  CHECK(max_diff(yu, y.detach()[1]) == 0);
+  NoGradGuard ng;
+  TD x2 = normal({1, 3, 5, 5}, 4);
+  x2.requires_grad_(true);
+  CHECK(!conv2d(x2, w, b).requires_grad());
+}
+
+TEST_CASE("conv2d: batch-parallel and GEMM-parallel paths agree with one thread") {
+  ThreadsGuard guard;
+  // 5 images (batch-parallel path with 2 threads) and 1 image (parallel GEMM path); big enough for the GEMM to
+  // split.
+  for (i64 n : {5, 1}) {
+    INFO("batch " << n);
+    TF x = normal_f({n, 16, 20, 20}, 21), w = normal_f({32, 16, 3, 3}, 22), b = normal_f({32}, 23);
+    TF gy = normal_f({n, 32, 20, 20}, 24);
+    Tensor<float> out[2][4];
+    for (int threads : {1, 2}) {
+      cpu::set_num_threads(threads);
+      TF xl = x.detach().clone(), wl = w.detach().clone(), bl = b.detach().clone();
+      xl.requires_grad_(true);
+      wl.requires_grad_(true);
+      bl.requires_grad_(true);
+      TF y = conv2d(xl, wl, bl, {1, 1});
+      y.backward(gy);
+      out[threads - 1][0] = y;
+      out[threads - 1][1] = xl.grad();
+      out[threads - 1][2] = wl.grad();
+      out[threads - 1][3] = bl.grad();
+    }
+    for (int k = 0; k < 4; ++k) {
+      INFO("output " << k);
+      CHECK(max_diff(out[0][k], out[1][k]) <= 1e-3);
+    }
+  }
+  // The float result matches the double one.
+  TD xd = normal({3, 4, 9, 9}, 31), wd = normal({5, 4, 3, 3}, 32);
+  const TF yf = conv2d(TF(cast<float>(xd)), TF(cast<float>(wd)), TF(), {2, 1});
+  CHECK(max_diff(yf, conv2d(xd, wd, TD(), {2, 1})) <= 1e-4);
+}
+
+TEST_CASE("conv2d and pooling in half and bfloat16 compute in fp32") {
+  TD x = normal({2, 3, 6, 6}, 41), w = normal({4, 3, 3, 3}, 42), b = normal({4}, 43);
+  auto check16 = [&](auto tag) {
+    using H = decltype(tag);
+    const Tensor<H> xh = cast<H>(x), wh = cast<H>(w), bh = cast<H>(b);
+    // Reference: the same rounded inputs in double.
+    const TD ref = conv2d(TD(cast<double>(xh)), TD(cast<double>(wh)), TD(cast<double>(bh)), {1, 1});
+    Tensor<H> y = conv2d(xh, wh, bh, {1, 1});
+    const double tol = std::is_same_v<H, half> ? 2e-2 : 1.5e-1;
+    CHECK(max_diff(y, ref) <= tol);
+    CHECK(max_diff(max_pool2d(xh, 2), max_pool2d(TD(cast<double>(xh)), 2)) == 0);
+    CHECK(max_diff(avg_pool2d(xh, 3, {.stride = 1}), avg_pool2d(TD(cast<double>(xh)), 3, {.stride = 1})) <= tol);
+    CHECK(max_diff(adaptive_avg_pool2d(xh, 4), adaptive_avg_pool2d(TD(cast<double>(xh)), 4)) <= tol);
+    // Backward runs in fp32 too.
+    Tensor<H> xl = xh.detach().clone(), wl = wh.detach().clone();
+    xl.requires_grad_(true);
+    wl.requires_grad_(true);
+    sum(cast<float>(max_pool2d(conv2d(xl, wl, Tensor<H>(), {1, 1}), 2))).backward();
+    CHECK(xl.grad().shape() == xl.shape());
+    CHECK(wl.grad().shape() == wl.shape());
+  };
+  SUBCASE("half") { check16(half{}); }
+  SUBCASE("bfloat16") { check16(bfloat16{}); }
+}
+
+TEST_CASE("pooling gradcheck: max (dilation, ceil_mode, padding), avg (count_include_pad), adaptive") {
+  auto mp = [](Size2 k, Pool2dOptions o) { return [k, o](const Inputs& v) { return max_pool2d(v[0], k, o); }; };
+  auto ap = [](Size2 k, Pool2dOptions o) { return [k, o](const Inputs& v) { return avg_pool2d(v[0], k, o); }; };
+  auto ad = [](Size2 s) { return [s](const Inputs& v) { return adaptive_avg_pool2d(v[0], s); }; };
+  const Shape s{2, 2, 7, 6};
+  check_grad("max 2x2", mp(2, {}), {distinct(s, 1)});
+  check_grad("max 3x3 s2 p1 ceil", mp(3, {.stride = 2, .padding = 1, .ceil_mode = true}), {distinct(s, 2)});
+  check_grad("max (3,2) s(1,2) p(1,1) dil(2,1)", mp({3, 2}, {.stride = {1, 2}, .padding = 1, .dilation = {2, 1}}),
+             {distinct(s, 3)});
+  check_grad("max overlapping windows (stride 1)", mp(3, {.stride = 1}), {distinct(s, 4)});
+  check_grad("max unbatched", mp(2, {.stride = 1}), {distinct({3, 5, 4}, 5)});
+  check_grad("max transposed input",
+             [](const Inputs& v) { return max_pool2d(v[0].transpose(1, 3), 2, {.ceil_mode = true}); },
+             {distinct(s, 6)});
+  check_grad("avg 3x3 s2 p1 ceil, count pad", ap(3, {.stride = 2, .padding = 1, .ceil_mode = true}),
+             {normal(s, 7)});
+  check_grad("avg 3x3 s2 p1 ceil, no pad count",
+             ap(3, {.stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = false}), {normal(s, 8)});
+  check_grad("avg (2,3) s(1,2) p(1,0)", ap({2, 3}, {.stride = {1, 2}, .padding = {1, 0}}), {normal(s, 9)});
+  check_grad("avg unbatched", ap(2, {}), {normal({3, 5, 4}, 10)});
+  check_grad("avg transposed input", [](const Inputs& v) { return avg_pool2d(v[0].transpose(2, 3), 2); },
+             {normal(s, 11)});
+  check_grad("adaptive 7x6 -> 3x4 (non-divisible)", ad({3, 4}), {normal(s, 12)});
+  check_grad("adaptive 7x6 -> 5x5 (overlapping bins)", ad(5), {normal(s, 13)});
+  check_grad("adaptive upsampling 7x6 -> 9x8", ad({9, 8}), {normal(s, 14)});
+  check_grad("adaptive unbatched", ad({2, 3}), {normal({2, 5, 5}, 15)});
+  check_grad("adaptive transposed input", [](const Inputs& v) { return adaptive_avg_pool2d(v[0].transpose(2, 3), 3); },
+             {normal(s, 16)});
+}
+
+TEST_CASE("pooling: output sizes follow PyTorch's rules") {
+  const TD x = normal({1, 1, 5, 5}, 1);
+  CHECK(max_pool2d(x, 2).shape() == Shape({1, 1, 2, 2}));
+  CHECK(max_pool2d(x, 2, {.ceil_mode = true}).shape() == Shape({1, 1, 3, 3}));
+  // ceil_mode: rounding up gives 4 windows, but the last would start in the right padding, so 3.
+  CHECK(max_pool2d(x, 2, {.stride = 2, .padding = 1, .ceil_mode = true}).shape() == Shape({1, 1, 3, 3}));
+  CHECK(max_pool2d(x, 3, {.stride = 2, .padding = 1, .dilation = 2}).shape() == Shape({1, 1, 2, 2}));
+  CHECK(avg_pool2d(x, {2, 3}, {.stride = {2, 1}}).shape() == Shape({1, 1, 2, 3}));
+  CHECK(adaptive_avg_pool2d(x, {3, 7}).shape() == Shape({1, 1, 3, 7}));
+  CHECK(max_pool2d(x[0], 2).shape() == Shape({1, 2, 2}));
+}
+
+TEST_CASE("max_pool2d: ties go to the first maximum, NaN wins, padding never wins") {
+  // One 2x2 window of equal values: the gradient goes to the first (top-left) element only.
+  TD x = from_vector<double>({1, 1, 1, 1}, {1, 1, 2, 2});
+  x.requires_grad_(true);
+  TD y = max_pool2d(x, 2);
+  y.backward(from_vector<double>({5}, {1, 1, 1, 1}));
+  CHECK(x.grad().to_vector() == std::vector<double>{5, 0, 0, 0});
+  // Overlapping windows (stride 1) that share their maximum: gradients add up at it.
+  TD z = from_vector<double>({0, 9, 0, 0, 0, 0}, {1, 1, 2, 3});
+  z.requires_grad_(true);
+  max_pool2d(z, 2, {.stride = 1}).backward(from_vector<double>({1, 2}, {1, 1, 1, 2}));
+  CHECK(z.grad().to_vector() == std::vector<double>{0, 3, 0, 0, 0, 0});
+  // NaN propagates as the maximum.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const TD n = max_pool2d(from_vector<double>({1, nan, 3, 2}, {1, 1, 2, 2}), 2);
+  CHECK(std::isnan(n.to_vector()[0]));
+  // All-negative input with padding: -inf padding never wins.
+  const TD neg = max_pool2d(from_vector<double>({-5, -4, -3, -2}, {1, 1, 2, 2}), 2, {.stride = 1, .padding = 1});
+  CHECK(neg.to_vector() == std::vector<double>{-5, -4, -4, -3, -2, -2, -3, -2, -2});
+}
+
+TEST_CASE("avg_pool2d: divisors with and without padding") {
+  const TD x = ones<double>({1, 1, 3, 3});
+  // 3x3 window, padding 1: the corner window covers 4 input elements of 9 padded ones.
+  CHECK(avg_pool2d(x, 3, {.stride = 1, .padding = 1}).to_vector()[0] == doctest::Approx(4.0 / 9.0));
+  CHECK(avg_pool2d(x, 3, {.stride = 1, .padding = 1, .count_include_pad = false}).to_vector()[0] == 1.0);
+  // ceil_mode: a window hanging past the padded input divides by the part inside the padded input.
+  const TD y = avg_pool2d(x, 2, {.stride = 2, .ceil_mode = true});
+  CHECK(y.shape() == Shape({1, 1, 2, 2}));
+  CHECK(y.to_vector() == std::vector<double>{1, 1, 1, 1});
+}
+
+TEST_CASE("conv and pooling errors name the op, the shapes and what was expected") {
+  const TF x = zeros<float>({2, 4, 8, 8}), w = zeros<float>({6, 4, 3, 3});
+  // Ranks.
+  EXPECT_ERROR([&] { (void)conv2d(zeros<float>({4, 8}), w); }, {"conv2d", "[4, 8]", "3-D (C, H, W) or 4-D"});
+  EXPECT_ERROR([&] { (void)conv2d(x, zeros<float>({6, 4, 3})); }, {"conv2d", "weight", "[6, 4, 3]", "4-D"});
+  // Channels and groups.
+  EXPECT_ERROR([&] { (void)conv2d(x, zeros<float>({6, 3, 3, 3})); },
+               {"conv2d", "[2, 4, 8, 8]", "4 channels", "[6, 3, 3, 3]", "expects 3"});
+  EXPECT_ERROR([&] { (void)conv2d(x, zeros<float>({8, 2, 3, 3}), TF(), {.groups = 4}); },
+               {"conv2d", "groups=4", "expects 8"});
+  EXPECT_ERROR([&] { (void)conv2d(x, zeros<float>({6, 1, 3, 3}), TF(), {.groups = 4}); },
+               {"conv2d", "6 output channels", "groups=4"});
+  EXPECT_ERROR([&] { (void)conv2d(x, w, TF(), {.groups = 0}); }, {"conv2d", "groups must be positive"});
+  // Kernel larger than the padded input.
+  EXPECT_ERROR([&] { (void)conv2d(zeros<float>({1, 4, 2, 2}), w); },
+               {"conv2d", "kernel (3, 3)", "larger than the padded input (2, 2)", "[1, 4, 2, 2]"});
+  EXPECT_ERROR([&] { (void)conv2d(zeros<float>({1, 4, 4, 4}), w, TF(), {.dilation = 2}); },
+               {"conv2d", "dilated to (5, 5)", "(4, 4)"});
+  // Non-positive stride / dilation, negative padding.
+  EXPECT_ERROR([&] { (void)conv2d(x, w, TF(), {.stride = {1, 0}}); }, {"conv2d", "stride", "positive", "(1, 0)"});
+  EXPECT_ERROR([&] { (void)conv2d(x, w, TF(), {.stride = -1}); }, {"conv2d", "stride", "(-1, -1)"});
+  EXPECT_ERROR([&] { (void)conv2d(x, w, TF(), {.dilation = 0}); }, {"conv2d", "dilation", "positive"});
+  EXPECT_ERROR([&] { (void)conv2d(x, w, TF(), {.padding = -1}); }, {"conv2d", "padding", "non-negative"});
+  // Bias shape.
+  EXPECT_ERROR([&] { (void)conv2d(x, w, zeros<float>({4})); }, {"conv2d", "bias of shape [4]", "6 output channels"});
+  EXPECT_ERROR([&] { (void)conv2d(x, w, zeros<float>({6, 1})); }, {"conv2d", "bias of shape [6, 1]", "[6]"});
+  // Devices.
+  std::vector<float> mem(6 * 6 * 9);
+  const TF wg = from_blob(mem.data(), {6, 4, 3, 3}, std::function<void(void*)>{}, Device::cuda());
+  EXPECT_ERROR([&] { (void)conv2d(x, wg); }, {"conv2d", "different devices", "cpu", "cuda:0"});
+  std::vector<float> bmem(6);
+  const TF bg = from_blob(bmem.data(), {6}, std::function<void(void*)>{}, Device::cuda());
+  EXPECT_ERROR([&] { (void)conv2d(x, w, bg); }, {"conv2d", "bias", "cuda:0", "cpu"});
+
+  // Pooling.
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<float>({8, 8}), 2); }, {"max_pool2d", "[8, 8]", "3-D (C, H, W) or 4-D"});
+  EXPECT_ERROR([&] { (void)avg_pool2d(zeros<float>({1, 1, 1, 8, 8}), 2); }, {"avg_pool2d", "[1, 1, 1, 8, 8]"});
+  EXPECT_ERROR([&] { (void)adaptive_avg_pool2d(zeros<float>({8}), 2); }, {"adaptive_avg_pool2d", "[8]"});
+  EXPECT_ERROR([&] { (void)max_pool2d(x, 0); }, {"max_pool2d", "kernel size", "positive", "(0, 0)"});
+  EXPECT_ERROR([&] { (void)max_pool2d(x, 2, {.stride = -2}); }, {"max_pool2d", "stride", "(-2, -2)"});
+  EXPECT_ERROR([&] { (void)avg_pool2d(x, 2, {.stride = {2, 0}}); }, {"avg_pool2d", "stride", "(2, 0)"});
+  EXPECT_ERROR([&] { (void)max_pool2d(x, 2, {.padding = 2}); },
+               {"max_pool2d", "padding (2, 2)", "at most half the kernel size (2, 2)"});
+  EXPECT_ERROR([&] { (void)max_pool2d(x, 2, {.dilation = 0}); }, {"max_pool2d", "dilation", "positive"});
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<float>({1, 1, 3, 3}), 4, {.padding = 0}); },
+               {"max_pool2d", "kernel (4, 4)", "larger than the padded input (3, 3)"});
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<float>({1, 1, 5, 5}), 3, {.dilation = 3}); },
+               {"max_pool2d", "dilated to (7, 7)", "(5, 5)"});
+  EXPECT_ERROR([&] { (void)avg_pool2d(x, 2, {.dilation = 2}); }, {"avg_pool2d", "dilation is not supported"});
+  EXPECT_ERROR([&] { (void)avg_pool2d(zeros<float>({1, 0, 4, 4}), 2); }, {"avg_pool2d", "non-zero", "[1, 0, 4, 4]"});
+  EXPECT_ERROR([&] { (void)adaptive_avg_pool2d(x, {-1, 2}); }, {"adaptive_avg_pool2d", "non-negative", "(-1, 2)"});
+  const TF xg = from_blob(mem.data(), {1, 6, 6, 6}, std::function<void(void*)>{}, Device::cuda());
+  EXPECT_ERROR([&] { (void)max_pool2d(xg, 2); }, {"max_pool2d", "cuda:0"});
+  const TF wg6 = from_blob(mem.data(), {6, 6, 3, 3}, std::function<void(void*)>{}, Device::cuda());
+  EXPECT_ERROR([&] { (void)conv2d(xg, wg6); }, {"conv2d", "no kernel", "cuda:0"});
+}
