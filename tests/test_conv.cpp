@@ -366,6 +366,17 @@ TEST_CASE("max_pool2d: ties go to the first maximum, NaN wins, padding never win
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const TD n = max_pool2d(from_vector<double>({1, nan, 3, 2}, {1, 1, 2, 2}), 2);
   CHECK(std::isnan(n.to_vector()[0]));
+  const TD n3 = max_pool2d(from_vector<double>({1, 2, 3, 4, nan, 6, 7, 8, 9}, {1, 1, 3, 3}), 3, {.padding = 1});
+  CHECK(std::isnan(n3.to_vector()[0]));
+  // Without a gradient the forward skips the indices and gives the same values (2x2 and general kernels).
+  const TD r = distinct({2, 3, 8, 9}, 3);
+  TD rl = r.detach().clone();
+  rl.requires_grad_(true);
+  for (const Size2 k : {Size2(2), Size2(3, 2)}) {
+    const TD with = max_pool2d(rl, k);
+    NoGradGuard ng;
+    CHECK(max_diff(max_pool2d(r, k), with.detach()) == 0);
+  }
   // All-negative input with padding: -inf padding never wins.
   const TD neg = max_pool2d(from_vector<double>({-5, -4, -3, -2}, {1, 1, 2, 2}), 2, {.stride = 1, .padding = 1});
   CHECK(neg.to_vector() == std::vector<double>{-5, -4, -4, -3, -2, -2, -3, -2, -2});

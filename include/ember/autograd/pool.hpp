@@ -68,8 +68,9 @@ Tensor<T> max_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = 
   static_assert(is_floating_v<T>, "max_pool2d: floating-point tensors only");
   autograd::check_pool_rank("max_pool2d", x);
   if (x.dim() == 3) return max_pool2d(x.unsqueeze(0), kernel, o).squeeze(0);
-  auto [y, idx] = ops::max_pool2d_with_indices(x, kernel, o);
-  if (autograd::pool_needs_grad(x)) {
+  const bool grad = autograd::pool_needs_grad(x);
+  auto [y, idx] = ops::max_pool2d_with_indices(x, kernel, o, grad);
+  if (grad) {
     auto node = std::make_shared<autograd::MaxPool2dNode<T>>();
     node->indices = idx;
     node->input_shape = x.shape();

@@ -31,43 +31,81 @@ inline std::int64_t plane_grain(std::int64_t plane_work) {
 
 template <class T>
 inline bool greater_or_nan(T v, T m) {
-  return v > m || std::isnan(static_cast<double>(v));
+  return v > m || v != v;  // v != v: NaN
 }
 }  // namespace detail
 
-/// y (planes, oh, ow) = max over each window of x (planes, h, w); idx = flat index h*W + w of the maximum.
-template <class T>
-void max_pool2d_forward(const PoolGeometry& g, const T* x, T* y, std::int64_t* idx) {
-  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
-  parallel_for(0, g.planes, detail::plane_grain(L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
-    for (std::int64_t p = p0; p < p1; ++p) {
-      const T* xp = x + p * HW;
-      T* yp = y + p * L;
-      std::int64_t* ip = idx + p * L;
-      for (std::int64_t oy = 0; oy < g.oh; ++oy) {
-        std::int64_t y0 = oy * g.sh - g.ph;
-        const std::int64_t y1 = std::min(y0 + (g.kh - 1) * g.dh + 1, g.h);
-        while (y0 < 0) y0 += g.dh;
-        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-          std::int64_t x0 = ox * g.sw - g.pw;
-          const std::int64_t x1 = std::min(x0 + (g.kw - 1) * g.dw + 1, g.w);
-          while (x0 < 0) x0 += g.dw;
-          std::int64_t best = y0 * g.w + x0;
-          T m = -std::numeric_limits<T>::infinity();
-          for (std::int64_t iy = y0; iy < y1; iy += g.dh)
-            for (std::int64_t ix = x0; ix < x1; ix += g.dw) {
-              const T v = xp[iy * g.w + ix];
-              if (detail::greater_or_nan(v, m)) {
-                m = v;
-                best = iy * g.w + ix;
-              }
-            }
-          yp[oy * g.ow + ox] = m;
-          ip[oy * g.ow + ox] = best;
+namespace detail {
+// The general max-pool window loop over one plane (PyTorch's CPU rule: the window is clipped to the input and
+// stepped by the dilation; the first maximum wins, a NaN beats everything).
+template <class T, bool Idx>
+void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
+                    std::int64_t* EMBER_RESTRICT ip) {
+  for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+    std::int64_t y0 = oy * g.sh - g.ph;
+    const std::int64_t y1 = std::min(y0 + (g.kh - 1) * g.dh + 1, g.h);
+    while (y0 < 0) y0 += g.dh;
+    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+      std::int64_t x0 = ox * g.sw - g.pw;
+      const std::int64_t x1 = std::min(x0 + (g.kw - 1) * g.dw + 1, g.w);
+      while (x0 < 0) x0 += g.dw;
+      std::int64_t best = y0 * g.w + x0;
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t iy = y0; iy < y1; iy += g.dh)
+        for (std::int64_t ix = x0; ix < x1; ix += g.dw) {
+          const T v = xp[iy * g.w + ix];
+          if (greater_or_nan(v, m)) {
+            m = v;
+            best = iy * g.w + ix;
+          }
         }
-      }
+      yp[oy * g.ow + ox] = m;
+      if constexpr (Idx) ip[oy * g.ow + ox] = best;
+    }
+  }
+}
+
+// 2x2 windows with stride 2 and no padding, all inside the input: the layer after most conv blocks.
+template <class T, bool Idx>
+void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
+                        std::int64_t* EMBER_RESTRICT ip) {
+  for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+    const T* r0 = xp + 2 * oy * g.w;
+    const T* r1 = r0 + g.w;
+    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+      const std::int64_t c = 2 * ox;
+      T m = r0[c];
+      std::int64_t k = c;
+      if (r0[c + 1] > m || r0[c + 1] != r0[c + 1]) m = r0[c + 1], k = c + 1;
+      if (r1[c] > m || r1[c] != r1[c]) m = r1[c], k = g.w + c;
+      if (r1[c + 1] > m || r1[c + 1] != r1[c + 1]) m = r1[c + 1], k = g.w + c + 1;
+      yp[oy * g.ow + ox] = m;
+      if constexpr (Idx) ip[oy * g.ow + ox] = 2 * oy * g.w + k;
+    }
+  }
+}
+
+template <class T, bool Idx>
+void max_pool_planes(const PoolGeometry& g, const T* x, T* y, std::int64_t* idx) {
+  const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  const bool is2x2 = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0 && g.dh == 1 &&
+                     g.dw == 1 && 2 * g.oh <= g.h && 2 * g.ow <= g.w;
+  parallel_for(0, g.planes, plane_grain(L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      std::int64_t* ip = Idx ? idx + p * L : nullptr;
+      if (is2x2) max_pool_plane_2x2<T, Idx>(g, x + p * HW, y + p * L, ip);
+      else max_pool_plane<T, Idx>(g, x + p * HW, y + p * L, ip);
     }
   });
+}
+}  // namespace detail
+
+/// y (planes, oh, ow) = max over each window of x (planes, h, w); idx (may be null when no gradient is needed)
+/// = flat index h*W + w of the maximum.
+template <class T>
+void max_pool2d_forward(const PoolGeometry& g, const T* x, T* y, std::int64_t* idx) {
+  if (idx) detail::max_pool_planes<T, true>(g, x, y, idx);
+  else detail::max_pool_planes<T, false>(g, x, y, nullptr);
 }
 
 /// gx (planes, h, w) = gy (planes, oh, ow) sent to the recorded maxima (overwrites gx).

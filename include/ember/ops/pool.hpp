@@ -74,20 +74,22 @@ constexpr bool native_float = std::is_same_v<T, float> || std::is_same_v<T, doub
 
 /// Max pooling of x (N, C, H, W): the output (N, C, oh, ow) and, per output, the flat index (h * W + w) of the
 /// chosen input element in its plane (as PyTorch's return_indices).
+/// With `with_indices` false the indices are left undefined (a forward pass that needs no gradient).
 template <class T>
 std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<T>& x, Size2 kernel,
-                                                                   const Pool2dOptions& o = {}) {
+                                                                   const Pool2dOptions& o = {},
+                                                                   bool with_indices = true) {
   static_assert(is_floating_v<T>, "max_pool2d: floating-point tensors only");
   const cpu::PoolGeometry g = detail::pool_geometry("max_pool2d", x.shape(), x.device(), kernel, o, true);
   const Shape os = detail::pool_out_shape(x.shape(), g);
-  Tensor<std::int64_t> idx = empty<std::int64_t>(os, x.device());
   if constexpr (detail::native_float<T>) {
+    Tensor<std::int64_t> idx = with_indices ? empty<std::int64_t>(os, x.device()) : Tensor<std::int64_t>();
     const Tensor<T> xc = detail::dense(x);
     Tensor<T> y = empty<T>(os, x.device());
-    cpu::max_pool2d_forward<T>(g, xc.data(), y.data(), idx.data());
+    cpu::max_pool2d_forward<T>(g, xc.data(), y.data(), with_indices ? idx.data() : nullptr);
     return {y, idx};
   } else {
-    auto [yf, i] = ops::max_pool2d_with_indices<float>(detail::to_float(x), kernel, o);
+    auto [yf, i] = ops::max_pool2d_with_indices<float>(detail::to_float(x), kernel, o, with_indices);
     return {detail::from_float<T>(yf), i};
   }
 }
