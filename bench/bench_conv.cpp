@@ -1,0 +1,80 @@
+// fp32 conv2d and max_pool2d at the Fashion-MNIST CNN's shapes (batch 128), through ember's autograd API, as
+// FLOP/s (2 * N * O * oh * ow * C/groups * kh * kw per convolution; a training step is the forward plus the
+// weight gradient, plus the input gradient when the input needs one) and bytes/s for pooling (input read plus
+// output written). Wall-clock time because the work runs on the thread pool.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+
+#include <ember/ember.hpp>
+
+using namespace ember;  // as ember's users write it
+
+namespace {
+
+struct ConvShape {
+  std::int64_t n, c, h, w, o, k, pad;
+  bool input_grad;  // the first layer's input (the images) needs no gradient
+};
+// 0: conv1 of the CNN (1 -> 32 on 28x28); 1: conv2 (32 -> 64 on 14x14, after a 2x2 pool); 2: conv2 on 28x28.
+constexpr ConvShape kShapes[] = {
+    {128, 1, 28, 28, 32, 3, 1, false}, {128, 32, 14, 14, 64, 3, 1, true}, {128, 32, 28, 28, 64, 3, 1, true}};
+
+double conv_flops(const ConvShape& s) {
+  return 2.0 * double(s.n * s.o * s.h * s.w) * double(s.c * s.k * s.k);  // stride 1, "same" padding
+}
+
+void BM_Conv2dForward(benchmark::State& state) {
+  const ConvShape s = kShapes[state.range(0)];
+  Tensor<float> x = randn<float>({s.n, s.c, s.h, s.w}), w = randn<float>({s.o, s.c, s.k, s.k}), b = randn<float>({s.o});
+  NoGradGuard ng;
+  for (auto _ : state) {
+    Tensor<float> y = conv2d(x, w, b, {.padding = s.pad});
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// Forward and backward (weight, bias and, where the CNN needs it, input gradients).
+void BM_Conv2dTrain(benchmark::State& state) {
+  const ConvShape s = kShapes[state.range(0)];
+  Tensor<float> x = randn<float>({s.n, s.c, s.h, s.w}), w = randn<float>({s.o, s.c, s.k, s.k}), b = randn<float>({s.o});
+  Tensor<float> gy = randn<float>({s.n, s.o, s.h, s.w});
+  if (s.input_grad) x.requires_grad_();
+  w.requires_grad_();
+  b.requires_grad_();
+  for (auto _ : state) {
+    Tensor<float> y = conv2d(x, w, b, {.padding = s.pad});
+    y.backward(gy);
+    benchmark::DoNotOptimize(w.grad().data());
+    w.grad() = Tensor<float>();
+    b.grad() = Tensor<float>();
+    if (s.input_grad) x.grad() = Tensor<float>();
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * (s.input_grad ? 3.0 : 2.0) * double(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+}
+
+// 2x2 max pooling after conv1 (128, 32, 28, 28) and after conv2 (128, 64, 14, 14), forward and backward.
+void BM_MaxPool2dTrain(benchmark::State& state) {
+  const std::int64_t c = state.range(0), hw = state.range(1), n = 128;
+  Tensor<float> x = randn<float>({n, c, hw, hw}), gy = randn<float>({n, c, hw / 2, hw / 2});
+  x.requires_grad_();
+  for (auto _ : state) {
+    Tensor<float> y = max_pool2d(x, 2);
+    y.backward(gy);
+    benchmark::DoNotOptimize(x.grad().data());
+    x.grad() = Tensor<float>();
+  }
+  // forward: read x, write y and the indices; backward: read gy and the indices, write gx
+  const double bytes = double(n * c * hw * hw) * 4 * 2 + double(n * c * hw * hw / 4) * (4 + 8) * 2;
+  state.counters["bytes/s"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_Conv2dForward)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dTrain)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MaxPool2dTrain)->Args({32, 28})->Args({64, 14})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
