@@ -1,9 +1,9 @@
 // ember — CPU 2-D convolution: im2col + GEMM (cpu::gemm) forward, backward-data (GEMM + col2im) and
 // backward-weight (im2col + GEMM), with stride, padding, dilation and groups, on contiguous NCHW buffers.
 //
-// Parallelism: with at least as many images as threads, each thread takes a contiguous run of images and runs
-// its own im2col and serial GEMMs on a per-thread column buffer that stays in cache (the GEMMs nested in the
-// parallel loop run serially); weight gradients are summed per thread and reduced in a fixed order, so results
+// Parallelism: with at least as many images as threads, the batch is cut into a few runs of images per thread;
+// each run does its own im2col and serial GEMMs on a column buffer of its own that stays in cache (GEMMs nested in
+// the parallel loop run serially); weight gradients are summed per run and reduced in a fixed order, so results
 // do not depend on scheduling. With fewer images than threads, images run one after another and each GEMM is
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
 // column matrix.
@@ -97,24 +97,40 @@ void col2im(const ConvGeometry& g, const T* EMBER_RESTRICT cols, T* EMBER_RESTRI
       }
 }
 
-// Runs body(task, first_image, end_image) over the batch: one task per thread when the batch has at least that
-// many images (serial GEMMs inside), else a single task on the calling thread (parallel GEMMs inside).
-template <class F>
-std::int64_t for_image_runs(std::int64_t n, const F& body) {
-  const int nt = get_num_threads();
-  if (nt <= 1 || n < nt) {
-    body(0, 0, n);
-    return 1;
-  }
-  parallel_for(0, nt, 1, [&](std::int64_t t0, std::int64_t t1) {
-    for (std::int64_t t = t0; t < t1; ++t) body(t, t * n / nt, (t + 1) * n / nt);
-  });
-  return nt;
+/// Sum of r[0..n) with 16 independent partial sums (a single running sum would be one long dependency chain).
+template <class T>
+T row_sum(const T* EMBER_RESTRICT r, std::int64_t n) {
+  constexpr int kLanes = 16;
+  T acc[kLanes] = {};
+  std::int64_t p = 0;
+  for (; p + kLanes <= n; p += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += r[p + j];
+  T s = 0;
+  for (; p < n; ++p) s += r[p];
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
 }
 
-inline std::int64_t image_tasks(std::int64_t n) {
-  const int nt = get_num_threads();
-  return (nt <= 1 || n < nt) ? 1 : nt;
+// How many runs of images the batch is split into: with at least as many images as threads, a few runs per
+// thread (so a thread slowed by other work on the machine does not hold up the rest) while each run's column
+// buffer (`buffer_bytes`) is small, one per thread otherwise, each with serial GEMMs; with fewer images, one run
+// on the calling thread, whose GEMMs split across the threads instead.
+inline std::int64_t image_tasks(std::int64_t n, std::int64_t buffer_bytes) {
+  const std::int64_t nt = get_num_threads();
+  if (nt <= 1 || n < nt) return 1;
+  return std::min<std::int64_t>(n, buffer_bytes <= (std::int64_t(1) << 20) ? 4 * nt : nt);
+}
+
+// Runs body(task, first_image, end_image) for each of `tasks` runs of images.
+template <class F>
+void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
+  if (tasks == 1) {
+    body(0, 0, n);
+    return;
+  }
+  parallel_for(0, tasks, 1, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) body(t, t * n / tasks, (t + 1) * n / tasks);
+  });
 }
 
 }  // namespace detail
@@ -124,9 +140,10 @@ template <class T>
 void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
+  const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
   Tensor<T> ws;
-  if (!direct) ws = empty<T>(Shape{detail::image_tasks(g.n), K * L});
-  detail::for_image_runs(g.n, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+  if (!direct) ws = empty<T>(Shape{tasks, K * L});
+  detail::for_image_runs(g.n, tasks, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
     T* cols = direct ? nullptr : ws.data() + t * K * L;
     for (std::int64_t i = i0; i < i1; ++i) {
       const T* xi = x + i * g.c * g.h * g.w;
@@ -149,12 +166,12 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg(), HW = g.h * g.w;
   const std::int64_t wn = g.o * Kg;
   const bool direct = g.pointwise();
-  const std::int64_t tasks = detail::image_tasks(g.n);
+  const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
   Tensor<T> ws, part;
   if (!direct) ws = empty<T>(Shape{tasks, K * L});
-  // Per-task weight and bias gradient sums (task 0 writes straight into gw / gb).
+  // Per-run weight and bias gradient sums (run 0 writes straight into gw / gb).
   if ((gw || gb) && tasks > 1) part = empty<T>(Shape{tasks - 1, wn + g.o});
-  detail::for_image_runs(g.n, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
+  detail::for_image_runs(g.n, tasks, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
     T* cols = direct ? nullptr : ws.data() + t * K * L;
     T* gwt = gw ? (t == 0 ? gw : part.data() + (t - 1) * (wn + g.o)) : nullptr;
     T* gbt = gb ? (t == 0 ? gb : part.data() + (t - 1) * (wn + g.o) + wn) : nullptr;
@@ -163,12 +180,7 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
     for (std::int64_t i = i0; i < i1; ++i) {
       const T* gyi = gy + i * g.o * L;
       if (gbt)
-        for (std::int64_t oc = 0; oc < g.o; ++oc) {
-          T s = 0;
-          const T* r = gyi + oc * L;
-          for (std::int64_t p = 0; p < L; ++p) s += r[p];
-          gbt[oc] += s;
-        }
+        for (std::int64_t oc = 0; oc < g.o; ++oc) gbt[oc] += detail::row_sum(gyi + oc * L, L);
       if (gwt) {
         const T* xi = x + i * g.c * HW;
         if (!direct) detail::im2col(g, xi, cols);
@@ -190,7 +202,7 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
       }
     }
   });
-  // Sum the other tasks' partials in task order.
+  // Sum the other runs' partials in order.
   for (std::int64_t t = 1; t < tasks; ++t) {
     const T* p = part.data() + (t - 1) * (wn + g.o);
     if (gw)
