@@ -2,6 +2,10 @@
 // gradcheck in double for every option that changes the index arithmetic (stride, padding, dilation, groups,
 // ceil_mode, count_include_pad, non-divisible adaptive bins, non-contiguous inputs), the max-pool conventions
 // finite differences cannot see (ties, NaN), the threading paths, 16-bit dtypes, and one test per user error.
+//
+// Not tested here because it does not compile, by design (dtype is a template parameter): conv2d of a
+// Tensor<float> input with a Tensor<double> weight is a static_assert, "conv2d: input and weight have different
+// dtypes; convert one with cast<T>(x)".
 #include <doctest/doctest.h>
 
 #include <cmath>
