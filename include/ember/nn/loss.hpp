@@ -1,0 +1,646 @@
+// ember — loss functions (torch.nn.functional's) and loss modules (torch.nn's).
+///
+/// Which activation goes with which loss:
+///
+/// | the model ends in            | use                                | never                               |
+/// |------------------------------|------------------------------------|-------------------------------------|
+/// | raw logits, one class of C   | `cross_entropy(logits, target)`    | softmax or log_softmax before it    |
+/// | `log_softmax(logits, 1)`     | `nll_loss(log_probs, target)`      | raw logits or probabilities         |
+/// | raw logits, independent 0/1  | `binary_cross_entropy_with_logits` | sigmoid before it                   |
+/// | a value (regression)         | `mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`                    |
+///
+/// cross_entropy = nll_loss(log_softmax(logits, 1)), fused: one pass forward, one backward (softmax - smoothed
+/// one-hot), stable for logits of any scale. nll_loss checks, in builds without NDEBUG (or with
+/// EMBER_DEBUG_CHECKS=1, or after nn::set_debug_checks(true)), that its input really holds log-probabilities: no
+/// entry above 0 and exp of each row summing to 1; raw logits or probabilities passed by mistake then fail loudly
+/// instead of training badly. Target classes outside [0, C) (other than ignore_index) are always an error.
+///
+/// Class-indexed losses take input (N, C), (N, C, d1, ...) or (C) and target (N), (N, d1, ...) or () with int64
+/// class indices. Weighted means divide by the sum of the weights of the non-ignored targets, as PyTorch does; a
+/// batch whose targets are all ignore_index therefore gives 0/0 = NaN under Reduction::Mean (and zero gradients),
+/// exactly as PyTorch 1.13 does. Sum gives 0 and None gives zeros there. Class weights are constants (no gradient).
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/node.hpp"
+#include "ember/autograd/reduce.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/thread_pool.hpp"
+#include "ember/expr/detail/fastmath.hpp"
+#include "ember/expr/nodes.hpp"
+#include "ember/ops/softmax.hpp"
+
+/// EMBER_DEBUG_CHECKS: 1 turns on the debug checks of the losses (nll_loss's log-probability check); the default
+/// is on unless NDEBUG is defined. The value is baked into the instantiation (a template argument), so translation
+/// units built with different settings do not clash.
+#ifndef EMBER_DEBUG_CHECKS
+#ifdef NDEBUG
+#define EMBER_DEBUG_CHECKS 0
+#else
+#define EMBER_DEBUG_CHECKS 1
+#endif
+#endif
+
+namespace ember::nn {
+
+/// How a loss reduces its per-element values: keep them (None), average (Mean) or add (Sum).
+enum class Reduction { None, Mean, Sum };
+
+/// Options of cross_entropy (F.cross_entropy).
+template <class T>
+struct CrossEntropyOptions {
+  Tensor<T> weight;                  // (C) class weights, or undefined
+  std::int64_t ignore_index = -100;  // targets equal to it contribute nothing
+  double label_smoothing = 0.0;      // in [0, 1]: mixes the one-hot target with the uniform distribution
+  Reduction reduction = Reduction::Mean;
+};
+
+/// Options of nll_loss (F.nll_loss).
+template <class T>
+struct NllLossOptions {
+  Tensor<T> weight;  // (C) or undefined
+  std::int64_t ignore_index = -100;
+  Reduction reduction = Reduction::Mean;
+};
+
+/// Options of binary_cross_entropy_with_logits.
+template <class T>
+struct BceWithLogitsOptions {
+  Tensor<T> weight;      // broadcast to the input: per-element rescaling, or undefined
+  Tensor<T> pos_weight;  // broadcast to the input (usually (C)): weight of the positive term, or undefined
+  Reduction reduction = Reduction::Mean;
+};
+
+/// Turns the debug checks on or off at run time for every translation unit (they are also on wherever
+/// EMBER_DEBUG_CHECKS is 1).
+inline std::atomic<bool>& debug_checks_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+inline void set_debug_checks(bool on) { debug_checks_flag().store(on); }
+
+namespace detail {
+
+using i64 = std::int64_t;
+
+inline const char* reduction_name(Reduction r) {
+  return r == Reduction::None ? "none" : r == Reduction::Sum ? "sum" : "mean";
+}
+
+// ---- element-wise loss rows of the op table (forward + derivative, host and device) ---------------------------
+
+/// 0.5 x² / beta where |x| < beta, else |x| - 0.5 beta (beta = 0 is |x|).
+struct SmoothL1 {
+  static constexpr const char* name = "smooth_l1";
+  static constexpr bool differentiable = true;
+  double beta = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X a = x < X(0) ? -x : x, b = X(beta);
+    return a < b ? X(0.5) * x * x / b : a - X(0.5) * b;
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    const X a = x < X(0) ? -x : x, b = X(beta);
+    return a < b ? x / b : (x > X(0) ? X(1) : (x < X(0) ? X(-1) : X(0)));
+  }
+};
+
+/// 0.5 x² where |x| < delta, else delta (|x| - 0.5 delta).
+struct Huber {
+  static constexpr const char* name = "huber";
+  static constexpr bool differentiable = true;
+  double delta = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X a = x < X(0) ? -x : x, dl = X(delta);
+    return a < dl ? X(0.5) * x * x : dl * (a - X(0.5) * dl);
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    const X a = x < X(0) ? -x : x, dl = X(delta);
+    return a < dl ? x : (x > X(0) ? dl : (x < X(0) ? -dl : X(0)));
+  }
+};
+
+/// log(1 + exp(x)) in the stable form max(x, 0) + log1p(exp(-|x|)); derivative sigmoid(x), smooth at 0.
+struct LogOnePlusExp {
+  static constexpr const char* name = "log1p_exp";
+  static constexpr bool differentiable = true;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    namespace fm = ::ember::detail::fm;
+    const X a = x < X(0) ? -x : x;
+    return (x > X(0) ? x : X(0)) + fm::log1p(fm::exp(-a));
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    return ::ember::detail::fm::sigmoid(x);
+  }
+};
+
+template <class T, class E>
+Tensor<T> reduce_loss(const E& e, Reduction r) {
+  switch (r) {
+    case Reduction::None: return Tensor<T>(e);
+    case Reduction::Sum: return sum(e);
+    default: return mean(e);
+  }
+}
+
+template <class T>
+void check_same_shape(const Tensor<T>& input, const Tensor<T>& target, const char* op) {
+  EMBER_CHECK(input.defined() && target.defined(), op, ": input and target must be defined");
+  EMBER_CHECK(input.shape() == target.shape(), op, ": target of shape ", target.shape().str(),
+              " does not match the input of shape ", input.shape().str(),
+              " (broadcasting a loss silently is a common bug: reshape one of them)");
+}
+
+// ---- class-indexed losses -----------------------------------------------------------------------------------
+
+/// input (N, C, d...) or (C), target (N, d...) or (): N positions per d-block, D = prod(d...).
+struct ClassGeom {
+  i64 N = 1, C = 1, D = 1;
+  Shape in, out;  // input shape; shape of the unreduced loss (= target's)
+  std::vector<i64> target;  // (N * D) in (n, d...) order
+};
+
+template <class T>
+ClassGeom class_geom(const Tensor<T>& input, const Tensor<i64>& target, const Tensor<T>& weight, i64 ignore_index,
+                     const char* op) {
+  EMBER_CHECK(input.defined() && target.defined(), op, ": input and target must be defined");
+  input.check_cpu(op);
+  target.check_cpu(op);
+  const Shape& is = input.shape();
+  ClassGeom g;
+  g.in = is;
+  EMBER_CHECK(is.n >= 1, op, ": expected an input of shape (N, C), (N, C, d1, ...) or (C), got a 0-d tensor");
+  Shape expect;
+  if (is.n == 1) {
+    g.C = is[0];
+  } else {
+    g.N = is[0];
+    g.C = is[1];
+    expect.push_back(is[0]);
+    for (int i = 2; i < is.n; ++i) {
+      expect.push_back(is[i]);
+      g.D *= is[i];
+    }
+  }
+  EMBER_CHECK(target.shape() == expect, op, ": target of shape ", target.shape().str(), " does not match the input of shape ",
+              is.str(), " (expected a target of shape ", expect.str(),
+              is.n >= 2 ? ": the input without its class dim 1)" : ": a 0-d class index for a (C) input)");
+  EMBER_CHECK(!weight.defined() || (weight.dim() == 1 && weight.numel() == g.C), op, ": weight of shape ",
+              weight.shape().str(), " does not match ", g.C, " classes (input of shape ", is.str(),
+              "; expected weight of shape [", g.C, "])");
+  g.out = expect;
+  const Tensor<i64> tc = target.contiguous();
+  g.target.assign(tc.data(), tc.data() + tc.numel());
+  for (std::size_t p = 0; p < g.target.size(); ++p) {
+    const i64 t = g.target[p];
+    EMBER_CHECK(t == ignore_index || (t >= 0 && t < g.C), op, ": target ", t, " at position ", p,
+                " is out of range for ", g.C, " classes (expected a class index in [0, ", g.C,
+                ") or ignore_index ", ignore_index, "; input shape ", is.str(), ")");
+  }
+  return g;
+}
+
+template <class T>
+std::vector<compute_t<T>> weight_values(const Tensor<T>& w) {
+  std::vector<compute_t<T>> v;
+  if (!w.defined()) return v;
+  w.check_cpu("loss weight");
+  for (i64 i = 0; i < w.numel(); ++i) v.push_back(static_cast<compute_t<T>>(w.data()[i * w.strides()[0]]));
+  return v;
+}
+
+/// The per-row scale of a class loss's backward: grad (None) or grad / total weight (Mean) or grad (Sum).
+template <class T>
+struct GradScale {
+  const T* g = nullptr;  // None: one per position
+  double s = 1;          // Mean / Sum: one for all
+  double at(i64 p) const { return g ? double(static_cast<compute_t<T>>(g[p])) : s; }
+};
+
+template <class T>
+GradScale<T> grad_scale(const Tensor<T>& grad, Reduction r, double total_weight, Tensor<T>& keep) {
+  GradScale<T> gs;
+  if (r == Reduction::None) {
+    keep = grad.contiguous();
+    gs.g = keep.data();
+  } else {
+    const double g0 = double(static_cast<compute_t<T>>(grad.contiguous().data()[0]));
+    gs.s = r == Reduction::Mean ? g0 / total_weight : g0;
+  }
+  return gs;
+}
+
+/// Reduces per-position losses (double, position order) into the result tensor.
+template <class T>
+Tensor<T> finish_class_loss(const std::vector<double>& li, double total_weight, Reduction r, const Shape& out) {
+  if (r == Reduction::None) {
+    Tensor<T> t = empty<T>(out);
+    for (std::size_t p = 0; p < li.size(); ++p) t.data()[p] = convert<T>(li[p]);
+    return t;
+  }
+  double s = 0;
+  for (double v : li) s += v;
+  if (r == Reduction::Mean) s /= total_weight;  // 0 / 0 = NaN when every target is ignored, as in PyTorch
+  return full<T>(Shape{}, convert<T>(s));
+}
+
+// Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights).
+template <class T>
+EMBER_VECTORIZE double row_shifted_sum(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, i64 n,
+                                       compute_t<T> mx) {
+  using C = compute_t<T>;
+  C s[8] = {};
+  i64 j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) s[l] += (w ? w[j + l] : C(1)) * (static_cast<C>(x[j + l]) - mx);
+  double r = 0;
+  for (int l = 0; l < 8; ++l) r += double(s[l]);
+  for (; j < n; ++j) r += double((w ? w[j] : C(1)) * (static_cast<C>(x[j]) - mx));
+  return r;
+}
+
+// dx_j = exp(x_j - mx - ls) * a - b * w_j (b alone without weights).
+template <class T>
+EMBER_VECTORIZE void ce_grad_row(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, T* EMBER_RESTRICT dx,
+                                 i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a, compute_t<T> b) {
+  using C = compute_t<T>;
+  namespace fm = ::ember::detail::fm;
+  for (i64 j = 0; j < n; ++j)
+    dx[j] = convert<T>(fm::exp((static_cast<C>(x[j]) - mx) - ls) * a - (w ? b * w[j] : b));
+}
+
+/// cross_entropy's backward: the logits as (P, C) rows, per-row max and log Σ exp, the targets and the options.
+template <class T>
+struct CrossEntropyNode final : autograd::TypedNode<T> {
+  autograd::Saved<T> rows;  // (P, C) contiguous logits
+  ClassGeom geom;
+  std::vector<compute_t<T>> w, mx, ls;  // weights (C) or empty; per row max and log Σ exp(x - max)
+  double smoothing = 0, total_weight = 0, wsum = 0;
+  i64 ignore_index = -100;
+  Reduction reduction = Reduction::Mean;
+
+  const char* name() const override { return "CrossEntropyBackward"; }
+  void release() override { rows = autograd::Saved<T>(); }
+  void backward() override {
+    using C = compute_t<T>;
+    const Tensor<T>& x = rows.get(name());
+    Tensor<T> keep;
+    const GradScale<T> gs = grad_scale(this->grad, reduction, total_weight, keep);
+    const i64 P = x.size(0), Cn = x.size(1);
+    Tensor<T> dx = empty<T>(x.shape());
+    const T* xp = x.data();
+    T* dp = dx.data();
+    const C* wp = w.empty() ? nullptr : w.data();
+    const double eps = smoothing, uni = smoothing / double(Cn);
+    const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
+    cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
+      for (i64 p = p0; p < p1; ++p) {
+        T* d = dp + p * Cn;
+        const i64 t = geom.target[std::size_t(p)];
+        if (t == ignore_index) {
+          for (i64 j = 0; j < Cn; ++j) d[j] = T(0);
+          continue;
+        }
+        const double s = gs.at(p), wt = wp ? double(wp[t]) : 1.0;
+        const double a = s * ((1 - eps) * wt + uni * wsum);
+        ce_grad_row(xp + p * Cn, wp, d, Cn, mx[std::size_t(p)], ls[std::size_t(p)], C(a), C(s * uni));
+        d[t] = convert<T>(double(static_cast<C>(d[t])) - s * (1 - eps) * wt);
+      }
+    });
+    this->template deliver<T>(0, geom.D == 1 ? dx.view(geom.in)
+                                             : dx.view({geom.N, geom.D, Cn}).transpose(1, 2).reshape(geom.in));
+  }
+};
+
+/// nll_loss's backward: -scale * w[t] at each target position, zero elsewhere.
+template <class T>
+struct NllLossNode final : autograd::TypedNode<T> {
+  ClassGeom geom;
+  std::vector<compute_t<T>> w;
+  double total_weight = 0;
+  i64 ignore_index = -100;
+  Reduction reduction = Reduction::Mean;
+  const char* name() const override { return "NllLossBackward"; }
+  void backward() override {
+    Tensor<T> keep;
+    const GradScale<T> gs = grad_scale(this->grad, reduction, total_weight, keep);
+    Tensor<T> dx = zeros<T>(geom.in);
+    T* dp = dx.data();
+    const i64 P = i64(geom.target.size());
+    for (i64 p = 0; p < P; ++p) {
+      const i64 t = geom.target[std::size_t(p)];
+      if (t == ignore_index) continue;
+      const i64 n = p / geom.D, k = p % geom.D;
+      const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
+      dp[(n * geom.C + t) * geom.D + k] = convert<T>(-gs.at(p) * wt);
+    }
+    this->template deliver<T>(0, std::move(dx));
+  }
+};
+
+/// The debug check of nll_loss: every non-ignored position's C entries are <= 0 and their exps sum to 1.
+template <class T>
+void check_log_probs(const T* x, const ClassGeom& g, i64 ignore_index) {
+  const double tol_sum = std::is_same_v<compute_t<T>, T> ? 1e-3 : 2e-2;
+  const double tol_pos = std::is_same_v<compute_t<T>, T> ? 1e-5 : 1e-2;
+  const char* hint = " (nll_loss expects log-probabilities, the output of log_softmax(x, 1); pass raw logits to "
+                     "cross_entropy instead. This check runs in builds without NDEBUG or with EMBER_DEBUG_CHECKS=1)";
+  for (std::size_t p = 0; p < g.target.size(); ++p) {
+    if (g.target[p] == ignore_index) continue;
+    const i64 n = i64(p) / g.D, k = i64(p) % g.D;
+    double s = 0;
+    for (i64 c = 0; c < g.C; ++c) {
+      const double v = double(static_cast<compute_t<T>>(x[(n * g.C + c) * g.D + k]));
+      EMBER_CHECK(!(v > tol_pos), "nll_loss: the input (shape ", g.in.str(), ") has a positive entry ", v,
+                  " at position ", p, ", class ", c, hint);
+      s += std::exp(v);
+    }
+    EMBER_CHECK(std::fabs(s - 1.0) <= tol_sum, "nll_loss: the exps of the input (shape ", g.in.str(),
+                ") at position ", p, " sum to ", s, ", not 1", hint);
+  }
+}
+
+}  // namespace detail
+
+// ---- class-indexed losses ---------------------------------------------------------------------------------------
+
+/// F.cross_entropy with class-index targets: log_softmax over dim 1 (dim 0 for a (C) input) and the negative
+/// log-likelihood, fused and stable for any logit scale. With label_smoothing ε the target distribution is
+/// (1 - ε) one_hot + ε / C; with class weights w the loss of position i is
+/// (1 - ε) w[t_i] (-log p[t_i]) + (ε / C) Σ_c w_c (-log p_c), and Mean divides the sum by Σ_i w[t_i] over
+/// non-ignored positions (PyTorch 1.13's definition). logits: (N, C), (N, C, d1, ...) or (C); target: (N),
+/// (N, d1, ...) or () int64 class indices.
+template <class T>
+Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int64_t>& target,
+                        const CrossEntropyOptions<std::type_identity_t<T>>& o = {}) {
+  static_assert(is_floating_v<T>, "cross_entropy: logits must be floating-point");
+  using C = compute_t<T>;
+  using detail::i64;
+  EMBER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], "
+              "got ", o.label_smoothing);
+  detail::ClassGeom g = detail::class_geom(logits, target, o.weight, o.ignore_index, "cross_entropy");
+  const i64 P = g.N * g.D, Cn = g.C;
+  // Rows of C class scores, one per position.
+  const Tensor<T> rows = g.D == 1 ? logits.detach().reshape({P, Cn})
+                                  : logits.detach().reshape({g.N, Cn, g.D}).transpose(1, 2).contiguous().view({P, Cn});
+  const Tensor<T> rc = rows.contiguous();
+  const std::vector<C> w = detail::weight_values(o.weight);
+  const C* wp = w.empty() ? nullptr : w.data();
+  double wsum = double(Cn);
+  if (wp) {
+    wsum = 0;
+    for (C v : w) wsum += double(v);
+  }
+  std::vector<C> mx(static_cast<std::size_t>(P)), ls(static_cast<std::size_t>(P));
+  std::vector<double> li(static_cast<std::size_t>(P)), wt(static_cast<std::size_t>(P));
+  const double eps = o.label_smoothing, uni = eps / double(Cn);
+  const T* xp = rc.data();
+  const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
+  cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
+    for (i64 p = p0; p < p1; ++p) {
+      const std::size_t ps = std::size_t(p);
+      const T* x = xp + p * Cn;
+      const i64 t = g.target[ps];
+      if (t == o.ignore_index || Cn == 0) {
+        li[ps] = wt[ps] = 0;
+        continue;
+      }
+      const C m = ops::detail::row_max(x, Cn);
+      const C l = ::ember::detail::fm::log(ops::detail::row_expsum<false>(x, static_cast<T*>(nullptr), Cn, m));
+      mx[ps] = m;
+      ls[ps] = l;
+      const double w_t = wp ? double(wp[t]) : 1.0;
+      const double logp_t = double((static_cast<C>(x[t]) - m) - l);
+      double loss = -(1 - eps) * w_t * logp_t;
+      if (eps > 0) loss -= uni * (detail::row_shifted_sum(x, wp, Cn, m) - wsum * double(l));
+      li[ps] = loss;
+      wt[ps] = w_t;
+    }
+  });
+  double total_weight = 0;
+  for (double v : wt) total_weight += v;
+  Tensor<T> out = detail::finish_class_loss<T>(li, total_weight, o.reduction, g.out);
+  if (is_grad_enabled() && logits.requires_grad()) {
+    auto node = std::make_shared<detail::CrossEntropyNode<T>>();
+    node->next = {autograd::gradient_edge(logits)};
+    node->rows = autograd::Saved<T>(rc);
+    node->geom = std::move(g);
+    node->w = w;
+    node->mx = std::move(mx);
+    node->ls = std::move(ls);
+    node->smoothing = eps;
+    node->total_weight = total_weight;
+    node->wsum = wsum;
+    node->ignore_index = o.ignore_index;
+    node->reduction = o.reduction;
+    node->output = out.impl_ptr();
+    autograd::set_history<T>(out, node);
+  }
+  return out;
+}
+
+/// F.nll_loss: the negative log-likelihood of the target classes, given LOG-PROBABILITIES (log_softmax(x, 1)).
+/// loss_i = -w[t_i] log_probs[i, t_i]; Mean divides by Σ_i w[t_i] over non-ignored positions. Shapes as
+/// cross_entropy. Debug builds check the input is log-probabilities (see the top of this header).
+template <class T, bool DebugChecks = (EMBER_DEBUG_CHECKS != 0)>
+Tensor<T> nll_loss(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target,
+                   const NllLossOptions<std::type_identity_t<T>>& o = {}) {
+  static_assert(is_floating_v<T>, "nll_loss: log_probs must be floating-point");
+  using detail::i64;
+  detail::ClassGeom g = detail::class_geom(log_probs, target, o.weight, o.ignore_index, "nll_loss");
+  const Tensor<T> xc = log_probs.contiguous();
+  if (DebugChecks || debug_checks_flag().load(std::memory_order_relaxed))
+    detail::check_log_probs(xc.data(), g, o.ignore_index);
+  const std::vector<compute_t<T>> w = detail::weight_values(o.weight);
+  const i64 P = i64(g.target.size());
+  std::vector<double> li(static_cast<std::size_t>(P));
+  double total_weight = 0;
+  for (i64 p = 0; p < P; ++p) {
+    const i64 t = g.target[std::size_t(p)];
+    if (t == o.ignore_index) {
+      li[std::size_t(p)] = 0;
+      continue;
+    }
+    const i64 n = p / g.D, k = p % g.D;
+    const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
+    li[std::size_t(p)] = -wt * double(static_cast<compute_t<T>>(xc.data()[(n * g.C + t) * g.D + k]));
+    total_weight += wt;
+  }
+  Tensor<T> out = detail::finish_class_loss<T>(li, total_weight, o.reduction, g.out);
+  if (is_grad_enabled() && log_probs.requires_grad()) {
+    auto node = std::make_shared<detail::NllLossNode<T>>();
+    node->next = {autograd::gradient_edge(log_probs)};
+    node->geom = std::move(g);
+    node->w = w;
+    node->total_weight = total_weight;
+    node->ignore_index = o.ignore_index;
+    node->reduction = o.reduction;
+    node->output = out.impl_ptr();
+    autograd::set_history<T>(out, node);
+  }
+  return out;
+}
+
+// ---- element-wise losses: fused expressions (one pass forward, one fused backward) -----------------------------
+
+/// Mean squared error: reduce((input - target)²). Shapes must match.
+template <class T>
+Tensor<T> mse_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction r = Reduction::Mean) {
+  detail::check_same_shape(input, target, "mse_loss");
+  return detail::reduce_loss<T>(square(input - target), r);
+}
+
+/// Mean absolute error: reduce(|input - target|) (gradient 0 where they are equal, as PyTorch).
+template <class T>
+Tensor<T> l1_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction r = Reduction::Mean) {
+  detail::check_same_shape(input, target, "l1_loss");
+  return detail::reduce_loss<T>(abs(input - target), r);
+}
+
+/// Smooth L1: 0.5 d² / beta where |d| < beta, else |d| - 0.5 beta (d = input - target; beta = 0 is l1_loss).
+template <class T>
+Tensor<T> smooth_l1_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction r = Reduction::Mean,
+                         double beta = 1.0) {
+  detail::check_same_shape(input, target, "smooth_l1_loss");
+  EMBER_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
+  return detail::reduce_loss<T>(expr::make_unary(detail::SmoothL1{beta}, input - target), r);
+}
+
+/// Huber: 0.5 d² where |d| < delta, else delta (|d| - 0.5 delta). Equals delta * smooth_l1_loss(beta = delta).
+template <class T>
+Tensor<T> huber_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction r = Reduction::Mean,
+                     double delta = 1.0) {
+  detail::check_same_shape(input, target, "huber_loss");
+  EMBER_CHECK(delta > 0, "huber_loss: delta must be positive, got ", delta);
+  return detail::reduce_loss<T>(expr::make_unary(detail::Huber{delta}, input - target), r);
+}
+
+/// Binary cross-entropy on logits (sigmoid fused in), stable for any logit: max(x, 0) - x y + log1p(exp(-|x|)).
+/// With pos_weight p: (1 - y) x + (1 + (p - 1) y) log(1 + exp(-x)), as PyTorch. weight rescales each element.
+/// target has the input's shape (values in [0, 1]); weight and pos_weight broadcast to it.
+template <class T>
+Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor<T>& target,
+                                           const BceWithLogitsOptions<std::type_identity_t<T>>& o = {}) {
+  static_assert(is_floating_v<T>, "binary_cross_entropy_with_logits: needs floating-point tensors");
+  detail::check_same_shape(logits, target, "binary_cross_entropy_with_logits");
+  auto bcast_ok = [&](const Tensor<T>& t, const char* what) {
+    if (!t.defined()) return;
+    bool ok = t.dim() <= logits.dim();
+    if (ok) ok = broadcast_shapes(t.shape(), logits.shape(), "binary_cross_entropy_with_logits") == logits.shape();
+    EMBER_CHECK(ok, "binary_cross_entropy_with_logits: ", what, " of shape ", t.shape().str(),
+                " does not broadcast to the input of shape ", logits.shape().str());
+  };
+  bcast_ok(o.weight, "weight");
+  bcast_ok(o.pos_weight, "pos_weight");
+  const Tensor<T>& x = logits;
+  const Tensor<T>& y = target;
+  auto sp = [](auto&& e) { return expr::make_unary(detail::LogOnePlusExp{}, std::forward<decltype(e)>(e)); };
+  if (o.pos_weight.defined()) {
+    const Tensor<T>& pw = o.pos_weight;
+    auto l = (1 - y) * x + (1 + (pw - 1) * y) * sp(-x);
+    if (o.weight.defined()) return detail::reduce_loss<T>(o.weight * l, o.reduction);
+    return detail::reduce_loss<T>(l, o.reduction);
+  }
+  auto l = sp(x) - x * y;
+  if (o.weight.defined()) return detail::reduce_loss<T>(o.weight * l, o.reduction);
+  return detail::reduce_loss<T>(l, o.reduction);
+}
+
+// ---- loss modules (no parameters: plain callables holding their options) ------------------------------------------
+
+/// nn::CrossEntropyLoss: `nn::CrossEntropyLoss loss({.label_smoothing = 0.1}); auto l = loss(logits, target);`
+template <class T = float>
+struct CrossEntropyLoss {
+  CrossEntropyOptions<T> options;
+  CrossEntropyLoss() = default;
+  explicit CrossEntropyLoss(CrossEntropyOptions<T> o) : options(std::move(o)) {}
+  Tensor<T> operator()(const Tensor<T>& logits, const Tensor<std::int64_t>& target) const {
+    return cross_entropy(logits, target, options);
+  }
+};
+
+/// nn::NLLLoss: use after log_softmax(x, 1).
+template <class T = float>
+struct NLLLoss {
+  NllLossOptions<T> options;
+  NLLLoss() = default;
+  explicit NLLLoss(NllLossOptions<T> o) : options(std::move(o)) {}
+  template <bool DebugChecks = (EMBER_DEBUG_CHECKS != 0)>
+  Tensor<T> operator()(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target) const {
+    return nll_loss<T, DebugChecks>(log_probs, target, options);
+  }
+};
+
+/// nn::BCEWithLogitsLoss: takes raw logits (no sigmoid before it).
+template <class T = float>
+struct BCEWithLogitsLoss {
+  BceWithLogitsOptions<T> options;
+  BCEWithLogitsLoss() = default;
+  explicit BCEWithLogitsLoss(BceWithLogitsOptions<T> o) : options(std::move(o)) {}
+  Tensor<T> operator()(const Tensor<T>& logits, const Tensor<T>& target) const {
+    return binary_cross_entropy_with_logits(logits, target, options);
+  }
+};
+
+/// nn::MSELoss.
+struct MSELoss {
+  Reduction reduction = Reduction::Mean;
+  MSELoss() = default;
+  explicit MSELoss(Reduction r) : reduction(r) {}
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
+    return mse_loss(input, target, reduction);
+  }
+};
+
+/// nn::L1Loss.
+struct L1Loss {
+  Reduction reduction = Reduction::Mean;
+  L1Loss() = default;
+  explicit L1Loss(Reduction r) : reduction(r) {}
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
+    return l1_loss(input, target, reduction);
+  }
+};
+
+/// nn::SmoothL1Loss.
+struct SmoothL1Loss {
+  Reduction reduction = Reduction::Mean;
+  double beta = 1.0;
+  SmoothL1Loss() = default;
+  explicit SmoothL1Loss(Reduction r, double b = 1.0) : reduction(r), beta(b) {}
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
+    return smooth_l1_loss(input, target, reduction, beta);
+  }
+};
+
+/// nn::HuberLoss.
+struct HuberLoss {
+  Reduction reduction = Reduction::Mean;
+  double delta = 1.0;
+  HuberLoss() = default;
+  explicit HuberLoss(Reduction r, double d = 1.0) : reduction(r), delta(d) {}
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
+    return huber_loss(input, target, reduction, delta);
+  }
+};
+
+}  // namespace ember::nn

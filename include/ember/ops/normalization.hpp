@@ -1,0 +1,436 @@
+// ember — batch norm and layer norm, forward and backward, without autograd.
+//
+// batch_norm sees its input as (N, C, S) (S = product of the spatial dims) and runs one channel per task: the
+// statistics pass, the variance pass and the normalising pass of a channel follow each other while its data is
+// still in the core's cache. Statistics are two-pass (mean, then Σ (x - mean)²): partial sums run in the compute
+// type over short blocks (8 lanes, vectorised) and blocks add up in double. The backward pass is the closed form
+// (one pass for Σ g and Σ g (x - mean), one for dx).
+//
+// layer_norm normalises each row of the last D = numel(normalized_shape) elements, with the same scheme per row;
+// the weight and bias gradients sum over rows in fixed blocks, so results do not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/thread_pool.hpp"
+
+namespace ember::ops {
+
+namespace detail {
+
+inline constexpr int kNormLanes = 8;
+inline constexpr std::int64_t kNormBlock = 1024;  // elements summed in the compute type before going to double
+
+// Σ x over n contiguous elements.
+template <class T>
+EMBER_VECTORIZE double block_sum(const T* EMBER_RESTRICT x, std::int64_t n) {
+  using C = compute_t<T>;
+  double total = 0;
+  for (std::int64_t b = 0; b < n; b += kNormBlock) {
+    const std::int64_t e = std::min(n, b + kNormBlock);
+    C s[kNormLanes] = {};
+    std::int64_t j = b;
+    for (; j + kNormLanes <= e; j += kNormLanes)
+      for (int l = 0; l < kNormLanes; ++l) s[l] += static_cast<C>(x[j + l]);
+    C r = 0;
+    for (int l = 0; l < kNormLanes; ++l) r += s[l];
+    for (; j < e; ++j) r += static_cast<C>(x[j]);
+    total += double(r);
+  }
+  return total;
+}
+
+// Σ (x - m)² over n contiguous elements.
+template <class T>
+EMBER_VECTORIZE double block_sqdev(const T* EMBER_RESTRICT x, std::int64_t n, compute_t<T> m) {
+  using C = compute_t<T>;
+  double total = 0;
+  for (std::int64_t b = 0; b < n; b += kNormBlock) {
+    const std::int64_t e = std::min(n, b + kNormBlock);
+    C s[kNormLanes] = {};
+    std::int64_t j = b;
+    for (; j + kNormLanes <= e; j += kNormLanes)
+      for (int l = 0; l < kNormLanes; ++l) {
+        const C d = static_cast<C>(x[j + l]) - m;
+        s[l] += d * d;
+      }
+    C r = 0;
+    for (int l = 0; l < kNormLanes; ++l) r += s[l];
+    for (; j < e; ++j) {
+      const C d = static_cast<C>(x[j]) - m;
+      r += d * d;
+    }
+    total += double(r);
+  }
+  return total;
+}
+
+// Σ g and Σ g (x - m) over n contiguous elements.
+template <class T>
+EMBER_VECTORIZE void block_grad_sums(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT x, std::int64_t n,
+                                     compute_t<T> m, double& sg, double& sgx) {
+  using C = compute_t<T>;
+  for (std::int64_t b = 0; b < n; b += kNormBlock) {
+    const std::int64_t e = std::min(n, b + kNormBlock);
+    C s[kNormLanes] = {}, q[kNormLanes] = {};
+    std::int64_t j = b;
+    for (; j + kNormLanes <= e; j += kNormLanes)
+      for (int l = 0; l < kNormLanes; ++l) {
+        const C gv = static_cast<C>(g[j + l]);
+        s[l] += gv;
+        q[l] += gv * (static_cast<C>(x[j + l]) - m);
+      }
+    C rs = 0, rq = 0;
+    for (int l = 0; l < kNormLanes; ++l) {
+      rs += s[l];
+      rq += q[l];
+    }
+    for (; j < e; ++j) {
+      const C gv = static_cast<C>(g[j]);
+      rs += gv;
+      rq += gv * (static_cast<C>(x[j]) - m);
+    }
+    sg += double(rs);
+    sgx += double(rq);
+  }
+}
+
+// y = x * scale + shift.
+template <class T>
+EMBER_VECTORIZE void affine_(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y, std::int64_t n, compute_t<T> scale,
+                             compute_t<T> shift) {
+  using C = compute_t<T>;
+  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(static_cast<C>(x[j]) * scale + shift);
+}
+
+// dx = k1 g + k2 (x - m) + k3.
+template <class T>
+EMBER_VECTORIZE void bn_dx_(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT x, T* EMBER_RESTRICT dx, std::int64_t n,
+                            compute_t<T> k1, compute_t<T> k2, compute_t<T> k3, compute_t<T> m) {
+  using C = compute_t<T>;
+  for (std::int64_t j = 0; j < n; ++j)
+    dx[j] = convert<T>(k1 * static_cast<C>(g[j]) + (k2 * (static_cast<C>(x[j]) - m) + k3));
+}
+
+template <class T>
+double elem(const Tensor<T>& t, std::int64_t i) {
+  return double(static_cast<compute_t<T>>(t.data()[i * t.strides()[0]]));
+}
+
+template <class T>
+void check_channel_vec(const Tensor<T>& t, std::int64_t C, const char* what, const Shape& xs) {
+  if (!t.defined()) return;
+  EMBER_CHECK(t.dim() == 1 && t.numel() == C, "batch_norm: ", what, " has shape ", t.shape().str(),
+              " but the input of shape ", xs.str(), " has ", C, " channels (expected shape [", C, "])");
+  t.check_cpu("batch_norm");
+}
+
+}  // namespace detail
+
+/// What batch_norm's forward computed and its backward needs: the output, and per channel the mean and
+/// 1/sqrt(var + eps) it normalised with (the batch's in training, the running statistics' in eval).
+template <class T>
+struct BatchNormResult {
+  Tensor<T> y;  // same shape as x
+  std::vector<double> mean, invstd;  // (C)
+};
+
+/// F.batch_norm's forward. x is (N, C) or (N, C, *). In training, normalises with the batch statistics over N and
+/// the spatial dims (biased variance) and, when running_mean / running_var are defined, updates them in place:
+/// r = (1 - momentum) r + momentum * batch_stat, with the unbiased variance for running_var. In eval, normalises
+/// with the running statistics. weight and bias (C) are optional.
+template <class T>
+BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& running_mean,
+                                      const Tensor<T>& running_var, const Tensor<T>& weight, const Tensor<T>& bias,
+                                      bool training, double momentum, double eps) {
+  static_assert(is_floating_v<T>, "batch_norm: needs a floating-point tensor");
+  EMBER_CHECK(x.dim() >= 2, "batch_norm: expected an input of shape (N, C) or (N, C, *), got shape ",
+              x.shape().str());
+  x.check_cpu("batch_norm");
+  const std::int64_t N = x.size(0), C = x.size(1), S = x.numel() / std::max<std::int64_t>(1, N * C);
+  detail::check_channel_vec(running_mean, C, "running_mean", x.shape());
+  detail::check_channel_vec(running_var, C, "running_var", x.shape());
+  detail::check_channel_vec(weight, C, "weight", x.shape());
+  detail::check_channel_vec(bias, C, "bias", x.shape());
+  EMBER_CHECK(running_mean.defined() == running_var.defined(), "batch_norm: running_mean and running_var must be "
+              "both defined or both undefined");
+  EMBER_CHECK(training || running_mean.defined(), "batch_norm: running_mean and running_var must be defined in "
+              "evaluation mode (training = false), input shape ", x.shape().str());
+  const std::int64_t M = N * S;
+  EMBER_CHECK(!training || M > 1, "batch_norm: expected more than 1 value per channel when training, got input of "
+              "shape ", x.shape().str());
+  EMBER_CHECK(eps >= 0, "batch_norm: eps must be non-negative, got ", eps);
+
+  BatchNormResult<T> r;
+  r.y = empty<T>(x.shape(), x.device());
+  r.mean.assign(std::size_t(C), 0.0);
+  r.invstd.assign(std::size_t(C), 0.0);
+  if (x.numel() == 0) return r;
+  const Tensor<T> xc = x.contiguous();
+  const T* xp = xc.data();
+  T* yp = r.y.data();
+  using Cm = compute_t<T>;
+  const bool update = training && running_mean.defined();
+  cpu::parallel_for(0, C, 1, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      double mean, invstd;
+      if (training) {
+        double s = 0;
+        for (std::int64_t n = 0; n < N; ++n) s += detail::block_sum(xp + (n * C + c) * S, S);
+        mean = s / double(M);
+        double q = 0;
+        for (std::int64_t n = 0; n < N; ++n) q += detail::block_sqdev(xp + (n * C + c) * S, S, Cm(mean));
+        const double var = q / double(M);
+        invstd = 1.0 / std::sqrt(var + eps);
+        if (update) {
+          T& rm = running_mean.data()[c * running_mean.strides()[0]];
+          T& rv = running_var.data()[c * running_var.strides()[0]];
+          rm = convert<T>((1 - momentum) * detail::elem(running_mean, c) + momentum * mean);
+          rv = convert<T>((1 - momentum) * detail::elem(running_var, c) + momentum * (q / double(M - 1)));
+        }
+      } else {
+        mean = detail::elem(running_mean, c);
+        invstd = 1.0 / std::sqrt(detail::elem(running_var, c) + eps);
+      }
+      r.mean[std::size_t(c)] = mean;
+      r.invstd[std::size_t(c)] = invstd;
+      const double scale = weight.defined() ? detail::elem(weight, c) * invstd : invstd;
+      const double shift = (bias.defined() ? detail::elem(bias, c) : 0.0) - mean * scale;
+      for (std::int64_t n = 0; n < N; ++n)
+        detail::affine_(xp + (n * C + c) * S, yp + (n * C + c) * S, S, Cm(scale), Cm(shift));
+    }
+  });
+  if (update) {
+    running_mean.bump_version();
+    running_var.bump_version();
+  }
+  return r;
+}
+
+/// Gradients of batch_norm: dx (shape of x), dweight and dbias (C); each only when its flag is set (the others
+/// are left undefined). `training` selects the batch-statistics gradient (the mean and variance depend on x) or
+/// the eval one (they are constants). mean / invstd are what the forward returned.
+template <class T>
+struct BatchNormGrads {
+  Tensor<T> dx, dweight, dbias;
+};
+
+template <class T>
+BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<T>& weight,
+                                      const std::vector<double>& mean, const std::vector<double>& invstd,
+                                      bool training, bool need_dx, bool need_dweight, bool need_dbias) {
+  EMBER_CHECK(grad.shape() == x.shape(), "batch_norm_backward: the gradient has shape ", grad.shape().str(),
+              " but the input has ", x.shape().str());
+  const std::int64_t N = x.size(0), C = x.size(1), S = x.numel() / std::max<std::int64_t>(1, N * C);
+  const std::int64_t M = N * S;
+  BatchNormGrads<T> r;
+  if (need_dx) r.dx = empty<T>(x.shape(), x.device());
+  if (need_dweight) r.dweight = empty<T>(Shape{C}, x.device());
+  if (need_dbias) r.dbias = empty<T>(Shape{C}, x.device());
+  const Tensor<T> xc = x.contiguous(), gc = grad.contiguous();
+  const T *xp = xc.data(), *gp = gc.data();
+  T* dxp = need_dx ? r.dx.data() : nullptr;
+  using Cm = compute_t<T>;
+  const bool sums = need_dweight || need_dbias || (need_dx && training);
+  cpu::parallel_for(0, C, 1, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const double m = mean[std::size_t(c)], is = invstd[std::size_t(c)];
+      double sg = 0, sgx = 0;
+      if (sums)
+        for (std::int64_t n = 0; n < N; ++n)
+          detail::block_grad_sums(gp + (n * C + c) * S, xp + (n * C + c) * S, S, Cm(m), sg, sgx);
+      if (need_dweight) r.dweight.data()[c] = convert<T>(sgx * is);
+      if (need_dbias) r.dbias.data()[c] = convert<T>(sg);
+      if (!need_dx) continue;
+      const double w = weight.defined() ? detail::elem(weight, c) : 1.0;
+      const double k1 = w * is;
+      double k2 = 0, k3 = 0;
+      if (training && M > 0) {
+        k2 = -k1 * is * is * sgx / double(M);
+        k3 = -k1 * sg / double(M);
+      }
+      for (std::int64_t n = 0; n < N; ++n)
+        detail::bn_dx_(gp + (n * C + c) * S, xp + (n * C + c) * S, dxp + (n * C + c) * S, S, Cm(k1), Cm(k2), Cm(k3),
+                       Cm(m));
+    }
+  });
+  return r;
+}
+
+// ---- layer norm -------------------------------------------------------------------------------------------------
+
+/// layer_norm's forward output and, per row, the mean and 1/sqrt(var + eps) (rows: x.numel() / D).
+template <class T>
+struct LayerNormResult {
+  Tensor<T> y;
+  std::vector<double> mean, rstd;
+};
+
+namespace detail {
+template <class T>
+EMBER_VECTORIZE void ln_apply_(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y, const T* EMBER_RESTRICT w,
+                               const T* EMBER_RESTRICT b, std::int64_t n, compute_t<T> m, compute_t<T> rs) {
+  using C = compute_t<T>;
+  for (std::int64_t j = 0; j < n; ++j) {
+    C v = (static_cast<C>(x[j]) - m) * rs;
+    if (w) v *= static_cast<C>(w[j]);
+    if (b) v += static_cast<C>(b[j]);
+    y[j] = convert<T>(v);
+  }
+}
+
+/// Checks layer_norm's arguments; returns D = numel(normalized_shape).
+template <class T>
+std::int64_t check_layer_norm(const Tensor<T>& x, const Shape& ns, const Tensor<T>& w, const Tensor<T>& b) {
+  EMBER_CHECK(ns.n >= 1, "layer_norm: normalized_shape must have at least one dim, got ", ns.str());
+  bool match = x.dim() >= ns.n;
+  for (int i = 0; match && i < ns.n; ++i) match = x.shape()[x.dim() - ns.n + i] == ns[i];
+  EMBER_CHECK(match, "layer_norm: normalized_shape ", ns.str(), " does not match the trailing dims of the input of "
+              "shape ", x.shape().str());
+  EMBER_CHECK(!w.defined() || w.shape() == ns, "layer_norm: weight has shape ", w.shape().str(),
+              " but normalized_shape is ", ns.str());
+  EMBER_CHECK(!b.defined() || b.shape() == ns, "layer_norm: bias has shape ", b.shape().str(),
+              " but normalized_shape is ", ns.str());
+  x.check_cpu("layer_norm");
+  return ns.numel();
+}
+}  // namespace detail
+
+/// F.layer_norm's forward: each row of the last D = numel(normalized_shape) elements is normalised with its own
+/// mean and biased variance, then scaled by weight and shifted by bias (both of normalized_shape, optional).
+template <class T>
+LayerNormResult<T> layer_norm_forward(const Tensor<T>& x, const Shape& normalized_shape, const Tensor<T>& weight,
+                                      const Tensor<T>& bias, double eps) {
+  static_assert(is_floating_v<T>, "layer_norm: needs a floating-point tensor");
+  const std::int64_t D = detail::check_layer_norm(x, normalized_shape, weight, bias);
+  EMBER_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
+  LayerNormResult<T> r;
+  r.y = empty<T>(x.shape(), x.device());
+  const std::int64_t R = D > 0 ? x.numel() / D : 0;
+  r.mean.assign(std::size_t(R), 0.0);
+  r.rstd.assign(std::size_t(R), 0.0);
+  if (x.numel() == 0) return r;
+  const Tensor<T> xc = x.contiguous(), wc = weight.defined() ? weight.contiguous() : Tensor<T>(),
+                  bc = bias.defined() ? bias.contiguous() : Tensor<T>();
+  const T *xp = xc.data(), *wp = wc.defined() ? wc.data() : nullptr, *bp = bc.defined() ? bc.data() : nullptr;
+  T* yp = r.y.data();
+  using Cm = compute_t<T>;
+  const std::int64_t grain = std::max<std::int64_t>(1, cpu::kGrain / D);
+  cpu::parallel_for(0, R, grain, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t i = r0; i < r1; ++i) {
+      const T* xr = xp + i * D;
+      const double m = detail::block_sum(xr, D) / double(D);
+      const double var = detail::block_sqdev(xr, D, Cm(m)) / double(D);
+      const double rs = 1.0 / std::sqrt(var + eps);
+      r.mean[std::size_t(i)] = m;
+      r.rstd[std::size_t(i)] = rs;
+      detail::ln_apply_(xr, yp + i * D, wp, bp, D, Cm(m), Cm(rs));
+    }
+  });
+  return r;
+}
+
+template <class T>
+struct LayerNormGrads {
+  Tensor<T> dx, dweight, dbias;
+};
+
+namespace detail {
+// One row of layer_norm's backward: dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g * w; and the row's
+// contributions g * xhat, g to the weight and bias gradients.
+template <class T>
+EMBER_VECTORIZE void ln_backward_row_(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT x, const T* EMBER_RESTRICT w,
+                                      T* EMBER_RESTRICT dx, double* EMBER_RESTRICT dw, double* EMBER_RESTRICT db,
+                                      std::int64_t n, compute_t<T> m, compute_t<T> rs) {
+  using C = compute_t<T>;
+  if (dx) {
+    double a = 0, b = 0;
+    for (std::int64_t bl = 0; bl < n; bl += kNormBlock) {
+      const std::int64_t e = std::min(n, bl + kNormBlock);
+      C s[kNormLanes] = {}, q[kNormLanes] = {};
+      std::int64_t j = bl;
+      for (; j + kNormLanes <= e; j += kNormLanes)
+        for (int l = 0; l < kNormLanes; ++l) {
+          const C gw = static_cast<C>(g[j + l]) * (w ? static_cast<C>(w[j + l]) : C(1));
+          s[l] += gw;
+          q[l] += gw * ((static_cast<C>(x[j + l]) - m) * rs);
+        }
+      C rsum = 0, rq = 0;
+      for (int l = 0; l < kNormLanes; ++l) {
+        rsum += s[l];
+        rq += q[l];
+      }
+      for (; j < e; ++j) {
+        const C gw = static_cast<C>(g[j]) * (w ? static_cast<C>(w[j]) : C(1));
+        rsum += gw;
+        rq += gw * ((static_cast<C>(x[j]) - m) * rs);
+      }
+      a += double(rsum);
+      b += double(rq);
+    }
+    const C ma = C(a / double(n)), mb = C(b / double(n));
+    for (std::int64_t j = 0; j < n; ++j) {
+      const C gw = static_cast<C>(g[j]) * (w ? static_cast<C>(w[j]) : C(1));
+      const C xh = (static_cast<C>(x[j]) - m) * rs;
+      dx[j] = convert<T>(rs * (gw - ma - xh * mb));
+    }
+  }
+  if (dw)
+    for (std::int64_t j = 0; j < n; ++j) dw[j] += double(static_cast<C>(g[j]) * ((static_cast<C>(x[j]) - m) * rs));
+  if (db)
+    for (std::int64_t j = 0; j < n; ++j) db[j] += double(static_cast<C>(g[j]));
+}
+}  // namespace detail
+
+/// Gradients of layer_norm (each only when its flag is set), from the forward's per-row mean and rstd.
+template <class T>
+LayerNormGrads<T> layer_norm_backward(const Tensor<T>& grad, const Tensor<T>& x, const Shape& normalized_shape,
+                                      const Tensor<T>& weight, const std::vector<double>& mean,
+                                      const std::vector<double>& rstd, bool need_dx, bool need_dweight,
+                                      bool need_dbias) {
+  EMBER_CHECK(grad.shape() == x.shape(), "layer_norm_backward: the gradient has shape ", grad.shape().str(),
+              " but the input has ", x.shape().str());
+  const std::int64_t D = normalized_shape.numel();
+  const std::int64_t R = D > 0 ? x.numel() / D : 0;
+  LayerNormGrads<T> r;
+  if (need_dx) r.dx = empty<T>(x.shape(), x.device());
+  const Tensor<T> xc = x.contiguous(), gc = grad.contiguous(), wc = weight.defined() ? weight.contiguous() : Tensor<T>();
+  const T *xp = xc.data(), *gp = gc.data(), *wp = wc.defined() ? wc.data() : nullptr;
+  T* dxp = need_dx ? r.dx.data() : nullptr;
+  // Rows in fixed blocks, each with its own weight/bias partial sums, added in block order: deterministic.
+  const std::int64_t nblk = std::max<std::int64_t>(1, std::min<std::int64_t>(R, 8));
+  const bool params = need_dweight || need_dbias;
+  std::vector<double> pw(params && need_dweight ? std::size_t(nblk * D) : 0, 0.0),
+      pb(params && need_dbias ? std::size_t(nblk * D) : 0, 0.0);
+  using Cm = compute_t<T>;
+  cpu::parallel_for(0, nblk, 1, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t blk = b0; blk < b1; ++blk) {
+      const std::int64_t ra = R * blk / nblk, rb = R * (blk + 1) / nblk;
+      double* dw = need_dweight ? pw.data() + blk * D : nullptr;
+      double* db = need_dbias ? pb.data() + blk * D : nullptr;
+      for (std::int64_t i = ra; i < rb; ++i)
+        detail::ln_backward_row_(gp + i * D, xp + i * D, wp, dxp ? dxp + i * D : nullptr, dw, db, D,
+                                 Cm(mean[std::size_t(i)]), Cm(rstd[std::size_t(i)]));
+    }
+  });
+  auto finish = [&](const std::vector<double>& part) {
+    Tensor<T> t = empty<T>(normalized_shape, x.device());
+    for (std::int64_t j = 0; j < D; ++j) {
+      double s = 0;
+      for (std::int64_t blk = 0; blk < nblk; ++blk) s += part[std::size_t(blk * D + j)];
+      t.data()[j] = convert<T>(s);
+    }
+    return t;
+  };
+  if (need_dweight) r.dweight = finish(pw);
+  if (need_dbias) r.dbias = finish(pb);
+  return r;
+}
+
+}  // namespace ember::ops
