@@ -2,8 +2,9 @@
 //
 // batch_norm sees its input as (N, C, S) (S = product of the spatial dims) and runs one channel per task: the
 // statistics pass, the variance pass and the normalising pass of a channel follow each other while its data is
-// still in the core's cache. Statistics are two-pass (mean, then Σ (x - mean)²): partial sums run in the compute
-// type over short blocks (8 lanes, vectorised) and blocks add up in double. The backward pass is the closed form
+// still in the core's cache. Statistics are two-pass (mean of x - pivot, then Σ (x - mean)²): partial sums run in
+// the compute type over short blocks (8 lanes, vectorised) and blocks add up in double. The mean is then carried as
+// hi + lo in the compute type, so x - mean keeps its digits when the data sit far from zero. The backward pass is the closed form
 // (one pass for Σ g and Σ g (x - mean), one for dx).
 //
 // layer_norm normalises each row of the last D = numel(normalized_shape) elements, with the same scheme per row;
@@ -27,9 +28,10 @@ namespace detail {
 inline constexpr int kNormLanes = 8;
 inline constexpr std::int64_t kNormBlock = 1024;  // elements summed in the compute type before going to double
 
-// Σ x over n contiguous elements.
+// Σ (x - pivot) over n contiguous elements. The pivot (an element of the data) keeps the partial sums near the
+// spread of the data rather than its mean, so float lanes lose nothing to a large offset.
 template <class T>
-EMBER_VECTORIZE double block_sum(const T* EMBER_RESTRICT x, std::int64_t n) {
+EMBER_VECTORIZE double block_sum(const T* EMBER_RESTRICT x, std::int64_t n, compute_t<T> pivot) {
   using C = compute_t<T>;
   double total = 0;
   for (std::int64_t b = 0; b < n; b += kNormBlock) {
@@ -37,18 +39,26 @@ EMBER_VECTORIZE double block_sum(const T* EMBER_RESTRICT x, std::int64_t n) {
     C s[kNormLanes] = {};
     std::int64_t j = b;
     for (; j + kNormLanes <= e; j += kNormLanes)
-      for (int l = 0; l < kNormLanes; ++l) s[l] += static_cast<C>(x[j + l]);
+      for (int l = 0; l < kNormLanes; ++l) s[l] += static_cast<C>(x[j + l]) - pivot;
     C r = 0;
     for (int l = 0; l < kNormLanes; ++l) r += s[l];
-    for (; j < e; ++j) r += static_cast<C>(x[j]);
+    for (; j < e; ++j) r += static_cast<C>(x[j]) - pivot;
     total += double(r);
   }
   return total;
 }
 
+// The mean as hi + lo in the compute type: (x - hi) - lo keeps the digits a float mean would round away (x near
+// 1000 would otherwise carry 3e-5 absolute error into every normalised value).
+template <class C>
+struct SplitMean {
+  C hi, lo;
+  explicit SplitMean(double m) : hi(C(m)), lo(C(m - double(C(m)))) {}
+};
+
 // Σ (x - m)² over n contiguous elements.
 template <class T>
-EMBER_VECTORIZE double block_sqdev(const T* EMBER_RESTRICT x, std::int64_t n, compute_t<T> m) {
+EMBER_VECTORIZE double block_sqdev(const T* EMBER_RESTRICT x, std::int64_t n, SplitMean<compute_t<T>> m) {
   using C = compute_t<T>;
   double total = 0;
   for (std::int64_t b = 0; b < n; b += kNormBlock) {
@@ -57,13 +67,13 @@ EMBER_VECTORIZE double block_sqdev(const T* EMBER_RESTRICT x, std::int64_t n, co
     std::int64_t j = b;
     for (; j + kNormLanes <= e; j += kNormLanes)
       for (int l = 0; l < kNormLanes; ++l) {
-        const C d = static_cast<C>(x[j + l]) - m;
+        const C d = (static_cast<C>(x[j + l]) - m.hi) - m.lo;
         s[l] += d * d;
       }
     C r = 0;
     for (int l = 0; l < kNormLanes; ++l) r += s[l];
     for (; j < e; ++j) {
-      const C d = static_cast<C>(x[j]) - m;
+      const C d = (static_cast<C>(x[j]) - m.hi) - m.lo;
       r += d * d;
     }
     total += double(r);
@@ -74,7 +84,7 @@ EMBER_VECTORIZE double block_sqdev(const T* EMBER_RESTRICT x, std::int64_t n, co
 // Σ g and Σ g (x - m) over n contiguous elements.
 template <class T>
 EMBER_VECTORIZE void block_grad_sums(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT x, std::int64_t n,
-                                     compute_t<T> m, double& sg, double& sgx) {
+                                     SplitMean<compute_t<T>> m, double& sg, double& sgx) {
   using C = compute_t<T>;
   for (std::int64_t b = 0; b < n; b += kNormBlock) {
     const std::int64_t e = std::min(n, b + kNormBlock);
@@ -84,7 +94,7 @@ EMBER_VECTORIZE void block_grad_sums(const T* EMBER_RESTRICT g, const T* EMBER_R
       for (int l = 0; l < kNormLanes; ++l) {
         const C gv = static_cast<C>(g[j + l]);
         s[l] += gv;
-        q[l] += gv * (static_cast<C>(x[j + l]) - m);
+        q[l] += gv * ((static_cast<C>(x[j + l]) - m.hi) - m.lo);
       }
     C rs = 0, rq = 0;
     for (int l = 0; l < kNormLanes; ++l) {
@@ -94,28 +104,28 @@ EMBER_VECTORIZE void block_grad_sums(const T* EMBER_RESTRICT g, const T* EMBER_R
     for (; j < e; ++j) {
       const C gv = static_cast<C>(g[j]);
       rs += gv;
-      rq += gv * (static_cast<C>(x[j]) - m);
+      rq += gv * ((static_cast<C>(x[j]) - m.hi) - m.lo);
     }
     sg += double(rs);
     sgx += double(rq);
   }
 }
 
-// y = x * scale + shift.
+// y = (x - m) * scale + shift.
 template <class T>
-EMBER_VECTORIZE void affine_(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y, std::int64_t n, compute_t<T> scale,
-                             compute_t<T> shift) {
+EMBER_VECTORIZE void affine_(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y, std::int64_t n, SplitMean<compute_t<T>> m,
+                             compute_t<T> scale, compute_t<T> shift) {
   using C = compute_t<T>;
-  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(static_cast<C>(x[j]) * scale + shift);
+  for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(((static_cast<C>(x[j]) - m.hi) - m.lo) * scale + shift);
 }
 
 // dx = k1 g + k2 (x - m) + k3.
 template <class T>
 EMBER_VECTORIZE void bn_dx_(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT x, T* EMBER_RESTRICT dx, std::int64_t n,
-                            compute_t<T> k1, compute_t<T> k2, compute_t<T> k3, compute_t<T> m) {
+                            compute_t<T> k1, compute_t<T> k2, compute_t<T> k3, SplitMean<compute_t<T>> m) {
   using C = compute_t<T>;
   for (std::int64_t j = 0; j < n; ++j)
-    dx[j] = convert<T>(k1 * static_cast<C>(g[j]) + (k2 * (static_cast<C>(x[j]) - m) + k3));
+    dx[j] = convert<T>(k1 * static_cast<C>(g[j]) + (k2 * ((static_cast<C>(x[j]) - m.hi) - m.lo) + k3));
 }
 
 template <class T>
@@ -181,11 +191,13 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
     for (std::int64_t c = c0; c < c1; ++c) {
       double mean, invstd;
       if (training) {
+        const Cm pivot = static_cast<Cm>(xp[c * S]);
         double s = 0;
-        for (std::int64_t n = 0; n < N; ++n) s += detail::block_sum(xp + (n * C + c) * S, S);
-        mean = s / double(M);
+        for (std::int64_t n = 0; n < N; ++n) s += detail::block_sum(xp + (n * C + c) * S, S, pivot);
+        mean = double(pivot) + s / double(M);
         double q = 0;
-        for (std::int64_t n = 0; n < N; ++n) q += detail::block_sqdev(xp + (n * C + c) * S, S, Cm(mean));
+        for (std::int64_t n = 0; n < N; ++n)
+          q += detail::block_sqdev(xp + (n * C + c) * S, S, detail::SplitMean<Cm>(mean));
         const double var = q / double(M);
         invstd = 1.0 / std::sqrt(var + eps);
         if (update) {
@@ -201,9 +213,10 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
       r.mean[std::size_t(c)] = mean;
       r.invstd[std::size_t(c)] = invstd;
       const double scale = weight.defined() ? detail::elem(weight, c) * invstd : invstd;
-      const double shift = (bias.defined() ? detail::elem(bias, c) : 0.0) - mean * scale;
+      const double shift = bias.defined() ? detail::elem(bias, c) : 0.0;
+      const detail::SplitMean<Cm> ms(mean);
       for (std::int64_t n = 0; n < N; ++n)
-        detail::affine_(xp + (n * C + c) * S, yp + (n * C + c) * S, S, Cm(scale), Cm(shift));
+        detail::affine_(xp + (n * C + c) * S, yp + (n * C + c) * S, S, ms, Cm(scale), Cm(shift));
     }
   });
   if (update) {
@@ -244,7 +257,7 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
       double sg = 0, sgx = 0;
       if (sums)
         for (std::int64_t n = 0; n < N; ++n)
-          detail::block_grad_sums(gp + (n * C + c) * S, xp + (n * C + c) * S, S, Cm(m), sg, sgx);
+          detail::block_grad_sums(gp + (n * C + c) * S, xp + (n * C + c) * S, S, detail::SplitMean<Cm>(m), sg, sgx);
       if (need_dweight) r.dweight.data()[c] = convert<T>(sgx * is);
       if (need_dbias) r.dbias.data()[c] = convert<T>(sg);
       if (!need_dx) continue;
@@ -257,7 +270,7 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
       }
       for (std::int64_t n = 0; n < N; ++n)
         detail::bn_dx_(gp + (n * C + c) * S, xp + (n * C + c) * S, dxp + (n * C + c) * S, S, Cm(k1), Cm(k2), Cm(k3),
-                       Cm(m));
+                       detail::SplitMean<Cm>(m));
     }
   });
   return r;
@@ -275,10 +288,10 @@ struct LayerNormResult {
 namespace detail {
 template <class T>
 EMBER_VECTORIZE void ln_apply_(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y, const T* EMBER_RESTRICT w,
-                               const T* EMBER_RESTRICT b, std::int64_t n, compute_t<T> m, compute_t<T> rs) {
+                               const T* EMBER_RESTRICT b, std::int64_t n, SplitMean<compute_t<T>> m, compute_t<T> rs) {
   using C = compute_t<T>;
   for (std::int64_t j = 0; j < n; ++j) {
-    C v = (static_cast<C>(x[j]) - m) * rs;
+    C v = ((static_cast<C>(x[j]) - m.hi) - m.lo) * rs;
     if (w) v *= static_cast<C>(w[j]);
     if (b) v += static_cast<C>(b[j]);
     y[j] = convert<T>(v);
@@ -325,12 +338,13 @@ LayerNormResult<T> layer_norm_forward(const Tensor<T>& x, const Shape& normalize
   cpu::parallel_for(0, R, grain, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t i = r0; i < r1; ++i) {
       const T* xr = xp + i * D;
-      const double m = detail::block_sum(xr, D) / double(D);
-      const double var = detail::block_sqdev(xr, D, Cm(m)) / double(D);
+      const double m = double(static_cast<Cm>(xr[0])) + detail::block_sum(xr, D, static_cast<Cm>(xr[0])) / double(D);
+      const detail::SplitMean<Cm> ms(m);
+      const double var = detail::block_sqdev(xr, D, ms) / double(D);
       const double rs = 1.0 / std::sqrt(var + eps);
       r.mean[std::size_t(i)] = m;
       r.rstd[std::size_t(i)] = rs;
-      detail::ln_apply_(xr, yp + i * D, wp, bp, D, Cm(m), Cm(rs));
+      detail::ln_apply_(xr, yp + i * D, wp, bp, D, ms, Cm(rs));
     }
   });
   return r;
@@ -347,7 +361,7 @@ namespace detail {
 template <class T>
 EMBER_VECTORIZE void ln_backward_row_(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT x, const T* EMBER_RESTRICT w,
                                       T* EMBER_RESTRICT dx, double* EMBER_RESTRICT dw, double* EMBER_RESTRICT db,
-                                      std::int64_t n, compute_t<T> m, compute_t<T> rs) {
+                                      std::int64_t n, SplitMean<compute_t<T>> m, compute_t<T> rs) {
   using C = compute_t<T>;
   if (dx) {
     double a = 0, b = 0;
@@ -359,7 +373,7 @@ EMBER_VECTORIZE void ln_backward_row_(const T* EMBER_RESTRICT g, const T* EMBER_
         for (int l = 0; l < kNormLanes; ++l) {
           const C gw = static_cast<C>(g[j + l]) * (w ? static_cast<C>(w[j + l]) : C(1));
           s[l] += gw;
-          q[l] += gw * ((static_cast<C>(x[j + l]) - m) * rs);
+          q[l] += gw * (((static_cast<C>(x[j + l]) - m.hi) - m.lo) * rs);
         }
       C rsum = 0, rq = 0;
       for (int l = 0; l < kNormLanes; ++l) {
@@ -369,7 +383,7 @@ EMBER_VECTORIZE void ln_backward_row_(const T* EMBER_RESTRICT g, const T* EMBER_
       for (; j < e; ++j) {
         const C gw = static_cast<C>(g[j]) * (w ? static_cast<C>(w[j]) : C(1));
         rsum += gw;
-        rq += gw * ((static_cast<C>(x[j]) - m) * rs);
+        rq += gw * (((static_cast<C>(x[j]) - m.hi) - m.lo) * rs);
       }
       a += double(rsum);
       b += double(rq);
@@ -377,12 +391,13 @@ EMBER_VECTORIZE void ln_backward_row_(const T* EMBER_RESTRICT g, const T* EMBER_
     const C ma = C(a / double(n)), mb = C(b / double(n));
     for (std::int64_t j = 0; j < n; ++j) {
       const C gw = static_cast<C>(g[j]) * (w ? static_cast<C>(w[j]) : C(1));
-      const C xh = (static_cast<C>(x[j]) - m) * rs;
+      const C xh = ((static_cast<C>(x[j]) - m.hi) - m.lo) * rs;
       dx[j] = convert<T>(rs * (gw - ma - xh * mb));
     }
   }
   if (dw)
-    for (std::int64_t j = 0; j < n; ++j) dw[j] += double(static_cast<C>(g[j]) * ((static_cast<C>(x[j]) - m) * rs));
+    for (std::int64_t j = 0; j < n; ++j)
+      dw[j] += double(static_cast<C>(g[j]) * (((static_cast<C>(x[j]) - m.hi) - m.lo) * rs));
   if (db)
     for (std::int64_t j = 0; j < n; ++j) db[j] += double(static_cast<C>(g[j]));
 }
@@ -416,7 +431,7 @@ LayerNormGrads<T> layer_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
       double* db = need_dbias ? pb.data() + blk * D : nullptr;
       for (std::int64_t i = ra; i < rb; ++i)
         detail::ln_backward_row_(gp + i * D, xp + i * D, wp, dxp ? dxp + i * D : nullptr, dw, db, D,
-                                 Cm(mean[std::size_t(i)]), Cm(rstd[std::size_t(i)]));
+                                 detail::SplitMean<Cm>(mean[std::size_t(i)]), Cm(rstd[std::size_t(i)]));
     }
   });
   auto finish = [&](const std::vector<double>& part) {

@@ -90,8 +90,10 @@ EMBER_VECTORIZE void row_finish(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y, 
   using C = compute_t<T>;
   namespace fm = ::ember::detail::fm;
   if constexpr (Log) {
-    const C sub = mx + fm::log(s);
-    for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>(static_cast<C>(x[j]) - sub);
+    // (x - mx) - log s, not x - (mx + log s): the sum would round to the precision of mx (logits of 1e4 lose
+    // three digits in float).
+    const C ls = fm::log(s);
+    for (std::int64_t j = 0; j < n; ++j) y[j] = convert<T>((static_cast<C>(x[j]) - mx) - ls);
   } else if constexpr (std::is_same_v<T, C>) {
     const C inv = C(1) / s;
     for (std::int64_t j = 0; j < n; ++j) y[j] = y[j] * inv;  // y holds exp(x - mx)
@@ -153,9 +155,10 @@ EMBER_VECTORIZE void softmax_cols(const T* EMBER_RESTRICT x, T* EMBER_RESTRICT y
   for (std::int64_t j = 0; j < n; ++j)
     for (std::int64_t k = 0; k < w; ++k) s[k] += fm::exp(static_cast<C>(x[j * inner + k]) - m[k]);
   if constexpr (Log) {
-    for (std::int64_t k = 0; k < w; ++k) m[k] += fm::log(s[k]);
+    for (std::int64_t k = 0; k < w; ++k) s[k] = fm::log(s[k]);
     for (std::int64_t j = 0; j < n; ++j)
-      for (std::int64_t k = 0; k < w; ++k) y[j * inner + k] = convert<T>(static_cast<C>(x[j * inner + k]) - m[k]);
+      for (std::int64_t k = 0; k < w; ++k)
+        y[j * inner + k] = convert<T>((static_cast<C>(x[j * inner + k]) - m[k]) - s[k]);
   } else {
     for (std::int64_t k = 0; k < w; ++k) s[k] = C(1) / s[k];
     for (std::int64_t j = 0; j < n; ++j)

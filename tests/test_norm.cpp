@@ -1,0 +1,426 @@
+// softmax / log_softmax, batch_norm and layer_norm: values and gradients against PyTorch 1.13 (fixtures written by
+// tests/fixtures/gen_norm_loss.py), gradcheck in double for every mode (dims other than the last, non-contiguous
+// inputs, training with and without affine, eval), stability for large logits, float vs double, the running
+// statistics, and one test per error.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ember/ember.hpp"
+#include "ember/autograd/normalization.hpp"
+#include "ember/autograd/softmax.hpp"
+
+using namespace ember;
+
+namespace {
+
+using TD = Tensor<double>;
+using TF = Tensor<float>;
+using Inputs = std::vector<TD>;
+using Fn = std::function<TD(const Inputs&)>;
+
+/// The records of a fixture file: `name ndim d0 .. v0 v1 ..` per line.
+class Fixtures {
+ public:
+  explicit Fixtures(const std::string& file) {
+    std::string dir = __FILE__;
+    dir = dir.substr(0, dir.find_last_of('/') + 1);
+    std::ifstream in(dir + "fixtures/" + file);
+    REQUIRE_MESSAGE(in.good(), "cannot open fixture file " << dir << "fixtures/" << file);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ss(line);
+      std::string name;
+      int nd = 0;
+      ss >> name >> nd;
+      Shape s;
+      for (int i = 0; i < nd; ++i) {
+        std::int64_t d = 0;
+        ss >> d;
+        s.push_back(d);
+      }
+      std::vector<double> v(static_cast<std::size_t>(s.numel()));
+      for (auto& x : v) ss >> x;
+      m_[name] = from_vector<double>(v, s);
+    }
+  }
+  TD operator[](const std::string& k) const {
+    auto it = m_.find(k);
+    REQUIRE_MESSAGE(it != m_.end(), "no fixture record " << k);
+    return it->second.clone();
+  }
+
+ private:
+  std::map<std::string, TD> m_;
+};
+
+const Fixtures& norm_fx() {
+  static const Fixtures f("norm.txt");
+  return f;
+}
+
+template <class T>
+void check_close(const Tensor<T>& got, const TD& want, double rtol = 1e-9, double atol = 1e-11) {
+  REQUIRE(got.defined());
+  REQUIRE(got.shape() == want.shape());
+  const auto g = got.to_vector();
+  const auto w = want.to_vector();
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << double(g[i]) << ", want " << w[i]);
+    CHECK(std::fabs(double(g[i]) - w[i]) <= atol + rtol * std::fabs(w[i]));
+  }
+}
+
+void check_grad(const std::string& what, const Fn& f, const Inputs& in) {
+  INFO(what);
+  GradcheckResult r = gradcheck(f, in, 1e-6, 1e-6, 1e-5);
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+TD normal(const Shape& s, std::uint64_t seed, double scale = 1, double shift = 0) {
+  Generator g(seed);
+  TD t = randn<double>(s, g);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = t.data()[i] * scale + shift;
+  return t;
+}
+TD leaf(TD t) {
+  t.requires_grad_(true);
+  return t;
+}
+TF to_float(const TD& t) {
+  TF r = empty<float>(t.shape());
+  const TD c = t.contiguous();
+  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = float(c.data()[i]);
+  return r;
+}
+TD to_double(const TF& t) {
+  TD r = empty<double>(t.shape());
+  const TF c = t.contiguous();
+  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = double(c.data()[i]);
+  return r;
+}
+
+}  // namespace
+
+// ============================================================================================== softmax
+
+TEST_CASE("softmax / log_softmax: values and gradients match PyTorch along every dim") {
+  const auto& fx = norm_fx();
+  const TD x = fx["sm.x"], g = fx["sm.g"];
+  for (int d = 0; d < 3; ++d) {
+    INFO("dim " << d);
+    TD a = leaf(x.clone());
+    TD y = softmax(a, d);
+    check_close(y, fx["softmax." + std::to_string(d) + ".y"]);
+    y.backward(g);
+    check_close(a.grad(), fx["softmax." + std::to_string(d) + ".dx"]);
+    TD b = leaf(x.clone());
+    TD z = log_softmax(b, d - 3);  // negative dims count from the end
+    check_close(z, fx["log_softmax." + std::to_string(d) + ".y"]);
+    z.backward(g);
+    check_close(b.grad(), fx["log_softmax." + std::to_string(d) + ".dx"]);
+  }
+}
+
+TEST_CASE("gradcheck: softmax and log_softmax along every dim, contiguous and strided") {
+  const TD x = normal({3, 4, 5}, 11, 2);
+  for (int d = 0; d < 3; ++d) {
+    check_grad("softmax dim " + std::to_string(d), [d](const Inputs& v) { return softmax(v[0], d); }, {x});
+    check_grad("log_softmax dim " + std::to_string(d), [d](const Inputs& v) { return log_softmax(v[0], d); }, {x});
+    // Non-contiguous inputs: a transposed view and a strided slice.
+    check_grad("softmax of a transpose, dim " + std::to_string(d),
+               [d](const Inputs& v) { return softmax(v[0].transpose(0, 2), d); }, {x});
+    check_grad("log_softmax of a strided slice, dim " + std::to_string(d),
+               [d](const Inputs& v) { return log_softmax(v[0].slice(2, 0, 5, 2), d); }, {x});
+  }
+  // More inner positions than one block of columns (64), and a 1-d input.
+  check_grad("softmax dim 0 with 70 inner positions", [](const Inputs& v) { return softmax(v[0], 0); },
+             {normal({3, 70}, 12)});
+  check_grad("log_softmax of a vector", [](const Inputs& v) { return log_softmax(v[0], 0); }, {normal({7}, 13)});
+}
+
+TEST_CASE("softmax is stable for logits of 1e4 and beyond") {
+  TF x = tensor<float>({{1e4f, 0.f, -1e4f}, {3e38f, 3e38f, -3e38f}, {-1e4f, -1e4f + 1, -1e4f + 2}});
+  TF y = softmax(x, 1);
+  TF z = log_softmax(x, 1);
+  const auto yv = y.to_vector(), zv = z.to_vector();
+  for (float v : yv) CHECK(std::isfinite(v));
+  for (float v : zv) CHECK(!std::isnan(v));
+  CHECK(yv[0] == 1.f);
+  CHECK(yv[1] == 0.f);
+  CHECK(zv[0] == 0.f);
+  CHECK(zv[1] == -1e4f);
+  CHECK(zv[2] == -2e4f);
+  CHECK(yv[3] == doctest::Approx(0.5));
+  CHECK(yv[4] == doctest::Approx(0.5));
+  // Shifted logits give the same probabilities as unshifted ones.
+  const double e1 = std::exp(1.0), e2 = std::exp(2.0), s = 1 + e1 + e2;
+  CHECK(yv[6] == doctest::Approx(1 / s).epsilon(1e-6));
+  CHECK(yv[8] == doctest::Approx(e2 / s).epsilon(1e-6));
+  CHECK(zv[8] == doctest::Approx(2 - std::log(s)).epsilon(1e-6));
+}
+
+TEST_CASE("softmax in float agrees with double, forward and backward, on larger shapes") {
+  struct Case {
+    Shape s;
+    int dim;
+  };
+  for (const Case& c : {Case{{7, 300}, 1}, Case{{5, 37, 70}, 1}, Case{{4, 3, 129}, 0}, Case{{2, 9, 5}, 2}}) {
+    INFO("shape " << c.s.str() << " dim " << c.dim);
+    const TD xd = normal(c.s, 21, 4), gd = normal(c.s, 22);
+    for (bool log : {false, true}) {
+      TD a = leaf(xd.clone());
+      TF af = to_float(xd);
+      af.requires_grad_(true);
+      TD y = log ? log_softmax(a, c.dim) : softmax(a, c.dim);
+      TF yf = log ? log_softmax(af, c.dim) : softmax(af, c.dim);
+      check_close(yf, y, 1e-5, 1e-6);
+      y.backward(gd);
+      yf.backward(to_float(gd));
+      check_close(af.grad(), a.grad(), 1e-4, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("softmax in half and bfloat16 computes in float") {
+  const TD xd = normal({6, 33}, 23, 3);
+  TF xf = to_float(xd);
+  Tensor<half> xh = cast<half>(xf);
+  Tensor<bfloat16> xb = cast<bfloat16>(xf);
+  TF yh = cast<float>(softmax(xh, 1)), yb = cast<float>(log_softmax(xb, 1));
+  TF rh = softmax(TF(cast<float>(xh)), 1), rb = log_softmax(TF(cast<float>(xb)), 1);
+  check_close(yh, to_double(rh), 2e-3, 1e-4);
+  check_close(yb, to_double(rb), 1e-2, 2e-2);
+}
+
+TEST_CASE("softmax of a 0-d tensor and of an empty tensor") {
+  TD s = full<double>(Shape{}, 3.0);
+  CHECK(softmax(s, 0).item() == 1.0);
+  CHECK(log_softmax(s, -1).item() == 0.0);
+  TD e = empty<double>(Shape{0, 4});
+  CHECK(softmax(e, 1).shape() == Shape{0, 4});
+  CHECK(log_softmax(e, 0).numel() == 0);
+}
+
+TEST_CASE("softmax / log_softmax: a dim out of range is an error naming the op and the shape") {
+  TD x = normal({2, 3}, 1);
+  CHECK_THROWS_WITH_AS(softmax(x, 2), doctest::Contains("softmax: dim 2 is out of range for a tensor of shape [2, 3]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(log_softmax(x, -3), doctest::Contains("log_softmax: dim -3 is out of range"), Error);
+}
+
+// ============================================================================================ batch_norm
+
+TEST_CASE("batch_norm matches PyTorch: training with and without affine, eval, 4-d and 2-d inputs") {
+  const auto& fx = norm_fx();
+  for (const std::string tag : {"bn4", "bn2"}) {
+    for (const std::string mode : {"train", "train_noaffine", "eval"}) {
+      INFO(tag << " " << mode);
+      const bool training = mode != "eval", affine = mode != "train_noaffine";
+      TD x = leaf(fx[tag + ".x"]);
+      TD w = affine ? leaf(fx[tag + ".w"]) : TD(), b = affine ? leaf(fx[tag + ".b"]) : TD();
+      TD rm = fx[tag + ".rm"], rv = fx[tag + ".rv"];
+      TD y = batch_norm(x, rm, rv, w, b, training, 0.3, 1e-4);
+      const std::string k = tag + "." + mode;
+      check_close(y, fx[k + ".y"]);
+      check_close(rm, fx[k + ".rm"]);
+      check_close(rv, fx[k + ".rv"]);
+      y.backward(fx[tag + ".g"]);
+      check_close(x.grad(), fx[k + ".dx"], 1e-8, 1e-10);
+      if (affine) {
+        check_close(w.grad(), fx[k + ".dw"], 1e-8, 1e-10);
+        check_close(b.grad(), fx[k + ".db"], 1e-8, 1e-10);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm updates the running statistics with the unbiased batch variance") {
+  // One channel of 4 values: mean 2.5, biased variance 1.25, unbiased 5/3.
+  TD x = from_vector<double>({1, 2, 3, 4}, Shape{2, 1, 2});
+  TD rm = from_vector<double>({10}, Shape{1}), rv = from_vector<double>({20}, Shape{1});
+  const auto v0 = rm.version();
+  TD y = batch_norm(x, rm, rv, TD(), TD(), true, 0.25, 0.0);
+  CHECK(rm.item() == doctest::Approx(0.75 * 10 + 0.25 * 2.5));
+  CHECK(rv.item() == doctest::Approx(0.75 * 20 + 0.25 * (5.0 / 3.0)));
+  CHECK(rm.version() > v0);
+  // The output uses the biased variance.
+  CHECK(y.to_vector()[0] == doctest::Approx((1 - 2.5) / std::sqrt(1.25)));
+  // Eval mode reads them and leaves them alone.
+  const double m = rm.item(), v = rv.item();
+  TD z = batch_norm(x, rm, rv, TD(), TD(), false, 0.25, 0.0);
+  CHECK(rm.item() == m);
+  CHECK(rv.item() == v);
+  CHECK(z.to_vector()[3] == doctest::Approx((4 - m) / std::sqrt(v)));
+  // Training without running statistics only normalises.
+  TD u = batch_norm(x, TD(), TD(), TD(), TD(), true);
+  CHECK(u.to_vector()[3] == doctest::Approx(1.5 / std::sqrt(1.25 + 1e-5)));
+}
+
+TEST_CASE("gradcheck: batch_norm in training with and without affine, eval, strided inputs, (N, C)") {
+  const TD x = normal({3, 2, 2, 3}, 31, 2, 1), w = normal({2}, 32, 0.5, 1), b = normal({2}, 33);
+  const TD rm = normal({2}, 34), rv = normal({2}, 35, 0.1, 1);
+  check_grad("train affine", [](const Inputs& v) { return batch_norm(v[0], TD(), TD(), v[1], v[2], true); },
+             {x, w, b});
+  check_grad("train without affine", [](const Inputs& v) { return batch_norm(v[0], TD(), TD(), TD(), TD(), true); },
+             {x});
+  check_grad("train, weight only", [](const Inputs& v) { return batch_norm(v[0], TD(), TD(), v[1], TD(), true); },
+             {x, w});
+  check_grad("eval", [rm, rv](const Inputs& v) { return batch_norm(v[0], rm, rv, v[1], v[2], false); }, {x, w, b});
+  check_grad("train, input a permuted view",
+             [](const Inputs& v) { return batch_norm(v[0].permute({2, 1, 0, 3}), TD(), TD(), v[1], v[2], true); },
+             {x, w, b});
+  check_grad("train, (N, C) input", [](const Inputs& v) { return batch_norm(v[0], TD(), TD(), v[1], v[2], true); },
+             {normal({5, 3}, 36), normal({3}, 37), normal({3}, 38)});
+  check_grad("train, (N, C, L) input with running stats",
+             [](const Inputs& v) {
+               TD m = zeros<double>(Shape{3}), s = ones<double>(Shape{3});
+               return batch_norm(v[0], m, s, v[1], v[2], true);
+             },
+             {normal({2, 3, 4}, 39), normal({3}, 40), normal({3}, 41)});
+}
+
+TEST_CASE("batch_norm in float: statistics stay accurate for a large mean, forward and backward") {
+  // Channel values around 1000 with unit spread: a one-pass float E[x²] - E[x]² would lose most digits. The double
+  // reference runs on the same float-rounded inputs, so the comparison sees only the float computation's error.
+  const TD xd = to_double(to_float(normal({16, 4, 9, 9}, 51, 1, 1000))), gd = to_double(to_float(normal({16, 4, 9, 9}, 52)));
+  const TD wd = to_double(to_float(normal({4}, 53, 0.3, 1))), bd = to_double(to_float(normal({4}, 54)));
+  TD xl = leaf(xd.clone()), wl = leaf(wd.clone()), bl = leaf(bd.clone());
+  TD y = batch_norm(xl, TD(), TD(), wl, bl, true);
+  y.backward(gd);
+  TF xf = to_float(xd), wf = to_float(wd), bf = to_float(bd);
+  xf.requires_grad_(true);
+  wf.requires_grad_(true);
+  bf.requires_grad_(true);
+  TF rmf = zeros<float>(Shape{4}), rvf = ones<float>(Shape{4});
+  TF yf = batch_norm(xf, rmf, rvf, wf, bf, true);
+  yf.backward(to_float(gd));
+  // The mean is carried as hi + lo floats, so x - mean keeps its digits; a plain float mean would leave
+  // |x| * 2^-24 = 6e-5 absolute error in every output.
+  check_close(yf, y, 1e-5, 1e-5);
+  check_close(xf.grad(), xl.grad(), 1e-5, 1e-5);
+  check_close(wf.grad(), wl.grad(), 1e-5, 1e-4);
+  check_close(bf.grad(), bl.grad(), 1e-5, 1e-4);
+  TD rm = zeros<double>(Shape{4}), rv = ones<double>(Shape{4});
+  batch_norm(xd, rm, rv, TD(), TD(), true);
+  check_close(rmf, rm, 1e-6, 0);
+  check_close(rvf, rv, 1e-3, 0);
+}
+
+TEST_CASE("batch_norm does not depend on the thread count") {
+  struct Guard {
+    int saved = cpu::get_num_threads();
+    ~Guard() { cpu::set_num_threads(saved); }
+  } guard;
+  const TF x = to_float(normal({8, 6, 10, 10}, 61, 2, 3)), g = to_float(normal({8, 6, 10, 10}, 62));
+  std::vector<std::vector<float>> outs;
+  for (int n : {1, 2, 3}) {
+    cpu::set_num_threads(n);
+    TF xl = x.clone();
+    xl.requires_grad_(true);
+    TF y = batch_norm(xl, TF(), TF(), TF(), TF(), true);
+    y.backward(g);
+    auto v = y.to_vector();
+    const auto gv = xl.grad().to_vector();
+    v.insert(v.end(), gv.begin(), gv.end());
+    outs.push_back(v);
+  }
+  CHECK(outs[0] == outs[1]);
+  CHECK(outs[0] == outs[2]);
+}
+
+TEST_CASE("batch_norm errors: rank, channel mismatches, missing running stats, one value per channel") {
+  const TD x = normal({4, 3, 2}, 71);
+  const TD c3 = ones<double>(Shape{3}), c2 = ones<double>(Shape{2});
+  CHECK_THROWS_WITH_AS(batch_norm(normal({5}, 1), TD(), TD(), TD(), TD(), true),
+                       doctest::Contains("batch_norm: expected an input of shape (N, C) or (N, C, *), got shape [5]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, c2, c3, TD(), TD(), true),
+                       doctest::Contains("batch_norm: running_mean has shape [2] but the input of shape [4, 3, 2] has "
+                                         "3 channels"),
+                       Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, c3, c2, TD(), TD(), false), doctest::Contains("running_var has shape [2]"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, TD(), TD(), c2, TD(), true), doctest::Contains("weight has shape [2]"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, TD(), TD(), c3, ones<double>(Shape{3, 1}), true),
+                       doctest::Contains("bias has shape [3, 1]"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, TD(), TD(), TD(), TD(), false),
+                       doctest::Contains("must be defined in evaluation mode"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, c3, TD(), TD(), TD(), true),
+                       doctest::Contains("running_mean and running_var must be both defined"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(normal({1, 3}, 2), TD(), TD(), TD(), TD(), true),
+                       doctest::Contains("expected more than 1 value per channel when training"), Error);
+}
+
+// ============================================================================================ layer_norm
+
+TEST_CASE("layer_norm matches PyTorch over 1 and 2 trailing dims, with and without affine") {
+  const auto& fx = norm_fx();
+  const TD g = fx["ln.g"];
+  for (const std::string tag : {"ln1", "ln2"}) {
+    INFO(tag);
+    const Shape ns = tag == "ln1" ? Shape{4} : Shape{3, 4};
+    TD x = leaf(fx["ln.x"]), w = leaf(fx[tag + ".w"]), b = leaf(fx[tag + ".b"]);
+    TD y = layer_norm(x, ns, w, b);
+    check_close(y, fx[tag + ".y"]);
+    y.backward(g);
+    check_close(x.grad(), fx[tag + ".dx"], 1e-8, 1e-10);
+    check_close(w.grad(), fx[tag + ".dw"], 1e-8, 1e-10);
+    check_close(b.grad(), fx[tag + ".db"], 1e-8, 1e-10);
+    TD x2 = leaf(fx["ln.x"]);
+    TD y2 = layer_norm(x2, ns);
+    check_close(y2, fx[tag + ".noaffine.y"]);
+    y2.backward(g);
+    check_close(x2.grad(), fx[tag + ".noaffine.dx"], 1e-8, 1e-10);
+  }
+}
+
+TEST_CASE("gradcheck: layer_norm over 1 and 2 trailing dims, affine or not, strided inputs") {
+  const TD x = normal({3, 4, 5}, 81, 2, 0.5);
+  check_grad("last dim", [](const Inputs& v) { return layer_norm(v[0], Shape{5}, v[1], v[2]); },
+             {x, normal({5}, 82, 0.5, 1), normal({5}, 83)});
+  check_grad("last two dims", [](const Inputs& v) { return layer_norm(v[0], Shape{4, 5}, v[1], v[2]); },
+             {x, normal({4, 5}, 84, 0.5, 1), normal({4, 5}, 85)});
+  check_grad("no affine", [](const Inputs& v) { return layer_norm(v[0], Shape{5}); }, {x});
+  check_grad("transposed input", [](const Inputs& v) { return layer_norm(v[0].transpose(0, 2), Shape{3}, v[1], v[2]); },
+             {x, normal({3}, 86), normal({3}, 87)});
+  check_grad("strided weight", [](const Inputs& v) { return layer_norm(v[0], Shape{5}, v[1].slice(0, 0, 10, 2)); },
+             {x, normal({10}, 88)});
+}
+
+TEST_CASE("layer_norm in float agrees with double for rows with a large mean") {
+  const TD xd = to_double(to_float(normal({37, 300}, 91, 1, 500))), gd = to_double(to_float(normal({37, 300}, 92)));
+  const TD wd = to_double(to_float(normal({300}, 93, 0.2, 1)));
+  TD xl = leaf(xd.clone()), wl = leaf(wd.clone());
+  TD y = layer_norm(xl, Shape{300}, wl);
+  y.backward(gd);
+  TF xf = to_float(xd), wf = to_float(wd);
+  xf.requires_grad_(true);
+  wf.requires_grad_(true);
+  TF yf = layer_norm(xf, Shape{300}, wf);
+  yf.backward(to_float(gd));
+  // With the mean as hi + lo floats, x - mean is nearly exact even at |x| = 500.
+  check_close(yf, y, 1e-5, 1e-5);
+  check_close(xf.grad(), xl.grad(), 1e-5, 1e-5);
+  check_close(wf.grad(), wl.grad(), 1e-5, 1e-4);
+}
+
+TEST_CASE("layer_norm errors: normalized_shape, weight and bias shapes") {
+  const TD x = normal({2, 3, 4}, 95);
+  CHECK_THROWS_WITH_AS(layer_norm(x, Shape{3}),
+                       doctest::Contains("layer_norm: normalized_shape [3] does not match the trailing dims of the "
+                                         "input of shape [2, 3, 4]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(layer_norm(x, Shape{1, 2, 3, 4}), doctest::Contains("normalized_shape [1, 2, 3, 4]"), Error);
+  CHECK_THROWS_WITH_AS(layer_norm(x, Shape{}), doctest::Contains("at least one dim"), Error);
+  CHECK_THROWS_WITH_AS(layer_norm(x, Shape{4}, ones<double>(Shape{3})),
+                       doctest::Contains("layer_norm: weight has shape [3] but normalized_shape is [4]"), Error);
+  CHECK_THROWS_WITH_AS(layer_norm(x, Shape{3, 4}, TD(), ones<double>(Shape{4})),
+                       doctest::Contains("layer_norm: bias has shape [4] but normalized_shape is [3, 4]"), Error);
+}
