@@ -19,6 +19,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/executor.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
 namespace ember::ops {
