@@ -259,29 +259,46 @@ Tensor<T> finish_class_loss(const std::vector<double>& li, double total_weight, 
   return full<T>(Shape{}, convert<T>(s));
 }
 
-// Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights).
-template <class T>
-EMBER_VECTORIZE double row_shifted_sum(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, i64 n,
-                                       compute_t<T> mx) {
+// Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights). The
+// weighted and unweighted loops are separate functions: a `w ? w[j] : 1` inside the loop would not vectorise.
+template <bool HasW, class T>
+EMBER_VECTORIZE double row_shifted_sum_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, i64 n,
+                                        compute_t<T> mx) {
   using C = compute_t<T>;
   C s[8] = {};
   i64 j = 0;
   for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) s[l] += (w ? w[j + l] : C(1)) * (static_cast<C>(x[j + l]) - mx);
+    for (int l = 0; l < 8; ++l) {
+      if constexpr (HasW) s[l] += w[j + l] * (static_cast<C>(x[j + l]) - mx);
+      else s[l] += static_cast<C>(x[j + l]) - mx;
+    }
   double r = 0;
   for (int l = 0; l < 8; ++l) r += double(s[l]);
-  for (; j < n; ++j) r += double((w ? w[j] : C(1)) * (static_cast<C>(x[j]) - mx));
+  for (; j < n; ++j) r += double((HasW ? w[j] : C(1)) * (static_cast<C>(x[j]) - mx));
   return r;
+}
+template <class T>
+double row_shifted_sum(const T* x, const compute_t<T>* w, i64 n, compute_t<T> mx) {
+  return w ? row_shifted_sum_<true>(x, w, n, mx) : row_shifted_sum_<false>(x, w, n, mx);
 }
 
 // dx_j = exp(x_j - mx - ls) * a - b * w_j (b alone without weights).
-template <class T>
-EMBER_VECTORIZE void ce_grad_row(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, T* EMBER_RESTRICT dx,
-                                 i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a, compute_t<T> b) {
+template <bool HasW, class T>
+EMBER_VECTORIZE void ce_grad_row_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, T* EMBER_RESTRICT dx,
+                                  i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a, compute_t<T> b) {
   using C = compute_t<T>;
   namespace fm = ::ember::detail::fm;
-  for (i64 j = 0; j < n; ++j)
-    dx[j] = convert<T>(fm::exp((static_cast<C>(x[j]) - mx) - ls) * a - (w ? b * w[j] : b));
+  for (i64 j = 0; j < n; ++j) {
+    const C e = fm::exp((static_cast<C>(x[j]) - mx) - ls) * a;
+    if constexpr (HasW) dx[j] = convert<T>(e - b * w[j]);
+    else dx[j] = convert<T>(e - b);
+  }
+}
+template <class T>
+void ce_grad_row(const T* x, const compute_t<T>* w, T* dx, i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a,
+                 compute_t<T> b) {
+  if (w) ce_grad_row_<true>(x, w, dx, n, mx, ls, a, b);
+  else ce_grad_row_<false>(x, w, dx, n, mx, ls, a, b);
 }
 
 /// cross_entropy's backward: the logits as (P, C) rows, per-row max and log Σ exp, the targets and the options.
