@@ -86,10 +86,17 @@ struct MsgPart {
 // Types a MsgPart prints exactly as an ostream does (character types other than char print as characters, so
 // they, like every other type, take the general path).
 template <class T>
+constexpr bool is_msg_integer() {
+  if constexpr (std::is_integral_v<T>)
+    return sizeof(T) > 1 && !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char16_t> &&
+           !std::is_same_v<T, char32_t>;
+  else
+    return false;
+}
+template <class T>
 inline constexpr bool is_msg_part_v =
     std::is_same_v<T, char> || std::is_same_v<T, bool> || std::is_same_v<T, float> || std::is_same_v<T, double> ||
-    (std::is_integral_v<T> && sizeof(T) > 1 && !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char16_t> &&
-     !std::is_same_v<T, char32_t>) ||
+    is_msg_integer<T>() ||
     std::is_same_v<T, std::string> || std::is_same_v<T, const char*> ||
     std::is_same_v<T, char*> || (std::is_array_v<T> && std::is_same_v<std::remove_cv_t<std::remove_extent_t<T>>, char>);
 
