@@ -105,6 +105,15 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> in, const 
 #endif
 }
 
+/// "0x1f": a byte in hex, for messages.
+inline std::string hex_byte(unsigned v) {
+  const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  if (v > 0xF) s += digits[(v >> 4) & 0xF];
+  s += digits[v & 0xF];
+  return s;
+}
+
 inline std::uint32_t be32(const std::uint8_t* p) {
   return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) | p[3];
 }
@@ -117,10 +126,10 @@ inline std::uint32_t be32(const std::uint8_t* p) {
 inline Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t> b, const std::string& name = "<memory>") {
   EMBER_CHECK(b.size() >= 4, "read_idx: '", name, "' is too short for an IDX header (", b.size(),
               " bytes, expected at least 4)");
-  EMBER_CHECK(b[0] == 0 && b[1] == 0, "read_idx: '", name, "' is not an IDX file (magic number starts with bytes 0x",
-              std::hex, int(b[0]), " 0x", int(b[1]), std::dec, ", expected 0x00 0x00)");
+  EMBER_CHECK(b[0] == 0 && b[1] == 0, "read_idx: '", name, "' is not an IDX file (magic number starts with bytes ",
+              detail::hex_byte(b[0]), " ", detail::hex_byte(b[1]), ", expected 0x00 0x00)");
   const unsigned type = b[2], ndim = b[3];
-  EMBER_CHECK(type == 0x08, "read_idx: '", name, "' holds IDX element type 0x", std::hex, type, std::dec, " (",
+  EMBER_CHECK(type == 0x08, "read_idx: '", name, "' holds IDX element type ", detail::hex_byte(type), " (",
               detail::idx_type_name(type), "); read_idx reads unsigned bytes (type 0x08)");
   EMBER_CHECK(ndim >= 1 && ndim <= unsigned(kMaxDims), "read_idx: '", name, "' declares ", ndim,
               " dimensions; expected 1 to ", kMaxDims);
