@@ -76,7 +76,7 @@ void im2col(const ConvGeometry& g, const T* EMBER_RESTRICT x, T* EMBER_RESTRICT 
 
 /// x (C, H, W) += the columns folded back onto the image (the adjoint of im2col).
 template <class T>
-void col2im(const ConvGeometry& g, const T* EMBER_RESTRICT cols, T* EMBER_RESTRICT x) {
+EMBER_VECTORIZE void col2im(const ConvGeometry& g, const T* EMBER_RESTRICT cols, T* EMBER_RESTRICT x) {
   const std::int64_t L = g.l();
   for (std::int64_t c = 0; c < g.c; ++c)
     for (std::int64_t i = 0; i < g.kh; ++i)
@@ -99,7 +99,7 @@ void col2im(const ConvGeometry& g, const T* EMBER_RESTRICT cols, T* EMBER_RESTRI
 
 /// Sum of r[0..n) with 16 independent partial sums (a single running sum would be one long dependency chain).
 template <class T>
-T row_sum(const T* EMBER_RESTRICT r, std::int64_t n) {
+EMBER_VECTORIZE T row_sum(const T* EMBER_RESTRICT r, std::int64_t n) {
   constexpr int kLanes = 16;
   T acc[kLanes] = {};
   std::int64_t p = 0;

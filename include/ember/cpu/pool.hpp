@@ -65,22 +65,33 @@ void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_
   }
 }
 
-// 2x2 windows with stride 2 and no padding, all inside the input: the layer after most conv blocks.
+// 2x2 windows with stride 2 and no padding, all inside the input: the layer after most conv blocks. Extents are
+// copied to locals (stores through ip could otherwise alias them) and the maxima are chosen with selects, not
+// branches (random data would mispredict about every other comparison).
 template <class T, bool Idx>
-void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
+EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
                         std::int64_t* EMBER_RESTRICT ip) {
-  for (std::int64_t oy = 0; oy < g.oh; ++oy) {
-    const T* r0 = xp + 2 * oy * g.w;
-    const T* r1 = r0 + g.w;
-    for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+  const std::int64_t W = g.w, oh = g.oh, ow = g.ow;
+  for (std::int64_t oy = 0; oy < oh; ++oy) {
+    const T* EMBER_RESTRICT r0 = xp + 2 * oy * W;
+    const T* EMBER_RESTRICT r1 = r0 + W;
+    T* EMBER_RESTRICT yr = yp + oy * ow;
+    std::int64_t* EMBER_RESTRICT ir = Idx ? ip + oy * ow : nullptr;
+    const std::int64_t base = 2 * oy * W;
+    for (std::int64_t ox = 0; ox < ow; ++ox) {
       const std::int64_t c = 2 * ox;
-      T m = r0[c];
-      std::int64_t k = c;
-      if (r0[c + 1] > m || r0[c + 1] != r0[c + 1]) m = r0[c + 1], k = c + 1;
-      if (r1[c] > m || r1[c] != r1[c]) m = r1[c], k = g.w + c;
-      if (r1[c + 1] > m || r1[c + 1] != r1[c + 1]) m = r1[c + 1], k = g.w + c + 1;
-      yp[oy * g.ow + ox] = m;
-      if constexpr (Idx) ip[oy * g.ow + ox] = 2 * oy * g.w + k;
+      const T a = r0[c], b = r0[c + 1], d = r1[c], e = r1[c + 1];
+      const bool tb = b > a || b != b;
+      T m = tb ? b : a;
+      std::int64_t k = tb ? c + 1 : c;
+      const bool td = d > m || d != d;
+      m = td ? d : m;
+      k = td ? W + c : k;
+      const bool te = e > m || e != e;
+      m = te ? e : m;
+      k = te ? W + c + 1 : k;
+      yr[ox] = m;
+      if constexpr (Idx) ir[ox] = base + k;
     }
   }
 }
