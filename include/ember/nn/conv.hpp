@@ -1,0 +1,73 @@
+// ember — nn::Conv2d, as torch.nn.Conv2d: weight (out, in/groups, kh, kw), optional bias, PyTorch's initialisation.
+//   nn::Conv2d(1, 32, 3, {.padding = 1, .bias = false})
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ember/amp/policy.hpp"
+#include "ember/autograd/conv.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/init.hpp"
+#include "ember/nn/module.hpp"
+#include "ember/ops/window.hpp"
+
+namespace ember::nn {
+
+struct Conv2dOptions {
+  Size2 stride = 1;
+  Size2 padding = 0;
+  Size2 dilation = 1;
+  std::int64_t groups = 1;
+  bool bias = true;
+};
+
+template <amp::PrecisionPolicy P = amp::fp32>
+class Conv2dT : public Module {
+ public:
+  using param_t = typename P::param_t;
+  using compute_t = typename P::compute_t;
+
+  Conv2dT(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& o = {})
+      : Module("Conv2d"), in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(o) {
+    EMBER_CHECK(in_channels > 0 && out_channels > 0 && o.groups > 0 && in_channels % o.groups == 0 &&
+                    out_channels % o.groups == 0,
+                "nn::Conv2d: in_channels (", in_channels, ") and out_channels (", out_channels,
+                ") must be positive multiples of groups (", o.groups, ")");
+    EMBER_CHECK(kernel_size.h > 0 && kernel_size.w > 0, "nn::Conv2d: kernel_size must be positive, got (",
+                kernel_size.h, ", ", kernel_size.w, ")");
+    weight = empty<param_t>(Shape{out_channels, in_channels / o.groups, kernel_size.h, kernel_size.w});
+    if (o.bias) bias = empty<param_t>(Shape{out_channels});
+    init::default_weight_and_bias_(weight, &bias);
+    register_parameter("weight", weight);
+    if (o.bias) register_parameter("bias", bias);
+    set_extra_repr([=] {
+      auto pair = [](Size2 s) { return "(" + std::to_string(s.h) + ", " + std::to_string(s.w) + ")"; };
+      std::string r = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
+                      ", kernel_size=" + pair(kernel_size) + ", stride=" + pair(o.stride);
+      if (o.padding.h || o.padding.w) r += ", padding=" + pair(o.padding);
+      if (o.dilation.h != 1 || o.dilation.w != 1) r += ", dilation=" + pair(o.dilation);
+      if (o.groups != 1) r += ", groups=" + std::to_string(o.groups);
+      if (!o.bias) r += ", bias=False";
+      return r;
+    });
+  }
+
+  /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out)
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    return ember::conv2d(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(bias),
+                         ember::Conv2dOptions{options.stride, options.padding, options.dilation, options.groups});
+  }
+  Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
+
+  std::int64_t in_channels, out_channels;
+  Size2 kernel_size;
+  Conv2dOptions options;
+  Tensor<param_t> weight;  // (C_out, C_in / groups, kh, kw)
+  Tensor<param_t> bias;    // (C_out), undefined without bias
+};
+
+using Conv2d = Conv2dT<>;
+
+}  // namespace ember::nn

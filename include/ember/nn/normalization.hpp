@@ -1,0 +1,131 @@
+// ember — normalisation layers: nn::BatchNorm1d / BatchNorm2d (running statistics with momentum, batch statistics
+// in training, running ones in eval; buffers running_mean, running_var, num_batches_tracked as PyTorch) and
+// nn::LayerNorm.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/amp/policy.hpp"
+#include "ember/autograd/normalization.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/module.hpp"
+
+namespace ember::nn {
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  double momentum = 0.1;
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
+/// Batch normalisation over dim 1 of inputs of rank Rank (1d: (N, C) or (N, C, L); 2d: (N, C, H, W)).
+template <int Rank, amp::PrecisionPolicy P = amp::fp32>
+class BatchNormT : public Module {
+ public:
+  using param_t = typename P::param_t;
+  using compute_t = typename P::compute_t;
+
+  explicit BatchNormT(std::int64_t num_features, const BatchNormOptions& o = {})
+      : Module(Rank == 2 ? "BatchNorm2d" : "BatchNorm1d"), num_features(num_features), options(o) {
+    EMBER_CHECK(num_features > 0, type_name(), ": num_features must be positive, got ", num_features);
+    if (o.affine) {
+      weight = ones<param_t>(Shape{num_features});
+      bias = zeros<param_t>(Shape{num_features});
+      register_parameter("weight", weight);
+      register_parameter("bias", bias);
+    }
+    if (o.track_running_stats) {
+      running_mean = zeros<param_t>(Shape{num_features});
+      running_var = ones<param_t>(Shape{num_features});
+      num_batches_tracked = zeros<std::int64_t>(Shape{});
+      register_buffer("running_mean", running_mean);
+      register_buffer("running_var", running_var);
+      register_buffer("num_batches_tracked", num_batches_tracked);
+    }
+    set_extra_repr([num_features, o] {
+      return std::to_string(num_features) + ", eps=" + std::to_string(o.eps) +
+             ", momentum=" + std::to_string(o.momentum) + ", affine=" + (o.affine ? "True" : "False") +
+             ", track_running_stats=" + (o.track_running_stats ? "True" : "False");
+    });
+  }
+
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    if constexpr (Rank == 2) {
+      EMBER_CHECK(x.dim() == 4, "BatchNorm2d: expected a 4-D input (N, C, H, W), got shape ", x.shape().str());
+    } else {
+      EMBER_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d: expected a 2-D or 3-D input (N, C) or (N, C, L), "
+                  "got shape ", x.shape().str());
+    }
+    EMBER_CHECK(x.size(1) == num_features, type_name(), ": expected ", num_features, " channels (dim 1), got shape ",
+                x.shape().str());
+    const bool use_batch = is_training() || !options.track_running_stats;
+    if (is_training() && options.track_running_stats) {
+      Tensor<std::int64_t> n = num_batches_tracked;
+      n.data()[0] += 1;
+      n.bump_version();
+    }
+    if constexpr (std::is_same_v<param_t, compute_t>) {
+      return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, options.momentum, options.eps);
+    } else {
+      // Mixed precision: normalise in the parameters' precision (fp32), return the compute type.
+      Tensor<param_t> xf = cast<param_t>(x);
+      Tensor<param_t> y = ember::batch_norm(xf, running_mean, running_var, weight, bias, use_batch, options.momentum,
+                                            options.eps);
+      return cast<compute_t>(y);
+    }
+  }
+  Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
+
+  std::int64_t num_features;
+  BatchNormOptions options;
+  Tensor<param_t> weight, bias;                // (C), undefined unless affine
+  Tensor<param_t> running_mean, running_var;   // (C), undefined unless track_running_stats
+  Tensor<std::int64_t> num_batches_tracked;    // ()
+};
+
+using BatchNorm1d = BatchNormT<1>;
+using BatchNorm2d = BatchNormT<2>;
+
+/// Layer normalisation over the trailing normalized_shape dims, with elementwise affine parameters.
+template <amp::PrecisionPolicy P = amp::fp32>
+class LayerNormT : public Module {
+ public:
+  using param_t = typename P::param_t;
+  using compute_t = typename P::compute_t;
+
+  explicit LayerNormT(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true)
+      : Module("LayerNorm"), normalized_shape(normalized_shape), eps(eps) {
+    EMBER_CHECK(normalized_shape.n > 0 && normalized_shape.numel() > 0, "nn::LayerNorm: normalized_shape must be "
+                "non-empty, got ", normalized_shape.str());
+    if (elementwise_affine) {
+      weight = ones<param_t>(normalized_shape);
+      bias = zeros<param_t>(normalized_shape);
+      register_parameter("weight", weight);
+      register_parameter("bias", bias);
+    }
+    set_extra_repr([normalized_shape, eps, elementwise_affine] {
+      return normalized_shape.str() + ", eps=" + std::to_string(eps) +
+             ", elementwise_affine=" + (elementwise_affine ? "True" : "False");
+    });
+  }
+  explicit LayerNormT(std::int64_t features, double eps = 1e-5, bool elementwise_affine = true)
+      : LayerNormT(Shape{features}, eps, elementwise_affine) {}
+
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    return ember::layer_norm(x, normalized_shape, detail::to_compute<compute_t>(weight),
+                             detail::to_compute<compute_t>(bias), eps);
+  }
+  Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
+
+  Shape normalized_shape;
+  double eps;
+  Tensor<param_t> weight, bias;  // normalized_shape, undefined without elementwise_affine
+};
+
+using LayerNorm = LayerNormT<>;
+
+}  // namespace ember::nn

@@ -1,0 +1,70 @@
+// ember — pooling layers: nn::MaxPool2d, nn::AvgPool2d, nn::AdaptiveAvgPool2d (no parameters; any floating dtype).
+#pragma once
+
+#include <string>
+
+#include "ember/autograd/conv.hpp"
+#include "ember/nn/module.hpp"
+#include "ember/ops/window.hpp"
+
+namespace ember::nn {
+
+namespace detail {
+inline std::string pair_str(Size2 s) { return "(" + std::to_string(s.h) + ", " + std::to_string(s.w) + ")"; }
+}  // namespace detail
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, const Pool2dOptions& o = {}) : Module("MaxPool2d"), kernel_size(kernel_size), options(o) {
+    set_extra_repr([=] {
+      const Size2 st = o.stride.h == 0 && o.stride.w == 0 ? kernel_size : o.stride;
+      return "kernel_size=" + detail::pair_str(kernel_size) + ", stride=" + detail::pair_str(st) +
+             ", padding=" + detail::pair_str(o.padding);
+    });
+  }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return max_pool2d(x, kernel_size, options);
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  Size2 kernel_size;
+  Pool2dOptions options;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, const Pool2dOptions& o = {}) : Module("AvgPool2d"), kernel_size(kernel_size), options(o) {
+    set_extra_repr([=] { return "kernel_size=" + detail::pair_str(kernel_size); });
+  }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return avg_pool2d(x, kernel_size, options);
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  Size2 kernel_size;
+  Pool2dOptions options;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size) : Module("AdaptiveAvgPool2d"), output_size(output_size) {
+    set_extra_repr([=] { return "output_size=" + detail::pair_str(output_size); });
+  }
+  template <class T>
+  Tensor<T> forward(const Tensor<T>& x) const {
+    return adaptive_avg_pool2d(x, output_size);
+  }
+  template <class T>
+  Tensor<T> operator()(const Tensor<T>& x) const {
+    return forward(x);
+  }
+  Size2 output_size;
+};
+
+}  // namespace ember::nn
