@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "ember/autograd/conv.hpp"
+#include "ember/autograd/pool.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/ops/window.hpp"
 
