@@ -25,9 +25,11 @@ struct Mlp : nn::Module {
   }
   /// x (N, 1, 28, 28) -> logits (N, 10)
   Tensor<float> forward(const Tensor<float>& x) const {
-    Tensor<float> h = relu(fc1(x.flatten(1)));  // (N, 256)
-    h = relu(fc2(h));                           // (N, 128)
-    return fc3(h);
+    // Each `relu(...)` is an expression materialised into a new tensor (assigning an expression to an existing
+    // tensor would write into its memory instead).
+    const Tensor<float> h1 = relu(fc1(x.flatten(1)));  // (N, 256)
+    const Tensor<float> h2 = relu(fc2(h1));            // (N, 128)
+    return fc3(h2);
   }
 };
 
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
   try {
     manual_seed(0);
     data::FashionMNIST train_set(data::Split::Train, root), test_set(data::Split::Test, root);
-    const data::Normalize normalize({0.2860f}, {0.3530f});  // the training set's mean and std
+    const data::transforms::Normalize normalize({0.2860f}, {0.3530f});  // the training set's mean and std
     data::DataLoader train(train_set, {.batch_size = batch, .shuffle = true, .num_workers = workers, .seed = 1},
                            normalize);
     data::DataLoader test(test_set, {.batch_size = 1000, .num_workers = workers}, normalize);
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       std::size_t seen = 0;
       for (auto& b : train) {
-        Tensor<float> loss = nn::cross_entropy(model(b.data), b.target);
+        Tensor<float> loss = nn::cross_entropy(model.forward(b.data), b.target);
         opt.zero_grad();
         loss.backward();
         opt.step();
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
       model.eval();
       NoGradGuard no_grad;
       std::int64_t correct = 0;
-      for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model(b.data), 1) == b.target)).item();
+      for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model.forward(b.data), 1) == b.target)).item();
       std::printf("epoch %d  %5.1f s  %6.0f images/s  train loss %.4f  test accuracy %.2f%%  waiting for data %.1f%%\n",
                   epoch + 1, secs, double(seen) / secs, loss_sum / double(seen),
                   100.0 * double(correct) / double(test_set.size()), 100.0 * waited);

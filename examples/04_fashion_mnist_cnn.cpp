@@ -58,9 +58,9 @@ int main(int argc, char** argv) {
   try {
     manual_seed(0);
     data::FashionMNIST train_set(data::Split::Train, root), test_set(data::Split::Test, root);
-    const data::Normalize normalize({0.2860f}, {0.3530f});  // the training set's mean and std
+    const data::transforms::Normalize normalize({0.2860f}, {0.3530f});  // the training set's mean and std
     data::DataLoader train(train_set, {.batch_size = batch, .shuffle = true, .num_workers = workers, .seed = 1},
-                           data::Compose(data::RandomHorizontalFlip{}, normalize));
+                           data::transforms::Compose(data::transforms::RandomHorizontalFlip{}, normalize));
     data::DataLoader test(test_set, {.batch_size = 1000, .num_workers = workers}, normalize);
 
     Net model;
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       std::size_t seen = 0;
       for (auto& b : train) {
-        Tensor<float> loss = nn::cross_entropy(model(b.data), b.target);
+        Tensor<float> loss = nn::cross_entropy(model.forward(b.data), b.target);
         opt.zero_grad();
         loss.backward();
         opt.step();
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
       model.eval();
       NoGradGuard no_grad;
       std::int64_t correct = 0;
-      for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model(b.data), 1) == b.target)).item();
+      for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model.forward(b.data), 1) == b.target)).item();
       std::printf("epoch %d  %5.1f s  %6.0f images/s  train loss %.4f  test accuracy %.2f%%  waiting for data %.1f%%\n",
                   epoch + 1, secs, double(seen) / secs, loss_sum / double(seen),
                   100.0 * double(correct) / double(test_set.size()), 100.0 * waited);
