@@ -268,3 +268,93 @@ TEST_CASE("Precision policy: a bf16-compute Linear keeps fp32 master weights and
   CHECK(max_abs_diff(lb.weight.grad(), lf.weight.grad()) < 0.1);
   CHECK(max_abs_diff(lb.bias.grad(), lf.bias.grad()) == 0);
 }
+
+TEST_CASE("Conv2d and pooling layers: PyTorch's layout, names and printing; gradcheck through the layer") {
+  manual_seed(2);
+  nn::Conv2d c(4, 6, 3, {.padding = 1, .groups = 2, .bias = false});
+  CHECK(c.weight.shape() == Shape{6, 2, 3, 3});
+  CHECK(!c.bias.defined());
+  CHECK(names(c.named_parameters()) == std::vector<std::string>{"weight"});
+  const double bound = 1.0 / std::sqrt(2.0 * 9.0);
+  for (float v : c.weight.to_vector()) CHECK(std::fabs(v) <= bound);
+  std::ostringstream os;
+  os << c;
+  CHECK(os.str() == "Conv2d(4, 6, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), groups=2, bias=False)");
+  CHECK(c(randn<float>({2, 4, 5, 5})).shape() == Shape{2, 6, 5, 5});
+  CHECK_THROWS_AS(nn::Conv2d(3, 4, 3, {.groups = 2}), Error);
+
+  nn::Conv2dT<amp::fp64> cd(2, 3, {2, 3}, {.stride = {2, 1}});
+  nn::MaxPool2d mp(2);
+  nn::AvgPool2d ap(2, {.stride = 1});
+  nn::AdaptiveAvgPool2d aap({2, 1});
+  auto r = gradcheck(
+      [&](const std::vector<TD>& v) {
+        cd.weight = v[1];
+        cd.bias = v[2];
+        const TD y = cd(v[0]);  // (1, 3, 3, 4)
+        const TD s = sum(aap(ap(y)));
+        return TD(mp(y) + s);
+      },
+      {randn<double>({1, 2, 6, 6}), randn<double>({3, 2, 2, 3}), randn<double>({3})});
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+TEST_CASE("BatchNorm2d: batch statistics and running-stat updates in training, running statistics in eval") {
+  nn::BatchNormT<2, amp::fp64> bn(3, {.momentum = 0.2});
+  CHECK(bn.state_dict().size() == 5);  // weight, bias, running_mean, running_var, num_batches_tracked
+  CHECK(bn.named_buffers().size() == 3);
+  Generator g(4);
+  TD x = randn<double>({4, 3, 2, 5}, g) * 2.0 + 1.0;
+  TD y = bn(x);
+  CHECK(bn.num_batches_tracked.item() == 1);
+  for (int c = 0; c < 3; ++c) {
+    double s = 0, s2 = 0;
+    for (int n = 0; n < 4; ++n)
+      for (int i = 0; i < 10; ++i) {
+        const double v = x.at(n, c, i / 5, i % 5);
+        s += v, s2 += v * v;
+      }
+    const double mean = s / 40, var = s2 / 40 - mean * mean;
+    CHECK(bn.running_mean.at(c) == doctest::Approx(0.2 * mean).epsilon(1e-12));
+    CHECK(bn.running_var.at(c) == doctest::Approx(0.8 + 0.2 * var * 40 / 39).epsilon(1e-12));  // unbiased
+    CHECK(y.at(1, c, 1, 2) == doctest::Approx((x.at(1, c, 1, 2) - mean) / std::sqrt(var + 1e-5)).epsilon(1e-9));
+  }
+  bn.eval();
+  TD ye = bn(x);
+  CHECK(bn.num_batches_tracked.item() == 1);  // eval does not count
+  CHECK(ye.at(0, 2, 0, 0) ==
+        doctest::Approx((x.at(0, 2, 0, 0) - bn.running_mean.at(2)) / std::sqrt(bn.running_var.at(2) + 1e-5)));
+  CHECK_THROWS_WITH_AS(bn(randn<double>({4, 2, 2, 2})), doctest::Contains("expected 3 channels"), Error);
+  CHECK_THROWS_WITH_AS(bn(randn<double>({4, 3})), doctest::Contains("expected a 4-D input"), Error);
+  bn.train();
+  auto r = gradcheck(
+      [&](const std::vector<TD>& v) {
+        bn.weight = v[1];
+        bn.bias = v[2];
+        return bn(v[0]);
+      },
+      {randn<double>({3, 3, 2, 2}), randn<double>({3}), randn<double>({3})});
+  CHECK_MESSAGE(r.ok, r.message);
+  nn::BatchNorm1d b1(5, {.affine = false, .track_running_stats = false});
+  CHECK(b1.state_dict().empty());
+  Tensor<float> z = b1(randn<float>({8, 5, 3}));
+  CHECK(std::fabs(mean(z).item()) < 1e-5);
+}
+
+TEST_CASE("LayerNorm: normalises the trailing dims; gradcheck through the layer") {
+  nn::LayerNormT<amp::fp64> ln(Shape{2, 3});
+  TD x = randn<double>({4, 2, 3});
+  TD y = ln(x);
+  double s = 0, s2 = 0;
+  for (int i = 0; i < 6; ++i) s += y.at(1, i / 3, i % 3), s2 += y.at(1, i / 3, i % 3) * y.at(1, i / 3, i % 3);
+  CHECK(s / 6 == doctest::Approx(0).epsilon(1e-9));
+  CHECK(s2 / 6 == doctest::Approx(1).epsilon(1e-4));
+  auto r = gradcheck(
+      [&](const std::vector<TD>& v) {
+        ln.weight = v[1];
+        ln.bias = v[2];
+        return ln(v[0]);
+      },
+      {randn<double>({3, 2, 3}), randn<double>({2, 3}), randn<double>({2, 3})});
+  CHECK_MESSAGE(r.ok, r.message);
+}

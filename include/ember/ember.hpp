@@ -52,3 +52,6 @@
 #include "ember/optim/adam.hpp"
 #include "ember/optim/lr_scheduler.hpp"
 #include "ember/optim/clip_grad.hpp"
+#include "ember/nn/conv.hpp"
+#include "ember/nn/pooling.hpp"
+#include "ember/nn/normalization.hpp"

@@ -61,6 +61,25 @@ struct ModuleState {
   bool training = true;
 };
 
+/// Storage offsets of t's elements in row-major order. Module state is copied element by element through these
+/// (plain loops, not the fused executor), so including this header instantiates no kernels per dtype.
+template <class T>
+std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
+  std::vector<std::int64_t> offs(static_cast<std::size_t>(t.numel()));
+  std::int64_t idx[kMaxDims] = {};
+  std::int64_t off = 0;
+  for (auto& o : offs) {
+    o = off;
+    for (int d = t.dim() - 1; d >= 0; --d) {
+      off += t.strides()[d];
+      if (++idx[d] < t.shape()[d]) break;
+      off -= t.strides()[d] * t.shape()[d];
+      idx[d] = 0;
+    }
+  }
+  return offs;
+}
+
 /// Calls f(name, tensor) for every registered tensor of `which` (params or buffers) in s and its descendants.
 template <class F>
 void walk(const ModuleState& s, const std::string& prefix, bool params, bool recurse, F&& f) {
@@ -131,11 +150,13 @@ class Module {
             using T = typename std::remove_cvref_t<decltype(p)>::value_type;
             if constexpr (is_floating_v<T>) {
               if (!p.has_meta() || !p.grad().defined()) return;
-              if (set_to_none) p.grad() = Tensor<T>();
-              else {
-                NoGradGuard ng;
-                p.grad().zero_();
+              if (set_to_none) {
+                p.grad() = Tensor<T>();
+                return;
               }
+              const Tensor<T>& g = p.grad();
+              for (std::int64_t o : detail::element_offsets(g)) g.data()[o] = T(0);
+              g.bump_version();
             }
           },
           slot);
@@ -223,7 +244,6 @@ class Module {
           },
           *slot, it->second);
     }
-    NoGradGuard ng;
     for (auto& [n, slot] : mine) {
       auto it = sd.find(n);
       if (it == sd.end()) continue;
@@ -231,9 +251,11 @@ class Module {
           [&](const auto& dst, const auto& src) {
             using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
             using S = typename std::remove_cvref_t<decltype(src)>::value_type;
-            Tensor<D> d = dst;
-            if constexpr (std::is_same_v<D, S>) d.copy_(src);
-            else if constexpr (is_floating_v<D> && is_floating_v<S>) d = cast<D>(src);
+            if constexpr (std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)) {
+              const auto od = detail::element_offsets(dst), os = detail::element_offsets(src);
+              for (std::size_t i = 0; i < od.size(); ++i) dst.data()[od[i]] = convert<D>(src.data()[os[i]]);
+              dst.bump_version();
+            }
           },
           *slot, it->second);
     }
