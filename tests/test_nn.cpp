@@ -223,6 +223,13 @@ TEST_CASE("Embedding: rows of the table, accumulated gradients for repeated indi
     CHECK(e.weight.grad().at(3, j) == 0.0);  // unused
   }
   CHECK_THROWS_WITH_AS(e(tensor<std::int64_t>({7})), doctest::Contains("out of range"), Error);
+  auto r = gradcheck(
+      [&](const std::vector<TD>& v) {
+        e.weight = v[0];
+        return e(idx);
+      },
+      {randn<double>({5, 3})});
+  CHECK_MESSAGE(r.ok, r.message);
 }
 
 TEST_CASE("init: gains, bounds and moments as torch.nn.init") {
