@@ -1,10 +1,19 @@
 // Helpers shared by the test files: reading elements by hand, comparing bit patterns, evaluating an expression
-// without the autograd record, restoring the thread count.
+// without the autograd record, restoring the thread count, checking error messages, temporary directories.
 #pragma once
 
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <bit>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <limits>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "ember/ember.hpp"
@@ -54,4 +63,49 @@ struct ThreadsGuard {
   ~ThreadsGuard() { cpu::set_num_threads(saved); }
 };
 
+/// Runs f and returns the message of the ember::Error it throws (or a marker that can never match).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ember::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not an ember::Error: ") + e.what() + ">";
+  } catch (...) {
+    return "<not an ember::Error>";
+  }
+  return "<no exception>";
+}
+
+/// Checks that f throws ember::Error and that its message contains every part.
+inline void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
+  const std::string msg = error_of(f);
+  INFO("line " << line << ", message: " << msg);
+  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
+  for (const char* p : parts) {
+    INFO("expected the message to contain \"" << std::string(p) << "\"");
+    CHECK(msg.find(p) != std::string::npos);
+  }
+}
+
+/// A fresh directory under the system temp dir, removed with its contents at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           ("ember_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
 }  // namespace ember_test
+
+#define EXPECT_ERROR(...) ::ember_test::expect_error(__LINE__, __VA_ARGS__)

@@ -28,6 +28,8 @@ using ember_test::ThreadsGuard;
 
 namespace {
 
+using ember_test::error_of;
+
 using TD = Tensor<double>;
 using TF = Tensor<float>;
 using Inputs = std::vector<TD>;
@@ -130,26 +132,6 @@ void expect_close(const char* what, const TD& got, const TD& want, double tol = 
 
 // ---- errors ---------------------------------------------------------------------------------------------------
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ember::Error& e) {
-    return e.what();
-  } catch (...) {
-    return "<not an ember::Error>";
-  }
-  return "<no exception>";
-}
-void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  const std::string msg = error_of(f);
-  INFO("line " << line << ", message: " << msg);
-  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
-  for (const char* p : parts) {
-    INFO("expected the message to contain \"" << std::string(p) << "\"");
-    CHECK(msg.find(p) != std::string::npos);
-  }
-}
-#define EXPECT_ERROR(...) expect_error(__LINE__, __VA_ARGS__)
 
 }  // namespace
 

@@ -21,53 +21,19 @@
 
 #include "ember/data.hpp"
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
 namespace fs = std::filesystem;
 
 namespace {
 
+using ember_test::error_of;
+using ember_test::TempDir;
+
 using Bytes = std::vector<std::uint8_t>;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ember::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not an ember::Error: ") + e.what() + ">";
-  } catch (...) {
-    return "<not an ember::Error>";
-  }
-  return "<no exception>";
-}
 
-void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  const std::string msg = error_of(f);
-  INFO("line " << line << ", message: " << msg);
-  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
-  for (const char* p : parts) {
-    INFO("expected the message to contain \"" << std::string(p) << "\"");
-    CHECK(msg.find(p) != std::string::npos);
-  }
-}
-#define EXPECT_ERROR(...) expect_error(__LINE__, __VA_ARGS__)
-
-/// A fresh directory under the system temp dir, removed with its contents at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("ember_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_bytes(const std::string& path, const Bytes& b) {
   std::ofstream f(path, std::ios::binary);

@@ -20,38 +20,16 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
 
 namespace {
 
+using ember_test::error_of;
+
 using TF = Tensor<float>;
 
-/// Runs f and returns the message of the ember::Error it throws (or a marker that can never match).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ember::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not an ember::Error: ") + e.what() + ">";
-  } catch (...) {
-    return "<not an ember::Error>";
-  }
-  return "<no exception>";
-}
-
-/// Checks that f throws ember::Error and that its message contains every part.
-void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  const std::string msg = error_of(f);
-  INFO("line " << line << ", message: " << msg);
-  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
-  for (const char* p : parts) {
-    INFO("expected the message to contain \"" << std::string(p) << "\"");
-    CHECK(msg.find(p) != std::string::npos);
-  }
-}
-#define EXPECT_ERROR(...) expect_error(__LINE__, __VA_ARGS__)
 
 TF arange_f(const Shape& s) { return arange<float>(double(s.numel())).reshape(s); }
 TF leaf_f(const Shape& s) {

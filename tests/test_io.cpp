@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 #include "ember/io.hpp"
 
 using namespace ember;
@@ -30,46 +31,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using ember_test::error_of;
+using ember_test::TempDir;
+
 using Bytes = std::vector<unsigned char>;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ember::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not an ember::Error: ") + e.what() + ">";
-  } catch (...) {
-    return "<not an ember::Error>";
-  }
-  return "<no exception>";
-}
 
-void expect_error(int line, const std::function<void()>& f, std::initializer_list<const char*> parts) {
-  const std::string msg = error_of(f);
-  INFO("line " << line << ", message: " << msg);
-  CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
-  for (const char* p : parts) {
-    INFO("expected the message to contain \"" << std::string(p) << "\"");
-    CHECK(msg.find(p) != std::string::npos);
-  }
-}
-#define EXPECT_ERROR(...) expect_error(__LINE__, __VA_ARGS__)
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("ember_test_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 Bytes read_bytes(const std::string& path) { return io::detail::read_file(path, "test"); }
 
