@@ -7,11 +7,15 @@
 
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -104,6 +108,48 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+/// The records of a fixture file in tests/fixtures (written by a gen_*.py script with PyTorch):
+/// `name ndim d0 .. v0 v1 ..` per line.
+class Fixtures {
+ public:
+  explicit Fixtures(const std::string& file) {
+    std::string dir = __FILE__;
+    dir = dir.substr(0, dir.find_last_of('/') + 1);
+    std::ifstream in(dir + "fixtures/" + file);
+    REQUIRE_MESSAGE(in.good(), "cannot open fixture file " << dir << "fixtures/" << file);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ss(line);
+      std::string name;
+      int nd = 0;
+      ss >> name >> nd;
+      Shape s;
+      for (int i = 0; i < nd; ++i) {
+        std::int64_t d = 0;
+        ss >> d;
+        s.push_back(d);
+      }
+      std::vector<double> v(static_cast<std::size_t>(s.numel()));
+      for (auto& x : v) ss >> x;
+      m_[name] = from_vector<double>(v, s);
+    }
+  }
+  Tensor<double> operator[](const std::string& k) const {
+    auto it = m_.find(k);
+    REQUIRE_MESSAGE(it != m_.end(), "no fixture record " << k);
+    return it->second.clone();
+  }
+  Tensor<std::int64_t> index(const std::string& k) const {
+    const Tensor<double> t = (*this)[k];
+    Tensor<std::int64_t> r = empty<std::int64_t>(t.shape());
+    for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = std::int64_t(std::llround(t.data()[i]));
+    return r;
+  }
+
+ private:
+  std::map<std::string, Tensor<double>> m_;
 };
 
 }  // namespace ember_test

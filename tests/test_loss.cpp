@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 #include "ember/autograd/softmax.hpp"
 #include "ember/nn/loss.hpp"
 
@@ -30,46 +31,7 @@ using TI = Tensor<std::int64_t>;
 using Inputs = std::vector<TD>;
 using Fn = std::function<TD(const Inputs&)>;
 
-/// The records of a fixture file: `name ndim d0 .. v0 v1 ..` per line.
-class Fixtures {
- public:
-  explicit Fixtures(const std::string& file) {
-    std::string dir = __FILE__;
-    dir = dir.substr(0, dir.find_last_of('/') + 1);
-    std::ifstream in(dir + "fixtures/" + file);
-    REQUIRE_MESSAGE(in.good(), "cannot open fixture file " << dir << "fixtures/" << file);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream ss(line);
-      std::string name;
-      int nd = 0;
-      ss >> name >> nd;
-      Shape s;
-      for (int i = 0; i < nd; ++i) {
-        std::int64_t d = 0;
-        ss >> d;
-        s.push_back(d);
-      }
-      std::vector<double> v(static_cast<std::size_t>(s.numel()));
-      for (auto& x : v) ss >> x;
-      m_[name] = from_vector<double>(v, s);
-    }
-  }
-  TD operator[](const std::string& k) const {
-    auto it = m_.find(k);
-    REQUIRE_MESSAGE(it != m_.end(), "no fixture record " << k);
-    return it->second.clone();
-  }
-  TI index(const std::string& k) const {
-    const TD t = (*this)[k];
-    TI r = empty<std::int64_t>(t.shape());
-    for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = std::int64_t(std::llround(t.data()[i]));
-    return r;
-  }
-
- private:
-  std::map<std::string, TD> m_;
-};
+using ember_test::Fixtures;
 
 const Fixtures& loss_fx() {
   static const Fixtures f("loss.txt");

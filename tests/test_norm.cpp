@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 #include "ember/autograd/normalization.hpp"
 #include "ember/autograd/softmax.hpp"
 
@@ -26,40 +27,7 @@ using TF = Tensor<float>;
 using Inputs = std::vector<TD>;
 using Fn = std::function<TD(const Inputs&)>;
 
-/// The records of a fixture file: `name ndim d0 .. v0 v1 ..` per line.
-class Fixtures {
- public:
-  explicit Fixtures(const std::string& file) {
-    std::string dir = __FILE__;
-    dir = dir.substr(0, dir.find_last_of('/') + 1);
-    std::ifstream in(dir + "fixtures/" + file);
-    REQUIRE_MESSAGE(in.good(), "cannot open fixture file " << dir << "fixtures/" << file);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream ss(line);
-      std::string name;
-      int nd = 0;
-      ss >> name >> nd;
-      Shape s;
-      for (int i = 0; i < nd; ++i) {
-        std::int64_t d = 0;
-        ss >> d;
-        s.push_back(d);
-      }
-      std::vector<double> v(static_cast<std::size_t>(s.numel()));
-      for (auto& x : v) ss >> x;
-      m_[name] = from_vector<double>(v, s);
-    }
-  }
-  TD operator[](const std::string& k) const {
-    auto it = m_.find(k);
-    REQUIRE_MESSAGE(it != m_.end(), "no fixture record " << k);
-    return it->second.clone();
-  }
-
- private:
-  std::map<std::string, TD> m_;
-};
+using ember_test::Fixtures;
 
 const Fixtures& norm_fx() {
   static const Fixtures f("norm.txt");
