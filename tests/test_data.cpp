@@ -424,6 +424,19 @@ TEST_CASE("transforms: RandomCrop with padding cuts a window of the zero-padded 
     CHECK(found == 1);
   }
   CHECK(offsets.size() == 36);  // every position is reachable
+  // Padding wider than the crop: windows lying partly or wholly in the padding get the fill value there.
+  for (std::uint64_t s = 0; s < 300; ++s) {
+    data::Rng g(s), h(s);
+    const auto y = data::transforms::RandomCrop(3, 2, {.padding = 4, .fill = -1.0f})(x, g);
+    const int top = int(h.below(5 + 8 - 3 + 1)) - 4, left = int(h.below(6 + 8 - 2 + 1)) - 4;  // the same draws
+    for (int c = 0; c < 2; ++c)
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 2; ++j) {
+          const int yy = top + i, xx = left + j;
+          const float want = yy >= 0 && yy < 5 && xx >= 0 && xx < 6 ? x.data()[(c * 5 + yy) * 6 + xx] : -1.0f;
+          REQUIRE(y.data()[(c * 3 + i) * 2 + j] == want);
+        }
+  }
   data::Rng g(1);
   CHECK(vec(data::transforms::RandomCrop(5, 6)(x, g)) == vec(x));  // no padding, full size: identity
   EXPECT_ERROR([&] { data::transforms::RandomCrop(8, {.padding = 1})(x, g); }, {"RandomCrop", "does not fit",

@@ -4,12 +4,14 @@
 // (by hand, by plain loops over row-major indices, or from PyTorch's documented behaviour).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ember/ember.hpp"
@@ -960,6 +962,106 @@ TEST_CASE("CpuCachingAllocator: counters, cache reuse and empty_cache") {
   void* r = A.allocate(bytes);
   CHECK(A.stats().system_allocs == s4.system_allocs + 1);
   A.deallocate(r, bytes);
+}
+
+TEST_CASE("CpuCachingAllocator: thread-cache bins cover every class up to 64 KiB once") {
+  using A = CpuCachingAllocator;
+  std::vector<int> seen(A::kBins, 0);
+  for (std::size_t n = 1; n <= A::kThreadCacheMax; ++n) {
+    const std::size_t c = A::size_class(n);
+    if (c != n) continue;  // each class once
+    const int b = A::bin_of(c);
+    REQUIRE(b >= 0);
+    REQUIRE(b < A::kBins);
+    seen[std::size_t(b)]++;
+    CHECK(A::bin_capacity(c) >= 2);
+    CHECK(A::bin_capacity(c) <= A::kMaxPerBin);
+  }
+  for (int b = 0; b < A::kBins; ++b) CHECK(seen[std::size_t(b)] == 1);
+}
+
+TEST_CASE("CpuCachingAllocator: a thread reuses its own blocks; spilling keeps the counters exact") {
+  auto& A = CpuCachingAllocator::instance();
+  const std::size_t bytes = 1000;  // class 1024: thread-cached
+  void* p = A.allocate(bytes);
+  A.deallocate(p, bytes);
+  const auto s0 = A.stats();
+  void* q = A.allocate(bytes);
+  const auto s1 = A.stats();
+  CHECK(q == p);
+  CHECK(s1.cache_hits == s0.cache_hits + 1);
+  CHECK(s1.system_allocs == s0.system_allocs);
+  CHECK(s1.bytes_in_use == s0.bytes_in_use + 1024);
+  CHECK(s1.bytes_cached == s0.bytes_cached - 1024);
+  A.deallocate(q, bytes);
+  // Free more blocks of one class than a thread cache keeps: the rest spill to the shared pool.
+  const int many = 3 * CpuCachingAllocator::bin_capacity(1024);
+  std::vector<void*> blocks;
+  for (int i = 0; i < many; ++i) blocks.push_back(A.allocate(bytes));
+  const auto s2 = A.stats();
+  CHECK(s2.bytes_in_use == s0.bytes_in_use + std::size_t(many) * 1024);
+  for (void* b : blocks) A.deallocate(b, bytes);
+  const auto s3 = A.stats();
+  CHECK(s3.bytes_in_use == s0.bytes_in_use);
+  CHECK(s3.bytes_cached == s2.bytes_cached + std::size_t(many) * 1024);
+  // The same blocks come back, none from the system.
+  for (int i = 0; i < many; ++i) blocks[std::size_t(i)] = A.allocate(bytes);
+  CHECK(A.stats().system_allocs == s3.system_allocs);
+  for (void* b : blocks) A.deallocate(b, bytes);
+}
+
+TEST_CASE("CpuCachingAllocator: threads freeing each other's blocks, exiting, and empty_cache draining live threads") {
+  auto& A = CpuCachingAllocator::instance();
+  const std::size_t in_use0 = A.stats().bytes_in_use;
+  // Producers allocate, a consumer frees (the data loader's pattern); sizes span thread-cached and shared classes.
+  constexpr int kItems = 20000;
+  std::vector<std::pair<void*, std::size_t>> handoff(kItems);
+  std::atomic<int> produced{0};
+  std::thread prod([&] {
+    std::uint64_t s = 7;
+    for (int i = 0; i < kItems; ++i) {
+      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+      const std::size_t n = 1 + (s >> 33) % 100000;
+      void* p = A.allocate(n);
+      std::memset(p, i & 0xff, n < 64 ? n : 64);
+      handoff[std::size_t(i)] = {p, n};
+      produced.store(i + 1, std::memory_order_release);
+      if (i % 3 == 0) {  // and some same-thread churn
+        void* t = A.allocate(n / 2 + 1);
+        A.deallocate(t, n / 2 + 1);
+      }
+    }
+  });
+  std::thread cons([&] {
+    for (int i = 0; i < kItems; ++i) {
+      while (produced.load(std::memory_order_acquire) <= i) std::this_thread::yield();
+      auto [p, n] = handoff[std::size_t(i)];
+      CHECK(static_cast<unsigned char*>(p)[0] == static_cast<unsigned char>(i & 0xff));
+      A.deallocate(p, n);
+    }
+  });
+  prod.join();
+  cons.join();
+  // Both threads exited: their caches went back to the shared pool, their counters with them.
+  CHECK(A.stats().bytes_in_use == in_use0);
+
+  // A live thread's cache is drained by empty_cache too.
+  std::atomic<int> stage{0};
+  std::thread holder([&] {
+    void* p = A.allocate(2000);
+    A.deallocate(p, 2000);  // now cached in this thread's cache
+    stage.store(1);
+    while (stage.load() != 2) std::this_thread::yield();
+    void* q = A.allocate(2000);  // the cache was emptied: this reaches the system or the shared pool
+    A.deallocate(q, 2000);
+  });
+  while (stage.load() != 1) std::this_thread::yield();
+  CHECK(A.stats().bytes_cached > 0);
+  A.empty_cache();
+  CHECK(A.stats().bytes_cached == 0);
+  stage.store(2);
+  holder.join();
+  CHECK(A.stats().bytes_in_use == in_use0);
 }
 
 // ============================================================================================= 16-bit tensors

@@ -3,8 +3,10 @@
 // stream to a new tensor; it never writes to its input (a dataset may hand out views of its storage).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -81,19 +83,19 @@ struct RandomCrop {
     const std::int64_t top = std::int64_t(g.below(std::uint64_t(H + 2 * p - height + 1))) - p;
     const std::int64_t left = std::int64_t(g.below(std::uint64_t(W + 2 * p - width + 1))) - p;
     Tensor<float> out = empty<float>(Shape{C, height, width});
+    // Output columns [j0, j1) come from the image; the rest, and rows outside it, are padding.
+    const std::int64_t j0 = std::clamp<std::int64_t>(-left, 0, width), j1 = std::clamp<std::int64_t>(W - left, j0, width);
     for (std::int64_t c = 0; c < C; ++c)
       for (std::int64_t i = 0; i < height; ++i) {
         float* o = out.data() + (c * height + i) * width;
         const std::int64_t y = top + i;
         if (y < 0 || y >= H) {
-          for (std::int64_t j = 0; j < width; ++j) o[j] = opt.fill;
+          std::fill(o, o + width, opt.fill);
           continue;
         }
-        const float* s = x.data() + (c * H + y) * W;
-        for (std::int64_t j = 0; j < width; ++j) {
-          const std::int64_t xx = left + j;
-          o[j] = xx >= 0 && xx < W ? s[xx] : opt.fill;
-        }
+        std::fill(o, o + j0, opt.fill);
+        if (j1 > j0) std::memcpy(o + j0, x.data() + (c * H + y) * W + left + j0, std::size_t(j1 - j0) * sizeof(float));
+        std::fill(o + j1, o + width, opt.fill);
       }
     return out;
   }
