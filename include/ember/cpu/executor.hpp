@@ -77,11 +77,19 @@ struct AssignBody {
   void run_row(std::int64_t a, std::int64_t b) {
     std::apply([&](auto&... pr) { run<expr::RowIdx>(a, b, &slots, pr...); }, pairs);
   }
+  /// Indices [a, b) of a dense space, straight from the pairs: no body to build and copy (small ops pay for
+  /// every copy of these structs).
+  static void run_dense(std::int64_t a, std::int64_t b, const Pairs&... pr)
+    requires(!Slots)
+  {
+    static constexpr Table none{};
+    run<expr::LinearIdx>(a, b, &none, pr...);
+  }
 
  private:
   // Indices [a, b) of the whole space (LinearIdx) or of the current row (RowIdx).
   template <class Idx, class... P>
-  EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const Table* sl, P&... pr) {
+  EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const Table* sl, const P&... pr) {
     // Local copies so the compiler keeps pointers in registers and vectorises; the slot table is copied so its
     // pointers are loop invariants the compiler can prove.
     auto local = std::make_tuple(pr...);
@@ -148,17 +156,12 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     int kk = 1;
     auto ev = expr::make_eval(e, lp, kk);
     using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
-    const AssignBody<false, Pair> body{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), lp, 0), ev}), {}};
+    const Pair pr{expr::OperandEval<T>(out.data(), lp, 0), ev};
     const std::int64_t n = out.numel();
-    if (n < 2 * kGrain) {
-      AssignBody<false, Pair> local = body;
-      local.run_linear(0, n);
-    } else {
-      parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
-        AssignBody<false, Pair> local = body;
-        local.run_linear(a, b);
-      });
-    }
+    if (n < 2 * kGrain)
+      AssignBody<false, Pair>::run_dense(0, n, pr);
+    else
+      parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) { AssignBody<false, Pair>::run_dense(a, b, pr); });
     out.bump_version();
     return;
   }
