@@ -193,7 +193,7 @@ class DataLoader {
       const int w = l.opt_.num_workers;
       window_ = std::size_t(w) * std::size_t(l.opt_.prefetch_factor);
       try {
-        for (int i = 0; i < w; ++i) workers_.emplace_back([this, i, w] { work(std::size_t(i), std::size_t(w)); });
+        for (int i = 0; i < w; ++i) workers_.emplace_back([this] { work(); });
       } catch (...) {  // could not start a thread: stop the ones that started before reporting it
         shutdown();
         throw;
@@ -267,27 +267,35 @@ class DataLoader {
       return s;
     }
 
-    // Worker w of nw produces batches w, w + nw, ..., never more than window_ batches ahead of the consumer.
-    void work(std::size_t w, std::size_t nw) {
-      for (std::size_t b = w; b < batches_.size(); b += nw) {
+    // Each worker claims the next batch nobody has started, never more than window_ batches ahead of the
+    // consumer. Claiming (rather than a fixed share per worker) lets a worker that loses its core for a while fall
+    // behind without holding the others back; the contents do not depend on who loads a batch.
+    void work() {
+      for (;;) {
+        std::size_t b;
         {
           std::unique_lock<std::mutex> lk(mu_);
-          space_.wait(lk, [&] { return stop_ || b < consumed_ + window_; });
-          if (stop_) return;
+          space_.wait(lk, [&] { return stop_ || next_claim_ >= batches_.size() || next_claim_ < consumed_ + window_; });
+          if (stop_ || next_claim_ >= batches_.size()) return;
+          b = next_claim_++;
         }
         Slot s = produce(b);
+        bool wake;
         {
           std::lock_guard<std::mutex> lk(mu_);
           if (stop_) return;
           batches_[b].slot = std::move(s);
+          wake = waiting_for_ == b;  // a consumer waiting for another batch would only wake to sleep again
         }
-        ready_.notify_all();
+        if (wake) ready_.notify_one();
       }
     }
 
     Slot take(std::size_t b) {
       std::unique_lock<std::mutex> lk(mu_);
+      waiting_for_ = b;
       ready_.wait(lk, [&] { return batches_[b].slot.ready; });
+      waiting_for_ = kNone;
       Slot s = std::move(batches_[b].slot);
       batches_[b].slot = Slot{};
       consumed_ = b + 1;
@@ -318,6 +326,9 @@ class DataLoader {
     std::vector<Planned> batches_;
     std::size_t next_ = 0;      // consumer: next batch to hand out
     std::size_t consumed_ = 0;  // guarded by mu_: batches taken by the consumer
+    static constexpr std::size_t kNone = std::size_t(-1);
+    std::size_t waiting_for_ = kNone;  // guarded by mu_: the batch the consumer is blocked on
+    std::size_t next_claim_ = 0;       // guarded by mu_: the first batch no worker has claimed
     std::size_t window_ = 0;
     bool failed_ = false;
     bool stop_ = false;
