@@ -496,6 +496,40 @@ TEST_CASE("transforms: Compose applies in order") {
   CHECK(vec(c(x, g)) == std::vector<float>{1.0f, 0.5f, 0.0f});
 }
 
+TEST_CASE("transforms: Compose transforms its own intermediates in place, with the same results, and never the caller's") {
+  namespace T = data::transforms;
+  const auto c = T::Compose(T::RandomHorizontalFlip{}, T::RandomErasing{}, T::Normalize({0.5f, 0.2f}, {2.0f, 0.5f}));
+  const auto with_crop = T::Compose(T::RandomCrop(5, 6, {.padding = 1}), T::RandomHorizontalFlip{},
+                                    T::RandomErasing(T::RandomErasingOptions{.p = 0.9f, .value = -7.0f}),
+                                    T::Normalize({0.1f}, {0.3f}));
+  const Tensor<float> x = img(2, 5, 6);
+  const std::vector<float> x0 = vec(x);
+  int erased = 0;
+  for (std::uint64_t s = 0; s < 200; ++s) {
+    // Reference: each transform by itself (always copying), with the same stream of random numbers.
+    data::Rng r(s);
+    Tensor<float> ref = T::RandomHorizontalFlip{}(x, r);
+    ref = T::RandomErasing{}(ref, r);
+    ref = T::Normalize({0.5f, 0.2f}, {2.0f, 0.5f})(ref, r);
+    data::Rng g1(s), g2(s);
+    const Tensor<float> shared = c(x, g1);           // x is shared with the caller: never written
+    const Tensor<float> own = c(x.clone(), g2);      // a clone nobody else holds: transformed in place
+    CHECK(vec(shared) == vec(ref));
+    CHECK(vec(own) == vec(ref));
+    CHECK(vec(x) == x0);
+    data::Rng r2(s), g3(s);
+    Tensor<float> ref2 = T::RandomCrop(5, 6, {.padding = 1})(x, r2);
+    ref2 = T::RandomHorizontalFlip{}(ref2, r2);
+    const Tensor<float> before_erase = ref2;
+    ref2 = T::RandomErasing(T::RandomErasingOptions{.p = 0.9f, .value = -7.0f})(ref2, r2);
+    erased += !before_erase.same_impl(ref2);
+    ref2 = T::Normalize({0.1f}, {0.3f})(ref2, r2);
+    CHECK(vec(with_crop(x, g3)) == vec(ref2));
+    CHECK(vec(x) == x0);
+  }
+  CHECK(erased > 100);  // the in-place erase path really ran
+}
+
 // ---- DataLoader ------------------------------------------------------------------------------------------------
 
 TEST_CASE("DataLoader: sequential batches in order, the last one smaller unless drop_last") {

@@ -139,6 +139,11 @@ class Tensor {
   std::uint64_t version() const { return impl().storage->version.load(std::memory_order_relaxed); }
   void bump_version() const { impl().storage->version.fetch_add(1, std::memory_order_relaxed); }
   bool same_impl(const Tensor& o) const { return impl_ == o.impl_; }
+  /// True when no other handle, view or autograd record shares this tensor's memory, so writing it in place is
+  /// invisible to everyone else (data transforms use it to skip a copy).
+  bool unshared() const {
+    return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1 && !requires_grad();
+  }
   TensorImpl<T>* unsafe_impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl<T>>& impl_ptr() const { return impl_; }
 

@@ -92,7 +92,7 @@ S apply_transform(const Tr& t, S&& s, Rng& g) {
                   "DataLoader: a transform must be callable as t(sample, Rng&) -> sample, or, for Examples, as "
                   "t(Tensor<float>, Rng&) -> Tensor<float>");
     Sample out = std::forward<S>(s);
-    out.data = t(out.data, g);
+    out.data = t(std::move(out.data), g);  // moved: a Compose may then transform it in place
     return out;
   }
 }

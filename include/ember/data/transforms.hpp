@@ -43,21 +43,27 @@ struct Normalize {
   }
   Tensor<float> operator()(const Tensor<float>& in, Rng&) const {
     const Tensor<float> x = detail::chw(in, "Normalize");
+    Tensor<float> out = empty<float>(x.shape());
+    run(x, out);
+    return out;
+  }
+  /// In place, on a contiguous image nobody else holds (Compose calls it on its own intermediates).
+  void apply_(Tensor<float>& x, Rng&) const { run(x, x); }
+
+ private:
+  void run(const Tensor<float>& x, const Tensor<float>& out) const {
     const std::int64_t C = x.size(0), hw = x.size(1) * x.size(2);
     EMBER_CHECK(mean.size() == 1 || std::int64_t(mean.size()) == C, "Normalize: ", mean.size(),
                 " means for an image of ", C, " channels (shape ", x.shape().str(), ")");
-    Tensor<float> out = empty<float>(x.shape());
     for (std::int64_t c = 0; c < C; ++c) {
       const float m = mean[mean.size() == 1 ? 0 : c], inv = 1.0f / std[std.size() == 1 ? 0 : c];
       const float* s = x.data() + c * hw;
       float* o = out.data() + c * hw;
       for (std::int64_t i = 0; i < hw; ++i) o[i] = (s[i] - m) * inv;
     }
-    return out;
   }
 };
 
-/// Options of RandomCrop.
 struct RandomCropOptions {
   std::int64_t padding = 0;  ///< pixels added on every side before cropping
   float fill = 0.0f;         ///< value of the padding
@@ -117,6 +123,12 @@ struct RandomHorizontalFlip {
     }
     return out;
   }
+  /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
+  void apply_(Tensor<float>& x, Rng& g) const {
+    if (!g.bernoulli(p)) return;
+    const std::int64_t rows = x.size(0) * x.size(1), W = x.size(2);
+    for (std::int64_t r = 0; r < rows; ++r) std::reverse(x.data() + r * W, x.data() + (r + 1) * W);
+  }
 };
 
 /// Options of RandomErasing (torchvision's defaults).
@@ -143,8 +155,27 @@ struct RandomErasing {
 
   Tensor<float> operator()(const Tensor<float>& in, Rng& g) const {
     const Tensor<float> x = detail::chw(in, "RandomErasing");
-    if (!g.bernoulli(opt.p)) return x;
-    const std::int64_t C = x.size(0), H = x.size(1), W = x.size(2);
+    Rect r;
+    if (!draw(x, g, r)) return x;
+    Tensor<float> out = empty<float>(x.shape());
+    std::memcpy(out.data(), x.data(), std::size_t(x.numel()) * sizeof(float));
+    fill(out, r);
+    return out;
+  }
+  /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
+  void apply_(Tensor<float>& x, Rng& g) const {
+    Rect r;
+    if (draw(x, g, r)) fill(x, r);
+  }
+
+ private:
+  struct Rect {
+    std::int64_t top = 0, left = 0, h = 0, w = 0;
+  };
+  // Whether to erase, and where.
+  bool draw(const Tensor<float>& x, Rng& g, Rect& r) const {
+    if (!g.bernoulli(opt.p)) return false;
+    const std::int64_t H = x.size(1), W = x.size(2);
     const float area = float(H * W);
     const float lr0 = std::log(opt.ratio_min), lr1 = std::log(opt.ratio_max);
     for (int attempt = 0; attempt < 10; ++attempt) {
@@ -153,18 +184,21 @@ struct RandomErasing {
       const std::int64_t h = std::int64_t(std::lround(std::sqrt(target * ratio)));
       const std::int64_t w = std::int64_t(std::lround(std::sqrt(target / ratio)));
       if (h < 1 || w < 1 || h >= H || w >= W) continue;
-      const std::int64_t top = std::int64_t(g.below(std::uint64_t(H - h + 1)));
-      const std::int64_t left = std::int64_t(g.below(std::uint64_t(W - w + 1)));
-      Tensor<float> out = empty<float>(x.shape());
-      std::memcpy(out.data(), x.data(), std::size_t(x.numel()) * sizeof(float));
-      for (std::int64_t c = 0; c < C; ++c)
-        for (std::int64_t i = top; i < top + h; ++i) {
-          float* o = out.data() + (c * H + i) * W;
-          for (std::int64_t j = left; j < left + w; ++j) o[j] = opt.value;
-        }
-      return out;
+      r.top = std::int64_t(g.below(std::uint64_t(H - h + 1)));
+      r.left = std::int64_t(g.below(std::uint64_t(W - w + 1)));
+      r.h = h;
+      r.w = w;
+      return true;
     }
-    return x;
+    return false;
+  }
+  void fill(const Tensor<float>& out, const Rect& r) const {
+    const std::int64_t C = out.size(0), H = out.size(1), W = out.size(2);
+    for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t i = r.top; i < r.top + r.h; ++i) {
+        float* o = out.data() + (c * H + i) * W;
+        std::fill(o + r.left, o + r.left + r.w, opt.value);
+      }
   }
 };
 
@@ -174,9 +208,22 @@ struct Compose {
   std::tuple<Ts...> ts;
 
   explicit Compose(Ts... t) : ts(std::move(t)...) {}
+  /// Transforms that have an in-place form (apply_) run in place on an image nobody else holds: the results are
+  /// the same, without a copy per transform.
   Tensor<float> operator()(Tensor<float> x, Rng& g) const {
-    std::apply([&](const auto&... t) { ((x = t(x, g)), ...); }, ts);
+    std::apply([&](const auto&... t) { (step(t, x, g), ...); }, ts);
     return x;
+  }
+
+ private:
+  template <class T>
+  static void step(const T& t, Tensor<float>& x, Rng& g) {
+    if constexpr (requires { t.apply_(x, g); })
+      if (x.defined() && x.dim() == 3 && x.device().is_cpu() && x.is_contiguous() && x.unshared()) {
+        t.apply_(x, g);
+        return;
+      }
+    x = t(x, g);
   }
 };
 template <class... Ts>
