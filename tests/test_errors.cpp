@@ -281,4 +281,22 @@ TEST_CASE("errors: devices") {
   EXPECT_ERROR([&] { (void)g.item(); }, {"item", "[2, 3]"});
   EXPECT_ERROR([&] { (void)g.at(0, 0); }, {"at", "cuda:0"});
   EXPECT_ERROR([&] { (void)g.to_vector(); }, {"to_vector", "cuda:0"});
+
+#if !EMBER_WITH_CUDA
+  // Copies between devices and pinned memory need the CUDA backend; host-only moves are no-ops.
+  EXPECT_ERROR([&] { (void)c.to(Device::cuda()); }, {"to", "[2, 3]", "float32", "cpu", "cuda:0", "built without"});
+  EXPECT_ERROR([&] { (void)c.cuda(1); }, {"to", "cuda:1", "built without"});
+  EXPECT_ERROR([&] { (void)g.cpu(); }, {"to", "cuda:0", "cpu", "built without"});
+  EXPECT_ERROR([&] { (void)c.pin_memory(); }, {"pin_memory", "built without"});
+  EXPECT_ERROR([&] { TF r = empty<float>({2, 3}); r.copy_(g); }, {"copy from cuda:0 to cpu", "built without"});
+  EXPECT_ERROR([&] { (void)g[1][2].item(); }, {"item", "cuda:0", "built without"});
+  EXPECT_ERROR([&] { (void)to_string(g); }, {"printing", "cuda:0", "built without"});
+  CHECK_FALSE(c.is_pinned());
+  CHECK(c.to(Device::cpu()).same_impl(c));
+  CHECK(c.cpu().same_impl(c));
+  nn::Linear lin(2, 3);
+  EXPECT_ERROR([&] { lin.to(Device::cuda()); }, {"Module::to", "weight", "float32 [3, 2]", "cuda:0", "built without"});
+  lin.to(Device::cpu());  // already there: nothing to do
+  CHECK(lin.weight.device().is_cpu());
+#endif
 }

@@ -10,6 +10,7 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/node.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/core/device_copy.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/executor.hpp"
 #include "ember/expr/nodes.hpp"
@@ -55,6 +56,18 @@ struct ViewNode final : TypedNode<T> {
         return;
       }
     }
+  }
+};
+
+/// Backward of a copy to another device or into pinned memory (to(), cuda(), cpu(), pin_memory()): the gradient
+/// is copied back to the source's device.
+template <class T>
+struct DeviceCopyNode final : TypedNode<T> {
+  Device src_device;
+  const char* name() const override { return "ToCopyBackward"; }
+  void backward() override {
+    const Tensor<T>& g = this->grad;
+    this->template deliver<T>(0, g.device() == src_device ? g : ember::detail::copy_to_device(g, src_device, false));
   }
 };
 
@@ -175,6 +188,45 @@ struct TensorOps {
     }
   }
 
+  /// Tensor::to for another device: a contiguous copy that records the copy's backward.
+  static Tensor<T> to_device(const Tensor<T>& t, Device d, bool non_blocking) {
+    Tensor<T> out = copy_to_device(t, d, non_blocking);
+    record_copy(t, out);
+    return out;
+  }
+
+  /// Tensor::pin_memory: a contiguous copy in page-locked host memory.
+  static Tensor<T> pin_memory(const Tensor<T>& t) {
+    EMBER_CHECK(t.defined(), "pin_memory: the tensor is undefined");
+    EMBER_CHECK(t.device().is_cpu(), "pin_memory: only CPU tensors can be pinned, this one is on ", t.device().str());
+    Tensor<T> out = empty_pinned<T>(t.shape());
+    gather_host(t, out.data());
+    record_copy(t, out);
+    return out;
+  }
+
+  /// Tensor::copy_ from another device: a direct copy between the two memories when no gradient is involved and both
+  /// are contiguous with the same shape, else src moved to this device first and then assigned (broadcast, strides,
+  /// autograd).
+  static void copy_across(Tensor<T>& dst, const Tensor<T>& src, bool non_blocking) {
+    EMBER_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
+    const bool grad = is_floating_v<T> && is_grad_enabled() && (src.requires_grad() || dst.requires_grad());
+    if (!grad && dst.shape() == src.shape() && dst.is_contiguous() && src.is_contiguous()) {
+      copy_bytes(dst.storage(), std::size_t(dst.storage_offset()) * sizeof(T), src.storage(),
+                 std::size_t(src.storage_offset()) * sizeof(T), std::size_t(src.numel()) * sizeof(T), non_blocking);
+      dst.bump_version();
+      return;
+    }
+    const Tensor<T> moved = to_device(src, dst.device(), non_blocking);
+    copy_same(dst, moved);
+  }
+
+  /// Tensor::copy_ on one device: assign(y, x, 0) without instantiating the compound modes.
+  static void copy_same(Tensor<T>& y, const Tensor<T>& x) {
+    if (!y.defined()) y = x;
+    else write(y, node_of(x));
+  }
+
   static void backward(const Tensor<T>& root, const Tensor<T>& gradient, bool retain_graph) {
     if constexpr (!is_floating_v<T>) {
       EMBER_CHECK(false, "backward: called on a ", dtype_name<T>(), " tensor; only floating tensors have gradients");
@@ -197,6 +249,17 @@ struct TensorOps {
   }
 
  private:
+  static void record_copy(const Tensor<T>& src, Tensor<T>& out) {
+    if constexpr (is_floating_v<T>) {
+      if (!is_grad_enabled() || !src.requires_grad()) return;
+      auto node = std::make_shared<autograd::DeviceCopyNode<T>>();
+      node->src_device = src.device();
+      node->next.push_back(autograd::gradient_edge(src));
+      node->output = out.impl_ptr();
+      autograd::set_history<T>(out, node);
+    }
+  }
+
   template <class F, class U, bool O>
   static void visit_mut(expr::TensorLeaf<U, O>& l, F&& f) {
     f(l);

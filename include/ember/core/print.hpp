@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/core/device_copy.hpp"
 #include "ember/core/tensor.hpp"
 
 namespace ember {
@@ -102,10 +103,13 @@ void print_rec(std::ostream& os, const Tensor<T>& t, int d, std::int64_t off, co
 
 }  // namespace detail
 
+/// Prints as PyTorch does; a CUDA tensor is copied to the host first and shows `device='cuda:0'`.
 template <class T>
-std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
-  if (!t.defined()) return os << "tensor(undefined)";
-  EMBER_CHECK(t.device().is_cpu(), "printing: copy the tensor to the CPU first (it is on ", t.device().str(), ")");
+std::ostream& operator<<(std::ostream& os, const Tensor<T>& tensor) {
+  if (!tensor.defined()) return os << "tensor(undefined)";
+  if (!tensor.device().is_cpu()) tensor.check_host_copy("printing");
+  // The values printed (a host copy of a CUDA tensor); `tensor` itself gives the device and autograd suffixes.
+  const Tensor<T> t = tensor.device().is_cpu() ? tensor : detail::copy_to_device(tensor, Device::cpu(), false);
   const bool summarize = t.numel() > 1000;
   // Choose one format for every element from the elements shown, as PyTorch's _Formatter does: for floating
   // types, the nonzero finite values decide the mode (integral, fixed with 4 decimals, or scientific) and the width.
@@ -142,7 +146,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
   else if (t.dim() == 0) body << detail::format_value(t.data()[0], f);
   else detail::print_rec(body, t, 0, 0, f, summarize, 7);
   std::vector<std::string> suffixes;
-  if (t.device().is_cuda()) suffixes.push_back("device='" + t.device().str() + "'");
+  if (tensor.device().is_cuda()) suffixes.push_back("device='" + tensor.device().str() + "'");
   if (t.numel() == 0 && t.dim() != 1) {  // an empty tensor states its shape unless it is (0,)
     std::string sz = "size=(";
     for (int d = 0; d < t.dim(); ++d) sz += (d ? ", " : "") + std::to_string(t.shape()[d]);
@@ -152,8 +156,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
   if (!std::is_same_v<T, float> &&
       (t.numel() == 0 || (!std::is_same_v<T, std::int64_t> && !std::is_same_v<T, bool>)))
     suffixes.push_back(std::string("dtype=torch.") + dtype_name<T>());
-  if (t.has_meta() && t.meta().grad_fn) suffixes.push_back("grad_fn=<Backward>");
-  else if (t.requires_grad()) suffixes.push_back("requires_grad=True");
+  if (tensor.has_meta() && tensor.meta().grad_fn) suffixes.push_back("grad_fn=<Backward>");
+  else if (tensor.requires_grad()) suffixes.push_back("requires_grad=True");
   // As PyTorch's _add_suffixes: a suffix that would pass column 80 starts a new line, indented under "tensor(".
   std::string s = body.str();
   const std::size_t nl = s.rfind('\n');

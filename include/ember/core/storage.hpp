@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -35,21 +36,67 @@ struct StorageImpl {
 
 using Storage = std::shared_ptr<StorageImpl>;
 
+// Hooks that cuda/ sets when one of its headers is included (core never includes CUDA headers). Null in a build
+// without ember's CUDA backend, where the functions below give an error that says so.
 namespace detail {
-/// Set by cuda/ when it is compiled in: the caching allocator of CUDA device i.
+/// The caching allocator of CUDA device i (cuda/allocator.hpp).
 inline Allocator* (*cuda_allocator)(int device_index) = nullptr;
+/// The caching allocator of page-locked (pinned) host memory, for Tensor::pin_memory (cuda/pinned.hpp).
+inline Allocator* (*pinned_allocator)() = nullptr;
+/// Whether host memory at p is page-locked, also when ember did not allocate it (cuda/pinned.hpp).
+inline bool (*is_pinned_ptr)(const void* p) = nullptr;
+/// Copies `nbytes` from src's bytes at `src_offset` to dst's at `dst_offset` when either storage is on a CUDA
+/// device (cuda/copy.hpp). The copy runs on the current stream of the CUDA device involved. It has finished when the
+/// hook returns unless `non_blocking` and the host side is pinned memory (or both sides are on CUDA devices): then it
+/// is asynchronous, and the hook keeps the host storage alive until the copy is done.
+inline void (*cuda_copy)(const Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
+                         std::size_t nbytes, bool non_blocking) = nullptr;
+
+inline const char* no_cuda_backend() {
+  return "this program was built without ember's CUDA backend (compile with nvcc, or define EMBER_WITH_CUDA=1, "
+         "include <ember/ember.hpp> and link ember::cuda)";
+}
 }  // namespace detail
 
 /// The allocator for a device.
 inline Allocator& allocator_for(Device d) {
   if (d.is_cpu()) return CpuCachingAllocator::instance();
-  EMBER_CHECK(detail::cuda_allocator != nullptr, "allocate on ", d.str(),
-              ": this program was built without ember's CUDA backend (compile with nvcc and link ember::cuda)");
+  EMBER_CHECK(detail::cuda_allocator != nullptr, "allocate on ", d.str(), ": ", detail::no_cuda_backend());
   return *detail::cuda_allocator(d.index);
 }
 
 inline Storage make_storage(std::size_t nbytes, Device d) {
   return std::make_shared<StorageImpl>(nbytes, allocator_for(d));
+}
+
+/// Host storage in page-locked memory (device cpu), from which copies to a GPU can be asynchronous.
+inline Storage make_pinned_storage(std::size_t nbytes) {
+  EMBER_CHECK(detail::pinned_allocator != nullptr, "pin_memory: ", detail::no_cuda_backend());
+  return std::make_shared<StorageImpl>(nbytes, *detail::pinned_allocator());
+}
+
+/// True for host storage in page-locked memory (from the pinned allocator, or foreign memory CUDA reports as such).
+inline bool is_pinned(const StorageImpl& s) {
+  if (!s.device.is_cpu() || s.data == nullptr) return false;
+  if (detail::pinned_allocator && s.allocator == detail::pinned_allocator()) return true;
+  if (s.allocator) return false;  // ember's own pageable memory
+  return detail::is_pinned_ptr && detail::is_pinned_ptr(s.data);
+}
+
+/// Copies `nbytes` bytes between two storages on any devices (see detail::cuda_copy for the CUDA cases).
+inline void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
+                       std::size_t nbytes, bool non_blocking = false) {
+  if (nbytes == 0) return;
+  EMBER_CHECK(dst_offset + nbytes <= dst->nbytes && src_offset + nbytes <= src->nbytes, "copy of ", nbytes,
+              " bytes: out of the bounds of the storages (", src->nbytes, " bytes on ", src->device.str(), " to ",
+              dst->nbytes, " bytes on ", dst->device.str(), ")");
+  if (dst->device.is_cpu() && src->device.is_cpu()) {
+    std::memcpy(static_cast<char*>(dst->data) + dst_offset, static_cast<const char*>(src->data) + src_offset, nbytes);
+    return;
+  }
+  EMBER_CHECK(detail::cuda_copy != nullptr, "copy from ", src->device.str(), " to ", dst->device.str(), ": ",
+              detail::no_cuda_backend());
+  detail::cuda_copy(dst, dst_offset, src, src_offset, nbytes, non_blocking);
 }
 
 }  // namespace ember

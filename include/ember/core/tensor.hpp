@@ -42,6 +42,9 @@ namespace detail {
 /// Members of Tensor that need the executor or autograd; defined in autograd/tensor_ops.hpp.
 template <class T>
 struct TensorOps;
+/// A contiguous copy on another device without autograd; defined in core/device_copy.hpp.
+template <class T>
+Tensor<T> copy_to_device(const Tensor<T>& t, Device d, bool non_blocking);
 /// Specialised true by expr/ for its expression node types.
 template <class E>
 struct is_expression : std::false_type {};
@@ -147,14 +150,18 @@ class Tensor {
   TensorImpl<T>* unsafe_impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl<T>>& impl_ptr() const { return impl_; }
 
-  // ---- element access (CPU tensors) ---------------------------------------------------------------------
-  /// The single element of a one-element tensor.
+  // ---- element access ------------------------------------------------------------------------------------
+  /// The single element of a one-element tensor (copied to the host for a CUDA tensor, as PyTorch does).
   T item() const {
     EMBER_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape().str());
-    check_cpu("item");
-    return *data();
+    if (device().is_cpu()) return *data();
+    check_host_copy("item");
+    T v{};
+    const Storage host = std::make_shared<StorageImpl>(static_cast<void*>(&v), sizeof(T), Device::cpu(), nullptr);
+    copy_bytes(host, 0, storage(), std::size_t(storage_offset()) * sizeof(T), sizeof(T));
+    return v;
   }
-  /// Bounds-checked reference to one element: `x.at(1, 2) = 3.f;`.
+  /// Bounds-checked reference to one element of a CPU tensor: `x.at(1, 2) = 3.f;`.
   template <class... I>
   T& at(I... idx) const {
     static_assert((std::is_integral_v<I> && ...), "at: indices must be integers");
@@ -172,10 +179,10 @@ class Tensor {
     }
     return data()[off];
   }
-  /// Copies the elements (in row-major order) into a vector.
+  /// Copies the elements (in row-major order) into a vector (from the device for a CUDA tensor).
   std::vector<T> to_vector() const {
-    check_cpu("to_vector");
-    Tensor c = contiguous();
+    if (!device().is_cpu()) check_host_copy("to_vector");
+    Tensor c = device().is_cpu() ? contiguous() : detail::copy_to_device(*this, Device::cpu(), false);
     return std::vector<T>(c.data(), c.data() + c.numel());
   }
 
@@ -337,11 +344,37 @@ class Tensor {
   Tensor contiguous() const { return is_contiguous() ? *this : clone(); }
   /// A contiguous copy (differentiable).
   Tensor clone() const { return detail::TensorOps<T>::clone(*this); }
-  /// Copies src (broadcast to this shape) into this tensor's memory.
-  Tensor& copy_(const Tensor& src) {
-    detail::TensorOps<T>::assign(*this, src, 0);
+  /// Copies src (broadcast to this shape) into this tensor's memory; src may be on another device. non_blocking:
+  /// asynchronous when the host side is pinned memory (see to()).
+  Tensor& copy_(const Tensor& src, bool non_blocking = false) {
+    if (src.device() == device()) detail::TensorOps<T>::copy_same(*this, src);
+    else detail::TensorOps<T>::copy_across(*this, src, non_blocking);
     return *this;
   }
+
+  // ---- devices --------------------------------------------------------------------------------------------
+  /// This tensor on `device`: itself when it is already there, else a contiguous copy (differentiable: the
+  /// gradient is copied back). non_blocking, as in PyTorch: a copy from pinned host memory to a GPU runs
+  /// asynchronously on the GPU's current stream (the source stays alive until it is done); a copy from a GPU to the
+  /// host lands in newly allocated pinned memory and is asynchronous too: synchronise the stream (or the device)
+  /// before reading it. Copies between GPUs are ordered on the current streams. Other copies finish before to()
+  /// returns.
+  Tensor to(Device device, bool non_blocking = false) const {
+    if (device == this->device()) return *this;
+    return detail::TensorOps<T>::to_device(*this, device, non_blocking);
+  }
+  /// to(Device::cuda(index)).
+  Tensor cuda(int index = 0, bool non_blocking = false) const { return to(Device::cuda(index), non_blocking); }
+  /// to(Device::cpu()).
+  Tensor cpu() const { return to(Device::cpu()); }
+  /// A copy in page-locked host memory (itself when already pinned), from which copies to a GPU can be
+  /// asynchronous. Needs ember's CUDA backend and a CUDA driver.
+  Tensor pin_memory() const {
+    if (is_pinned()) return *this;
+    return detail::TensorOps<T>::pin_memory(*this);
+  }
+  /// True when this is a host tensor in page-locked memory.
+  bool is_pinned() const { return defined() && ember::is_pinned(*storage()); }
   Tensor& fill_(T v) {
     detail::TensorOps<T>::fill(*this, v);
     return *this;
@@ -411,6 +444,11 @@ class Tensor {
     return Tensor(std::move(p));
   }
 
+  /// Errors unless a CUDA tensor can be copied to the host in this build.
+  void check_host_copy(const char* op) const {
+    EMBER_CHECK(device().is_cpu() || detail::cuda_copy != nullptr, op, ": the tensor is on ", device().str(),
+                " and ", detail::no_cuda_backend());
+  }
   void check_cpu(const char* op) const {
     EMBER_CHECK(device().is_cpu(), op, ": expected a CPU tensor, got one on ", device().str());
   }

@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "ember/config.hpp"
+#include "ember/core/device_copy.hpp"
+#include "ember/cuda/device.hpp"
 #include "ember/data/dataset.hpp"
 #include "ember/data/rng.hpp"
 #include "ember/data/sampler.hpp"
@@ -42,8 +44,10 @@ struct DataLoaderOptions {
   bool drop_last = false;     ///< drop the last batch when it is smaller than batch_size
   int num_workers = 0;        ///< 0: load in the consumer's thread; n: n worker threads
   int prefetch_factor = 2;    ///< batches each worker may have ready ahead of the consumer
-  /// Batches in page-locked host memory for asynchronous copies to a GPU. ember has no pinned allocator yet, so
-  /// this is accepted and does nothing (batches are in ordinary 64-byte aligned host memory); it never fails.
+  /// Batches in page-locked host memory, so `batch.data.to(Device::cuda(), true)` is asynchronous: the workers copy
+  /// each collated batch's tensors (a Batch's data and target, or a batch that is a tensor) into memory from the
+  /// pinned allocator (cuda/pinned.hpp). Needs ember's CUDA backend and a CUDA device; without them the flag does
+  /// nothing (batches stay in ordinary host memory), as in PyTorch, and never fails.
   bool pin_memory = false;
   std::uint64_t seed = 0;     ///< seeds the shuffle and every sample's augmentation stream
 };
@@ -96,6 +100,25 @@ S apply_transform(const Tr& t, S&& s, Rng& g) {
     return out;
   }
 }
+
+/// Copies a batch's tensors into pinned host memory (DataLoaderOptions::pin_memory); other batch types stay as they
+/// are.
+template <class T>
+void pin_batch(Tensor<T>& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.is_pinned()) return;
+  Tensor<T> p = ember::detail::empty_pinned<T>(t.shape());
+  ember::detail::gather_host(t, p.data());
+  t = p;
+}
+inline void pin_batch(Batch& b) {
+  pin_batch(b.data);
+  pin_batch(b.target);
+}
+template <class B>
+void pin_batch(B&) {}
+
+/// Whether pin_memory can take effect: the pinned allocator is compiled in and a CUDA device is present.
+inline bool can_pin_memory() { return ember::detail::pinned_allocator != nullptr && cuda::is_available(); }
 }  // namespace detail
 
 template <Dataset D, class Transform = NoTransform, Sampler S = DefaultSampler>
@@ -253,6 +276,7 @@ class DataLoader {
           samples.push_back(detail::apply_transform(loader_.transform_, loader_.dataset_.get(plan.indices[at]), g));
         }
         s.batch.emplace(collate(samples, plan.indices));
+        if (loader_.opt_.pin_memory && detail::can_pin_memory()) detail::pin_batch(*s.batch);
       } catch (const std::exception& e) {
         s.error = at < plan.indices.size()
                       ? ember::detail::concat("DataLoader: loading sample ", plan.indices[at], " (batch ", b, ") failed: ",

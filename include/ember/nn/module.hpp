@@ -154,7 +154,12 @@ class Module {
                 p.grad() = Tensor<T>();
                 return;
               }
-              const Tensor<T>& g = p.grad();
+              Tensor<T> g = p.grad();
+              if (!g.device().is_cpu()) {  // device memory: zeros copied from the host
+                NoGradGuard ng;
+                g.copy_(ember::zeros<T>(g.shape()));
+                return;
+              }
               for (std::int64_t o : detail::element_offsets(g)) g.data()[o] = T(0);
               g.bump_version();
             }
@@ -163,19 +168,23 @@ class Module {
     });
   }
 
-  /// Moves every parameter and buffer to `device`, in place: every handle to them (this module's members, copies of
-  /// the module) sees the moved tensors. Create optimizers after moving the model, as in PyTorch.
+  /// Moves every parameter and buffer to `device`, in place, as PyTorch's module.to(device): each tensor keeps its
+  /// identity (every handle to it, the module's members and copies of the module, sees the moved data; a parameter
+  /// stays a leaf that requires grad) and a parameter's .grad moves with it. Other views of the old memory (an
+  /// optimizer's state) do not move: create optimizers after moving the model, as in PyTorch.
   void to(Device device) {
     auto move = [&](const std::string& n, const detail::TensorSlot& slot) {
       std::visit(
           [&](const auto& t) {
-            if (!t.defined() || t.device() == device) return;
+            using T = typename std::remove_cvref_t<decltype(t)>::value_type;
+            if (!t.defined()) return;
             EMBER_CHECK(device.is_cpu() || ember::detail::cuda_allocator != nullptr, "Module::to: cannot move '", n,
-                        "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(),
-                        ": this program was built without ember's CUDA backend (compile with nvcc and link "
-                        "ember::cuda)");
-            EMBER_CHECK(false, "Module::to: moving '", n, "' from ", t.device().str(), " to ", device.str(),
-                        " needs device copies, which this build of ember does not provide");
+                        "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(), ": ",
+                        ember::detail::no_cuda_backend());
+            if (t.device() != device) move_in_place(t, device);
+            if constexpr (is_floating_v<T>) {
+              if (t.has_meta() && t.grad().defined() && t.grad().device() != device) move_in_place(t.grad(), device);
+            }
           },
           slot);
     };
@@ -252,9 +261,18 @@ class Module {
             using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
             using S = typename std::remove_cvref_t<decltype(src)>::value_type;
             if constexpr (std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)) {
-              const auto od = detail::element_offsets(dst), os = detail::element_offsets(src);
-              for (std::size_t i = 0; i < od.size(); ++i) dst.data()[od[i]] = convert<D>(src.data()[os[i]]);
-              dst.bump_version();
+              // Converted on the host; a tensor on a GPU (either side) goes through a host copy.
+              const auto hs = src.device().is_cpu() ? src : ember::detail::copy_to_device(src, Device::cpu(), false);
+              const Tensor<D> hd = dst.device().is_cpu() ? dst : ember::empty<D>(dst.shape());
+              const auto od = detail::element_offsets(hd), os = detail::element_offsets(hs);
+              for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = convert<D>(hs.data()[os[i]]);
+              if (dst.device().is_cpu()) {
+                dst.bump_version();
+              } else {
+                NoGradGuard ng;
+                Tensor<D> d = dst;
+                d.copy_(hd);
+              }
             }
           },
           *slot, it->second);
@@ -307,6 +325,17 @@ class Module {
     };
     EMBER_CHECK(!taken(s_->params) && !taken(s_->buffers) && !taken(s_->children), "register: '", name,
                 "' is already registered in ", type_name());
+  }
+  // Points t's implementation (shared by every handle) at a contiguous copy of its data on `device`.
+  template <class T>
+  static void move_in_place(const Tensor<T>& t, Device device) {
+    const Tensor<T> moved = ember::detail::copy_to_device(t, device, false);
+    TensorImpl<T>& impl = *t.unsafe_impl();
+    impl.storage = moved.storage();
+    impl.sizes = moved.shape();
+    impl.strides = moved.strides();
+    impl.offset = moved.storage_offset();
+    impl.is_view = false;
   }
   static void set_training(detail::ModuleState& s, bool on) {
     s.training = on;
