@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "ember/data.hpp"
@@ -21,8 +22,19 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t(1) << 20;
 
-// Raw memory for BlockPool from malloc, with a capacity so out-of-memory can be provoked.
+// Raw memory for BlockPool from malloc, with a capacity so out-of-memory can be provoked; events complete when the
+// test says so (or when waited for).
 struct FakeMemory {
+  using Event = int;
+  std::shared_ptr<std::set<int>> completed = std::make_shared<std::set<int>>();
+  int next_event = 0, live_events = 0;
+  Event record_event(std::uintptr_t) noexcept {
+    ++live_events;
+    return next_event++;
+  }
+  bool event_done(Event e) const noexcept { return completed->count(e) > 0; }
+  void wait_event(Event e) noexcept { completed->insert(e); }
+  void release_event(Event) noexcept { --live_events; }
   std::size_t capacity = std::size_t(1) << 40;
   std::size_t outstanding = 0;
   std::map<void*, std::size_t> live;
@@ -206,6 +218,53 @@ TEST_CASE("CUDA allocator bookkeeping: out of memory frees the cache, retries on
   CHECK(pool.allocate(1, 0) == nullptr);  // nothing left and nothing cached
   CHECK(pool.stats().num_ooms == 1);
   pool.deallocate(big);
+}
+
+TEST_CASE("CUDA allocator bookkeeping: record_stream delays reuse until the other stream's work is done") {
+  Pool pool;
+  void* a = pool.allocate(8192, /*stream*/ 1);
+  CHECK(pool.record_stream(a, 2));
+  CHECK(pool.record_stream(a, 1));  // its own stream: nothing to wait for
+  CHECK_FALSE(pool.record_stream(C(a) + 512, 2));  // not a block
+  pool.deallocate(a);
+  CHECK(pool.blocks_waiting_for_streams() == 1);
+  CHECK(pool.backend().live_events == 1);  // one event, on stream 2
+  CHECK(pool.stats().allocated_bytes == 8192);  // still in use until stream 2 is past the free
+  void* b = pool.allocate(8192, 1);
+  CHECK(b != a);  // not reused yet
+  pool.backend().completed->insert(0);  // stream 2 reached the event
+  void* c = pool.allocate(8192, 1);
+  CHECK(c == a);
+  CHECK(pool.blocks_waiting_for_streams() == 0);
+  CHECK(pool.backend().live_events == 0);
+  CHECK(pool.stats().allocated_bytes == 2 * 8192);
+  // Two other streams: reused after both.
+  CHECK(pool.record_stream(c, 2));
+  CHECK(pool.record_stream(c, 3));
+  pool.deallocate(c);
+  pool.backend().completed->insert(1);
+  void* d = pool.allocate(8192, 1);
+  CHECK(d != c);
+  pool.backend().completed->insert(2);
+  pool.empty_cache();  // processes the events: c's block is free again
+  CHECK(pool.blocks_waiting_for_streams() == 0);
+  CHECK(pool.stats().allocated_bytes == 2 * 8192);
+  pool.deallocate(b);
+  pool.deallocate(d);
+  pool.empty_cache();
+  CHECK(pool.stats().reserved_bytes == 0);
+}
+
+TEST_CASE("CUDA allocator bookkeeping: an allocation that fails waits for blocks held by other streams") {
+  Pool pool(limited(4 * MiB));
+  void* a = pool.allocate(3 * MiB, 0);  // the whole 4 MiB segment
+  pool.record_stream(a, 5);
+  pool.deallocate(a);
+  void* b = pool.allocate(3 * MiB, 0);  // needs the memory: waits for the event, frees the segment, retries
+  REQUIRE(b != nullptr);
+  CHECK(pool.stats().num_alloc_retries == 1);
+  CHECK(pool.backend().live_events == 0);
+  pool.deallocate(b);
 }
 
 TEST_CASE("CUDA allocator bookkeeping: statistics and peaks") {
@@ -465,6 +524,32 @@ TEST_CASE("CUDA copies: non_blocking from pinned memory is asynchronous and keep
   CHECK(ps.num_cuda_mallocs >= 2);
   CHECK(ps.cache_hits >= 1);
   CHECK(ps.allocated_bytes >= 2 * 4 * MiB);
+}
+
+TEST_CASE("CUDA allocator: record_stream keeps a block from reuse until the other stream is done") {
+  if (skip_without_device()) return;
+  auto& alloc = cuda::CudaCachingAllocator::get(0);
+  const cuda::Stream side = cuda::Stream::create(0);
+  Tensor<float> spare = empty<float>({4096}, Device::cuda());
+  Tensor<float> x = empty<float>({4096}, Device::cuda());  // for the current stream
+  float* const xp = x.data();
+  spare = Tensor<float>();  // a cached block, so nothing below needs cudaMalloc while `side` is held
+  g_release = false;
+  EMBER_CUDA_CHECK(cudaLaunchHostFunc(side.handle(), wait_for_release, nullptr));  // `side` is busy with x
+  cuda::record_stream(x, side);
+  const std::size_t allocated = cuda::memory_allocated(0);
+  x = Tensor<float>();
+  CHECK(alloc.blocks_waiting_for_streams() == 1);
+  CHECK(cuda::memory_allocated(0) == allocated);  // not free while `side` may use it
+  const Tensor<float> y = empty<float>({4096}, Device::cuda());
+  CHECK(y.data() != xp);
+  CHECK(alloc.blocks_waiting_for_streams() == 1);
+  g_release = true;
+  side.synchronize();
+  cuda::empty_cache();  // polls the events
+  CHECK(alloc.blocks_waiting_for_streams() == 0);
+  CHECK(cuda::memory_allocated(0) == allocated);  // x's block given back, y's taken
+  EXPECT_ERROR([&] { cuda::record_stream(pattern<float>({2}), side); }, {"record_stream", "cpu"});
 }
 
 TEST_CASE("CUDA memory: pin_memory") {

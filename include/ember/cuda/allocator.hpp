@@ -4,7 +4,7 @@
 //
 // The bookkeeping (512-byte rounding, small/large pools, per-stream free lists, splitting and merging) is
 // cuda/detail/block_pool.hpp. A block is allocated for the current stream of its device and, once freed, serves only
-// later requests on that stream. When cudaMalloc fails, the cached segments are freed and the allocation retried once;
+// later requests on that stream; memory used on another stream too is declared with cuda::record_stream. When cudaMalloc fails, the cached segments are freed and the allocation retried once;
 // if that fails too, ember::Error names the request, the device, its free/total memory and what ember reserved.
 #pragma once
 
@@ -20,6 +20,7 @@
 
 #include "ember/core/allocator.hpp"
 #include "ember/core/storage.hpp"
+#include "ember/core/tensor.hpp"
 #include "ember/cuda/check.hpp"
 #include "ember/cuda/detail/block_pool.hpp"
 #include "ember/cuda/device.hpp"
@@ -43,8 +44,9 @@ inline std::string format_bytes(std::size_t n) {
   return buf;
 }
 
-/// cudaMalloc/cudaFree on one device.
+/// cudaMalloc/cudaFree and events on one device.
 struct DeviceMemory {
+  using Event = cudaEvent_t;
   int device = 0;
   void* raw_alloc(std::size_t n) const {
     DeviceGuard g(device);
@@ -63,6 +65,39 @@ struct DeviceMemory {
     EMBER_CUDA_WARN(cudaSetDevice(device));
     EMBER_CUDA_WARN(cudaFree(p));
     EMBER_CUDA_WARN(cudaSetDevice(prev));
+  }
+  // Events for record_stream; a failure is reported and yields a null event, which counts as completed.
+  Event record_event(StreamId stream) const noexcept {
+    int prev = 0;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
+    EMBER_CUDA_WARN(cudaSetDevice(device));
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      EMBER_CUDA_WARN(cudaGetLastError());
+      e = nullptr;
+    } else if (cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      EMBER_CUDA_WARN(cudaGetLastError());
+      EMBER_CUDA_WARN(cudaEventDestroy(e));
+      e = nullptr;
+    }
+    EMBER_CUDA_WARN(cudaSetDevice(prev));
+    return e;
+  }
+  bool event_done(Event e) const noexcept {
+    if (!e) return true;
+    const cudaError_t r = cudaEventQuery(e);
+    if (r == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    EMBER_CUDA_WARN(r);
+    return true;
+  }
+  void wait_event(Event e) const noexcept {
+    if (e) EMBER_CUDA_WARN(cudaEventSynchronize(e));
+  }
+  void release_event(Event e) const noexcept {
+    if (e) EMBER_CUDA_WARN(cudaEventDestroy(e));
   }
 };
 }  // namespace detail
@@ -100,6 +135,13 @@ class CudaCachingAllocator final : public Allocator {
   void empty_cache() { pool_.empty_cache(); }
   MemoryStats stats() const { return pool_.stats(); }
   void reset_peak() { pool_.reset_peak(); }
+  /// Marks the block at p as used by work on `stream` too: once freed, it is reused only after that work (see
+  /// cuda::record_stream). False when p is not a live block of this allocator.
+  bool record_stream(void* p, const Stream& stream) {
+    return pool_.record_stream(p, reinterpret_cast<detail::StreamId>(stream.handle()));
+  }
+  /// Freed blocks not reusable yet because other streams (record_stream) may still be using them.
+  std::size_t blocks_waiting_for_streams() const { return pool_.blocks_waiting_for_streams(); }
   /// The rounded size of the block at p (0 when p is not a block of this allocator).
   std::size_t block_size(const void* p) const { return pool_.block_size(p); }
 
@@ -142,6 +184,22 @@ inline std::size_t max_memory_allocated(int index = -1) { return memory_stats(in
 /// Restarts the peaks (allocated and reserved) at the current values.
 inline void reset_peak_memory_stats(int index = -1) {
   CudaCachingAllocator::get(index < 0 ? current_device() : index).reset_peak();
+}
+
+/// Tells the allocator that the tensor's memory is used by work queued on `stream` (not the stream it was allocated
+/// for), as PyTorch's Tensor.record_stream: when the tensor is freed, its block is not handed out again until the
+/// work queued on `stream` up to the free has finished. A no-op for memory the allocator does not own.
+inline void record_stream(const Storage& storage, const Stream& stream) {
+  EMBER_CHECK(storage && storage->device.is_cuda(), "record_stream: expected CUDA memory, got memory on ",
+              storage ? storage->device.str() : std::string("(none)"));
+  EMBER_CHECK(storage->device.index == stream.device_index(), "record_stream: the memory is on ",
+              storage->device.str(), " but the stream on cuda:", stream.device_index());
+  auto& a = CudaCachingAllocator::get(storage->device.index);
+  if (storage->allocator == &a && storage->data) a.record_stream(storage->data, stream);
+}
+template <class T>
+void record_stream(const Tensor<T>& t, const Stream& stream) {
+  record_stream(t.storage(), stream);
 }
 
 namespace detail {

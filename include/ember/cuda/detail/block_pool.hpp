@@ -10,6 +10,9 @@
 //     2 MiB (kLargeRound); a cached large block is split only when the remainder exceeds 1 MiB;
 //   - a free block belongs to the stream it was allocated on and serves only requests on that stream (work queued on
 //     that stream before the free is ordered before any later use, so no event is needed);
+//   - a block used on other streams too (record_stream, as PyTorch's Tensor.record_stream) is not reused when freed
+//     until an event recorded on each of those streams at the free has completed; allocations and empty_cache() poll
+//     these events, and a failing allocation waits for them before it retries;
 //   - freeing a block merges it with free neighbours of its segment; only whole free segments go back to the backend
 //     (empty_cache(), or once when an allocation fails, before retrying).
 #pragma once
@@ -23,8 +26,11 @@
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <algorithm>
+#include <deque>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace ember::cuda {
 
@@ -52,8 +58,10 @@ inline constexpr std::size_t kLargeRound = std::size_t(2) << 20;
 /// Streams are told apart by their handle as an integer (0 is the default stream).
 using StreamId = std::uintptr_t;
 
-/// Block bookkeeping over a Backend with `void* raw_alloc(std::size_t)` (nullptr when out of memory) and
-/// `void raw_free(void*)`. Thread-safe.
+/// Block bookkeeping over a Backend with `void* raw_alloc(std::size_t)` (nullptr when out of memory),
+/// `void raw_free(void*)`, and events for record_stream: a type `Event`, `Event record_event(StreamId)`,
+/// `bool event_done(Event)`, `void wait_event(Event)` and `void release_event(Event)` (none of them may throw).
+/// Thread-safe.
 template <class Backend>
 class BlockPool {
  public:
@@ -62,6 +70,7 @@ class BlockPool {
   BlockPool& operator=(const BlockPool&) = delete;
   /// Returns the cached segments; blocks still allocated are left to the backend (the device pools live forever).
   ~BlockPool() {
+    process_events_locked(true);
     release_cached_locked();
     for (auto& [p, b] : live_) delete b;
   }
@@ -81,6 +90,7 @@ class BlockPool {
     const std::size_t size = round_size(n);
     const bool small = size <= kSmallSize;
     std::lock_guard<std::mutex> lk(mu_);
+    process_events_locked(false);
     FreeSet& pool = small ? free_small_ : free_large_;
     Block key{nullptr, size, stream, small};
     Block* b = nullptr;
@@ -93,6 +103,7 @@ class BlockPool {
       void* p = backend_.raw_alloc(seg);
       if (!p) {
         stats_.num_alloc_retries++;
+        process_events_locked(true);  // blocks waiting for other streams: wait for them, then free them too
         release_cached_locked();
         p = backend_.raw_alloc(seg);
         if (!p) {
@@ -124,8 +135,20 @@ class BlockPool {
     return b->ptr;
   }
 
-  /// Returns a block to its stream's free list, merged with free neighbours. Unknown pointers are reported on
-  /// stderr and ignored (this runs in destructors).
+  /// Marks the block at p as used by work queued on `stream` (besides the stream it was allocated for): when it is
+  /// freed, it is reused only after that work. Returns false when p is not a live block of this pool.
+  bool record_stream(void* p, StreamId stream) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return false;
+    Block* b = it->second;
+    if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end())
+      b->uses.push_back(stream);
+    return true;
+  }
+
+  /// Returns a block to its stream's free list, merged with free neighbours (after the events of the other streams
+  /// that used it have completed). Unknown pointers are reported on stderr and ignored (this runs in destructors).
   void deallocate(void* p) noexcept {
     if (!p) return;
     std::lock_guard<std::mutex> lk(mu_);
@@ -136,30 +159,19 @@ class BlockPool {
     }
     Block* b = it->second;
     live_.erase(it);
-    stats_.allocated_bytes -= b->size;
-    b->allocated = false;
-    FreeSet& pool = b->small ? free_small_ : free_large_;
-    if (Block* prev = b->prev; prev && !prev->allocated) {
-      pool.erase(prev);
-      prev->size += b->size;
-      prev->next = b->next;
-      if (b->next) b->next->prev = prev;
-      delete b;
-      b = prev;
+    if (!b->uses.empty()) {
+      for (StreamId s : b->uses) pending_.push_back({backend_.record_event(s), b});
+      b->waiting = int(b->uses.size());
+      b->uses.clear();
+      return;  // still counted as allocated until the events complete
     }
-    if (Block* next = b->next; next && !next->allocated) {
-      pool.erase(next);
-      b->size += next->size;
-      b->next = next->next;
-      if (next->next) next->next->prev = b;
-      delete next;
-    }
-    pool.insert(b);
+    free_block_locked(b);
   }
 
   /// Returns every entirely free segment to the backend.
   void empty_cache() {
     std::lock_guard<std::mutex> lk(mu_);
+    process_events_locked(false);
     release_cached_locked();
   }
 
@@ -183,6 +195,14 @@ class BlockPool {
     std::lock_guard<std::mutex> lk(mu_);
     return free_small_.size() + free_large_.size();
   }
+  /// Number of freed blocks waiting for events of other streams.
+  std::size_t blocks_waiting_for_streams() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<const Block*> seen;
+    for (const auto& e : pending_)
+      if (std::find(seen.begin(), seen.end(), e.block) == seen.end()) seen.push_back(e.block);
+    return seen.size();
+  }
   Backend& backend() { return backend_; }
 
  private:
@@ -194,7 +214,51 @@ class BlockPool {
     bool allocated = false;
     Block* prev = nullptr;  // neighbours in the same segment
     Block* next = nullptr;
+    std::vector<StreamId> uses{};  // other streams that used it (record_stream)
+    int waiting = 0;             // events still pending after the free
   };
+  struct Pending {
+    typename Backend::Event event;
+    Block* block;
+  };
+
+  // Frees the blocks whose events have completed (all of them, waiting for each, when `wait`).
+  void process_events_locked(bool wait) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (wait) backend_.wait_event(it->event);
+      else if (!backend_.event_done(it->event)) {
+        ++it;
+        continue;
+      }
+      backend_.release_event(it->event);
+      Block* b = it->block;
+      it = pending_.erase(it);
+      if (--b->waiting == 0) free_block_locked(b);
+    }
+  }
+
+  void free_block_locked(Block* b) {
+    stats_.allocated_bytes -= b->size;
+    b->allocated = false;
+    FreeSet& pool = b->small ? free_small_ : free_large_;
+    if (Block* prev = b->prev; prev && !prev->allocated) {
+      pool.erase(prev);
+      prev->size += b->size;
+      prev->next = b->next;
+      if (b->next) b->next->prev = prev;
+      delete b;
+      b = prev;
+    }
+    if (Block* next = b->next; next && !next->allocated) {
+      pool.erase(next);
+      b->size += next->size;
+      b->next = next->next;
+      if (next->next) next->next->prev = b;
+      delete next;
+    }
+    pool.insert(b);
+  }
+
   // Free blocks ordered by (stream, size, address): lower_bound finds the smallest fitting block of a stream.
   struct Order {
     bool operator()(const Block* a, const Block* b) const {
@@ -225,6 +289,7 @@ class BlockPool {
   mutable std::mutex mu_;
   FreeSet free_small_, free_large_;
   std::unordered_map<void*, Block*> live_;
+  std::deque<Pending> pending_;
   MemoryStats stats_;
 };
 
