@@ -1098,3 +1098,195 @@ TEST_CASE("half and bfloat16 tensors: from float values, arithmetic through expr
   CHECK(float(m.t().at(2, 1)) == 5.f);
   CHECK(m.t().contiguous().strides() == Shape{2, 1});
 }
+
+// ---- copies between devices, with a stand-in for the CUDA backend ----------------------------------------------
+// Host memory labelled cuda:0 and memcpy behind core's hooks (core/storage.hpp): what core does for to(), cuda(),
+// cpu(), copy_ across devices, item(), to_vector(), printing, pin_memory(), Module::to and gradients through to()
+// runs, and is checked, without a GPU. (The real backend is tested in test_tensor_cuda.cu.)
+#if !EMBER_WITH_CUDA
+namespace {
+struct FakeMemory final : Allocator {
+  Device dev;
+  int allocs = 0, frees = 0;
+  explicit FakeMemory(Device d) : dev(d) {}
+  void* allocate(std::size_t n) override {
+    ++allocs;
+    return n ? std::aligned_alloc(64, (n + 63) / 64 * 64) : nullptr;
+  }
+  void deallocate(void* p, std::size_t) override {
+    ++frees;
+    std::free(p);
+  }
+  Device device() const override { return dev; }
+};
+
+// Installs the hooks for its lifetime; declare it before the tensors it serves.
+struct FakeCudaBackend {
+  FakeMemory gpu{Device::cuda(0)}, pinned{Device::cpu()};
+  int copies = 0, non_blocking_copies = 0;
+  static inline FakeCudaBackend* self = nullptr;
+  FakeCudaBackend() {
+    self = this;
+    ember::detail::cuda_allocator = [](int i) -> Allocator* {
+      EMBER_CHECK(i == 0, "fake backend: cuda:", i, " does not exist");
+      return &self->gpu;
+    };
+    ember::detail::pinned_allocator = []() -> Allocator* { return &self->pinned; };
+    ember::detail::cuda_copy = [](const Storage& dst, std::size_t doff, const Storage& src, std::size_t soff,
+                                  std::size_t n, bool nb) {
+      REQUIRE((dst->device.is_cuda() || src->device.is_cuda()));
+      self->copies++;
+      self->non_blocking_copies += nb;
+      std::memcpy(static_cast<char*>(dst->data) + doff, static_cast<const char*>(src->data) + soff, n);
+    };
+  }
+  ~FakeCudaBackend() {
+    ember::detail::cuda_allocator = nullptr;
+    ember::detail::pinned_allocator = nullptr;
+    ember::detail::cuda_copy = nullptr;
+    self = nullptr;
+  }
+};
+
+template <class T>
+bool same_elements(const Tensor<T>& a, const Tensor<T>& b) {
+  if (!(a.shape() == b.shape()) || !a.device().is_cpu() || !b.device().is_cpu()) return false;
+  for (i64 i = 0; i < a.numel(); ++i) {
+    const T x = rd(a, i), y = rd(b, i);
+    if (std::memcmp(&x, &y, sizeof(T)) != 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("device copies (stand-in backend): round trips, strided sources, element access", T, float,
+                   half, std::int64_t, bool) {
+  FakeCudaBackend be;
+  Tensor<T> x = empty<T>({4, 6});
+  for (i64 i = 0; i < x.numel(); ++i) x.data()[i] = convert<T>(double(i % 5) - 2.0);
+  const Tensor<T> g = x.cuda();
+  CHECK(g.device() == Device::cuda(0));
+  CHECK(g.storage()->allocator == &be.gpu);
+  CHECK(g.is_contiguous());
+  CHECK(g.to(Device::cuda()).same_impl(g));
+  CHECK(same_elements(g.cpu(), x));
+  CHECK(be.copies == 2);
+  // Strided host sources are gathered on the host, strided device views staged through the host.
+  CHECK(same_elements(x.t().cuda().cpu(), x.t().contiguous()));
+  CHECK(same_elements(g.t().cpu(), x.t().contiguous()));
+  CHECK(same_elements(g.slice(1, 1, 6, 2).cpu(), x.slice(1, 1, 6, 2).contiguous()));
+  CHECK(same_elements(g.select(1, 4).cpu(), x.select(1, 4).contiguous()));
+  CHECK(same_elements(g[2].unsqueeze(0).expand({3, 6}).cpu(), x[2].unsqueeze(0).expand({3, 6}).contiguous()));
+  CHECK(g.to_vector() == x.to_vector());
+  const T a = g[3][5].item(), b = x.at(3, 5);
+  CHECK(std::memcmp(&a, &b, sizeof(T)) == 0);
+  CHECK(empty<T>({0, 2}).cuda().cpu().shape() == Shape{0, 2});
+  // copy_ across devices: straight into contiguous memory, through a host copy into strided memory.
+  Tensor<T> h = empty<T>({4, 6});
+  h.copy_(g);
+  CHECK(same_elements(h, x));
+  Tensor<T> ht = empty<T>({6, 4}).t();
+  ht.copy_(g);
+  CHECK(same_elements(ht.contiguous(), x));
+  Tensor<T> g2 = empty<T>({4, 6}, Device::cuda());
+  g2.copy_(x.t().contiguous().t().contiguous());
+  CHECK(same_elements(g2.cpu(), x));
+  EXPECT_ERROR([&] { (void)x.to(Device::cuda(1)); }, {"cuda:1", "does not exist"});
+  EXPECT_ERROR([&] { (void)g.pin_memory(); }, {"pin_memory", "cuda:0"});
+}
+
+TEST_CASE("device copies (stand-in backend): pinned memory and non_blocking") {
+  FakeCudaBackend be;
+  const Tensor<float> x = iota({3, 5});
+  CHECK_FALSE(x.is_pinned());
+  const Tensor<float> p = x.t().pin_memory();
+  CHECK(p.is_pinned());
+  CHECK(p.storage()->allocator == &be.pinned);
+  CHECK(same_elements(p, x.t().contiguous()));
+  CHECK(p.pin_memory().same_impl(p));
+  const Tensor<float> g = p.to(Device::cuda(), /*non_blocking*/ true);
+  CHECK(be.non_blocking_copies == 1);
+  const Tensor<float> back = g.to(Device::cpu(), /*non_blocking*/ true);  // lands in pinned memory, as PyTorch
+  CHECK(back.is_pinned());
+  CHECK(be.non_blocking_copies == 2);
+  CHECK(same_elements(back, p));
+  CHECK_FALSE(g.cpu().is_pinned());  // a blocking copy to the host: ordinary memory
+  Tensor<float> h = empty<float>({5, 3});
+  h.copy_(g, /*non_blocking*/ true);
+  CHECK(be.non_blocking_copies == 3);
+  CHECK(same_elements(h, p));
+}
+
+TEST_CASE("device copies (stand-in backend): printing shows the device") {
+  FakeCudaBackend be;
+  const Tensor<float> x = tensor<float>({{1.5f, -2.f}, {3.f, 4.25f}});
+  CHECK(to_string(x.cuda()) == "tensor([[ 1.5000, -2.0000],\n        [ 3.0000,  4.2500]], device='cuda:0')");
+  CHECK(to_string(tensor<double>({1, 2}).cuda()) == "tensor([1., 2.], device='cuda:0', dtype=torch.float64)");
+  Tensor<float> r = x.clone();
+  r.requires_grad_();
+  CHECK(to_string(r.cuda()) ==
+        "tensor([[ 1.5000, -2.0000],\n        [ 3.0000,  4.2500]], device='cuda:0', grad_fn=<Backward>)");
+}
+
+TEST_CASE("device copies (stand-in backend): gradients flow back through to(), cpu() and pin_memory()") {
+  FakeCudaBackend be;
+  Tensor<double> x = from_vector<double>({1, -2, 3, 0.5, 7, -1}, {2, 3});
+  x.requires_grad_();
+  const Tensor<double> y = x.t().cuda();  // a strided source
+  CHECK(y.requires_grad());
+  CHECK_FALSE(y.is_leaf());
+  CHECK(std::string(y.grad_fn()->name()) == "ToCopyBackward");
+  const Tensor<double> z = y.cpu().pin_memory();
+  const Tensor<double> w = from_vector<double>({2, 3, 5, 7, 11, 13}, {3, 2});
+  Tensor<double> loss = sum(z * w);
+  loss.backward();
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().device().is_cpu());
+  CHECK(same_elements(x.grad(), w.t().contiguous()));
+  {
+    NoGradGuard ng;
+    CHECK_FALSE(x.cuda().requires_grad());
+  }
+}
+
+TEST_CASE("device copies (stand-in backend): Module::to keeps parameter identity and moves gradients") {
+  FakeCudaBackend be;
+  nn::Linear lin(3, 2);
+  nn::BatchNorm1d bn(2);
+  struct Net : nn::Module {
+    nn::Linear l;
+    nn::BatchNorm1d b;
+    Net(nn::Linear l_, nn::BatchNorm1d b_) : l(l_), b(b_) {
+      register_module("l", l);
+      register_module("b", b);
+    }
+  } net(lin, bn);
+  const Tensor<float> w0 = lin.weight.detach().clone();
+  const Tensor<float> other = lin.weight;  // another handle to the parameter
+  lin.weight.grad() = iota({2, 3});
+  net.to(Device::cuda());
+  CHECK(lin.weight.device() == Device::cuda());
+  CHECK(other.same_impl(lin.weight));
+  CHECK(other.device() == Device::cuda());
+  CHECK(lin.weight.is_leaf());
+  CHECK(lin.weight.requires_grad());
+  CHECK(lin.weight.grad().device() == Device::cuda());
+  CHECK(bn.running_mean.device() == Device::cuda());
+  CHECK(std::get<Tensor<std::int64_t>>(net.state_dict().at("b.num_batches_tracked")).device() == Device::cuda());
+  CHECK(same_elements(lin.weight.detach().cpu(), w0));
+  CHECK(same_elements(lin.weight.grad().cpu(), iota({2, 3})));
+  // zero_grad(set_to_none = false) and load_state_dict write device memory through host copies.
+  lin.zero_grad(false);
+  CHECK(same_elements(lin.weight.grad().cpu(), zeros<float>({2, 3})));
+  auto sd = net.state_dict();
+  sd.at("l.weight") = Tensor<float>(iota({2, 3}) * 2.f);
+  net.load_state_dict(sd);
+  CHECK(lin.weight.device() == Device::cuda());
+  CHECK(same_elements(lin.weight.detach().cpu(), Tensor<float>(iota({2, 3}) * 2.f)));
+  net.to(Device::cpu());
+  CHECK(lin.weight.device().is_cpu());
+  CHECK(other.device().is_cpu());
+  CHECK(same_elements(lin.weight.detach(), Tensor<float>(iota({2, 3}) * 2.f)));
+  CHECK(lin.weight.grad().device().is_cpu());
+}
+#endif
