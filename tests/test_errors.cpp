@@ -263,6 +263,13 @@ TEST_CASE("errors: invalid arguments of element-wise ops and reductions") {
   EXPECT_ERROR([&] { Tensor<std::int64_t> r = argmin(e, 1); }, {"argmin", "empty", "[0, 3]"});
 }
 
+TEST_CASE("errors: creating tensors") {
+  EXPECT_ERROR([] { TF r = empty<float>({2, -1}); }, {"empty", "negative", "[2, -1]"});
+  // A byte count that would not fit (and would wrap around to a small allocation) is refused up front.
+  EXPECT_ERROR([] { TF r = empty<float>({std::int64_t(1) << 61}); }, {"empty", "too many elements", "float32"});
+  EXPECT_ERROR([] { Tensor<double> r = zeros<double>({std::int64_t(1) << 30, std::int64_t(1) << 30}); }, {"empty", "too many", "float64"});
+}
+
 TEST_CASE("errors: devices") {
   // No CUDA backend in this build: allocating on a GPU says so instead of crashing.
   EXPECT_ERROR([] { TF r = empty<float>({2}, Device::cuda()); }, {"cuda:0", "built without"});

@@ -217,6 +217,8 @@ TEST_CASE("CUDA allocator bookkeeping: out of memory frees the cache, retries on
   CHECK(s.reserved_bytes == 8 * MiB);
   CHECK(pool.allocate(1, 0) == nullptr);  // nothing left and nothing cached
   CHECK(pool.stats().num_ooms == 1);
+  CHECK(pool.allocate(~std::size_t(0), 0) == nullptr);  // rounding this would wrap around
+  CHECK(pool.stats().num_ooms == 2);
   pool.deallocate(big);
 }
 

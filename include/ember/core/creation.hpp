@@ -18,6 +18,8 @@ namespace ember {
 template <class T = float>
 Tensor<T> empty(const Shape& shape, Device device = Device::cpu()) {
   for (auto s : shape) EMBER_CHECK(s >= 0, "empty: negative size in shape ", shape.str());
+  EMBER_CHECK(shape.numel() <= std::int64_t((std::size_t(1) << 62) / sizeof(T)), "empty: shape ", shape.str(),
+              " has too many elements for one tensor of ", dtype_name<T>());
   auto p = std::make_shared<TensorImpl<T>>();
   p->storage = make_storage(std::size_t(shape.numel()) * sizeof(T), device);
   p->sizes = shape;

@@ -54,6 +54,7 @@ inline constexpr std::size_t kMinBlockSize = 512;
 inline constexpr std::size_t kSmallSize = std::size_t(1) << 20;
 inline constexpr std::size_t kSmallSegment = std::size_t(2) << 20;
 inline constexpr std::size_t kLargeRound = std::size_t(2) << 20;
+inline constexpr std::size_t kMaxRequest = std::size_t(1) << 60;
 
 /// Streams are told apart by their handle as an integer (0 is the default stream).
 using StreamId = std::uintptr_t;
@@ -87,6 +88,11 @@ class BlockPool {
   /// A block of at least n bytes for use on `stream`, or nullptr when the backend has no memory left even after the
   /// cached segments were returned to it.
   void* allocate(std::size_t n, StreamId stream) {
+    if (n > kMaxRequest) {  // no device has this much; rounding it would overflow
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.num_ooms++;
+      return nullptr;
+    }
     const std::size_t size = round_size(n);
     const bool small = size <= kSmallSize;
     std::lock_guard<std::mutex> lk(mu_);
