@@ -328,6 +328,40 @@ TEST_CASE("CUDA allocator bookkeeping: random allocations never overlap and all 
   CHECK(pool.backend().mallocs == pool.backend().frees);
 }
 
+TEST_CASE("CUDA allocator bookkeeping: threads allocating and freeing at once") {
+  Pool pool;
+  std::vector<std::thread> threads;
+  std::atomic<int> overlaps{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 rng{unsigned(t)};
+      std::vector<std::pair<char*, std::size_t>> mine;
+      for (int i = 0; i < 3000; ++i) {
+        if (mine.empty() || rng() % 2) {
+          const std::size_t n = 1 + rng() % 200000;
+          char* p = C(pool.allocate(n, std::uintptr_t(t % 2)));
+          // Stamp the block with this thread's id: another owner of the same bytes would overwrite it.
+          std::memset(p, t + 1, n);
+          mine.emplace_back(p, n);
+        } else {
+          const std::size_t k = rng() % mine.size();
+          auto [p, n] = mine[k];
+          for (std::size_t j = 0; j < n; j += 997)
+            if (p[j] != char(t + 1)) overlaps++;
+          pool.deallocate(p);
+          mine.erase(mine.begin() + std::ptrdiff_t(k));
+        }
+      }
+      for (auto& [p, n] : mine) pool.deallocate(p);
+    });
+  for (auto& th : threads) th.join();
+  CHECK(overlaps == 0);
+  CHECK(pool.stats().allocated_bytes == 0);
+  pool.empty_cache();
+  CHECK(pool.stats().reserved_bytes == 0);
+  CHECK(pool.backend().outstanding == 0);
+}
+
 // ---- without a device ------------------------------------------------------------------------------------------
 
 TEST_CASE("CUDA memory without a device: clear errors, pin_memory in DataLoader is a no-op") {
