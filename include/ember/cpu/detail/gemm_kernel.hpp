@@ -40,6 +40,12 @@
 
 #if EMBER_GEMM_PACKED
 
+// nvcc's front end does not know `#pragma GCC unroll` (warning 1675); the host compiler still gets the pragmas.
+#if defined(__NVCC__)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 1675
+#endif
+
 namespace ember::cpu::detail::gemm {
 
 // One SIMD register of T and the four operations the kernel needs.
@@ -297,5 +303,9 @@ void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std
 }
 
 }  // namespace ember::cpu::detail::gemm
+
+#if defined(__NVCC__)
+#pragma nv_diagnostic pop
+#endif
 
 #endif  // EMBER_GEMM_PACKED
