@@ -17,19 +17,23 @@ namespace autograd {
 template <class T>
 struct BatchNormNode final : TypedNode<T> {
   Saved<T> x, weight;
-  std::vector<double> mean, invstd;  // (C) what the forward normalised with
+  std::vector<double> mean, invstd;  // (C) what the forward normalised with (CPU)
+  Tensor<ops::bn_param_t<T>> save_mean, save_invstd;  // (C) the same on the device (CUDA)
+  double eps = 1e-5;
   bool training = true;
   const char* name() const override { return "BatchNormBackward"; }
   void release() override {
     x = weight = Saved<T>();
     mean.clear();
     invstd.clear();
+    save_mean = save_invstd = Tensor<ops::bn_param_t<T>>();
   }
   void backward() override {
     const Tensor<T>& xv = x.get(name());
     const Tensor<T>& wv = weight.get(name());
     auto g = ops::batch_norm_backward(this->grad, xv, wv, mean, invstd, training, this->next[0] != nullptr,
-                                      this->next[1] != nullptr, this->next[2] != nullptr);
+                                      this->next[1] != nullptr, this->next[2] != nullptr, save_mean, save_invstd,
+                                      eps);
     if (this->next[0]) this->template deliver<T>(0, std::move(g.dx));
     if (this->next[1]) this->template deliver<T>(1, std::move(g.dweight));
     if (this->next[2]) this->template deliver<T>(2, std::move(g.dbias));
@@ -89,6 +93,9 @@ Tensor<T> batch_norm(const Tensor<T>& x, const Tensor<T>& running_mean, const Te
     if (weight.defined()) node->weight = autograd::Saved<T>(weight);
     node->mean = std::move(r.mean);
     node->invstd = std::move(r.invstd);
+    node->save_mean = std::move(r.save_mean);
+    node->save_invstd = std::move(r.save_invstd);
+    node->eps = eps;
     node->training = training;
     node->output = y.impl_ptr();
     autograd::set_history<T>(y, node);

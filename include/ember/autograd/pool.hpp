@@ -15,13 +15,25 @@
 namespace ember {
 
 namespace autograd {
+/// On the CPU the node keeps the argmax indices; on CUDA (cuDNN finds each maximum again) the input and output.
 template <class T>
 struct MaxPool2dNode final : TypedNode<T> {
-  Tensor<std::int64_t> indices;  // (N, C, oh, ow): flat h*W+w of each maximum
+  Tensor<std::int64_t> indices;  // (N, C, oh, ow): flat h*W+w of each maximum (CPU)
   Shape input_shape;             // (N, C, H, W)
+  Saved<T> x, y;                 // (N, C, H, W), (N, C, oh, ow) (CUDA)
+  Size2 kernel;
+  Pool2dOptions opts;
   const char* name() const override { return "MaxPool2dBackward"; }
-  void release() override { indices = Tensor<std::int64_t>(); }
-  void backward() override { this->template deliver<T>(0, ops::max_pool2d_backward(this->grad, indices, input_shape)); }
+  void release() override {
+    indices = Tensor<std::int64_t>();
+    x = y = Saved<T>();
+  }
+  void backward() override {
+    if (indices.defined())
+      this->template deliver<T>(0, ops::max_pool2d_backward(this->grad, indices, input_shape));
+    else
+      this->template deliver<T>(0, ops::max_pool2d_backward(this->grad, x.get(name()), y.get(name()), kernel, opts));
+  }
 };
 
 template <class T>
@@ -69,12 +81,19 @@ Tensor<T> max_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = 
   autograd::check_pool_rank("max_pool2d", x);
   if (x.dim() == 3) return max_pool2d(x.unsqueeze(0), kernel, o).squeeze(0);
   const bool grad = autograd::pool_needs_grad(x);
-  auto [y, idx] = ops::max_pool2d_with_indices(x, kernel, o, grad);
+  const bool cuda = x.device().is_cuda();
+  auto [y, idx] = ops::max_pool2d_with_indices(x, kernel, o, grad && !cuda);
   if (grad) {
     auto node = std::make_shared<autograd::MaxPool2dNode<T>>();
     node->indices = idx;
     node->input_shape = x.shape();
+    node->kernel = kernel;
+    node->opts = o;
     autograd::record_pool(y, x, node);
+    if (cuda) {
+      node->x = autograd::Saved<T>(x);
+      node->y = autograd::Saved<T>(y);
+    }
   }
   return y;
 }

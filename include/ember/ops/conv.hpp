@@ -13,6 +13,9 @@
 #include "ember/expr/nodes.hpp"
 #include "ember/ops/window.hpp"
 
+#include "ember/cuda/cudnn.hpp"
+#include "ember/cuda/device.hpp"
+
 namespace ember::ops {
 
 namespace detail {
@@ -21,6 +24,7 @@ namespace detail {
 template <class T>
 Tensor<T> dense(const Tensor<T>& t) {
   if (t.is_contiguous()) return t;
+  if (t.device().is_cuda()) return t.detach().contiguous();  // the device's element-wise copy
   Tensor<T> c = empty<T>(t.shape(), t.device());
   cpu::assign(c, expr::TensorLeaf<T, false>{&t}, "contiguous");
   return c;
@@ -105,6 +109,38 @@ template <class T>
 void check_conv_device(const Tensor<T>& x) {
   EMBER_CHECK(x.device().is_cpu(), "conv2d: no kernel for tensors on ", x.device().str(), " in this build");
 }
+
+/// Whether this build runs CUDA tensors through cuDNN (EMBER_WITH_CUDA and cuDNN's headers found).
+#if EMBER_USE_CUDNN
+inline constexpr bool kCudnn = true;
+/// Checks that t's device exists and makes it current for the scope of the returned guard.
+inline cuda::DeviceGuard cuda_scope(Device d, const char* op) {
+  cuda::check_device(d, op);
+  return cuda::DeviceGuard(d);
+}
+inline cuda::ConvParams cudnn_conv_params(const Conv2dOptions& o) {
+  return {o.padding.h, o.padding.w, o.stride.h, o.stride.w, o.dilation.h, o.dilation.w, o.groups};
+}
+#else
+inline constexpr bool kCudnn = false;
+#endif
+
+template <class T>
+Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const cpu::ConvGeometry& g,
+                      const Conv2dOptions& o) {
+#if EMBER_USE_CUDNN
+  auto guard = cuda_scope(x.device(), "conv2d");
+  const Tensor<T> xc = dense(x), wc = dense(w), bc = b.defined() ? dense(b) : b;
+  Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
+  if (y.numel() > 0) cuda::conv2d_forward<T>(xc, wc, bc, y, cudnn_conv_params(o));
+  return y;
+#else
+  (void)w, (void)b, (void)g, (void)o;
+  EMBER_CHECK(false, "conv2d: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
+              "(EMBER_WITH_CUDA, ember::cudnn)");
+  return {};
+#endif
+}
 }  // namespace detail
 
 /// y (N, O, oh, ow) = conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined).
@@ -113,6 +149,7 @@ Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
                  const Conv2dOptions& o = {}) {
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
+  if (x.device().is_cuda()) return detail::conv2d_cuda(x, w, b, g, o);
   detail::check_conv_device(x);
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const Tensor<T> xc = detail::dense(x), wc = detail::dense(w), bc = b.defined() ? detail::dense(b) : b;
@@ -140,10 +177,34 @@ template <class T>
 Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w, const Conv2dOptions& o,
                                bool need_input, bool need_weight, bool need_bias) {
   const cpu::ConvGeometry g = conv2d_geometry(x, w, Tensor<T>(), o);
-  detail::check_conv_device(x);
   EMBER_CHECK(gy.shape() == Shape({g.n, g.o, g.oh, g.ow}), "conv2d_backward: gradient of shape ", gy.shape().str(),
               " does not match the output shape ", Shape({g.n, g.o, g.oh, g.ow}).str());
   Conv2dGrads<T> r;
+  if (x.device().is_cuda()) {
+#if EMBER_USE_CUDNN
+    auto guard = detail::cuda_scope(x.device(), "conv2d_backward");
+    EMBER_CHECK(gy.device() == x.device(), "conv2d_backward: the gradient is on ", gy.device().str(),
+                " but the input is on ", x.device().str());
+    if (need_input) r.input = empty<T>(x.shape(), x.device());
+    if (need_weight) r.weight = empty<T>(w.shape(), w.device());
+    if (need_bias) r.bias = empty<T>(Shape{g.o}, w.device());
+    if (gy.numel() == 0) {
+      for (Tensor<T>* t : {&r.input, &r.weight, &r.bias})
+        if (t->defined()) cuda::fill(*t, 0.0);
+      return r;
+    }
+    const Tensor<T> gyc = detail::dense(gy);
+    const cuda::ConvParams p = detail::cudnn_conv_params(o);
+    if (need_input && r.input.numel() > 0) cuda::conv2d_backward_data<T>(gyc, detail::dense(w), r.input, p);
+    if (need_weight) cuda::conv2d_backward_filter<T>(gyc, detail::dense(x), r.weight, p);
+    if (need_bias) cuda::conv2d_backward_bias<T>(gyc, r.bias);
+    return r;
+#else
+    EMBER_CHECK(false, "conv2d_backward: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
+                "(EMBER_WITH_CUDA, ember::cudnn)");
+#endif
+  }
+  detail::check_conv_device(x);
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const Tensor<T> gyc = detail::dense(gy);
     const Tensor<T> xc = need_weight ? detail::dense(x) : x, wc = need_input ? detail::dense(w) : w;

@@ -11,6 +11,10 @@
 #include "ember/cpu/gemm.hpp"
 #include "ember/expr/nodes.hpp"
 
+#if EMBER_WITH_CUDA
+#include "ember/cuda/blas.hpp"
+#endif
+
 namespace ember::ops {
 
 namespace detail {
@@ -25,6 +29,42 @@ cpu::MatView<T> mat_view(const Tensor<T>& t, Tensor<T>& keep) {
   cpu::assign(keep, expr::TensorLeaf<T, false>{&t}, "matmul");
   return {keep.data(), c, 1};
 }
+
+inline void check_same_device(const char* op, Device a, Device b, const char* what = "operands") {
+  EMBER_CHECK(a == b, op, ": ", what, " are on different devices (", a.str(), " and ", b.str(), ")");
+}
+
+#if EMBER_WITH_CUDA
+/// t itself when one of its last two dims has a unit stride (and neither is broadcast), else a contiguous copy;
+/// as a cuBLAS operand (rows x cols) of each of its batch entries.
+template <class T>
+cuda::BlasMat<T> blas_view(const Tensor<T>& t, Tensor<T>& keep) {
+  const int d = t.dim();
+  const std::int64_t r = t.size(d - 2), c = t.size(d - 1), rs = t.strides()[d - 2], cs = t.strides()[d - 1];
+  const std::int64_t bs = d == 3 ? t.strides()[0] : 0;
+  const bool broadcast = (rs == 0 && r > 1) || (cs == 0 && c > 1);
+  if (!broadcast && (cs == 1 || c == 1)) return {t.data(), std::max(rs, c), 1, bs};
+  if (!broadcast && (rs == 1 || r == 1)) return {t.data(), 1, std::max(cs, r), bs};
+  keep = t.detach().contiguous();
+  return {keep.data(), c, 1, d == 3 ? r * c : 0};
+}
+
+/// The CUDA half of mm_into / bmm: c (B, m, n) or (m, n), rows contiguous, = a @ b (+ c).
+template <class T>
+void cuda_gemm(const char* op, const Tensor<T>& c, const Tensor<T>& a, const Tensor<T>& b, bool accumulate) {
+  static_assert(is_floating_v<T>, "matmul: floating-point tensors only");
+  check_same_device(op, c.device(), a.device(), "the output and the operands");
+  cuda::check_device(a.device(), op);
+  const int d = a.dim();
+  const std::int64_t m = a.size(d - 2), k = a.size(d - 1), n = b.size(d - 1), B = d == 3 ? a.size(0) : 1;
+  EMBER_CHECK(c.strides()[c.dim() - 1] == 1 || n <= 1, op, ": the output must have contiguous rows");
+  cuda::DeviceGuard guard(a.device());
+  Tensor<T> ka, kb;
+  const cuda::BlasMat<T> av = blas_view(a, ka), bv = blas_view(b, kb);
+  const std::int64_t ldc = std::max<std::int64_t>(c.strides()[c.dim() - 2], std::max<std::int64_t>(n, 1));
+  cuda::gemm<T>(B, m, n, k, av, bv, c.data(), ldc, d == 3 ? c.strides()[0] : 0, accumulate);
+}
+#endif
 }  // namespace detail
 
 /// c (m, n) = a (m, k) @ b (k, n), or c += a @ b. c must be contiguous.
@@ -34,9 +74,17 @@ void mm_into(const Tensor<T>& c, const Tensor<T>& a, const Tensor<T>& b, bool ac
               b.shape().str());
   EMBER_CHECK(a.shape()[1] == b.shape()[0], "mm: shapes ", a.shape().str(), " and ", b.shape().str(),
               " cannot be multiplied (", a.shape()[1], " != ", b.shape()[0], ")");
-  EMBER_CHECK(a.device() == b.device(), "mm: operands are on different devices (", a.device().str(), " and ",
-              b.device().str(), ")");
-  EMBER_CHECK(a.device().is_cpu(), "mm: the CPU GEMM got tensors on ", a.device().str());
+  detail::check_same_device("mm", a.device(), b.device());
+  if (a.device().is_cuda()) {
+#if EMBER_WITH_CUDA
+    detail::cuda_gemm("mm", c, a, b, accumulate);
+    c.bump_version();
+    return;
+#else
+    EMBER_CHECK(false, "mm: tensors on ", a.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
+#endif
+  }
+  detail::check_same_device("mm", c.device(), a.device(), "the output and the operands");
   const std::int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     Tensor<T> ka, kb;
@@ -69,8 +117,17 @@ Tensor<T> bmm(const Tensor<T>& a, const Tensor<T>& b) {
               b.shape().str());
   EMBER_CHECK(a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1], "bmm: shapes ", a.shape().str(), " and ",
               b.shape().str(), " cannot be multiplied");
+  detail::check_same_device("bmm", a.device(), b.device());
   const std::int64_t B = a.shape()[0], m = a.shape()[1], n = b.shape()[2];
   Tensor<T> c = empty<T>(Shape{B, m, n}, a.device());
+  if (a.device().is_cuda()) {
+#if EMBER_WITH_CUDA
+    detail::cuda_gemm("bmm", c, a, b, false);
+    return c;
+#else
+    EMBER_CHECK(false, "bmm: tensors on ", a.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
+#endif
+  }
   const double flops = 2.0 * double(m) * double(n) * double(a.shape()[2]);
   auto one = [&](std::int64_t i) { mm_into(c.select(0, i), a.select(0, i), b.select(0, i)); };
   if (flops >= 4e6 || B == 1) {
@@ -81,6 +138,74 @@ Tensor<T> bmm(const Tensor<T>& a, const Tensor<T>& b) {
     });
   }
   return c;
+}
+
+/// The activation ops::linear applies to its output. gelu_tanh is GELU's tanh approximation (PyTorch's
+/// gelu(approximate='tanh')), the form cuBLASLt's epilogue computes.
+enum class LinearAct { none, relu, gelu_tanh };
+
+namespace detail {
+/// y = act(y + b) (b broadcast along the rows of y; either may be absent) in one element-wise pass.
+template <class T, class Assign>
+void bias_act_(Tensor<T>& y, const Tensor<T>& b, LinearAct act, const Assign& assign) {
+  if (b.defined()) {
+    if (act == LinearAct::relu) assign(ember::relu(y + b));
+    else if (act == LinearAct::gelu_tanh) assign(ember::gelu_tanh(y + b));
+    else assign(y + b);
+  } else {
+    if (act == LinearAct::relu) assign(ember::relu(y));
+    else if (act == LinearAct::gelu_tanh) assign(ember::gelu_tanh(y));
+  }
+}
+}  // namespace detail
+
+/// y (..., out) = act(x (..., in) @ w (out, in)^T + b (out)), without autograd (b may be undefined). On CUDA with a
+/// bias this is one cuBLASLt call with the bias and the activation applied in the GEMM's epilogue; otherwise (CPU,
+/// no bias, or no cuBLASLt kernel for the problem) a GEMM followed by one fused element-wise pass.
+template <class T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
+                 LinearAct act = LinearAct::none) {
+  static_assert(is_floating_v<T>, "linear: floating-point tensors only");
+  EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
+  EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
+              " does not match weight of shape ", w.shape().str(), " (expected last dim ", w.size(1), ")");
+  detail::check_same_device("linear", x.device(), w.device(), "input and weight");
+  if (b.defined()) {
+    EMBER_CHECK(b.dim() == 1 && b.numel() == w.size(0), "linear: bias of shape ", b.shape().str(),
+                " does not match ", w.size(0), " output features");
+    detail::check_same_device("linear", x.device(), b.device(), "input and bias");
+  }
+  const std::int64_t K = w.size(1), N = w.size(0);
+  const Tensor<T> x2 = x.detach().reshape({-1, K});
+  const Tensor<T> bd = b.defined() ? b.detach() : b;  // no autograd record, whatever the caller's tensors need
+  Shape out(x.shape().begin(), x.shape().end() - 1);
+  out.push_back(N);
+  if (x.device().is_cuda()) {
+#if EMBER_WITH_CUDA
+    cuda::check_device(x.device(), "linear");
+    cuda::DeviceGuard guard(x.device());
+    const std::int64_t M = x2.size(0);
+    if (b.defined() && M > 0 && N > 0 && K > 0) {
+      Tensor<T> y = empty<T>(Shape{M, N}, x.device());
+      Tensor<T> kx, kw;
+      const Tensor<T> bc = bd.is_contiguous() ? bd : bd.contiguous();
+      const cuda::Epilogue e = act == LinearAct::relu        ? cuda::Epilogue::bias_relu
+                               : act == LinearAct::gelu_tanh ? cuda::Epilogue::bias_gelu_tanh
+                                                             : cuda::Epilogue::bias;
+      if (cuda::linear_epilogue<T>(M, N, K, detail::blas_view(x2, kx), detail::blas_view(w, kw), bc.data(), y.data(),
+                                   e, x.device()))
+        return y.view(out);
+    }
+    Tensor<T> y = ops::mm(x2, w.detach().t());
+    detail::bias_act_(y, bd, act, [&](const auto& e) { ember::detail::TensorOps<T>::assign(y, e, 0); });
+    return y.view(out);
+#else
+    EMBER_CHECK(false, "linear: tensors on ", x.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
+#endif
+  }
+  Tensor<T> y = ops::mm(x2, w.detach().t());
+  detail::bias_act_(y, bd, act, [&](const auto& e) { cpu::assign(y, e, "linear"); });
+  return y.view(out);
 }
 
 }  // namespace ember::ops

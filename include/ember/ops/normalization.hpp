@@ -25,7 +25,15 @@
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
+#include "ember/cuda/cudnn.hpp"
+#include "ember/cuda/device.hpp"
+
 namespace ember::ops {
+
+/// The dtype of batch norm's per-channel statistics on CUDA (cuDNN's parameter type): double for double data,
+/// float otherwise.
+template <class T>
+using bn_param_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 namespace detail {
 
@@ -178,22 +186,79 @@ void for_chunks(std::int64_t NC, std::int64_t S, const F& fn) {
 }
 
 template <class T>
-void check_channel_vec(const Tensor<T>& t, std::int64_t C, const char* what, const Shape& xs) {
+void check_channel_vec(const Tensor<T>& t, std::int64_t C, const char* what, const Shape& xs, Device dev) {
   if (!t.defined()) return;
   EMBER_CHECK(t.dim() == 1 && t.numel() == C, "batch_norm: ", what, " has shape ", t.shape().str(),
               " but the input of shape ", xs.str(), " has ", C, " channels (expected shape [", C, "])");
-  t.check_cpu("batch_norm");
+  EMBER_CHECK(t.device() == dev, "batch_norm: ", what, " is on ", t.device().str(), " but the input is on ",
+              dev.str());
 }
 
 }  // namespace detail
 
 /// What batch_norm's forward computed and its backward needs: the output, and per channel the mean and
-/// 1/sqrt(var + eps) it normalised with (the batch's in training, the running statistics' in eval).
+/// 1/sqrt(var + eps) it normalised with (the batch's in training, the running statistics' in eval): on the host
+/// for CPU tensors, on the device (save_mean, save_invstd; training only) for CUDA tensors.
 template <class T>
 struct BatchNormResult {
   Tensor<T> y;  // same shape as x
-  std::vector<double> mean, invstd;  // (C)
+  std::vector<double> mean, invstd;  // (C), CPU
+  Tensor<bn_param_t<T>> save_mean, save_invstd;  // (C), CUDA
 };
+
+namespace detail {
+template <class T>
+BatchNormResult<T> batch_norm_forward_cuda(const Tensor<T>& x, const Tensor<T>& running_mean,
+                                           const Tensor<T>& running_var, const Tensor<T>& weight,
+                                           const Tensor<T>& bias, bool training, double momentum, double eps) {
+#if EMBER_USE_CUDNN
+  using P = bn_param_t<T>;
+  cuda::check_device(x.device(), "batch_norm");
+  cuda::DeviceGuard guard(x.device());
+  const std::int64_t C = x.size(1);
+  for (const Tensor<T>* t : {&running_mean, &running_var})
+    EMBER_CHECK(!t->defined() || t->is_contiguous(), "batch_norm: running statistics on CUDA must be contiguous");
+  BatchNormResult<T> r;
+  r.y = empty<T>(x.shape(), x.device());
+  if (x.numel() == 0) return r;
+  const Tensor<T> xc = x.is_contiguous() ? x : x.detach().contiguous();
+  cuda::BatchNormParams<P> p;
+  auto param = [&](const Tensor<T>& t, double fill) {
+    if (t.defined()) return cuda::cast_params<P>(t.is_contiguous() ? t : t.detach().contiguous());
+    Tensor<P> c = empty<P>(Shape{C}, x.device());
+    cuda::fill(c, fill);
+    return c;
+  };
+  p.weight = param(weight, 1.0);
+  p.bias = param(bias, 0.0);
+  if (running_mean.defined()) {
+    p.running_mean = cuda::cast_params<P>(running_mean);
+    p.running_var = cuda::cast_params<P>(running_var);
+  }
+  if (training) {
+    p.save_mean = empty<P>(Shape{C}, x.device());
+    p.save_invstd = empty<P>(Shape{C}, x.device());
+    cuda::batch_norm_forward_training<T, P>(xc, r.y, p, momentum, eps);
+    if (running_mean.defined()) {
+      cuda::store_params(p.running_mean, running_mean);
+      cuda::store_params(p.running_var, running_var);
+      running_mean.bump_version();
+      running_var.bump_version();
+    }
+    r.save_mean = p.save_mean;
+    r.save_invstd = p.save_invstd;
+  } else {
+    cuda::batch_norm_forward_inference<T, P>(xc, r.y, p, eps);
+  }
+  return r;
+#else
+  (void)running_mean, (void)running_var, (void)weight, (void)bias, (void)training, (void)momentum, (void)eps;
+  EMBER_CHECK(false, "batch_norm: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
+              "(EMBER_WITH_CUDA, ember::cudnn)");
+  return {};
+#endif
+}
+}  // namespace detail
 
 /// F.batch_norm's forward. x is (N, C) or (N, C, *). In training, normalises with the batch statistics over N and
 /// the spatial dims (biased variance) and, when running_mean / running_var are defined, updates them in place:
@@ -206,12 +271,11 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
   static_assert(is_floating_v<T>, "batch_norm: needs a floating-point tensor");
   EMBER_CHECK(x.dim() >= 2, "batch_norm: expected an input of shape (N, C) or (N, C, *), got shape ",
               x.shape().str());
-  x.check_cpu("batch_norm");
   const std::int64_t N = x.size(0), C = x.size(1), S = x.numel() / std::max<std::int64_t>(1, N * C);
-  detail::check_channel_vec(running_mean, C, "running_mean", x.shape());
-  detail::check_channel_vec(running_var, C, "running_var", x.shape());
-  detail::check_channel_vec(weight, C, "weight", x.shape());
-  detail::check_channel_vec(bias, C, "bias", x.shape());
+  detail::check_channel_vec(running_mean, C, "running_mean", x.shape(), x.device());
+  detail::check_channel_vec(running_var, C, "running_var", x.shape(), x.device());
+  detail::check_channel_vec(weight, C, "weight", x.shape(), x.device());
+  detail::check_channel_vec(bias, C, "bias", x.shape(), x.device());
   EMBER_CHECK(running_mean.defined() == running_var.defined(), "batch_norm: running_mean and running_var must be "
               "both defined or both undefined");
   EMBER_CHECK(training || running_mean.defined(), "batch_norm: running_mean and running_var must be defined in "
@@ -222,6 +286,9 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
   EMBER_CHECK(eps >= 0, "batch_norm: eps must be non-negative, got ", eps);
 
   BatchNormResult<T> r;
+  if (x.device().is_cuda()) return detail::batch_norm_forward_cuda(x, running_mean, running_var, weight, bias, training,
+                                                                   momentum, eps);
+  x.check_cpu("batch_norm");
   r.y = empty<T>(x.shape(), x.device());
   r.mean.assign(std::size_t(C), 0.0);
   r.invstd.assign(std::size_t(C), 0.0);
@@ -294,12 +361,73 @@ struct BatchNormGrads {
   Tensor<T> dx, dweight, dbias;
 };
 
+namespace detail {
+template <class T>
+BatchNormGrads<T> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<T>& weight,
+                                           const Tensor<bn_param_t<T>>& save_mean,
+                                           const Tensor<bn_param_t<T>>& save_invstd, bool training, bool need_dx,
+                                           bool need_dweight, bool need_dbias, double eps) {
+#if EMBER_USE_CUDNN
+  using P = bn_param_t<T>;
+  EMBER_CHECK(grad.device() == x.device(), "batch_norm_backward: the gradient is on ", grad.device().str(),
+              " but the input is on ", x.device().str());
+  EMBER_CHECK(training, "batch_norm_backward: evaluation mode (running statistics) has no CUDA backward yet, input "
+              "shape ", x.shape().str(), "; run it in training mode or on the CPU");
+  EMBER_CHECK(save_mean.defined() && save_invstd.defined(), "batch_norm_backward: on CUDA the saved batch mean and "
+              "inverse std of the forward pass are needed (BatchNormResult::save_mean / save_invstd)");
+  cuda::check_device(x.device(), "batch_norm_backward");
+  cuda::DeviceGuard guard(x.device());
+  const std::int64_t C = x.size(1);
+  BatchNormGrads<T> r;
+  const Tensor<T> xc = x.is_contiguous() ? x : x.detach().contiguous();
+  const Tensor<T> gc = grad.is_contiguous() ? grad : grad.detach().contiguous();
+  cuda::BatchNormParams<P> p;
+  if (weight.defined()) {
+    p.weight = cuda::cast_params<P>(weight.is_contiguous() ? weight : weight.detach().contiguous());
+  } else {
+    p.weight = empty<P>(Shape{C}, x.device());
+    cuda::fill(p.weight, 1.0);
+  }
+  p.save_mean = save_mean;
+  p.save_invstd = save_invstd;
+  Tensor<T> dx = empty<T>(x.shape(), x.device());
+  Tensor<P> dw = empty<P>(Shape{C}, x.device()), db = empty<P>(Shape{C}, x.device());
+  if (x.numel() > 0) {
+    cuda::batch_norm_backward_training<T, P>(gc, xc, p, dx, dw, db, eps);
+  } else {
+    cuda::fill(dw, 0.0);
+    cuda::fill(db, 0.0);
+  }
+  if (need_dx) r.dx = dx;
+  if (need_dweight) r.dweight = cuda::cast_params<T>(dw);
+  if (need_dbias) r.dbias = cuda::cast_params<T>(db);
+  return r;
+#else
+  (void)grad, (void)weight, (void)save_mean, (void)save_invstd, (void)training, (void)need_dx, (void)need_dweight,
+      (void)need_dbias, (void)eps;
+  EMBER_CHECK(false, "batch_norm_backward: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
+              "(EMBER_WITH_CUDA, ember::cudnn)");
+  return {};
+#endif
+}
+}  // namespace detail
+
+/// On CUDA the statistics come from save_mean / save_invstd (device tensors from the forward's BatchNormResult) and
+/// eps must be the forward's; on the CPU from mean / invstd.
 template <class T>
 BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<T>& weight,
                                       const std::vector<double>& mean, const std::vector<double>& invstd,
-                                      bool training, bool need_dx, bool need_dweight, bool need_dbias) {
+                                      bool training, bool need_dx, bool need_dweight, bool need_dbias,
+                                      const Tensor<bn_param_t<T>>& save_mean = Tensor<bn_param_t<T>>(),
+                                      const Tensor<bn_param_t<T>>& save_invstd = Tensor<bn_param_t<T>>(),
+                                      double eps = 1e-5) {
   EMBER_CHECK(grad.shape() == x.shape(), "batch_norm_backward: the gradient has shape ", grad.shape().str(),
               " but the input has ", x.shape().str());
+  if (x.device().is_cuda())
+    return detail::batch_norm_backward_cuda(grad, x, weight, save_mean, save_invstd, training, need_dx, need_dweight,
+                                            need_dbias, eps);
+  x.check_cpu("batch_norm_backward");
+  grad.check_cpu("batch_norm_backward");
   const std::int64_t N = x.size(0), C = x.size(1), S = x.numel() / std::max<std::int64_t>(1, N * C);
   const std::int64_t M = N * S;
   BatchNormGrads<T> r;

@@ -21,7 +21,8 @@ inline void check_pool_input(const char* op, const Shape& x, Device dev) {
   EMBER_CHECK(x.n == 4, op, ": expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape ", x.str());
   EMBER_CHECK(x[1] > 0 && x[2] > 0 && x[3] > 0, op, ": expected non-zero channels, height and width, "
               "got input shape ", x.str());
-  EMBER_CHECK(dev.is_cpu(), op, ": no kernel for tensors on ", dev.str(), " in this build");
+  EMBER_CHECK(dev.is_cpu() || (dev.is_cuda() && kCudnn), op, ": no kernel for tensors on ", dev.str(),
+              " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN)");
 }
 
 /// Checks a max/avg pool's arguments and returns its geometry (stride 0 means the kernel size).
@@ -70,6 +71,35 @@ void check_pool_grad(const char* op, const Tensor<T>& gy, const Shape& expect) {
 
 template <class T>
 constexpr bool native_float = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+#if EMBER_USE_CUDNN
+/// The cuDNN window of a max/avg pool geometry; cuDNN has no dilation and no ceil_mode, so those are errors unless
+/// they change nothing.
+inline cuda::PoolParams cudnn_pool(const char* op, const cpu::PoolGeometry& g, cuda::PoolParams::Mode mode,
+                                   const Pool2dOptions& o, const Shape& xs) {
+  EMBER_CHECK(g.dh == 1 && g.dw == 1, op, ": dilation ", Size2(g.dh, g.dw).str(),
+              " is not supported on CUDA (cuDNN pooling has no dilation), input shape ", xs.str());
+  if (o.ceil_mode) {
+    const std::int64_t fh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
+    const std::int64_t fw = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
+    EMBER_CHECK(fh == g.oh && fw == g.ow, op, ": ceil_mode that adds a partial window (output ",
+                Size2(g.oh, g.ow).str(), " instead of ", Size2(fh, fw).str(), ") is not supported on CUDA, input shape ",
+                xs.str());
+  }
+  cuda::PoolParams p;
+  p.mode = mode;
+  p.kh = g.kh;
+  p.kw = g.kw;
+  p.pad_h = g.ph;
+  p.pad_w = g.pw;
+  p.stride_h = g.sh;
+  p.stride_w = g.sw;
+  return p;
+}
+inline cuda::PoolParams::Mode avg_mode(const Pool2dOptions& o) {
+  return o.count_include_pad ? cuda::PoolParams::avg_include_pad : cuda::PoolParams::avg_exclude_pad;
+}
+#endif
 }  // namespace detail
 
 /// Max pooling of x (N, C, H, W): the output (N, C, oh, ow) and, per output, the flat index (h * W + w) of the
@@ -82,6 +112,18 @@ std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<
   static_assert(is_floating_v<T>, "max_pool2d: floating-point tensors only");
   const cpu::PoolGeometry g = detail::pool_geometry("max_pool2d", x.shape(), x.device(), kernel, o, true);
   const Shape os = detail::pool_out_shape(x.shape(), g);
+  if (x.device().is_cuda()) {
+#if EMBER_USE_CUDNN
+    EMBER_CHECK(!with_indices, "max_pool2d_with_indices: indices are not computed on CUDA (cuDNN finds the maximum "
+                "again in backward); use max_pool2d_backward(gy, x, y, kernel, options), input shape ",
+                x.shape().str());
+    const cuda::PoolParams p = detail::cudnn_pool("max_pool2d", g, cuda::PoolParams::max, o, x.shape());
+    auto guard = detail::cuda_scope(x.device(), "max_pool2d");
+    Tensor<T> y = empty<T>(os, x.device());
+    if (y.numel() > 0) cuda::pool2d_forward<T>(detail::dense(x), y, p, "max_pool2d");
+    return {y, Tensor<std::int64_t>()};
+#endif
+  }
   if constexpr (detail::native_float<T>) {
     Tensor<std::int64_t> idx = with_indices ? empty<std::int64_t>(os, x.device()) : Tensor<std::int64_t>();
     const Tensor<T> xc = detail::dense(x);
@@ -98,6 +140,9 @@ std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<
 template <class T>
 Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& indices, const Shape& input_shape) {
   detail::check_pool_grad("max_pool2d_backward", gy, indices.shape());
+  EMBER_CHECK(gy.device().is_cpu() && indices.device().is_cpu(), "max_pool2d_backward: the indices form runs on the "
+              "CPU only (got the gradient on ", gy.device().str(), "); on CUDA use max_pool2d_backward(gy, x, y, "
+              "kernel, options)");
   EMBER_CHECK(input_shape.n == 4 && indices.dim() == 4 && input_shape[0] == indices.size(0) &&
                   input_shape[1] == indices.size(1),
               "max_pool2d_backward: indices of shape ", indices.shape().str(), " do not match input shape ",
@@ -119,12 +164,49 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
   }
 }
 
+/// The input gradient of max pooling from gy (N, C, oh, ow), the forward's input x (N, C, H, W) and output y: the
+/// form both devices run (CUDA finds each window's maximum again; the CPU recomputes the argmax indices).
+template <class T>
+Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& y, Size2 kernel,
+                              const Pool2dOptions& o = {}) {
+  const cpu::PoolGeometry g = detail::pool_geometry("max_pool2d_backward", x.shape(), x.device(), kernel, o, true);
+  detail::check_pool_grad("max_pool2d_backward", gy, detail::pool_out_shape(x.shape(), g));
+  detail::check_pool_grad("max_pool2d_backward", y, detail::pool_out_shape(x.shape(), g));
+  EMBER_CHECK(gy.device() == x.device() && y.device() == x.device(), "max_pool2d_backward: the gradient (",
+              gy.device().str(), "), input (", x.device().str(), ") and output (", y.device().str(),
+              ") must be on one device");
+  if (x.device().is_cuda()) {
+#if EMBER_USE_CUDNN
+    const cuda::PoolParams p = detail::cudnn_pool("max_pool2d_backward", g, cuda::PoolParams::max, o, x.shape());
+    auto guard = detail::cuda_scope(x.device(), "max_pool2d_backward");
+    Tensor<T> gx = empty<T>(x.shape(), x.device());
+    if (gy.numel() == 0) {
+      cuda::fill(gx, 0.0);
+      return gx;
+    }
+    cuda::pool2d_backward<T>(detail::dense(gy), detail::dense(x), detail::dense(y), gx, p, "max_pool2d_backward");
+    return gx;
+#endif
+  }
+  auto idx = ops::max_pool2d_with_indices(x, kernel, o, true).second;
+  return ops::max_pool2d_backward(gy, idx, x.shape());
+}
+
 /// Average pooling of x (N, C, H, W) to (N, C, oh, ow).
 template <class T>
 Tensor<T> avg_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = {}) {
   static_assert(is_floating_v<T>, "avg_pool2d: floating-point tensors only");
   EMBER_CHECK(o.dilation == Size2(1), "avg_pool2d: dilation is not supported (got ", o.dilation.str(), ")");
   const cpu::PoolGeometry g = detail::pool_geometry("avg_pool2d", x.shape(), x.device(), kernel, o, false);
+  if (x.device().is_cuda()) {
+#if EMBER_USE_CUDNN
+    const cuda::PoolParams p = detail::cudnn_pool("avg_pool2d", g, detail::avg_mode(o), o, x.shape());
+    auto guard = detail::cuda_scope(x.device(), "avg_pool2d");
+    Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
+    if (y.numel() > 0) cuda::pool2d_forward<T>(detail::dense(x), y, p, "avg_pool2d");
+    return y;
+#endif
+  }
   if constexpr (detail::native_float<T>) {
     const Tensor<T> xc = detail::dense(x);
     Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
@@ -141,6 +223,21 @@ Tensor<T> avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_shape, Siz
                               const Pool2dOptions& o = {}) {
   const cpu::PoolGeometry g = detail::pool_geometry("avg_pool2d", input_shape, gy.device(), kernel, o, false);
   detail::check_pool_grad("avg_pool2d_backward", gy, detail::pool_out_shape(input_shape, g));
+  if (gy.device().is_cuda()) {
+#if EMBER_USE_CUDNN
+    const cuda::PoolParams p = detail::cudnn_pool("avg_pool2d_backward", g, detail::avg_mode(o), o, input_shape);
+    auto guard = detail::cuda_scope(gy.device(), "avg_pool2d_backward");
+    Tensor<T> gx = empty<T>(input_shape, gy.device());
+    if (gy.numel() == 0) {
+      cuda::fill(gx, 0.0);
+      return gx;
+    }
+    // Average pooling reads neither x nor y; cuDNN still takes them, so gx and gy stand in (same shapes).
+    const Tensor<T> gyc = detail::dense(gy);
+    cuda::pool2d_backward<T>(gyc, gx, gyc, gx, p, "avg_pool2d_backward");
+    return gx;
+#endif
+  }
   if constexpr (detail::native_float<T>) {
     const Tensor<T> gyc = detail::dense(gy);
     Tensor<T> gx = empty<T>(input_shape, gy.device());
@@ -163,6 +260,15 @@ inline cpu::PoolGeometry adaptive_geometry(const Shape& x, Device dev, Size2 out
   g.ow = out.w;
   return g;
 }
+
+/// On CUDA, adaptive average pooling runs as average pooling with kernel = stride = H/oh, W/ow, which is exact
+/// when the output size divides the input size; other sizes (overlapping bins) are an error there.
+inline Size2 adaptive_as_avg(const cpu::PoolGeometry& g, const Shape& xs) {
+  EMBER_CHECK(g.oh > 0 && g.ow > 0 && g.h % g.oh == 0 && g.w % g.ow == 0, "adaptive_avg_pool2d: on CUDA the output "
+              "size must divide the input size (got output ", Size2(g.oh, g.ow).str(), " for input shape ", xs.str(),
+              "); overlapping bins run on the CPU only");
+  return Size2(g.h / g.oh, g.w / g.ow);
+}
 }  // namespace detail
 
 /// Adaptive average pooling of x (N, C, H, W) to (N, C, out.h, out.w): bin i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
@@ -170,6 +276,7 @@ template <class T>
 Tensor<T> adaptive_avg_pool2d(const Tensor<T>& x, Size2 output_size) {
   static_assert(is_floating_v<T>, "adaptive_avg_pool2d: floating-point tensors only");
   const cpu::PoolGeometry g = detail::adaptive_geometry(x.shape(), x.device(), output_size);
+  if (x.device().is_cuda()) return ops::avg_pool2d(x, detail::adaptive_as_avg(g, x.shape()), Pool2dOptions{});
   if constexpr (detail::native_float<T>) {
     const Tensor<T> xc = detail::dense(x);
     Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
@@ -186,6 +293,8 @@ Tensor<T> adaptive_avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_s
   EMBER_CHECK(gy.dim() == 4, "adaptive_avg_pool2d_backward: expected a 4-D gradient, got shape ", gy.shape().str());
   const cpu::PoolGeometry g = detail::adaptive_geometry(input_shape, gy.device(), Size2(gy.size(2), gy.size(3)));
   detail::check_pool_grad("adaptive_avg_pool2d_backward", gy, detail::pool_out_shape(input_shape, g));
+  if (gy.device().is_cuda())
+    return ops::avg_pool2d_backward(gy, input_shape, detail::adaptive_as_avg(g, input_shape), Pool2dOptions{});
   if constexpr (detail::native_float<T>) {
     const Tensor<T> gyc = detail::dense(gy);
     Tensor<T> gx = empty<T>(input_shape, gy.device());

@@ -19,6 +19,9 @@
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/detail/fastmath.hpp"
 
+#include "ember/cuda/cudnn.hpp"
+#include "ember/cuda/device.hpp"
+
 namespace ember::ops {
 
 namespace detail {
@@ -210,9 +213,38 @@ void for_each_group(const SoftmaxGeom& g, const Row& row, const Cols& cols) {
   });
 }
 
+/// CUDA: cuDNN's channel-mode softmax over the tensor seen as (outer, n, inner, 1). y is the output when
+/// `forward`, else the forward output with g the incoming gradient.
+template <bool Log, class T>
+Tensor<T> softmax_cuda(const Tensor<T>& a, const Tensor<T>& g, const SoftmaxGeom& geo, bool forward, const char* op) {
+#if EMBER_USE_CUDNN
+  cuda::check_device(a.device(), op);
+  cuda::DeviceGuard guard(a.device());
+  Tensor<T> out = empty<T>(a.shape(), a.device());
+  if (a.numel() == 0) return out;
+  const Tensor<T> ac = a.is_contiguous() ? a : a.detach().contiguous();
+  if (forward) {
+    cuda::softmax_forward<T>(ac, out, geo.outer, geo.n, geo.inner, Log);
+  } else {
+    EMBER_CHECK(g.device() == a.device(), op, ": the gradient is on ", g.device().str(), " but the output is on ",
+                a.device().str());
+    const Tensor<T> gc = g.is_contiguous() ? g : g.detach().contiguous();
+    cuda::softmax_backward<T>(ac, gc, out, geo.outer, geo.n, geo.inner, Log);
+  }
+  return out;
+#else
+  (void)g, (void)geo, (void)forward;
+  EMBER_CHECK(false, op, ": tensors on ", a.device().str(), " need ember's CUDA build with cuDNN (EMBER_WITH_CUDA, "
+              "ember::cudnn)");
+  return {};
+#endif
+}
+
 template <bool Log, class T>
 Tensor<T> softmax_impl(const Tensor<T>& x, std::int64_t dim, const char* op) {
   static_assert(is_floating_v<T>, "softmax/log_softmax: needs a floating-point tensor");
+  if (x.device().is_cuda())
+    return softmax_cuda<Log>(x, Tensor<T>(), softmax_geom(x.shape(), wrap_dim(dim, x.shape(), op)), true, op);
   x.check_cpu(op);
   const int d = wrap_dim(dim, x.shape(), op);
   const Tensor<T> xc = x.contiguous();
@@ -232,6 +264,9 @@ Tensor<T> softmax_backward_impl(const Tensor<T>& y, const Tensor<T>& grad, std::
   EMBER_CHECK(grad.shape() == y.shape(), op, ": the gradient has shape ", grad.shape().str(), " but the output has ",
               y.shape().str());
   const int d = wrap_dim(dim, y.shape(), op);
+  if (y.device().is_cuda()) return softmax_cuda<Log>(y, grad, softmax_geom(y.shape(), d), false, op);
+  y.check_cpu(op);
+  grad.check_cpu(op);
   const Tensor<T> yc = y.contiguous(), gc = grad.contiguous();
   Tensor<T> gx = empty<T>(y.shape(), y.device());
   if (y.numel() == 0) return gx;
