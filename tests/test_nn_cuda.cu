@@ -420,8 +420,8 @@ TEST_CASE_TEMPLATE("cuda max_pool2d forward and backward equal the CPU", T, floa
   const Tensor<T> Y = ops::max_pool2d_with_indices(X, Size2(3), o, false).first;
   expect_close(Y, yd, 0.0, "max_pool2d forward (exact)");
   const Tensor<T> g = rnd<T>(yd.shape(), 72);
-  expect_close(ops::max_pool2d_backward(to_dev(g), X, Y, Size2(3), o), ops::max_pool2d_backward(dbl(g), idx, xd.shape()),
-               rtol<T>(), "max_pool2d backward");
+  expect_close(ops::max_pool2d_backward(to_dev(g), X, Y, Size2(3), o),
+               ops::max_pool2d_backward(dbl(g), idx, xd.shape()), rtol<T>(), "max_pool2d backward");
   // The same through autograd.
   Tensor<T> Xg = to_dev(x);
   Xg.requires_grad_();

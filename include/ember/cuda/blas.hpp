@@ -170,7 +170,8 @@ void gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, Bl
   // k == 0: cuBLAS scales C by beta, which gives zeros (or leaves C) as the empty sum should.
   if (batch == 1) {
     EMBER_CUBLAS_CHECK(cublasGemmEx(h, vb.op, va.op, int(n), int(m), int(k), &alpha, b.p, dt, int(vb.ld), a.p, dt,
-                                    int(va.ld), &beta, c, dt, int(ldc), detail::compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+                                    int(va.ld), &beta, c, dt, int(ldc), detail::compute_type<T>(),
+                                    CUBLAS_GEMM_DEFAULT));
   } else {
     EMBER_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, vb.op, va.op, int(n), int(m), int(k), &alpha, b.p, dt,
                                                   int(vb.ld), b.bs, a.p, dt, int(va.ld), a.bs, &beta, c, dt, int(ldc),

@@ -136,8 +136,8 @@ Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b
   return y;
 #else
   (void)w, (void)b, (void)g, (void)o;
-  EMBER_CHECK(false, "conv2d: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
-              "(EMBER_WITH_CUDA, ember::cudnn)");
+  EMBER_CHECK(false, "conv2d: no kernel for tensors on ", x.device().str(),
+              " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
   return {};
 #endif
 }
@@ -200,8 +200,8 @@ Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
     if (need_bias) cuda::conv2d_backward_bias<T>(gyc, r.bias);
     return r;
 #else
-    EMBER_CHECK(false, "conv2d_backward: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
-                "(EMBER_WITH_CUDA, ember::cudnn)");
+    EMBER_CHECK(false, "conv2d_backward: no kernel for tensors on ", x.device().str(),
+              " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
 #endif
   }
   detail::check_conv_device(x);

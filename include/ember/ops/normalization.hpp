@@ -253,8 +253,8 @@ BatchNormResult<T> batch_norm_forward_cuda(const Tensor<T>& x, const Tensor<T>& 
   return r;
 #else
   (void)running_mean, (void)running_var, (void)weight, (void)bias, (void)training, (void)momentum, (void)eps;
-  EMBER_CHECK(false, "batch_norm: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
-              "(EMBER_WITH_CUDA, ember::cudnn)");
+  EMBER_CHECK(false, "batch_norm: no kernel for tensors on ", x.device().str(),
+              " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
   return {};
 #endif
 }
@@ -405,8 +405,8 @@ BatchNormGrads<T> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T
 #else
   (void)grad, (void)weight, (void)save_mean, (void)save_invstd, (void)training, (void)need_dx, (void)need_dweight,
       (void)need_dbias, (void)eps;
-  EMBER_CHECK(false, "batch_norm_backward: tensors on ", x.device().str(), " need ember's CUDA build with cuDNN "
-              "(EMBER_WITH_CUDA, ember::cudnn)");
+  EMBER_CHECK(false, "batch_norm_backward: no kernel for tensors on ", x.device().str(),
+              " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
   return {};
 #endif
 }

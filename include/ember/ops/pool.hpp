@@ -83,8 +83,8 @@ inline cuda::PoolParams cudnn_pool(const char* op, const cpu::PoolGeometry& g, c
     const std::int64_t fh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
     const std::int64_t fw = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
     EMBER_CHECK(fh == g.oh && fw == g.ow, op, ": ceil_mode that adds a partial window (output ",
-                Size2(g.oh, g.ow).str(), " instead of ", Size2(fh, fw).str(), ") is not supported on CUDA, input shape ",
-                xs.str());
+                Size2(g.oh, g.ow).str(), " instead of ", Size2(fh, fw).str(),
+                ") is not supported on CUDA, input shape ", xs.str());
   }
   cuda::PoolParams p;
   p.mode = mode;

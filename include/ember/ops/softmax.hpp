@@ -234,8 +234,8 @@ Tensor<T> softmax_cuda(const Tensor<T>& a, const Tensor<T>& g, const SoftmaxGeom
   return out;
 #else
   (void)g, (void)geo, (void)forward;
-  EMBER_CHECK(false, op, ": tensors on ", a.device().str(), " need ember's CUDA build with cuDNN (EMBER_WITH_CUDA, "
-              "ember::cudnn)");
+  EMBER_CHECK(false, op, ": no kernel for tensors on ", a.device().str(), " in this build (CUDA tensors need "
+              "EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
   return {};
 #endif
 }
