@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <cuda_runtime.h>
-
 #include "ember/ember.hpp"
 #include "helpers.hpp"
 
@@ -26,28 +24,15 @@ namespace {
     return;                                    \
   }
 
-/// A host tensor copied to device 0 (dense), through the CUDA runtime directly.
+/// A host tensor copied to device 0, and a device tensor copied back (Tensor::to).
 template <class T>
 Tensor<T> to_dev(const Tensor<T>& h) {
-  Tensor<T> c = h.contiguous();
-  Tensor<T> d = empty<T>(c.shape(), Device::cuda(0));
-  if (c.numel() > 0)
-    REQUIRE(cudaMemcpy(d.data(), c.data(), std::size_t(c.numel()) * sizeof(T), cudaMemcpyHostToDevice) ==
-            cudaSuccess);
-  return d;
+  return h.to(Device::cuda(0));
 }
-
-/// A device tensor copied back to the host (made dense on the device first when it is a view).
 template <class T>
 Tensor<T> to_host(const Tensor<T>& d) {
   REQUIRE(d.device().is_cuda());
-  const Tensor<T> c = d.is_contiguous() ? d : d.detach().contiguous();
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  Tensor<T> h = empty<T>(c.shape());
-  if (c.numel() > 0)
-    REQUIRE(cudaMemcpy(h.data(), c.data(), std::size_t(c.numel()) * sizeof(T), cudaMemcpyDeviceToHost) ==
-            cudaSuccess);
-  return h;
+  return d.to(Device::cpu());
 }
 
 /// Random normal values rounded to T (on the host).

@@ -22,6 +22,7 @@
 #include "ember/core/dtype.hpp"
 #include "ember/core/float16.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cuda/allocator.hpp"  // registers the device allocator: workspaces are ember tensors
 #include "ember/cuda/check.hpp"
 #include "ember/cuda/device.hpp"
 #include "ember/cuda/stream.hpp"

@@ -38,6 +38,7 @@
 #include "ember/core/float16.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cuda/algo_cache.hpp"
+#include "ember/cuda/allocator.hpp"  // registers the device allocator: workspaces are ember tensors
 #include "ember/cuda/device.hpp"
 #include "ember/cuda/stream.hpp"
 
