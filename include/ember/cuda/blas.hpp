@@ -199,6 +199,14 @@ struct LtDescs {
   }
 };
 
+/// The largest power of two (at most 256) that divides the address.
+inline std::uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
 inline cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   switch (e) {
     case Epilogue::bias_relu: return CUBLASLT_EPILOGUE_RELU_BIAS;
@@ -230,6 +238,13 @@ bool linear_epilogue(std::int64_t M, std::int64_t N, std::int64_t K, BlasMat<T> 
   EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &vx.op, sizeof(vx.op)));
   const cublasLtEpilogue_t ep = detail::lt_epilogue(e);
   EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+  Tensor<T> bias_copy;  // the epilogue loads the bias in vectors: give it an aligned copy when a view is not
+  if (detail::alignment(bias) < 16) {
+    bias_copy = empty<T>(Shape{N}, dev);
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(bias_copy.data(), bias, std::size_t(N) * sizeof(T), cudaMemcpyDeviceToDevice,
+                                     current_stream(dev.index).handle()));
+    bias = bias_copy.data();
+  }
   EMBER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   // Stored shapes: A is (K x N) when transposed by opw = T, else (N x K); B is (K x M) for op N, else (M x K).
   if (opw == CUBLAS_OP_T) EMBER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, dt, K, N, vw.ld));
@@ -241,6 +256,16 @@ bool linear_epilogue(std::int64_t M, std::int64_t N, std::int64_t K, BlasMat<T> 
   std::size_t ws = detail::kBlasWorkspace;
   EMBER_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // The heuristics assume 256-byte aligned operands unless told otherwise; views can start anywhere.
+  const std::uint32_t al_a = detail::alignment(w.p), al_b = detail::alignment(x.p), al_d = detail::alignment(y);
+  EMBER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                          sizeof(al_a)));
+  EMBER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                          sizeof(al_b)));
+  EMBER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                                          sizeof(al_d)));
+  EMBER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                          sizeof(al_d)));
   cublasLtHandle_t h = blaslt_handle(dev.index);
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
