@@ -294,6 +294,20 @@ TEST_CASE("conv2d and pooling in half and bfloat16 compute in fp32") {
   SUBCASE("bfloat16") { check16(bfloat16{}); }
 }
 
+TEST_CASE("max_pool2d_backward from the input and output equals the indices form") {
+  // The form CUDA runs (cuDNN finds each maximum again); on the CPU it recomputes the indices.
+  const TD x = distinct({2, 3, 9, 8}, 51);
+  for (const Pool2dOptions& o : {Pool2dOptions{}, Pool2dOptions{.stride = 2, .padding = 1},
+                                 Pool2dOptions{.stride = 1, .dilation = 2, .ceil_mode = true}}) {
+    auto [y, idx] = ops::max_pool2d_with_indices(x, Size2(3), o, true);
+    const TD g = normal(y.shape(), 52);
+    const TD a = ops::max_pool2d_backward(g, x, y, Size2(3), o), b = ops::max_pool2d_backward(g, idx, x.shape());
+    CHECK(max_diff(a, b) == 0);
+  }
+  EXPECT_ERROR([&] { (void)ops::max_pool2d_backward(normal({1, 1, 2, 2}, 1), x, x, Size2(3)); },
+               {"max_pool2d_backward", "gradient of shape [1, 1, 2, 2]"});
+}
+
 TEST_CASE("pooling gradcheck: max (dilation, ceil_mode, padding), avg (count_include_pad), adaptive") {
   auto mp = [](Size2 k, Pool2dOptions o) { return [k, o](const Inputs& v) { return max_pool2d(v[0], k, o); }; };
   auto ap = [](Size2 k, Pool2dOptions o) { return [k, o](const Inputs& v) { return avg_pool2d(v[0], k, o); }; };

@@ -163,3 +163,33 @@ TEST_CASE("mm: transposed and sliced views agree with contiguous copies") {
     CHECK(rd(acc, i) == doctest::Approx(2 * rd(want, i)).epsilon(1e-5));
   }
 }
+
+TEST_CASE("ops::linear: bias and activation in one pass equal matmul, add and the activation") {
+  Generator g(11);
+  const Tensor<double> x = randn<double>({2, 5, 7}, g), w = randn<double>({4, 7}, g), b = randn<double>({4}, g);
+  const Tensor<double> base = matmul(x, w.t());
+  const Tensor<double> plus = base + b;
+  const Tensor<double> want_relu = relu(plus), want_gelu = gelu_tanh(plus), want_gelu_nb = gelu_tanh(base);
+  auto max_abs = [](const Tensor<double>& p, const Tensor<double>& q) {
+    REQUIRE(p.shape() == q.shape());
+    double m = 0;
+    for (i64 i = 0; i < p.numel(); ++i) m = std::max(m, std::abs(rd(p, i) - rd(q, i)));
+    return m;
+  };
+  CHECK(max_abs(ops::linear(x, w), base) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, b), plus) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, b, ops::LinearAct::relu), want_relu) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, b, ops::LinearAct::gelu_tanh), want_gelu) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, Tensor<double>(), ops::LinearAct::gelu_tanh), want_gelu_nb) < 1e-12);
+  // A transposed weight view and a 1-D input.
+  const Tensor<double> wt = w.t().contiguous();
+  CHECK(max_abs(ops::linear(x, wt.t(), b, ops::LinearAct::relu), want_relu) < 1e-12);
+  const Tensor<double> x1 = x.select(0, 1).select(0, 2);
+  CHECK(max_abs(ops::linear(x1, w, b), plus.select(0, 1).select(0, 2)) < 1e-12);
+  // No autograd record, whatever the inputs need.
+  Tensor<double> wg = w.detach().clone();
+  wg.requires_grad_();
+  CHECK_FALSE(ops::linear(x, wg, b, ops::LinearAct::relu).requires_grad());
+  CHECK(error_of([&] { (void)ops::linear(x, w, randn<double>({5}, g)); }).find("bias of shape [5]") !=
+        std::string::npos);
+}
