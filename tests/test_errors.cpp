@@ -307,3 +307,36 @@ TEST_CASE("errors: devices") {
   CHECK(lin.weight.device().is_cpu());
 #endif
 }
+
+TEST_CASE("errors: CUDA tensors in a translation unit that nvcc did not compile") {
+  // Tensors that claim to live on cuda:0; their memory is never touched (every use below must throw first).
+  static float buf[64] = {};
+  const Device cu = Device::cuda(0);
+  TF x = from_blob(buf, {4, 4}, {}, cu), y = from_blob(buf + 16, {4, 4}, {}, cu), s = from_blob(buf + 32, {1}, {}, cu);
+  EXPECT_ERROR([&] { y = x * 2.f; }, {"assign", "cuda:0", "nvcc"});
+  EXPECT_ERROR([&] { y += x; }, {"assign", "cuda:0", "nvcc"});
+  EXPECT_ERROR([&] { y.fill_(1.f); }, {"fill_", "cuda:0", "nvcc"});
+  EXPECT_ERROR([&] { ops::reduce<expr::SumR<double>>(s, expr::TensorLeaf<float, false>{&x}, "sum"); },
+               {"sum", "cuda:0", "nvcc"});
+  // Element access and printing need CPU tensors.
+  EXPECT_ERROR([&] { (void)s.item(); }, {"item", "cuda:0"});
+  EXPECT_ERROR([&] { (void)x.at(0, 0); }, {"at", "cuda:0"});
+  EXPECT_ERROR([&] { (void)x.to_vector(); }, {"to_vector", "cuda:0"});
+  // Mixing devices is an error naming both.
+  TF c = arange_f({4, 4});
+  EXPECT_ERROR([&] { c += x; }, {"different devices", "cpu", "cuda:0"});
+  // Optimizers and gradient clipping do not read device memory on the host.
+  TF p = from_blob(buf + 48, {4, 4}, {}, cu);
+  p.requires_grad_();
+  p.grad() = y;
+  optim::SGD<float> sgd({p}, optim::SGDOptions{.lr = 0.1});
+  EXPECT_ERROR([&] { sgd.step(); }, {"optim::SGD", "cuda:0", "nvcc"});
+  optim::Adam<float> adam({p}, optim::AdamOptions{.lr = 0.1});
+  EXPECT_ERROR([&] { adam.step(); }, {"optim::Adam", "cuda:0", "nvcc"});
+  EXPECT_ERROR([&] { optim::clip_grad_norm_<float>({p}, 1.0); }, {"clip_grad_norm_", "cuda:0"});
+  TF q = arange_f({4, 4});
+  q.requires_grad_();
+  q.grad() = y;
+  optim::SGD<float> mixed({q}, optim::SGDOptions{.lr = 0.1});
+  EXPECT_ERROR([&] { mixed.step(); }, {"optim::SGD", "cpu", "cuda:0"});
+}

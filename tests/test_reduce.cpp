@@ -422,3 +422,31 @@ TEST_CASE("reductions of half and bfloat16 accumulate in double") {
   Tensor<float> f = sum(cast<float>(m), {1});  // fp16 storage, fp32 result
   CHECK(f.to_vector() == std::vector<float>{3.f, 12.f});
 }
+
+TEST_CASE("reducers: partials merge in either order to the same result (the CUDA reduction merges out of order)") {
+  using A = expr::ArgR<float, false>;
+  using M = expr::ExtremumR<float, false>;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<A::acc> parts = {A::init(), {1.f, 4}, {1.f, 2}, {3.f, 9}, {3.f, 7}, {nan, 8}, {nan, 5}, {-2.f, 0}};
+  for (const auto& a : parts)
+    for (const auto& b : parts) {
+      const A::acc x = A::merge(a, b), y = A::merge(b, a);
+      CHECK(x.i == y.i);
+      CHECK(std::bit_cast<std::uint32_t>(x.v) == std::bit_cast<std::uint32_t>(y.v));
+    }
+  // Folding every partial, in any order, finds the first NaN (index 5).
+  A::acc fwd = A::init(), bwd = A::init();
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    fwd = A::merge(fwd, parts[k]);
+    bwd = A::merge(bwd, parts[parts.size() - 1 - k]);
+  }
+  CHECK(fwd.i == 5);
+  CHECK(bwd.i == 5);
+  // Without NaN: the largest value, first index among ties.
+  CHECK(A::merge(A::merge(parts[3], parts[1]), parts[4]).i == 7);
+  CHECK(std::isnan(M::merge(1.f, nan)));
+  CHECK(std::isnan(M::merge(nan, 1.f)));
+  CHECK(M::merge(2.f, M::init()) == 2.f);
+  CHECK(expr::ExtremumR<std::int32_t, true>::init() == std::numeric_limits<std::int32_t>::max());
+  CHECK(expr::ExtremumR<double, true>::init() == std::numeric_limits<double>::infinity());
+}

@@ -14,8 +14,7 @@
 #include "ember/config.hpp"
 #include "ember/autograd/node.hpp"
 #include "ember/core/creation.hpp"
-#include "ember/cpu/executor.hpp"
-#include "ember/cpu/reduce.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/expr/derivative.hpp"
 #include "ember/expr/nodes.hpp"
 
@@ -60,8 +59,8 @@ inline Shape keepdim_shape(const Shape& shape, const Shape& space) {
 /// Sums expression ge (over `space`) down to shape `to`, which broadcasts to `space`.
 template <class U, class GE>
 Tensor<U> sum_to(const GE& ge, const Shape& space, const Shape& to) {
-  Tensor<U> out = empty<U>(keepdim_shape(to, space));
-  cpu::reduce<cpu::SumR<cpu::sum_acc_t<compute_t<U>>>>(out, ge, "backward");
+  Tensor<U> out = empty<U>(keepdim_shape(to, space), expr::device_of(ge));
+  ops::reduce<expr::SumR<expr::sum_acc_t<compute_t<U>>>>(out, ge, "backward");
   return out.as_strided_raw(to, contiguous_strides(to), 0);
 }
 
@@ -90,9 +89,10 @@ void backward_through(TypedNode<T>& node, const E& e, const G& g, const Shape& s
     // Leaves of e are read through slots: every use of a leaf is one load, shared sub-expressions are computed once.
     const auto es = expr::slotted<0>(e);
     [&]<std::size_t... J>(std::index_sequence<J...>) {
-      auto outs = std::make_tuple(empty<detail::leaf_value_t<list[J], E>>(space)...);
+      const Device dev = expr::device_of(e);
+      auto outs = std::make_tuple(empty<detail::leaf_value_t<list[J], E>>(space, dev)...);
       auto exprs = std::make_tuple(expr::chain(g, expr::deriv<list[J]>(es))...);
-      cpu::assign_multi(outs, exprs, space, e);
+      ops::assign_multi(outs, exprs, space, e);
       auto give = [&]<int P, class U>(Tensor<U>& full) {
         if (!node.next[P]) return;
         const Shape& ls = expr::leaf_at<P>(e).tensor().shape();

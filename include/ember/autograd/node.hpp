@@ -14,7 +14,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
-#include "ember/cpu/executor.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/autograd/grad_mode.hpp"
 
 namespace ember::autograd {
@@ -53,7 +53,7 @@ struct TypedNode : Node {
       return;
     }
     Tensor<T> sum = empty<T>(grad.shape(), grad.device());
-    cpu::assign(sum, expr::make_binary(ops_table::Add{}, grad, g), "backward");
+    ops::assign(sum, expr::make_binary(ops_table::Add{}, grad, g), "backward");
     grad = std::move(sum);
   }
   void clear_grad() override { grad = Tensor<T>(); }
@@ -96,7 +96,7 @@ struct AccumulateGrad final : TypedNode<T> {
                              std::size_t(g.numel()) == g.storage()->nbytes / sizeof(T);
       m.grad = exclusive ? g : g.detach().clone();
     } else {
-      cpu::assign(m.grad, expr::make_binary(ops_table::Add{}, m.grad, g), "backward");
+      ops::assign(m.grad, expr::make_binary(ops_table::Add{}, m.grad, g), "backward");
     }
     for (auto& h : m.hooks) h(m.grad);
   }

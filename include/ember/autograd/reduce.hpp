@@ -14,8 +14,8 @@
 #include "ember/autograd/node.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
-#include "ember/cpu/executor.hpp"
-#include "ember/cpu/reduce.hpp"
+#include "ember/expr/reducer.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/expr/nodes.hpp"
 
 namespace ember {
@@ -115,8 +115,8 @@ struct ReduceNode final : TypedNode<T> {
       // Ties share the gradient evenly.
       auto hit = expr::CastExpr<T, decltype(expr::make_binary(ops_table::Eq{}, e, r))>{
           expr::make_binary(ops_table::Eq{}, e, r)};
-      Tensor<T> cnt = empty<T>(plan.keep);
-      cpu::reduce<cpu::SumR<double>>(cnt, hit, name());
+      Tensor<T> cnt = empty<T>(plan.keep, gk.device());
+      ops::reduce<expr::SumR<double>>(cnt, hit, name());
       const L c{&cnt};
       run(div_(mul_(g, hit), c));
     } else if constexpr (K == RKind::Prod) {
@@ -139,8 +139,8 @@ struct ReduceNode final : TypedNode<T> {
         auto a = expr::make_unary(ops_table::Abs{}, e);
         auto hit = expr::CastExpr<T, decltype(expr::make_binary(ops_table::Eq{}, a, r))>{
             expr::make_binary(ops_table::Eq{}, a, r)};
-        Tensor<T> cnt = empty<T>(plan.keep);
-        cpu::reduce<cpu::SumR<double>>(cnt, hit, name());
+        Tensor<T> cnt = empty<T>(plan.keep, gk.device());
+        ops::reduce<expr::SumR<double>>(cnt, hit, name());
         const L c{&cnt};
         run(div_(mul_(mul_(g, expr::make_unary(ops_table::Sign{}, e)), hit), c));
       } else {
@@ -157,8 +157,10 @@ struct ReduceNode final : TypedNode<T> {
   // For prod: the product of every other element of each element's group (exact with zeros: prefix × suffix).
   Tensor<T> prod_of_others() const {
     const Shape& sp = plan.space;
+    EMBER_CHECK(this->grad.device().is_cpu(), "prod: the backward runs on CPU tensors only for now (got ",
+                this->grad.device().str(), ")");
     Tensor<T> x = empty<T>(sp);
-    cpu::assign(x, *s.e, name());
+    ops::assign(x, *s.e, name());
     std::vector<std::int64_t> perm;
     for (int d = 0; d < sp.n; ++d)
       if (!plan.reduced[d]) perm.push_back(d);
@@ -214,8 +216,8 @@ auto arg_node(const X& x) {
 
 template <class R, class OutT, class E>
 Tensor<OutT> reduce_into(const E& e, const ReducePlan& plan, const char* op) {
-  Tensor<OutT> out = empty<OutT>(plan.keep);
-  cpu::reduce<R>(out, e, op);
+  Tensor<OutT> out = empty<OutT>(plan.keep, expr::device_of(e));
+  ops::reduce<R>(out, e, op);
   return out;
 }
 
@@ -237,7 +239,7 @@ auto sum(const X& x, const Dims& dims = {}, bool keepdim = false) {
   using R = std::conditional_t<is_floating_v<V>, V, std::int64_t>;
   const auto e = autograd::arg_node(x);
   const auto plan = autograd::plan_reduce(e.shape(), dims, keepdim, "sum");
-  Tensor<R> keep = autograd::reduce_into<cpu::SumR<cpu::sum_acc_t<compute_t<V>>>, R>(e, plan, "sum");
+  Tensor<R> keep = autograd::reduce_into<expr::SumR<expr::sum_acc_t<compute_t<V>>>, R>(e, plan, "sum");
   Tensor<R> res = autograd::view_out(keep, plan);
   if constexpr (std::is_same_v<R, V>) autograd::record_reduce<R, autograd::RKind::Sum>(res, e, plan, 1, 0, {}, {});
   return res;
@@ -250,7 +252,7 @@ auto mean(const X& x, const Dims& dims = {}, bool keepdim = false) {
   static_assert(is_floating_v<V>, "mean: needs a floating-point argument; use cast<float>(x)");
   const auto e = autograd::arg_node(x);
   const auto plan = autograd::plan_reduce(e.shape(), dims, keepdim, "mean");
-  Tensor<V> keep = autograd::reduce_into<cpu::SumR<double>, V>(e, plan, "mean");
+  Tensor<V> keep = autograd::reduce_into<expr::SumR<double>, V>(e, plan, "mean");
   const double scale = 1.0 / double(plan.count);
   {
     NoGradGuard ng;
@@ -269,7 +271,7 @@ auto extremum(const X& x, const Dims& dims, bool keepdim, const char* op) {
   const auto plan = plan_reduce(e.shape(), dims, keepdim, op);
   EMBER_CHECK(plan.count > 0 && e.shape().numel() > 0, op, ": cannot reduce an empty tensor (shape ",
               e.shape().str(), ")");
-  Tensor<V> keep = reduce_into<cpu::ExtremumR<compute_t<V>, Less>, V>(e, plan, op);
+  Tensor<V> keep = reduce_into<expr::ExtremumR<compute_t<V>, Less>, V>(e, plan, op);
   Tensor<V> res = view_out(keep, plan);
   record_reduce<V, Less ? RKind::Min : RKind::Max>(res, e, plan, 1, 0, keep, {});
   return res;
@@ -280,7 +282,7 @@ Tensor<std::int64_t> arg_extremum(const X& x, std::int64_t dim, bool has_dim, bo
   const Shape sp = e.shape();
   EMBER_CHECK(sp.numel() > 0, op, ": cannot reduce an empty tensor (shape ", sp.str(), ")");
   using V = typename expr::value_of<X>::type;
-  using R = cpu::ArgR<compute_t<V>, Less>;
+  using R = expr::ArgR<compute_t<V>, Less>;
   if (!has_dim) {
     const auto plan = plan_reduce(sp, {}, false, op);
     return view_out(reduce_into<R, std::int64_t>(e, plan, op), plan);
@@ -327,7 +329,7 @@ auto prod(const X& x, const Dims& dims = {}, bool keepdim = false) {
   const auto e = autograd::arg_node(x);
   const auto plan = autograd::plan_reduce(e.shape(), dims, keepdim, "prod");
   using A = std::conditional_t<is_floating_v<V>, double, std::int64_t>;
-  Tensor<R> keep = autograd::reduce_into<cpu::ProdR<A>, R>(e, plan, "prod");
+  Tensor<R> keep = autograd::reduce_into<expr::ProdR<A>, R>(e, plan, "prod");
   Tensor<R> res = autograd::view_out(keep, plan);
   if constexpr (std::is_same_v<R, V>) autograd::record_reduce<R, autograd::RKind::Prod>(res, e, plan, 1, 0, {}, {});
   return res;
@@ -340,14 +342,14 @@ auto var_std(const X& x, const Dims& dims, std::int64_t correction, bool keepdim
   static_assert(is_floating_v<V>, "var/std: needs a floating-point argument");
   const auto e = arg_node(x);
   const auto plan = plan_reduce(e.shape(), dims, keepdim, op);
-  Tensor<V> m = reduce_into<cpu::SumR<double>, V>(e, plan, op);
+  Tensor<V> m = reduce_into<expr::SumR<double>, V>(e, plan, op);
   const double dof = double(plan.count - correction);
   Tensor<V> keep;
   {
     NoGradGuard ng;
     m *= compute_t<V>(1.0 / double(plan.count));
     const expr::TensorLeaf<V, false> ml{&m};
-    keep = reduce_into<cpu::SumR<double>, V>(expr::make_unary(ops_table::Square{}, sub_(e, ml)), plan, op);
+    keep = reduce_into<expr::SumR<double>, V>(expr::make_unary(ops_table::Square{}, sub_(e, ml)), plan, op);
     keep *= compute_t<V>(1.0 / dof);  // dof <= 0 gives inf or nan, as in PyTorch
     if constexpr (Sqrt) keep = Tensor<V>(ember::sqrt(keep));
   }
@@ -382,14 +384,14 @@ auto norm(const X& x, double p = 2, const Dims& dims = {}, bool keepdim = false)
     NoGradGuard ng;
     auto a = expr::make_unary(ops_table::Abs{}, e);
     if (std::isinf(p)) {
-      keep = autograd::reduce_into<cpu::ExtremumR<compute_t<V>, false>, V>(a, plan, "norm");
+      keep = autograd::reduce_into<expr::ExtremumR<compute_t<V>, false>, V>(a, plan, "norm");
     } else if (p == 1) {
-      keep = autograd::reduce_into<cpu::SumR<double>, V>(a, plan, "norm");
+      keep = autograd::reduce_into<expr::SumR<double>, V>(a, plan, "norm");
     } else if (p == 2) {
-      keep = autograd::reduce_into<cpu::SumR<double>, V>(expr::make_unary(ops_table::Square{}, e), plan, "norm");
+      keep = autograd::reduce_into<expr::SumR<double>, V>(expr::make_unary(ops_table::Square{}, e), plan, "norm");
       keep = Tensor<V>(ember::sqrt(keep));
     } else {
-      keep = autograd::reduce_into<cpu::SumR<double>, V>(expr::make_binary(ops_table::Pow{}, a, S{compute_t<V>(p)}),
+      keep = autograd::reduce_into<expr::SumR<double>, V>(expr::make_binary(ops_table::Pow{}, a, S{compute_t<V>(p)}),
                                                          plan, "norm");
       keep = Tensor<V>(ember::pow(keep, compute_t<V>(1.0 / p)));
     }

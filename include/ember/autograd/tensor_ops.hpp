@@ -12,7 +12,7 @@
 #include "ember/core/creation.hpp"
 #include "ember/core/device_copy.hpp"
 #include "ember/core/tensor.hpp"
-#include "ember/cpu/executor.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/expr/nodes.hpp"
 
 namespace ember::autograd {
@@ -51,7 +51,7 @@ struct ViewNode final : TypedNode<T> {
         Tensor<T> gb = zeros<T>(base_shape, g.device());
         Tensor<T> part = op.kind == ViewOp::Slice ? gb.slice(op.dim, op.start, op.end, op.step)
                                                   : gb.select(op.dim, op.start);
-        cpu::assign(part, expr::TensorLeaf<T, false>{&g}, name());
+        ops::assign(part, expr::TensorLeaf<T, false>{&g}, name());
         this->template deliver<T>(0, std::move(gb));
         return;
       }
@@ -96,7 +96,7 @@ struct TensorOps {
       have = true;
     });
     Tensor<T> out = empty<T>(e.shape(), dev);
-    cpu::assign(out, e, "materialize");
+    ops::assign(out, e, "materialize");
     autograd::record_expr(out, e);
     return out;
   }
@@ -154,7 +154,7 @@ struct TensorOps {
             ++k;
           });
         }
-        cpu::assign(y, e, "assign");
+        ops::assign(y, e, "assign");
         node->space = y.shape();
         node->output = y.impl_ptr();
         // y's retain_grad() and hooks now belong to its new version: the old node must not also write y.grad()
@@ -165,13 +165,13 @@ struct TensorOps {
         return;
       }
     }
-    cpu::assign(y, e, "assign");
+    ops::assign(y, e, "assign");
   }
 
   static void fill(Tensor<T>& t, T v) {
     EMBER_CHECK(!(t.is_leaf() && t.requires_grad() && is_grad_enabled()), "fill_: the tensor is a leaf that "
                 "requires grad; fill it under NoGradGuard");
-    cpu::assign(t, expr::ScalarLeaf<T>{compute_t<T>(v)}, "fill_");
+    ops::assign(t, expr::ScalarLeaf<T>{compute_t<T>(v)}, "fill_");
   }
 
   static Tensor<T> clone(const Tensor<T>& t) { return materialize(expr::TensorLeaf<T, false>{&t}); }

@@ -10,6 +10,7 @@
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/thread_pool.hpp"
+#include "ember/expr/aliasing.hpp"
 #include "ember/expr/evaluator.hpp"
 
 namespace ember::cpu {
@@ -121,25 +122,8 @@ struct AssignBody {
   }
 };
 
-template <class T>
-void check_writable(const Tensor<T>& out, const char* op) {
-  for (int i = 0; i < out.dim(); ++i)
-    EMBER_CHECK(!(out.strides()[i] == 0 && out.shape()[i] > 1), op,
-                ": cannot write into a tensor with a broadcast (stride 0) dim; shape ", out.shape().str(),
-                ", strides ", out.strides().str(), " (clone() it first)");
-}
-
-/// True when writing `out` in one element-wise pass could overwrite an element an operand still has to read:
-/// an operand shares its storage but reads it with a different geometry.
-template <class T>
-bool overlaps_badly(const Tensor<T>& out, const expr::PlanBuilder& b, int out_k, int nops, const void* const* ptrs,
-                    const StorageImpl* const* storages) {
-  for (int k = 0; k < nops; ++k) {
-    if (k == out_k || storages[k] != out.storage().get()) continue;
-    if (ptrs[k] != static_cast<const void*>(out.data()) || !(b.strides(k) == b.strides(out_k))) return true;
-  }
-  return false;
-}
+using expr::check_writable;
+using expr::overlaps_badly;
 
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>

@@ -14,63 +14,16 @@
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/evaluator.hpp"
+#include "ember/expr/reducer.hpp"
 
 namespace ember::cpu {
 
-/// The accumulator of a reduction over values of compute type C.
-template <class C>
-using sum_acc_t = std::conditional_t<std::is_floating_point_v<C>, double, std::int64_t>;
-
-template <class A>
-struct SumR {
-  using acc = A;
-  static constexpr bool indexed = false;
-  static acc init() { return A(0); }
-  EMBER_INLINE static acc step(acc a, A v, std::int64_t) { return a + v; }
-  static acc merge(acc a, acc b) { return a + b; }
-};
-template <class A>
-struct ProdR {
-  using acc = A;
-  static constexpr bool indexed = false;
-  static acc init() { return A(1); }
-  EMBER_INLINE static acc step(acc a, A v, std::int64_t) { return a * v; }
-  static acc merge(acc a, acc b) { return a * b; }
-};
-/// Max (Less = false) or min (Less = true); NaN wins, as in PyTorch.
-template <class A, bool Less>
-struct ExtremumR {
-  using acc = A;
-  static constexpr bool indexed = false;
-  static acc init() {
-    if constexpr (std::numeric_limits<A>::has_infinity)
-      return Less ? std::numeric_limits<A>::infinity() : -std::numeric_limits<A>::infinity();
-    else return Less ? std::numeric_limits<A>::max() : std::numeric_limits<A>::lowest();
-  }
-  EMBER_INLINE static bool better(A v, A a) { return (Less ? v < a : v > a) || v != v; }
-  EMBER_INLINE static acc step(acc a, A v, std::int64_t) { return better(v, a) && a == a ? v : a; }
-  static acc merge(acc a, acc b) { return step(a, b, 0); }
-};
-/// Arg-max/min: the first index of the extreme value (NaN counts as extreme).
-template <class A, bool Less>
-struct ArgR {
-  struct acc {
-    A v;
-    std::int64_t i;
-  };
-  static constexpr bool indexed = true;
-  static acc init() { return {ExtremumR<A, Less>::init(), -1}; }
-  EMBER_INLINE static acc step(acc a, A v, std::int64_t i) {
-    const bool take = a.i < 0 || (a.v == a.v && ExtremumR<A, Less>::better(v, a.v));
-    return take ? acc{v, i} : a;
-  }
-  static acc merge(acc a, acc b) {
-    if (b.i < 0) return a;
-    if (a.i < 0) return b;
-    const bool take = (a.v == a.v) && (ExtremumR<A, Less>::better(b.v, a.v));
-    return take ? b : a;  // ties keep a, the earlier index
-  }
-};
+// The reducers live in expr/reducer.hpp (the CUDA reduction folds with the same ones); the CPU names stay.
+using expr::ArgR;
+using expr::ExtremumR;
+using expr::ProdR;
+using expr::sum_acc_t;
+using expr::SumR;
 
 namespace detail {
 inline constexpr int kLanes = 8;
@@ -103,11 +56,7 @@ EMBER_VECTORIZE void accumulate_row(typename R::acc* EMBER_RESTRICT acc, const E
   for (std::int64_t j = 0; j < n; ++j) acc[j] = R::step(acc[j], static_cast<typename R::acc>(ev.eval(expr::RowIdx{j})), r);
 }
 
-template <class V, class Acc>
-V finish(const Acc& a) {
-  if constexpr (requires { a.i; }) return V(a.i);
-  else return convert<V>(a);
-}
+using expr::finish;
 }  // namespace detail
 
 /// Reduces expression e over the dims where `out` (same rank as e's shape, keepdim form) has size 1 and e does

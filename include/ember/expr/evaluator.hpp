@@ -6,6 +6,7 @@
 // Broadcasting is stride 0; strided views are their strides; half/bfloat16 load as float.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,6 +45,25 @@ struct RowIdx {
   std::int64_t j;
   const SlotTable* slots = nullptr;
 };
+
+/// N consecutive values of one expression (the CUDA executor evaluates N elements per step so that every
+/// operand moves 16 bytes per load or store).
+template <class V, int N>
+struct Pack {
+  V v[N];
+};
+
+/// N elements of T as one aligned block: a single (vector) load or store of N * sizeof(T) bytes.
+template <class T, int N>
+struct alignas(sizeof(T) * N) RawPack {
+  T v[N];
+};
+
+#if defined(__CUDA_ARCH__)
+#define EMBER_UNROLL _Pragma("unroll")
+#else
+#define EMBER_UNROLL
+#endif
 
 /// An iteration space after merging dims that every operand walks contiguously, with each operand's strides.
 /// Outer dims come first; the last dim is the inner (row) loop.
@@ -163,6 +183,14 @@ struct Eval<TensorLeaf<T, O>> {
   EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(I ix) const {
     return static_cast<compute_t<T>>(in.at(ix));
   }
+  /// Elements i .. i+N-1 of a dense operand; base + i must be aligned to N * sizeof(T).
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<compute_t<T>, N> eval_pack(std::int64_t i, const SlotTable*) const {
+    const RawPack<T, N> r = *reinterpret_cast<const RawPack<T, N>*>(in.base + i);
+    Pack<compute_t<T>, N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = static_cast<compute_t<T>>(r.v[k]);
+    return p;
+  }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { in.set_row(c, outer); }
 };
 
@@ -174,6 +202,13 @@ struct Eval<LeafRef<T, K>> {
   EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(RowIdx ix) const {
     return static_cast<compute_t<T>>(*reinterpret_cast<const T*>(ix.slots->row[K] + ix.j * ix.slots->inner[K]));
   }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<compute_t<T>, N> eval_pack(std::int64_t i, const SlotTable* s) const {
+    const RawPack<T, N> r = *reinterpret_cast<const RawPack<T, N>*>(reinterpret_cast<const T*>(s->base[K]) + i);
+    Pack<compute_t<T>, N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = static_cast<compute_t<T>>(r.v[k]);
+    return p;
+  }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
 };
 
@@ -183,6 +218,12 @@ struct Eval<ScalarLeaf<T>> {
   template <class I>
   EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(I) const {
     return v;
+  }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<compute_t<T>, N> eval_pack(std::int64_t, const SlotTable*) const {
+    Pack<compute_t<T>, N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = v;
+    return p;
   }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
 };
@@ -194,6 +235,13 @@ struct Eval<UnaryExpr<Op, A>> {
   template <class I>
   EMBER_HOST_DEVICE EMBER_INLINE auto eval(I ix) const {
     return op(a.eval(ix));
+  }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE auto eval_pack(std::int64_t i, const SlotTable* s) const {
+    const auto x = a.template eval_pack<N>(i, s);
+    Pack<decltype(op(x.v[0])), N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = op(x.v[k]);
+    return p;
   }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { a.set_row(c, outer); }
 };
@@ -207,6 +255,14 @@ struct Eval<BinaryExpr<Op, A, B>> {
   template <class I>
   EMBER_HOST_DEVICE EMBER_INLINE auto eval(I ix) const {
     return op(static_cast<CT>(a.eval(ix)), static_cast<CT>(b.eval(ix)));
+  }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE auto eval_pack(std::int64_t i, const SlotTable* s) const {
+    const auto x = a.template eval_pack<N>(i, s);
+    const auto y = b.template eval_pack<N>(i, s);
+    Pack<decltype(op(CT{}, CT{})), N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = op(static_cast<CT>(x.v[k]), static_cast<CT>(y.v[k]));
+    return p;
   }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) {
     a.set_row(c, outer);
@@ -225,6 +281,18 @@ struct Eval<WhereExpr<C, A, B>> {
     const CT x = static_cast<CT>(a.eval(ix)), y = static_cast<CT>(b.eval(ix));
     return c.eval(ix) ? x : y;
   }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<CT, N> eval_pack(std::int64_t i, const SlotTable* s) const {
+    const auto pc = c.template eval_pack<N>(i, s);
+    const auto pa = a.template eval_pack<N>(i, s);
+    const auto pb = b.template eval_pack<N>(i, s);
+    Pack<CT, N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) {
+      const CT x = static_cast<CT>(pa.v[k]), y = static_cast<CT>(pb.v[k]);
+      p.v[k] = pc.v[k] ? x : y;
+    }
+    return p;
+  }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* cc, int outer) {
     c.set_row(cc, outer);
     a.set_row(cc, outer);
@@ -238,6 +306,13 @@ struct Eval<CastExpr<U, A>> {
   template <class I>
   EMBER_HOST_DEVICE EMBER_INLINE compute_t<U> eval(I ix) const {
     return static_cast<compute_t<U>>(convert<U>(a.eval(ix)));
+  }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<compute_t<U>, N> eval_pack(std::int64_t i, const SlotTable* s) const {
+    const auto x = a.template eval_pack<N>(i, s);
+    Pack<compute_t<U>, N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = static_cast<compute_t<U>>(convert<U>(x.v[k]));
+    return p;
   }
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { a.set_row(c, outer); }
 };
@@ -293,5 +368,36 @@ void add_leaves(const E& e, PlanBuilder& b, Device& dev, bool& have_dev, const c
     b.add(t.shape(), t.strides());
   });
 }
+
+/// The device of an expression's first tensor leaf (the CPU for an expression of scalars only).
+template <class E>
+Device device_of(const E& e) {
+  Device d = Device::cpu();
+  bool have = false;
+  visit_leaves(e, [&](const auto& leaf) {
+    if (!have) d = leaf.tensor().device();
+    have = true;
+  });
+  return d;
+}
+
+/// The widest element type (in bytes) among an expression's tensor leaves; 0 when it has none.
+template <class E>
+struct max_leaf_bytes : std::integral_constant<std::size_t, 0> {};
+template <class T, bool O>
+struct max_leaf_bytes<TensorLeaf<T, O>> : std::integral_constant<std::size_t, sizeof(T)> {};
+template <class T, int K>
+struct max_leaf_bytes<LeafRef<T, K>> : std::integral_constant<std::size_t, sizeof(T)> {};
+template <class Op, class A>
+struct max_leaf_bytes<UnaryExpr<Op, A>> : max_leaf_bytes<A> {};
+template <class U, class A>
+struct max_leaf_bytes<CastExpr<U, A>> : max_leaf_bytes<A> {};
+template <class Op, class A, class B>
+struct max_leaf_bytes<BinaryExpr<Op, A, B>>
+    : std::integral_constant<std::size_t, std::max(max_leaf_bytes<A>::value, max_leaf_bytes<B>::value)> {};
+template <class C, class A, class B>
+struct max_leaf_bytes<WhereExpr<C, A, B>>
+    : std::integral_constant<std::size_t, std::max({max_leaf_bytes<C>::value, max_leaf_bytes<A>::value,
+                                                    max_leaf_bytes<B>::value})> {};
 
 }  // namespace ember::expr

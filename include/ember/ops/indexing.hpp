@@ -7,7 +7,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
-#include "ember/cpu/executor.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/expr/nodes.hpp"
 
 namespace ember::ops {
@@ -36,7 +36,7 @@ Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim) {
   std::int64_t at = 0;
   for (const auto& t : ts) {
     const std::int64_t n = t.shape()[d];
-    if (n) cpu::assign(r.as_strided_raw(t.shape(), r.strides(), at * r.strides()[d]), expr::TensorLeaf<T, false>{&t}, "cat");
+    if (n) ops::assign(r.as_strided_raw(t.shape(), r.strides(), at * r.strides()[d]), expr::TensorLeaf<T, false>{&t}, "cat");
     at += n;
   }
   return r;
@@ -70,7 +70,7 @@ Tensor<T> index_select(const Tensor<T>& x, std::int64_t dim, const Tensor<std::i
   for (std::int64_t i = 0; i < std::int64_t(ix.size()); ++i) {
     const std::int64_t v = ix[std::size_t(i)];
     Tensor<T> src = x.as_strided_raw(x.shape(), x.strides(), x.storage_offset()).select(d, v);
-    cpu::assign(r.as_strided_raw(r.shape(), r.strides(), 0).select(d, i), expr::TensorLeaf<T, false>{&src},
+    ops::assign(r.as_strided_raw(r.shape(), r.strides(), 0).select(d, i), expr::TensorLeaf<T, false>{&src},
                 "index_select");
   }
   return r;
@@ -87,7 +87,7 @@ Tensor<T> index_add(const Shape& shape, std::int64_t dim, const Tensor<std::int6
     const std::int64_t v = ix[std::size_t(i)];
     Tensor<T> dst = out.select(d, v);
     Tensor<T> s = src.as_strided_raw(src.shape(), src.strides(), src.storage_offset()).select(d, i);
-    cpu::assign(dst, expr::make_binary(ops_table::Add{}, dst, s), "index_add");
+    ops::assign(dst, expr::make_binary(ops_table::Add{}, dst, s), "index_add");
   }
   return out;
 }

@@ -58,10 +58,13 @@ class BasicAdam : public Optimizer {
         State& s = state_[k++];
         if (!p.has_meta() || !p.grad().defined()) continue;
         const Tensor<T> g = detail::checked_grad(p, kName);
+#if !EMBER_CUDA_EXECUTOR
+        if (p.device().is_cuda()) detail::no_cuda_update(kName, p.device());
+#endif
         if (!s.m.defined()) {
-          s.m = zeros<T>(p.shape());
-          s.v = zeros<T>(p.shape());
-          if (o.amsgrad) s.vmax = zeros<T>(p.shape());
+          s.m = zeros<T>(p.shape(), p.device());
+          s.v = zeros<T>(p.shape(), p.device());
+          if (o.amsgrad) s.vmax = zeros<T>(p.shape(), p.device());
         }
         ++s.step;
         const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
@@ -69,6 +72,20 @@ class BasicAdam : public Optimizer {
         const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(o.weight_decay);
         const T decay = Decoupled ? T(1 - o.lr * o.weight_decay) : T(1);
         const T sign = o.maximize ? T(-1) : T(1);
+        if (p.device().is_cuda()) {
+          // The same update as fused expressions through the CUDA executor (m, v, vmax, then the parameter).
+#if EMBER_CUDA_EXECUTOR
+          const double sg = o.maximize ? -1.0 : 1.0, l2d = Decoupled ? 0.0 : o.weight_decay;
+          const double decayd = Decoupled ? 1 - o.lr * o.weight_decay : 1.0;
+          const auto gi = g * sg + p * l2d;
+          s.m = s.m * o.beta1 + gi * (1 - o.beta1);
+          s.v = s.v * o.beta2 + square(gi) * (1 - o.beta2);
+          if (o.amsgrad) s.vmax = maximum(s.vmax, s.v);
+          const Tensor<T>& vv = o.amsgrad ? s.vmax : s.v;
+          p = p * decayd - s.m * (o.lr / bc1) / (sqrt(vv) * (1 / std::sqrt(bc2)) + o.eps);
+          continue;
+#endif
+        }
         T* pp = p.data();
         const T* gp = g.data();
         T *mp = s.m.data(), *vp = s.v.data(), *xp = s.vmax.defined() ? s.vmax.data() : nullptr;

@@ -26,6 +26,7 @@ double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, do
   bool nan = false;
   for (const Tensor<T>& p : params) {
     if (!p.has_meta() || !p.grad().defined()) continue;
+    p.grad().check_cpu("clip_grad_norm_");
     const Tensor<T> g = p.grad().contiguous();
     const T* d = g.data();
     for (std::int64_t i = 0; i < g.numel(); ++i) {

@@ -13,6 +13,7 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/nn/module.hpp"
+#include "ember/ops/elementwise.hpp"
 
 namespace ember::optim {
 
@@ -51,9 +52,16 @@ Tensor<T> checked_grad(const Tensor<T>& p, const char* op) {
               " with strides ", p.strides().str());
   EMBER_CHECK(g.shape() == p.shape(), op, ": the gradient has shape ", g.shape().str(), " but the parameter has ",
               p.shape().str());
-  EMBER_CHECK(p.device().is_cpu() && g.device().is_cpu(), op, ": the fused update runs on CPU tensors; got a ",
-              "parameter on ", p.device().str(), " and its gradient on ", g.device().str());
+  EMBER_CHECK(p.device() == g.device(), op, ": the parameter is on ", p.device().str(), " but its gradient on ",
+              g.device().str());
   return g.is_contiguous() ? g : g.contiguous();
+}
+
+/// The error of an optimizer step on CUDA tensors in a translation unit that nvcc did not compile.
+[[noreturn, gnu::cold]] inline void no_cuda_update(const char* op, Device d) {
+  throw Error(::ember::detail::concat(op, ": a parameter is on ", d.str(), "; the update of CUDA parameters is "
+                                      "compiled into the translation unit that calls step(), so compile it with nvcc "
+                                      "(a .cu file) and link ember::cuda"));
 }
 
 template <class T>

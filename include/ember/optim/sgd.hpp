@@ -54,8 +54,27 @@ class SGD final : public Optimizer {
         Tensor<T>& buf = buf_[k++];
         if (!p.has_meta() || !p.grad().defined()) continue;
         const Tensor<T> g = detail::checked_grad(p, "optim::SGD");
+#if !EMBER_CUDA_EXECUTOR
+        if (p.device().is_cuda()) detail::no_cuda_update("optim::SGD", p.device());
+#endif
         const bool first = !buf.defined();
-        if (o.momentum != 0 && first) buf = empty<T>(p.shape());
+        if (o.momentum != 0 && first) buf = empty<T>(p.shape(), p.device());
+        if (p.device().is_cuda()) {
+          // The same update as fused expressions (one pass per written tensor) through the CUDA executor.
+#if EMBER_CUDA_EXECUTOR
+          const double sg = o.maximize ? -1.0 : 1.0;
+          const auto d = g * sg + p * o.weight_decay;
+          if (o.momentum != 0) {
+            if (first) buf = d;
+            else buf = buf * o.momentum + d * (1 - o.dampening);
+            if (o.nesterov) p -= (d + buf * o.momentum) * o.lr;
+            else p -= buf * o.lr;
+          } else {
+            p -= d * o.lr;
+          }
+          continue;
+#endif
+        }
         T* pp = p.data();
         const T* gp = g.data();
         T* bp = buf.defined() ? buf.data() : nullptr;
