@@ -12,8 +12,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,45 +20,6 @@
 using namespace ember;
 
 namespace {
-
-/// A minimal caching allocator, used only when no CUDA allocator is installed in ember's hook (so that timed
-/// loops never reach cudaMalloc/cudaFree).
-class BenchCudaAllocator final : public Allocator {
- public:
-  explicit BenchCudaAllocator(int dev) : dev_(dev) {}
-  void* allocate(std::size_t n) override {
-    std::lock_guard<std::mutex> lk(m_);
-    auto& fl = free_[n];
-    if (!fl.empty()) {
-      void* p = fl.back();
-      fl.pop_back();
-      return p;
-    }
-    cuda::DeviceGuard g(dev_);
-    void* p = nullptr;
-    if (n) EMBER_CUDA_CHECK(cudaMalloc(&p, n));
-    return p;
-  }
-  void deallocate(void* p, std::size_t n) override {
-    std::lock_guard<std::mutex> lk(m_);
-    free_[n].push_back(p);  // stream-ordered reuse: every kernel here runs on one stream
-  }
-  Device device() const override { return Device::cuda(dev_); }
-
- private:
-  int dev_;
-  std::mutex m_;
-  std::map<std::size_t, std::vector<void*>> free_;
-};
-
-void install_allocator_if_missing() {
-  if (ember::detail::cuda_allocator) return;
-  ember::detail::cuda_allocator = [](int i) -> Allocator* {
-    static BenchCudaAllocator* a[cuda::kMaxDevices] = {};
-    if (!a[i]) a[i] = new BenchCudaAllocator(i);
-    return a[i];
-  };
-}
 
 /// Median milliseconds of `runs` timed calls of f (after warm-up calls), timed with events on the current stream.
 double median_ms(const std::function<void()>& f, int runs = 20, int warmup = 3) {
@@ -143,7 +102,6 @@ int main(int argc, char** argv) {
     std::printf("bench_cuda: no CUDA device, nothing measured\n");
     return 0;
   }
-  install_allocator_if_missing();
   const std::int64_t n = argc > 1 ? std::atoll(argv[1]) : std::int64_t(64) << 20;
   char name[256] = {};
   EMBER_CUDA_CHECK(cudaDeviceGetName(name, sizeof name, 0));

@@ -27,39 +27,9 @@ using bf16 = ember::bfloat16;
       MESSAGE("skipped: no CUDA device");    \
       return;                                \
     }                                        \
-    install_fallback_allocator();            \
   } while (0)
 
 namespace {
-
-/// cudaMalloc/cudaFree, for builds where no CUDA caching allocator has been installed into ember's hook.
-class PlainCudaAllocator final : public Allocator {
- public:
-  explicit PlainCudaAllocator(int dev) : dev_(dev) {}
-  void* allocate(std::size_t n) override {
-    cuda::DeviceGuard g(dev_);
-    void* p = nullptr;
-    if (n) EMBER_CUDA_CHECK(cudaMalloc(&p, n));
-    return p;
-  }
-  void deallocate(void* p, std::size_t) override {
-    cuda::DeviceGuard g(dev_);
-    if (p) EMBER_CUDA_WARN(cudaFree(p));
-  }
-  Device device() const override { return Device::cuda(dev_); }
-
- private:
-  int dev_;
-};
-
-void install_fallback_allocator() {
-  if (ember::detail::cuda_allocator) return;
-  ember::detail::cuda_allocator = [](int i) -> Allocator* {
-    static PlainCudaAllocator* a[cuda::kMaxDevices] = {};
-    if (!a[i]) a[i] = new PlainCudaAllocator(i);
-    return a[i];
-  };
-}
 
 const Device kDev = Device::cuda(0);
 
