@@ -103,11 +103,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::int64_t n = argc > 1 ? std::atoll(argv[1]) : std::int64_t(64) << 20;
-  char name[256] = {};
-  EMBER_CUDA_CHECK(cudaDeviceGetName(name, sizeof name, 0));
+  cudaDeviceProp prop{};
+  EMBER_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   int sms = 0;
   EMBER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("device: %s (%d SMs)\n", name, sms);
+  std::printf("device: %s (%d SMs)\n", prop.name, sms);
   {
     const Tensor<float> a = dev_randn<float>(n);
     Tensor<float> b = empty<float>({n}, Device::cuda(0));
