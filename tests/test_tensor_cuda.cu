@@ -409,6 +409,31 @@ TEST_CASE("CUDA allocator: a steady training-like loop makes no cudaMalloc calls
   CHECK(after.allocated_bytes == before.allocated_bytes);
 }
 
+TEST_CASE("CUDA allocator: a training step (Linear, ReLU, MSE, backward, SGD) makes no cudaMalloc after the first") {
+  if (skip_without_device()) return;
+  ember::manual_seed(1);
+  nn::Sequential model(nn::Linear(64, 128), nn::ReLU(), nn::Linear(128, 10));
+  model.to(Device::cuda());
+  optim::SGD opt(model.parameters(), {.lr = 0.01, .momentum = 0.9, .nesterov = true});
+  const Tensor<float> x = randn<float>({32, 64}).to(Device::cuda()), y = randn<float>({32, 10}).to(Device::cuda());
+  float first = 0, last = 0;
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor<float> loss = mean(square(model(x) - y));
+    loss.backward();
+    opt.step();
+    return loss.item();
+  };
+  first = step();  // the first iteration fills the cache (and creates the momentum buffers)
+  const auto before = cuda::memory_stats();
+  for (int i = 0; i < 10; ++i) last = step();
+  const auto after = cuda::memory_stats();
+  CHECK(after.num_cuda_mallocs == before.num_cuda_mallocs);
+  CHECK(after.cache_hits > before.cache_hits);
+  CHECK(std::isfinite(last));
+  CHECK(last < first);  // and it trains
+}
+
 TEST_CASE("CUDA allocator: statistics, peaks and empty_cache") {
   if (skip_without_device()) return;
   cuda::empty_cache();
