@@ -17,6 +17,7 @@
 
 #include "ember/ember.hpp"
 #include "helpers.hpp"
+#include "reference_checks.hpp"
 #include "ember/autograd/softmax.hpp"
 #include "ember/nn/loss.hpp"
 
@@ -38,30 +39,10 @@ const Fixtures& loss_fx() {
   return f;
 }
 
-template <class T>
-void check_close(const Tensor<T>& got, const TD& want, double rtol = 1e-9, double atol = 1e-11) {
-  REQUIRE(got.defined());
-  REQUIRE(got.shape() == want.shape());
-  const auto g = got.to_vector();
-  const auto w = want.to_vector();
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    INFO("element " << i << ": got " << double(g[i]) << ", want " << w[i]);
-    CHECK(std::fabs(double(g[i]) - w[i]) <= atol + rtol * std::fabs(w[i]));
-  }
-}
+using ember_test::check_close;
+using ember_test::check_grad;
+using ember_test::normal;
 
-void check_grad(const std::string& what, const Fn& f, const Inputs& in) {
-  INFO(what);
-  GradcheckResult r = gradcheck(f, in, 1e-6, 1e-6, 1e-5);
-  CHECK_MESSAGE(r.ok, r.message);
-}
-
-TD normal(const Shape& s, std::uint64_t seed, double scale = 1, double shift = 0) {
-  Generator g(seed);
-  TD t = randn<double>(s, g);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = t.data()[i] * scale + shift;
-  return t;
-}
 TD uniform(const Shape& s, double lo, double hi, std::uint64_t seed) {
   Generator g(seed);
   TD t = rand<double>(s, g);
