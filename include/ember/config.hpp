@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -126,6 +127,36 @@ std::string concat(const Args&... args) {
     (os << ... << args);
     return os.str();
   }
+}
+
+/// Text read from a file (tensor names, keys, metadata), made safe to quote in an error message: in double
+/// quotes, with `"`, `\` and every byte that is not printable ASCII escaped (`\n`, `\t`, `\xNN`), so no terminal
+/// escape sequence reaches the user's terminal; longer than `max_chars`, it is cut and says how long it was.
+[[gnu::cold, gnu::noinline]] inline std::string quote_untrusted(std::string_view s, std::size_t max_chars = 80) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out = "\"";
+  const std::size_t n = s.size() < max_chars ? s.size() : max_chars;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c >= 0x20 && c < 0x7f) {
+          out += char(c);
+        } else {
+          out += "\\x";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        }
+    }
+  }
+  out += '"';
+  if (n < s.size()) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
 }
 }  // namespace detail
 
