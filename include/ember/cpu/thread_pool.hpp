@@ -28,14 +28,14 @@ class ThreadPool {
     return std::max(1u, std::thread::hardware_concurrency());
   }
 
-  int num_threads() const { return nthreads_; }
+  int num_threads() const { return nthreads_.load(std::memory_order_relaxed); }
 
   /// Sets how many threads (including the caller) run parallel loops.
   void set_num_threads(int n) {
     n = std::max(1, n);
     std::unique_lock<std::mutex> lk(run_mu_);
     stop_workers();
-    nthreads_ = n;
+    nthreads_.store(n, std::memory_order_relaxed);
     start_workers();
   }
 
@@ -70,7 +70,7 @@ class ThreadPool {
 
   bool runs_serially(std::int64_t n, std::int64_t grain) const {
     const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
-    return nthreads_ == 1 || maxchunks < 2 || in_worker();
+    return nthreads_.load(std::memory_order_relaxed) == 1 || maxchunks < 2 || in_worker();
   }
 
   [[gnu::noinline]] void run_parallel(std::int64_t begin, std::int64_t end, std::int64_t grain, RangeFn call,
@@ -78,7 +78,7 @@ class ThreadPool {
     const std::int64_t n = end - begin;
     const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
     std::unique_lock<std::mutex> run(run_mu_);  // one parallel loop at a time; nested calls run serially
-    const std::int64_t nchunks = std::min<std::int64_t>(maxchunks, nthreads_ * 4);
+    const std::int64_t nchunks = std::min<std::int64_t>(maxchunks, nthreads_.load(std::memory_order_relaxed) * 4);
     Job job;
     job.call = call;
     job.fn = fn;
@@ -131,7 +131,7 @@ class ThreadPool {
 
   void start_workers() {
     quit_ = false;
-    for (int i = 1; i < nthreads_; ++i)
+    for (int i = 1, n = nthreads_.load(std::memory_order_relaxed); i < n; ++i)
       workers_.emplace_back([this] {
         in_worker() = true;
         std::uint64_t seen = 0;
@@ -160,7 +160,9 @@ class ThreadPool {
     workers_.clear();
   }
 
-  int nthreads_;
+  // Written under run_mu_ (set_num_threads); read without it by the serial-or-parallel test of every loop, and by
+  // num_threads(). A loop that saw a stale count only splits differently: run_parallel works under run_mu_.
+  std::atomic<int> nthreads_;
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_;
