@@ -449,3 +449,139 @@ TEST_CASE("conv and pooling errors name the op, the shapes and what was expected
   const TF wg6 = from_blob(mem.data(), {6, 6, 3, 3}, std::function<void(void*)>{}, Device::cuda());
   EXPECT_ERROR([&] { (void)conv2d(xg, wg6); }, {"conv2d", "no kernel", "cuda:0"});
 }
+
+// ---- issue 10: ceil_mode windows past the padded input, empty dilated windows, divisor_override ------------------
+
+namespace {
+const ember_test::Fixtures& edges_fx() {
+  static const ember_test::Fixtures f("ops_edges.txt");
+  return f;
+}
+struct EdgePool {
+  const char* name;
+  Size2 k, s, p, d;
+};
+// The cases of tests/fixtures/gen_ops_edges.py (POOL_CASES), all with ceil_mode.
+const EdgePool kEdgePools[] = {{"row", 2, 2, 0, 1},
+                               {"wide", {2, 4}, {2, 3}, 0, 1},
+                               {"pad", {5, 3}, {3, 2}, 1, 1},
+                               {"dil", 3, 2, 1, {2, 1}},
+                               {"ref", 3, 2, 1, 1}};
+}  // namespace
+
+TEST_CASE("pooling with ceil_mode and a kernel larger than the padded input gives PyTorch's output (fixtures)") {
+  // PyTorch: out = floor((in + 2p - d(k-1) - 1 + s - 1) / s) + 1, minus the last window if it would start in the
+  // right padding. x (1, 1, 1, 4), kernel 2, ceil_mode: max [[1, 3]] where ember used to raise.
+  const auto& fx = edges_fx();
+  for (const EdgePool& c : kEdgePools) {
+    INFO("case " << c.name);
+    const std::string pre = std::string("pool.") + c.name;
+    const Pool2dOptions mo{.stride = c.s, .padding = c.p, .dilation = c.d, .ceil_mode = true};
+    TD x = fx[pre + ".x"];
+    x.requires_grad_(true);
+    TD y = max_pool2d(x, c.k, mo);
+    expect_close("max y", y, fx[pre + ".max.y"]);
+    y.backward(fx[pre + ".g"]);
+    expect_close("max dx", x.grad(), fx[pre + ".max.dx"]);
+    // The float path and the no-grad path (no indices) agree.
+    CHECK(max_diff(max_pool2d(TF(cast<float>(fx[pre + ".x"])), c.k, mo), fx[pre + ".max.y"]) <= 1e-6);
+    if (c.d == Size2(1)) {
+      for (const bool cip : {true, false}) {
+        INFO("count_include_pad " << cip);
+        const std::string key = pre + ".avg." + (cip ? "1" : "0") + ".None";
+        TD xa = fx[pre + ".x"];
+        xa.requires_grad_(true);
+        TD ya = avg_pool2d(xa, c.k, {.stride = c.s, .padding = c.p, .ceil_mode = true, .count_include_pad = cip});
+        expect_close("avg y", ya, fx[key + ".y"]);
+        ya.backward(fx[pre + ".g"]);
+        expect_close("avg dx", xa.grad(), fx[key + ".dx"]);
+      }
+    }
+  }
+  // The issue's example, by value.
+  CHECK(max_pool2d(arange<double>(0, 4).view({1, 1, 1, 4}), 2, {.ceil_mode = true}).to_vector() ==
+        std::vector<double>{1, 3});
+}
+
+TEST_CASE("pooling gradcheck: ceil_mode windows larger than the padded input") {
+  for (const EdgePool& c : kEdgePools) {
+    INFO("case " << c.name);
+    const TD x = distinct(edges_fx()[std::string("pool.") + c.name + ".x"].shape(), 71);
+    const Pool2dOptions mo{.stride = c.s, .padding = c.p, .dilation = c.d, .ceil_mode = true};
+    check_grad("max", [&](const Inputs& v) { return max_pool2d(v[0], c.k, mo); }, {x});
+    if (c.d == Size2(1))
+      for (const bool cip : {true, false})
+        check_grad("avg", [&](const Inputs& v) {
+          return avg_pool2d(v[0], c.k, {.stride = c.s, .padding = c.p, .ceil_mode = true, .count_include_pad = cip});
+        }, {x});
+  }
+}
+
+TEST_CASE("max_pool2d: a dilated window that only covers padding gives -inf and no gradient (no stray write)") {
+  // H = 1, kernel 2, dilation 2, padding 1: rows -1 and 1 of a 1-row input, so the window holds no element.
+  // PyTorch outputs -inf there (and an index outside the plane, which its backward would write through).
+  // ember records index -1 and sends that output's gradient nowhere. Two planes: a stray write from plane 0
+  // would land in plane 1.
+  TD x = from_vector<double>({1, 2, 3, 4, 5, 6}, {1, 2, 1, 3});
+  x.requires_grad_(true);
+  const Pool2dOptions o{.padding = 1, .dilation = 2};
+  auto [yv, idx] = ops::max_pool2d_with_indices(x.detach(), 2, o, true);
+  CHECK(yv.shape() == Shape({1, 2, 1, 2}));
+  for (double v : yv.to_vector()) CHECK(v == -std::numeric_limits<double>::infinity());
+  for (i64 i : idx.to_vector()) CHECK(i == -1);
+  TD y = max_pool2d(x, 2, o);
+  y.backward(ones<double>(y.shape()));
+  CHECK(x.grad().to_vector() == std::vector<double>(6, 0.0));
+  // The indices form of the backward rejects indices outside the plane instead of writing through them.
+  EXPECT_ERROR([&] { (void)ops::max_pool2d_backward(ones<double>({1, 2, 1, 2}), full<i64>({1, 2, 1, 2}, 3), x.shape()); },
+               {"max_pool2d_backward", "index 3", "[-1, 3)"});
+}
+
+TEST_CASE("avg_pool2d divisor_override matches PyTorch (fixtures), forward and backward, with ceil_mode windows") {
+  const auto& fx = edges_fx();
+  for (const EdgePool& c : kEdgePools) {
+    if (!(c.d == Size2(1))) continue;
+    const std::string pre = std::string("pool.") + c.name;
+    for (const bool cip : {true, false})
+      for (const i64 div : {i64(5), i64(-2)}) {
+        const std::string key = pre + ".avg." + (cip ? "1" : "0") + "." + std::to_string(div);
+        INFO(key);
+        TD x = fx[pre + ".x"];
+        x.requires_grad_(true);
+        const Pool2dOptions o{.stride = c.s, .padding = c.p, .ceil_mode = true, .count_include_pad = cip,
+                              .divisor_override = div};
+        TD y = avg_pool2d(x, c.k, o);
+        expect_close("y", y, fx[key + ".y"]);
+        y.backward(fx[pre + ".g"]);
+        expect_close("dx", x.grad(), fx[key + ".dx"]);
+        CHECK(max_diff(avg_pool2d(TF(cast<float>(fx[pre + ".x"])), c.k, o), fx[key + ".y"]) <= 1e-5);
+      }
+  }
+  // The layer passes it on.
+  nn::AvgPool2d layer(2, {.divisor_override = 3});
+  CHECK(layer(ones<double>({1, 1, 2, 2})).to_vector() == std::vector<double>{4.0 / 3.0});
+}
+
+TEST_CASE("pooling gradcheck: divisor_override") {
+  const Shape s{2, 2, 5, 4};
+  for (const Pool2dOptions& o :
+       {Pool2dOptions{.divisor_override = 7}, Pool2dOptions{.stride = 2, .padding = 1, .ceil_mode = true,
+                                                            .divisor_override = -3},
+        Pool2dOptions{.stride = {1, 2}, .padding = 1, .count_include_pad = false, .divisor_override = 2}})
+    check_grad("avg divisor_override", [&](const Inputs& v) { return avg_pool2d(v[0], 3, o); }, {normal(s, 81)});
+}
+
+TEST_CASE("pooling errors: no window fits, divisor_override zero or on max_pool2d") {
+  // Without ceil_mode a kernel larger than the padded input leaves no window (as PyTorch: "Output size is too
+  // small"); with ceil_mode PyTorch still needs a window that starts inside the input or the left padding.
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<double>({1, 1, 1, 4}), 3); },
+               {"max_pool2d", "kernel (3, 3)", "larger than the padded input (1, 4)", "no window fits", "[1, 1, 1, 4]"});
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<double>({1, 1, 1, 4}), 3, {.stride = 2, .ceil_mode = true}); },
+               {"max_pool2d", "kernel (3, 3)", "even with ceil_mode", "stride (2, 2)"});
+  EXPECT_ERROR([&] { (void)avg_pool2d(zeros<double>({1, 1, 4, 4}), 2, {.divisor_override = 0}); },
+               {"avg_pool2d", "divisor_override must be non-zero"});
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<double>({1, 1, 4, 4}), 2, {.divisor_override = 2}); },
+               {"max_pool2d", "divisor_override", "avg_pool2d only"});
+  EXPECT_ERROR([&] { (void)max_pool2d(zeros<double>({1, 1, 4, 4}), {2, i64(1) << 40}); },
+               {"max_pool2d", "at most 2^31 - 1"});
+}

@@ -1,8 +1,9 @@
 // ember — CPU 2-D pooling kernels (max, average, adaptive average), forward and backward, on contiguous planes
 // (N*C planes of H x W), one plane per parallel chunk. The window rules follow PyTorch's CPU kernels exactly:
-// max pool skips padding, keeps the first maximum (a NaN wins) and records its flat index in the plane; average
-// pool divides by the window clipped to the padded input (count_include_pad) or to the input; adaptive pool bin
-// i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
+// max pool skips padding, keeps the first maximum (a NaN wins) and records its flat index in the plane (a dilated
+// window that only covers padding gives -inf and index -1, which backward skips; PyTorch records an index outside
+// the plane there); average pool divides by divisor_override when set, else by the window clipped to the padded
+// input (count_include_pad) or to the input; adaptive pool bin i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,7 @@ struct PoolGeometry {
   std::int64_t oh = 0, ow = 0;             // output
   std::int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool count_include_pad = true;
+  std::int64_t divisor_override = 0;  // avg pool: the divisor of every window when non-zero
 };
 
 namespace detail {
@@ -49,7 +51,8 @@ void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_
       std::int64_t x0 = ox * g.sw - g.pw;
       const std::int64_t x1 = std::min(x0 + (g.kw - 1) * g.dw + 1, g.w);
       while (x0 < 0) x0 += g.dw;
-      std::int64_t best = y0 * g.w + x0;
+      // A window with no element (dilation steps over the input) keeps -inf and index -1.
+      std::int64_t best = y0 < y1 && x0 < x1 ? y0 * g.w + x0 : -1;
       T m = -std::numeric_limits<T>::infinity();
       for (std::int64_t iy = y0; iy < y1; iy += g.dh)
         for (std::int64_t ix = x0; ix < x1; ix += g.dw) {
@@ -119,7 +122,8 @@ void max_pool2d_forward(const PoolGeometry& g, const T* x, T* y, std::int64_t* i
   else detail::max_pool_planes<T, false>(g, x, y, nullptr);
 }
 
-/// gx (planes, h, w) = gy (planes, oh, ow) sent to the recorded maxima (overwrites gx).
+/// gx (planes, h, w) = gy (planes, oh, ow) sent to the recorded maxima (overwrites gx); index -1 (an empty
+/// window) sends nothing. Indices must lie in [-1, h*w) (ops/ checks them).
 template <class T>
 void max_pool2d_backward(const PoolGeometry& g, const T* gy, const std::int64_t* idx, T* gx) {
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
@@ -129,7 +133,8 @@ void max_pool2d_backward(const PoolGeometry& g, const T* gy, const std::int64_t*
       std::fill(gp, gp + HW, T(0));
       const T* gyp = gy + p * L;
       const std::int64_t* ip = idx + p * L;
-      for (std::int64_t k = 0; k < L; ++k) gp[ip[k]] += gyp[k];
+      for (std::int64_t k = 0; k < L; ++k)
+        if (ip[k] >= 0) gp[ip[k]] += gyp[k];
     }
   });
 }
@@ -148,7 +153,7 @@ inline AvgWindow avg_window(const PoolGeometry& g, std::int64_t oy, std::int64_t
   y1 = std::min(y1, g.h);
   x1 = std::min(x1, g.w);
   const std::int64_t inside = std::max<std::int64_t>(y1 - y0, 0) * std::max<std::int64_t>(x1 - x0, 0);
-  return {y0, y1, x0, x1, g.count_include_pad ? padded : inside};
+  return {y0, y1, x0, x1, g.divisor_override != 0 ? g.divisor_override : g.count_include_pad ? padded : inside};
 }
 }  // namespace detail
 

@@ -38,6 +38,13 @@ inline cpu::PoolGeometry pool_geometry(const char* op, const Shape& x, Device de
   check_window_arg(op, "dilation", dil, 1);
   EMBER_CHECK(2 * o.padding.h <= kernel.h && 2 * o.padding.w <= kernel.w, op, ": padding ", o.padding.str(),
               " must be at most half the kernel size ", kernel.str());
+  // PyTorch's pooling arguments are int32 (larger ones are an error there too); this also keeps the window
+  // arithmetic below far from int64 overflow.
+  constexpr std::int64_t kMaxArg = 0x7fffffff;
+  EMBER_CHECK(kernel.h <= kMaxArg && kernel.w <= kMaxArg && stride.h <= kMaxArg && stride.w <= kMaxArg &&
+                  dil.h <= kMaxArg && dil.w <= kMaxArg,
+              op, ": kernel size ", kernel.str(), ", stride ", stride.str(), " and dilation ", dil.str(),
+              " must each be at most 2^31 - 1");
   cpu::PoolGeometry g;
   g.planes = x[0] * x[1];
   g.h = x[2];
@@ -51,13 +58,21 @@ inline cpu::PoolGeometry pool_geometry(const char* op, const Shape& x, Device de
   g.dh = dil.h;
   g.dw = dil.w;
   g.count_include_pad = o.count_include_pad;
-  const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
-  EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, ": kernel ", kernel.str(),
-              (dil.h > 1 || dil.w > 1 ? " (dilated to " + Size2(eh, ew).str() + ")" : std::string()),
-              " is larger than the padded input ", Size2(g.h + 2 * g.ph, g.w + 2 * g.pw).str(), " (input shape ",
-              x.str(), ", padding ", o.padding.str(), ")");
+  if (o.divisor_override) {
+    EMBER_CHECK(!dilated, op, ": divisor_override is an option of avg_pool2d only (got ", *o.divisor_override, ")");
+    EMBER_CHECK(*o.divisor_override != 0, op, ": divisor_override must be non-zero (got 0), input shape ", x.str());
+    g.divisor_override = *o.divisor_override;
+  }
+  // PyTorch's output size: with ceil_mode a window may be larger than the padded input, as long as it starts
+  // inside the input or the left padding; no window at all is an error.
   g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, o.ceil_mode);
   g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, o.ceil_mode);
+  const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
+  EMBER_CHECK(g.oh > 0 && g.ow > 0, op, ": kernel ", kernel.str(),
+              (dil.h > 1 || dil.w > 1 ? " (dilated to " + Size2(eh, ew).str() + ")" : std::string()),
+              " is larger than the padded input ", Size2(g.h + 2 * g.ph, g.w + 2 * g.pw).str(),
+              (o.ceil_mode ? " even with ceil_mode" : ""), ": no window fits (input shape ", x.str(), ", padding ",
+              o.padding.str(), ", stride ", stride.str(), ")");
   return g;
 }
 
@@ -79,6 +94,9 @@ inline cuda::PoolParams cudnn_pool(const char* op, const cpu::PoolGeometry& g, c
                                    const Pool2dOptions& o, const Shape& xs) {
   EMBER_CHECK(g.dh == 1 && g.dw == 1, op, ": dilation ", Size2(g.dh, g.dw).str(),
               " is not supported on CUDA (cuDNN pooling has no dilation), input shape ", xs.str());
+  EMBER_CHECK(!o.divisor_override, op, ": divisor_override (", o.divisor_override.value_or(0),
+              ") is not supported on CUDA (cuDNN pooling has no such option); pool on the CPU, input shape ",
+              xs.str());
   if (o.ceil_mode) {
     const std::int64_t fh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
     const std::int64_t fw = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
@@ -103,7 +121,8 @@ inline cuda::PoolParams::Mode avg_mode(const Pool2dOptions& o) {
 }  // namespace detail
 
 /// Max pooling of x (N, C, H, W): the output (N, C, oh, ow) and, per output, the flat index (h * W + w) of the
-/// chosen input element in its plane (as PyTorch's return_indices).
+/// chosen input element in its plane (as PyTorch's return_indices; -1 where a dilated window covers only padding
+/// and the output is -inf).
 /// With `with_indices` false the indices are left undefined (a forward pass that needs no gradient).
 template <class T>
 std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<T>& x, Size2 kernel,
@@ -148,6 +167,12 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
               "max_pool2d_backward: indices of shape ", indices.shape().str(), " do not match input shape ",
               input_shape.str());
   if constexpr (detail::native_float<T>) {
+    const Tensor<std::int64_t> ic = detail::dense(indices);
+    const std::int64_t HW = input_shape[2] * input_shape[3];
+    for (std::int64_t k = 0; k < ic.numel(); ++k)
+      EMBER_CHECK(ic.data()[k] >= -1 && ic.data()[k] < HW, "max_pool2d_backward: index ", ic.data()[k],
+                  " at position ", k, " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ",
+                  HW, "), -1 for an empty window)");
     cpu::PoolGeometry g;
     g.planes = input_shape[0] * input_shape[1];
     g.h = input_shape[2];
@@ -155,7 +180,6 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
     g.oh = gy.size(2);
     g.ow = gy.size(3);
     const Tensor<T> gyc = detail::dense(gy);
-    const Tensor<std::int64_t> ic = detail::dense(indices);
     Tensor<T> gx = empty<T>(input_shape, gy.device());
     cpu::max_pool2d_backward<T>(g, gyc.data(), ic.data(), gx.data());
     return gx;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ember/config.hpp"
@@ -33,21 +34,27 @@ struct Pool2dOptions {
   Size2 stride = 0;  ///< 0 = same as the kernel, as PyTorch
   Size2 padding = 0;  ///< implicit -inf (max) or zero (avg) padding on both sides; at most half the kernel
   Size2 dilation = 1;  ///< max pool only
-  bool ceil_mode = false;  ///< round the output size up (a last window may start in the right/bottom padding)
+  /// Round the output size up: a last, partial window is added when it starts inside the input or the left
+  /// padding, even where the (dilated) kernel is larger than the padded input, as PyTorch.
+  bool ceil_mode = false;
   bool count_include_pad = true;  ///< avg pool only: padded zeros count in the divisor
+  /// avg pool only: divide every window's sum by this (non-zero) number instead of its size, as PyTorch's
+  /// `divisor_override`; none = the window size (see count_include_pad).
+  std::optional<std::int64_t> divisor_override = std::nullopt;
 };
 
 namespace detail {
-/// Output extent of a window op along one dim (PyTorch's rule): windows of effective size d*(k-1)+1 with stride
-/// s over the input padded by p on both sides; with ceil_mode the last window may be partial but must start
-/// inside the input or the left padding.
+/// Output extent of a window op along one dim (PyTorch's pooling_output_shape): windows of effective size
+/// d*(k-1)+1 with stride s over the input padded by p on both sides, floor((in + 2p - d(k-1) - 1 [+ s - 1]) / s) + 1
+/// (division rounding down, also for a negative numerator); with ceil_mode the last window may be partial, even
+/// larger than the padded input, but must start inside the input or the left padding. 0 when no window fits
+/// (callers report that as an error).
 inline std::int64_t window_out_size(std::int64_t in, std::int64_t k, std::int64_t s, std::int64_t p, std::int64_t d,
                                     bool ceil_mode) {
-  const std::int64_t span = in + 2 * p - d * (k - 1) - 1;
-  if (span < 0) return 0;
-  std::int64_t out = (span + (ceil_mode ? s - 1 : 0)) / s + 1;
-  if (ceil_mode && (out - 1) * s >= in + p) --out;
-  return out;
+  const std::int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0);
+  std::int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+  if (ceil_mode && out > 0 && (out - 1) * s >= in + p) --out;
+  return out > 0 ? out : 0;
 }
 }  // namespace detail
 
