@@ -36,16 +36,17 @@ class FashionMNIST {
     const std::string stem = split == Split::Train ? "train" : "t10k";
     images_ = read_idx(find_file(stem + "-images-idx3-ubyte"));
     const Tensor<std::uint8_t> raw_labels = read_idx(find_file(stem + "-labels-idx1-ubyte"));
-    EMBER_CHECK(images_.dim() == 3 && images_.size(1) == 28 && images_.size(2) == 28, "FashionMNIST: images in '",
-                root_, "' have shape ", images_.shape().str(), ", expected (N, 28, 28)");
-    EMBER_CHECK(raw_labels.dim() == 1 && raw_labels.size(0) == images_.size(0), "FashionMNIST: labels in '", root_,
-                "' have shape ", raw_labels.shape().str(), ", expected (", images_.size(0),
-                ") to match the images ", images_.shape().str());
+    EMBER_CHECK(images_.dim() == 3 && images_.size(1) == 28 && images_.size(2) == 28, "FashionMNIST: images in ",
+                ember::detail::quote_untrusted(root_, 4096), " have shape ", images_.shape().str(),
+                ", expected (N, 28, 28)");
+    EMBER_CHECK(raw_labels.dim() == 1 && raw_labels.size(0) == images_.size(0), "FashionMNIST: labels in ",
+                ember::detail::quote_untrusted(root_, 4096), " have shape ", raw_labels.shape().str(), ", expected (",
+                images_.size(0), ") to match the images ", images_.shape().str());
     labels_ = empty<std::int64_t>(raw_labels.shape());
     for (std::int64_t i = 0; i < raw_labels.numel(); ++i) {
       const std::uint8_t l = raw_labels.data()[i];
-      EMBER_CHECK(l < kNumClasses, "FashionMNIST: label ", int(l), " of sample ", i, " in '", root_,
-                  "' is not a class index 0..9");
+      EMBER_CHECK(l < kNumClasses, "FashionMNIST: label ", int(l), " of sample ", i, " in ",
+                  ember::detail::quote_untrusted(root_, 4096), " is not a class index 0..9");
       labels_.data()[i] = l;
     }
   }
@@ -88,7 +89,8 @@ class FashionMNIST {
     std::error_code ec;
     if (fs::is_regular_file(gz, ec)) return gz.string();
     if (fs::is_regular_file(plain, ec)) return plain.string();
-    EMBER_CHECK(false, "FashionMNIST: ", gz.string(), " not found (nor ", plain.filename().string(),
+    EMBER_CHECK(false, "FashionMNIST: ", ember::detail::quote_untrusted(gz.string(), 4096), " not found (nor ",
+                ember::detail::quote_untrusted(plain.filename().string(), 4096),
                 "). Install the dataset with `apt-get install dataset-fashion-mnist` (it goes to ", kDefaultRoot,
                 "), or point the root argument or the EMBER_FASHION_MNIST environment variable at a folder holding ",
                 "the four IDX files");
