@@ -138,8 +138,8 @@ class DataLoader {
       : DataLoader(std::move(dataset), opt, std::move(transform), DefaultSampler{opt.shuffle, opt.seed}) {}
   /// With a transform and a sampler (options.shuffle must then be false: the sampler decides the order).
   DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler)
-      : dataset_(std::move(dataset)), opt_(opt), transform_(std::move(transform)), sampler_(std::move(sampler)),
-        stats_(std::make_shared<LoaderStats>()) {
+      : parts_(std::make_shared<const Parts>(Parts{std::move(dataset), std::move(transform), std::move(sampler)})),
+        opt_(opt), stats_(std::make_shared<LoaderStats>()) {
     EMBER_CHECK(opt.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opt.batch_size);
     EMBER_CHECK(opt.num_workers >= 0, "DataLoader: num_workers must be non-negative, got ", opt.num_workers);
     EMBER_CHECK(opt.prefetch_factor >= 1, "DataLoader: prefetch_factor must be at least 1, got ",
@@ -151,7 +151,7 @@ class DataLoader {
 
   /// Batches per epoch.
   std::size_t size() const {
-    const std::size_t n = sampler_.size(dataset_.size()), b = opt_.batch_size;
+    const std::size_t n = parts_->sampler.size(parts_->dataset.size()), b = opt_.batch_size;
     return opt_.drop_last ? n / b : (n + b - 1) / b;
   }
   /// Sets the epoch the next iteration draws its order and augmentations from (as DistributedSampler.set_epoch).
@@ -159,15 +159,26 @@ class DataLoader {
   std::uint64_t epoch() const { return epoch_; }
   /// Statistics of the current (or last) epoch's iteration.
   LoaderStats stats() const { return *stats_; }
-  const D& dataset() const { return dataset_; }
+  const D& dataset() const { return parts_->dataset; }
   const DataLoaderOptions& options() const { return opt_; }
-  const S& sampler() const { return sampler_; }
+  const S& sampler() const { return parts_->sampler; }
 
+ private:
+  // The dataset, transform and sampler, shared with the running epochs (and with copies of the loader: all three
+  // are only used through const access).
+  struct Parts {
+    D dataset;
+    Transform transform;
+    S sampler;
+  };
+
+ public:
   class Run;
   struct Sentinel {};
 
   /// An input iterator over one epoch's batches. Destroying it (the end of a range-for, a break, an exception)
-  /// stops and joins the workers.
+  /// stops and joins the workers. The epoch holds what it uses (dataset, transform, sampler, options), so an iterator
+  /// stays valid after its loader is destroyed or moved, and runs the epoch to its end.
   class Iterator {
    public:
     using value_type = batch_type;
@@ -199,10 +210,10 @@ class DataLoader {
   class Run {
    public:
     explicit Run(const DataLoader& l)
-        : loader_(l), stats_(l.stats_), t0_(detail::Clock::now()), epoch_(l.epoch_) {
+        : parts_(l.parts_), opt_(l.opt_), stats_(l.stats_), t0_(detail::Clock::now()), epoch_(l.epoch_) {
       *stats_ = LoaderStats{};
-      const std::vector<std::size_t> idx = l.sampler_.indices(l.dataset_.size(), l.epoch_);
-      const std::size_t n = l.dataset_.size(), bs = l.opt_.batch_size;
+      const std::vector<std::size_t> idx = parts_->sampler.indices(parts_->dataset.size(), epoch_);
+      const std::size_t n = parts_->dataset.size(), bs = opt_.batch_size;
       for (std::size_t i = 0; i < idx.size(); ++i)
         EMBER_CHECK(idx[i] < n, "DataLoader: the sampler returned index ", idx[i], " for a dataset of ", n,
                     " samples");
@@ -213,8 +224,8 @@ class DataLoader {
         batches_[b].first = lo;
         batches_[b].indices.assign(idx.begin() + std::ptrdiff_t(lo), idx.begin() + std::ptrdiff_t(hi));
       }
-      const int w = l.opt_.num_workers;
-      window_ = std::size_t(w) * std::size_t(l.opt_.prefetch_factor);
+      const int w = opt_.num_workers;
+      window_ = std::size_t(w) * std::size_t(opt_.prefetch_factor);
       try {
         for (int i = 0; i < w; ++i) workers_.emplace_back([this] { work(); });
       } catch (...) {  // could not start a thread: stop the ones that started before reporting it
@@ -272,11 +283,11 @@ class DataLoader {
         std::vector<sample_type> samples;
         samples.reserve(plan.indices.size());
         for (; at < plan.indices.size(); ++at) {
-          Rng g(loader_.opt_.seed, epoch_, plan.first + at);
-          samples.push_back(detail::apply_transform(loader_.transform_, loader_.dataset_.get(plan.indices[at]), g));
+          Rng g(opt_.seed, epoch_, plan.first + at);
+          samples.push_back(detail::apply_transform(parts_->transform, parts_->dataset.get(plan.indices[at]), g));
         }
         s.batch.emplace(collate(samples, plan.indices));
-        if (loader_.opt_.pin_memory && detail::can_pin_memory()) detail::pin_batch(*s.batch);
+        if (opt_.pin_memory && detail::can_pin_memory()) detail::pin_batch(*s.batch);
       } catch (const std::exception& e) {
         s.error = at < plan.indices.size()
                       ? ember::detail::concat("DataLoader: loading sample ", plan.indices[at], " (batch ", b, ") failed: ",
@@ -343,7 +354,10 @@ class DataLoader {
       Slot slot;
     };
 
-    const DataLoader& loader_;
+    // What the workers use, owned by the epoch: an iterator may outlive (or see a move of) its loader, and the
+    // epoch then runs to its end on what it started with.
+    std::shared_ptr<const Parts> parts_;
+    DataLoaderOptions opt_;
     std::shared_ptr<LoaderStats> stats_;
     detail::Clock::time_point t0_;
     std::uint64_t epoch_;
@@ -362,10 +376,8 @@ class DataLoader {
   };
 
  private:
-  D dataset_;
+  std::shared_ptr<const Parts> parts_;
   DataLoaderOptions opt_;
-  Transform transform_;
-  S sampler_;
   std::uint64_t epoch_ = 0;
   std::shared_ptr<LoaderStats> stats_;
 };
