@@ -16,14 +16,17 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ember/config.hpp"
+#include "ember/core/atomic_file.hpp"
 #include "ember/data/detail/crc32c.hpp"
 
 namespace ember::data {
@@ -52,12 +55,18 @@ inline std::uint64_t get_u64(const unsigned char* p) {
 }
 }  // namespace detail
 
-/// Writes a record file: write() each record, then close() (or let the destructor do it) to add the index.
+/// Writes a record file: write() each record, then close() to add the index and put the file in place.
+///
+/// The records go to a temporary file next to `path` (core/atomic_file.hpp), renamed over `path` by close(): until
+/// then `path` keeps its previous content, and readers that have the previous file open or mapped (RecordReader)
+/// keep reading it even after the rename. A writer destroyed without close() (an exception, an early return)
+/// abandons the file: the temporary file is removed and `path` is untouched, so a record file at `path` is always
+/// complete. A failed write abandons it too.
 class RecordWriter {
  public:
   explicit RecordWriter(const std::string& path) : path_(path) {
-    f_ = std::fopen(path.c_str(), "wb");
-    EMBER_CHECK(f_ != nullptr, "RecordWriter: cannot create '", path, "': ", std::strerror(errno));
+    file_.emplace(path, "RecordWriter");
+    buf_.reserve(kBuffer);
     unsigned char h[detail::kRecordHeader] = {};
     std::memcpy(h, detail::kRecordMagic, 8);
     detail::put_u32(h + 8, detail::kRecordVersion);
@@ -65,33 +74,29 @@ class RecordWriter {
   }
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
-  ~RecordWriter() {
-    if (f_) {
-      try {
-        close();
-      } catch (...) {  // a destructor must not throw; call close() to see write errors
-      }
-    }
-  }
+  /// Abandons an unfinished file (see the class comment); call close() to keep it.
+  ~RecordWriter() = default;
 
   /// Appends one record; returns its index.
   std::size_t write(std::span<const unsigned char> record) {
-    EMBER_CHECK(f_ != nullptr, "RecordWriter: write after close of '", path_, "'");
+    EMBER_CHECK(file_.has_value(), "RecordWriter: write after close (or after a failed write, or discard) of ",
+                ember::detail::quote_untrusted(path_, 4096));
     unsigned char e[detail::kRecordEntry] = {};
     detail::put_u64(e, offset_);
     detail::put_u64(e + 8, record.size());
     detail::put_u32(e + 16, detail::crc32c(record.data(), record.size()));
-    index_.insert(index_.end(), e, e + sizeof(e));
     put(record.data(), record.size());
+    index_.insert(index_.end(), e, e + sizeof(e));
     return count_++;
   }
   std::size_t write(const void* data, std::size_t n) {
     return write(std::span<const unsigned char>(static_cast<const unsigned char*>(data), n));
   }
 
-  /// Writes the index and footer, flushes and syncs the file.
+  /// Writes the index and footer, syncs the file and renames it over the destination. On error the destination is
+  /// untouched and the temporary file removed. Does nothing after close() or discard().
   void close() {
-    if (!f_) return;
+    if (!file_) return;
     const std::uint64_t index_offset = offset_;
     put(index_.data(), index_.size());
     unsigned char footer[detail::kRecordFooter] = {};
@@ -101,22 +106,49 @@ class RecordWriter {
     detail::put_u32(footer + 20, detail::kRecordVersion);
     std::memcpy(footer + 24, detail::kRecordEndMagic, 8);
     put(footer, sizeof(footer));
-    const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
-    const int err = errno;
-    const bool closed = std::fclose(f_) == 0;
-    f_ = nullptr;
-    EMBER_CHECK(ok && closed, "RecordWriter: finishing '", path_, "' failed: ", std::strerror(err));
+    try {
+      flush();
+      file_->commit();  // removes the temporary file itself when it fails
+    } catch (...) {
+      discard();
+      throw;
+    }
+    file_.reset();
+  }
+  /// Abandons the file: the temporary file is removed and the destination is untouched.
+  void discard() noexcept {
+    file_.reset();
+    buf_.clear();
   }
   std::size_t size() const { return count_; }
 
  private:
+  static constexpr std::size_t kBuffer = std::size_t(1) << 20;  // bytes gathered before one write to the file
+
   void put(const void* p, std::size_t n) {
     if (n == 0) return;
-    EMBER_CHECK(std::fwrite(p, 1, n, f_) == n, "RecordWriter: writing '", path_, "' failed: ", std::strerror(errno));
+    try {
+      if (buf_.size() + n > kBuffer) flush();
+      if (n >= kBuffer) {
+        file_->write(p, n);
+      } else {
+        const auto* b = static_cast<const unsigned char*>(p);
+        buf_.insert(buf_.end(), b, b + n);
+      }
+    } catch (...) {  // the temporary file may now hold part of a record: abandon it
+      discard();
+      throw;
+    }
     offset_ += n;
   }
+  void flush() {
+    if (!buf_.empty()) file_->write(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+
   std::string path_;
-  std::FILE* f_ = nullptr;
+  std::optional<AtomicFile> file_;  // the temporary file; empty after close(), discard() or a failure
+  std::vector<unsigned char> buf_;
   std::uint64_t offset_ = 0;
   std::uint64_t count_ = 0;
   std::vector<unsigned char> index_;
@@ -130,36 +162,38 @@ class RecordView {
   RecordView() = default;
   RecordView(std::span<const unsigned char> file, std::string name) : file_(file), name_(std::move(name)) {
     const std::size_t n = file.size();
-    EMBER_CHECK(n >= detail::kRecordHeader + detail::kRecordFooter, "RecordReader: '", name_, "' is ", n,
+    EMBER_CHECK(n >= detail::kRecordHeader + detail::kRecordFooter, "RecordReader: ", q(), " is ", n,
                 " bytes, too short for a record file (at least ", detail::kRecordHeader + detail::kRecordFooter,
                 "); truncated?");
-    EMBER_CHECK(std::memcmp(file.data(), detail::kRecordMagic, 8) == 0, "RecordReader: '", name_,
-                "' is not a record file (no EMBERREC magic)");
+    EMBER_CHECK(std::memcmp(file.data(), detail::kRecordMagic, 8) == 0, "RecordReader: ", q(),
+                " is not a record file (it starts with ",
+                ember::detail::quote_untrusted(std::string_view(reinterpret_cast<const char*>(file.data()), 8)),
+                ", expected \"EMBERREC\")");
     const std::uint32_t version = detail::get_u32(file.data() + 8);
-    EMBER_CHECK(version == detail::kRecordVersion, "RecordReader: '", name_, "' has format version ", version,
+    EMBER_CHECK(version == detail::kRecordVersion, "RecordReader: ", q(), " has format version ", version,
                 ", this reader reads version ", detail::kRecordVersion);
     const unsigned char* footer = file.data() + n - detail::kRecordFooter;
-    EMBER_CHECK(std::memcmp(footer + 24, detail::kRecordEndMagic, 8) == 0, "RecordReader: '", name_,
-                "' does not end with the record-file footer: the file is truncated (the writer did not finish, or "
+    EMBER_CHECK(std::memcmp(footer + 24, detail::kRecordEndMagic, 8) == 0, "RecordReader: ", q(),
+                " does not end with the record-file footer: the file is truncated (the writer did not finish, or "
                 "the copy was cut) or corrupt");
     const std::uint64_t index_offset = detail::get_u64(footer), count = detail::get_u64(footer + 8);
     const std::uint64_t data_end = n - detail::kRecordFooter;
     EMBER_CHECK(index_offset >= detail::kRecordHeader && index_offset <= data_end && count <= (data_end - index_offset) / detail::kRecordEntry &&
                     index_offset + count * detail::kRecordEntry == data_end,
-                "RecordReader: '", name_, "': the footer's index (offset ", index_offset, ", ", count,
+                "RecordReader: ", q(), ": the footer's index (offset ", index_offset, ", ", count,
                 " records) does not fit the file of ", n, " bytes; the file is corrupt");
     const unsigned char* index = file.data() + index_offset;
     EMBER_CHECK(detail::crc32c(index, count * detail::kRecordEntry) == detail::get_u32(footer + 16),
-                "RecordReader: '", name_, "': the index checksum does not match; the file is corrupt");
+                "RecordReader: ", q(), ": the index checksum does not match; the file is corrupt");
     std::uint64_t at = detail::kRecordHeader;
     for (std::uint64_t i = 0; i < count; ++i) {
       const unsigned char* e = index + i * detail::kRecordEntry;
       const std::uint64_t off = detail::get_u64(e), size = detail::get_u64(e + 8);
-      EMBER_CHECK(off == at && size <= index_offset - off, "RecordReader: '", name_, "': index entry ", i,
+      EMBER_CHECK(off == at && size <= index_offset - off, "RecordReader: ", q(), ": index entry ", i,
                   " (offset ", off, ", size ", size, ") is not inside the record area; the file is corrupt");
       at = off + size;
     }
-    EMBER_CHECK(at == index_offset, "RecordReader: '", name_, "': the records end at byte ", at,
+    EMBER_CHECK(at == index_offset, "RecordReader: ", q(), ": the records end at byte ", at,
                 " but the index starts at ", index_offset, "; the file is corrupt");
     index_ = index;
     count_ = std::size_t(count);
@@ -169,20 +203,23 @@ class RecordView {
 
   /// Record i, after checking its CRC-32C (pass verify = false to skip the check).
   std::span<const unsigned char> record(std::size_t i, bool verify = true) const {
-    EMBER_CHECK(i < count_, "RecordReader: record ", i, " is out of range for '", name_, "' with ", count_,
+    EMBER_CHECK(i < count_, "RecordReader: record ", i, " is out of range for ", q(), " with ", count_,
                 " records");
     const unsigned char* e = index_ + i * detail::kRecordEntry;
     const std::uint64_t off = detail::get_u64(e), size = detail::get_u64(e + 8);
     const std::span<const unsigned char> r = file_.subspan(std::size_t(off), std::size_t(size));
     if (verify)
-      EMBER_CHECK(detail::crc32c(r.data(), r.size()) == detail::get_u32(e + 16), "RecordReader: record ", i, " of '",
-                  name_, "' is corrupt (CRC-32C mismatch)");
+      EMBER_CHECK(detail::crc32c(r.data(), r.size()) == detail::get_u32(e + 16), "RecordReader: record ", i, " of ",
+                  q(), " is corrupt (CRC-32C mismatch)");
     return r;
   }
   std::span<const unsigned char> operator[](std::size_t i) const { return record(i); }
   const std::string& name() const { return name_; }
 
  private:
+  // The name, escaped for an error message (a file name may come from a hostile folder).
+  std::string q() const { return ember::detail::quote_untrusted(name_, 4096); }
+
   std::span<const unsigned char> file_;
   std::string name_;
   const unsigned char* index_ = nullptr;
@@ -207,19 +244,23 @@ class RecordReader {
     std::size_t n = 0;
     explicit Mapping(const std::string& path) {
       const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      EMBER_CHECK(fd >= 0, "RecordReader: cannot open '", path, "': ", std::strerror(errno));
+      const int open_err = errno;
+      EMBER_CHECK(fd >= 0, "RecordReader: cannot open ", ember::detail::quote_untrusted(path, 4096), ": ",
+                  std::strerror(open_err));
       struct stat st {};
       if (::fstat(fd, &st) != 0) {
         const int err = errno;
         ::close(fd);
-        EMBER_CHECK(false, "RecordReader: cannot stat '", path, "': ", std::strerror(err));
+        EMBER_CHECK(false, "RecordReader: cannot stat ", ember::detail::quote_untrusted(path, 4096), ": ",
+                    std::strerror(err));
       }
       n = std::size_t(st.st_size);
       if (n > 0) {
         p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
         const int err = errno;
         ::close(fd);
-        EMBER_CHECK(p != MAP_FAILED, "RecordReader: cannot map '", path, "': ", std::strerror(err));
+        EMBER_CHECK(p != MAP_FAILED, "RecordReader: cannot map ", ember::detail::quote_untrusted(path, 4096), ": ",
+                    std::strerror(err));
       } else {
         ::close(fd);
       }
