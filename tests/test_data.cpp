@@ -9,11 +9,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -45,6 +48,45 @@ void write_gz(const std::string& path, const Bytes& b) {
   REQUIRE(f != nullptr);
   REQUIRE(gzwrite(f, b.data(), unsigned(b.size())) == int(b.size()));
   gzclose(f);
+}
+
+/// A gzip stream (in memory) of `head` followed by `zeros` zero bytes, deflated in pieces so the zeros are never
+/// held in memory at once: 64 MiB of zeros become about 64 KB.
+Bytes gzip_with_zeros(const Bytes& head, std::size_t zeros) {
+  z_stream zs{};
+  REQUIRE(deflateInit2(&zs, 9, Z_DEFLATED, 15 + 16, 9, Z_DEFAULT_STRATEGY) == Z_OK);
+  const Bytes block(std::size_t(1) << 20, 0);
+  Bytes out;
+  std::uint8_t buf[1 << 16];
+  auto feed = [&](const std::uint8_t* p, std::size_t n, int flush) {
+    zs.next_in = const_cast<Bytef*>(p);
+    zs.avail_in = uInt(n);
+    int rc;
+    do {
+      zs.next_out = buf;
+      zs.avail_out = sizeof(buf);
+      rc = deflate(&zs, flush);
+      REQUIRE(rc != Z_STREAM_ERROR);
+      out.insert(out.end(), buf, buf + (sizeof(buf) - zs.avail_out));
+    } while (zs.avail_out == 0 || (flush == Z_FINISH && rc != Z_STREAM_END));
+  };
+  feed(head.data(), head.size(), Z_NO_FLUSH);
+  for (std::size_t left = zeros; left > 0;) {
+    const std::size_t n = std::min(left, block.size());
+    feed(block.data(), n, Z_NO_FLUSH);
+    left -= n;
+  }
+  feed(nullptr, 0, Z_FINISH);
+  deflateEnd(&zs);
+  return out;
+}
+
+/// The names of the entries of a folder, sorted.
+std::vector<std::string> folder_entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 /// An IDX image: header (type, dims) followed by `data`.
@@ -158,7 +200,7 @@ TEST_CASE("read_idx: a missing file") {
 }
 
 TEST_CASE("read_idx: a file shorter than the magic number") {
-  EXPECT_ERROR([] { data::parse_idx(Bytes{0, 0, 8}, "f"); }, {"read_idx", "'f'", "too short", "3 bytes"});
+  EXPECT_ERROR([] { data::parse_idx(Bytes{0, 0, 8}, "f"); }, {"read_idx", "\"f\"", "too short", "3 bytes"});
 }
 
 TEST_CASE("read_idx: a magic number that does not start with two zero bytes") {
@@ -210,7 +252,7 @@ TEST_CASE("read_idx: a corrupt gzip stream") {
   write_gz(d / "c.gz", idx_bytes(0x08, {64}, iota_bytes(64)));
   Bytes b = data::detail::read_file_bytes(d / "c.gz", "t");
   for (std::size_t i = 10; i < b.size() - 8; ++i) b[i] ^= 0x5A;
-  EXPECT_ERROR([&] { data::decode_idx(b, "c.gz"); }, {"read_idx", "'c.gz'", "gzip"});
+  EXPECT_ERROR([&] { data::decode_idx(b, "c.gz"); }, {"read_idx", "\"c.gz\"", "gzip"});
 }
 
 TEST_CASE("read_idx: a truncated gzip stream") {
@@ -219,6 +261,48 @@ TEST_CASE("read_idx: a truncated gzip stream") {
   Bytes b = data::detail::read_file_bytes(d / "t.gz", "t");
   b.resize(b.size() / 2);
   EXPECT_ERROR([&] { data::decode_idx(b, "t.gz"); }, {"truncated gzip stream"});
+}
+
+TEST_CASE("read_idx: a gzip bomb stops inflating one byte past the size its header declares") {
+  // Shape [16] (8 header bytes + 16 data bytes = 24), followed by 64 MiB of zeros: a ~64 KB file.
+  const Bytes bomb = gzip_with_zeros(idx_bytes(0x08, {16}, Bytes(16, 1)), std::size_t(64) << 20);
+  CHECK(bomb.size() < 128 * 1024);
+  data::detail::gunzip_bytes_inflated = 0;
+  EXPECT_ERROR([&] { data::decode_idx(bomb, "bomb.gz"); },
+               {"read_idx", "bomb.gz", "more than the 24 bytes", "shape [16]"});
+  // Inflation stopped at the declared size + 1 byte: nothing near the 64 MiB was produced.
+  CHECK(data::detail::gunzip_bytes_inflated == 25);
+  // A single byte too many is reported the same way; the exact size still decodes.
+  const Bytes one_more = gzip_with_zeros(idx_bytes(0x08, {16}, Bytes(16, 1)), 1);
+  EXPECT_ERROR([&] { data::decode_idx(one_more, "one.gz"); }, {"one.gz", "more than the 24 bytes", "shape [16]"});
+  const Tensor<std::uint8_t> ok = data::decode_idx(gzip_with_zeros(idx_bytes(0x08, {4, 4}, {}), 16), "ok.gz");
+  CHECK(ok.shape() == Shape{4, 4});
+  CHECK(vec(ok) == Bytes(16, 0));
+  // A header declaring a huge shape with little data behind it: an error about the missing data, after inflating
+  // only what the stream holds.
+  const Bytes liar = gzip_with_zeros(idx_bytes(0x08, {1u << 31}, {}), 1000);
+  EXPECT_ERROR([&] { data::decode_idx(liar, "liar.gz"); }, {"liar.gz", "truncated", "2147483648"});
+  CHECK(data::detail::gunzip_bytes_inflated == 8 + 1000);
+  // A stream that ends inside the header, and a bad magic number seen after the first 4 inflated bytes.
+  EXPECT_ERROR([&] { data::decode_idx(gzip_with_zeros({0, 0, 8}, 0), "h.gz"); }, {"h.gz", "too short"});
+  EXPECT_ERROR([&] { data::decode_idx(gzip_with_zeros({1, 2, 8, 1}, std::size_t(8) << 20), "m.gz"); },
+               {"m.gz", "not an IDX file"});
+  CHECK(data::detail::gunzip_bytes_inflated <= 4 + 1024);
+}
+
+TEST_CASE("read_idx, FashionMNIST: file names with terminal escape sequences are escaped in messages") {
+  TempDir d;
+  const std::string evil = "evil\x1b]0;owned\x07\x1b[2J.idx";
+  write_bytes(d / evil, Bytes{1, 2, 3, 4, 5, 6, 7, 8});
+  const std::string msg = error_of([&] { data::read_idx(d / evil); });
+  CHECK(msg.find("not an IDX file") != std::string::npos);
+  CHECK(msg.find("evil\\x1b]0;owned\\x07\\x1b[2J.idx") != std::string::npos);
+  CHECK(msg.find('\x1b') == std::string::npos);
+  CHECK(msg.find('\x07') == std::string::npos);
+  EnvGuard env("EMBER_FASHION_MNIST", (d / "no\x1b[2Jpe").c_str());
+  const std::string m2 = error_of([] { data::FashionMNIST(data::Split::Train); });
+  CHECK(m2.find("no\\x1b[2Jpe") != std::string::npos);
+  CHECK(m2.find('\x1b') == std::string::npos);
 }
 
 // ---- Fashion-MNIST -------------------------------------------------------------------------------------------
@@ -710,6 +794,28 @@ TEST_CASE("DataLoader: a distributed sampler gives each rank its shard, reshuffl
   CHECK(per_epoch[0] != per_epoch[1]);
 }
 
+TEST_CASE("DataLoader: an iterator that outlives its loader keeps what its epoch uses alive and finishes the epoch") {
+  using Loader = data::DataLoader<CountingDataset>;
+  for (int w : {0, 1, 3}) {
+    INFO("workers " << w);
+    CountingDataset ds{.n = 40, .sleep_us = 100};
+    std::optional<Loader::Iterator> it;
+    {
+      Loader loader(ds, {.batch_size = 4, .num_workers = w, .prefetch_factor = 2});
+      it.emplace(loader.begin());
+    }  // the loader (and its copy of the dataset) is gone; its workers are still loading
+    CHECK(ds.calls.use_count() >= 2);  // the running epoch holds the dataset
+    std::vector<std::int64_t> targets;
+    for (; !(*it == Loader::Sentinel{}); ++*it)
+      for (std::size_t i = 0; i < (*it)->size(); ++i) targets.push_back((*it)->target.data()[i]);
+    std::vector<std::int64_t> expect(40);
+    std::iota(expect.begin(), expect.end(), 0);
+    CHECK(targets == expect);
+    it.reset();
+    CHECK(ds.calls.use_count() == 1);  // released with the epoch
+  }
+}
+
 TEST_CASE("DataLoader: invalid options") {
   CountingDataset ds;
   EXPECT_ERROR([&] { data::DataLoader l(ds, {.batch_size = 0}); }, {"DataLoader", "batch_size", "got 0"});
@@ -863,4 +969,67 @@ TEST_CASE("record files: packed Fashion-MNIST images decode to the same Examples
   CHECK(a.size() == 30 * 784);
   CHECK(a == b);
   EXPECT_ERROR([] { data::ByteImageDecoder{Shape{1, 2, 2}}(Bytes(5)); }, {"ByteImageDecoder", "5 bytes", "takes 12"});
+}
+
+TEST_CASE("record files: rewriting a file that a reader has mapped leaves the reader on the old contents") {
+  TempDir d;
+  const std::string path = write_records(d, 50);
+  data::RecordReader old(path);
+  {
+    data::RecordWriter w(path);
+    for (std::size_t i = 0; i < 50; ++i) CHECK(span_vec(old[i]) == record_payload(i));  // SIGBUS if truncated
+    for (std::size_t i = 0; i < 10; ++i) w.write(record_payload(100 + i));
+    CHECK(data::RecordReader(path).size() == 50);  // the destination changes only when the writer finishes
+    w.close();
+  }
+  for (std::size_t i = 0; i < 50; ++i) CHECK(span_vec(old[i]) == record_payload(i));
+  data::RecordReader fresh(path);
+  REQUIRE(fresh.size() == 10);
+  for (std::size_t i = 0; i < 10; ++i) CHECK(span_vec(fresh[i]) == record_payload(100 + i));
+  CHECK(folder_entries(d.path) == std::vector<std::string>{"r.rec"});  // no temporary file left
+}
+
+TEST_CASE("record files: a writer that does not finish leaves the old file intact and no temporary file") {
+  TempDir d;
+  const std::string path = write_records(d, 5);
+  const Bytes before = data::detail::read_file_bytes(path, "t");
+  {  // destroyed without close(): abandoned
+    data::RecordWriter w(path);
+    w.write(record_payload(1));
+  }
+  CHECK(data::detail::read_file_bytes(path, "t") == before);
+  CHECK(folder_entries(d.path) == std::vector<std::string>{"r.rec"});
+  // An exception between writes abandons the file too.
+  CHECK_THROWS_AS(
+      [&] {
+        data::RecordWriter w(path);
+        w.write(record_payload(2));
+        throw std::runtime_error("producer failed");
+      }(),
+      std::runtime_error);
+  CHECK(data::detail::read_file_bytes(path, "t") == before);
+  CHECK(folder_entries(d.path) == std::vector<std::string>{"r.rec"});
+  // A new file that is never finished does not appear at all.
+  { data::RecordWriter w(d / "new.rec"); }
+  CHECK(!fs::exists(d / "new.rec"));
+  CHECK(folder_entries(d.path) == std::vector<std::string>{"r.rec"});
+  // pack_byte_images finishes its file.
+  data::pack_byte_images(zeros<std::uint8_t>(Shape{3, 2}), from_vector<std::int64_t>({1, 2, 3}), d / "p.rec");
+  CHECK(data::RecordReader(d / "p.rec").size() == 3);
+}
+
+TEST_CASE("record files: names and magic with terminal escape sequences are escaped in messages") {
+  TempDir d;
+  Bytes b(64, 0);
+  std::memcpy(b.data(), "\x1b[2J\x1b]0;", 8);
+  const std::string evil = d / "a\x1b[31m.rec";
+  write_bytes(evil, b);
+  const std::string msg = error_of([&] { data::RecordReader r(evil); });
+  CHECK(msg.find("not a record file") != std::string::npos);
+  CHECK(msg.find("a\\x1b[31m.rec") != std::string::npos);
+  CHECK(msg.find("starts with \"\\x1b[2J\\x1b]0;\"") != std::string::npos);  // the magic it found, escaped
+  CHECK(msg.find('\x1b') == std::string::npos);
+  const std::string m2 = error_of([&] { data::RecordView(std::span(b.data(), 10), "v\x1b[0m"); });
+  CHECK(m2.find("v\\x1b[0m") != std::string::npos);
+  CHECK(m2.find('\x1b') == std::string::npos);
 }
