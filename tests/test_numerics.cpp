@@ -1,18 +1,21 @@
-// Numerics: the 16-bit storage types (exhaustive round trips, rounding against an exact reference) and the
+// Numerics: the 16-bit storage types (exhaustive round trips, rounding against an exact reference), the
 // vectorisable float elementary functions (max ulp error against double-precision libm over a sweep of the whole
-// float range, plus special values).
+// float range, plus special values), and gradients at the edges (bounds, NaN, ±inf, zeros) against PyTorch.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "ember/core/float16.hpp"
 #include "ember/expr/detail/fastmath.hpp"
+#include "helpers.hpp"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -554,4 +557,166 @@ TEST_CASE("fastmath: double overloads forward to libm; half goes through float")
   CHECK(fm::erf(0.3) == std::erf(0.3));
   CHECK(fm::sigmoid(-800.0) == 0.0);
   CHECK(fm::sigmoid(2.0) == doctest::Approx(1.0 / (1.0 + std::exp(-2.0))).epsilon(1e-15));
+}
+
+// ------------------------------------------------------------------------------ gradients at the edges (PyTorch)
+// tests/fixtures/edges.txt (gen_edges.py, PyTorch 2.15): inputs, upstream gradient, result and gradients of each
+// case. Non-finite values are stored as 0 plus a `.special` record (1 NaN, 2 +inf, 3 -inf). Each case runs in
+// double and in float; NaN and ±inf must sit exactly where PyTorch has them, finite values must be close.
+
+namespace {
+
+using ember::Dims;
+using ember::Tensor;
+
+ember::Tensor<double> edge_record(const ember_test::Fixtures& fx, const std::string& name) {
+  Tensor<double> v = fx[name];
+  const Tensor<double> sp = fx[name + ".special"];
+  REQUIRE(sp.shape() == v.shape());
+  for (std::int64_t i = 0; i < v.numel(); ++i) {
+    const double c = sp.data()[i];
+    if (c == 1) v.data()[i] = std::numeric_limits<double>::quiet_NaN();
+    else if (c == 2) v.data()[i] = std::numeric_limits<double>::infinity();
+    else if (c == 3) v.data()[i] = -std::numeric_limits<double>::infinity();
+    else REQUIRE(c == 0);
+  }
+  return v;
+}
+
+template <class T>
+Tensor<T> to_dtype(const Tensor<double>& x) {
+  Tensor<T> r = ember::empty<T>(x.shape());
+  for (std::int64_t i = 0; i < x.numel(); ++i) r.data()[i] = T(x.data()[i]);
+  return r;
+}
+
+/// NaN and ±inf exactly where `want` has them; finite elements within atol + rtol * |want|.
+template <class T>
+void check_edge(const std::string& what, const Tensor<T>& got, const Tensor<double>& want, double rtol, double atol) {
+  REQUIRE(got.defined());
+  REQUIRE_MESSAGE(got.shape() == want.shape(), what << ": shape " << got.shape().str() << ", want "
+                                                    << want.shape().str());
+  const Tensor<T> g = got.contiguous();
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    const double x = double(g.data()[i]), w = want.data()[i];
+    INFO(what << " element " << i << ": got " << x << ", want " << w);
+    if (std::isnan(w)) CHECK(std::isnan(x));
+    else if (std::isinf(w)) CHECK(x == w);
+    else CHECK((std::isfinite(x) && std::fabs(x - w) <= atol + rtol * std::fabs(w)));
+  }
+}
+
+template <class T>
+using EdgeFn = std::function<Tensor<T>(const std::vector<Tensor<T>>&)>;
+
+/// The cases of gen_edges.py, by name: the same op on the ember side.
+template <class T>
+std::vector<std::pair<std::string, EdgeFn<T>>> edge_cases() {
+  using V = std::vector<Tensor<T>>;
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<std::string, EdgeFn<T>>> c;
+  auto add = [&](std::string name, EdgeFn<T> f) { c.emplace_back(std::move(name), std::move(f)); };
+  add("clamp.0.1", [](const V& x) { return Tensor<T>(ember::clamp(x[0], 0.0, 1.0)); });
+  add("clamp.eq", [](const V& x) { return Tensor<T>(ember::clamp(x[0], 1.0, 1.0)); });
+  add("clamp_min.0", [](const V& x) { return Tensor<T>(ember::clamp_min(x[0], 0.0)); });
+  add("clamp_max.1", [](const V& x) { return Tensor<T>(ember::clamp_max(x[0], 1.0)); });
+  add("clamp.inexact", [](const V& x) { return Tensor<T>(ember::clamp(x[0], 0.1, 0.7)); });
+  add("maximum", [](const V& x) { return Tensor<T>(ember::maximum(x[0], x[1])); });
+  add("minimum", [](const V& x) { return Tensor<T>(ember::minimum(x[0], x[1])); });
+  for (const char* n : {"max.all.nan", "max.all.2nan", "max.all.ties", "max.all.inf"})
+    add(n, [](const V& x) { return ember::max(x[0]); });
+  for (const char* n : {"min.all.nan", "min.all.ties"}) add(n, [](const V& x) { return ember::min(x[0]); });
+  for (const char* n : {"max.dim1.nan", "max.dim1.ties"}) add(n, [](const V& x) { return ember::max(x[0], 1); });
+  for (const char* n : {"min.dim1.nan", "min.dim1.ties"}) add(n, [](const V& x) { return ember::min(x[0], 1); });
+  add("max.dim0.nan", [](const V& x) { return ember::max(x[0], 0); });
+  add("max.dim01.ties", [](const V& x) { return ember::max(x[0], Dims{0, 1}); });
+  add("relu", [](const V& x) { return Tensor<T>(ember::relu(x[0])); });
+  for (const char* n : {"prod.all.nan", "prod.all.nan0", "prod.all.nan00", "prod.all.inf", "prod.all.inf0",
+                        "prod.all.plain", "prod.all.0", "prod.all.00"})
+    add(n, [](const V& x) { return ember::prod(x[0]); });
+  for (const char* n : {"prod.dim1.nozero", "prod.dim1.zero"}) add(n, [](const V& x) { return ember::prod(x[0], 1); });
+  add("prod.dim0.zero", [](const V& x) { return ember::prod(x[0], 0); });
+  add("pow", [](const V& x) { return Tensor<T>(ember::pow(x[0], x[1])); });
+  for (double e : {0.0, 1.0, 2.0, 3.0, 0.5, -1.0, -0.5}) {
+    std::ostringstream n;
+    n << "pow.scalar_exp." << e;
+    add(n.str(), [e](const V& x) { return Tensor<T>(ember::pow(x[0], T(e))); });
+  }
+  for (double b : {0.0, 2.0, -2.0}) {
+    std::ostringstream n;
+    n << "pow.scalar_base." << b;
+    add(n.str(), [b](const V& x) { return Tensor<T>(ember::pow(T(b), x[0])); });
+  }
+  for (int corr : {0, 1}) {
+    add("std.dim1.c" + std::to_string(corr), [corr](const V& x) { return ember::std_dev(x[0], 1, corr); });
+    add("var.dim1.c" + std::to_string(corr), [corr](const V& x) { return ember::var(x[0], 1, corr); });
+  }
+  add("std.all.const", [](const V& x) { return ember::std_dev(x[0]); });
+  add("std.one.c0", [](const V& x) { return ember::std_dev(x[0], Dims{}, 0); });
+  add("std.one.c1", [](const V& x) { return ember::std_dev(x[0], Dims{}, 1); });
+  add("var.one.c1", [](const V& x) { return ember::var(x[0], Dims{}, 1); });
+  for (double p : {2.0, 1.0, inf, 3.0, 1.5, 0.5}) {
+    std::ostringstream n;
+    n << "norm.p";
+    if (p == inf) n << "inf";
+    else n << p;
+    add(n.str() + ".zero", [p](const V& x) { return ember::norm(x[0], p); });
+    add(n.str() + ".dim1", [p](const V& x) { return ember::norm(x[0], p, 1); });
+  }
+  add("norm.p2.nan", [](const V& x) { return ember::norm(x[0]); });
+#define EMBER_EDGE_SWEEP(NAME, ...) \
+  add("sweep." NAME, [](const V& x) { return Tensor<T>(__VA_ARGS__); });
+  EMBER_EDGE_SWEEP("neg", ember::neg(x[0]))
+  EMBER_EDGE_SWEEP("abs", ember::abs(x[0]))
+  EMBER_EDGE_SWEEP("exp", ember::exp(x[0]))
+  EMBER_EDGE_SWEEP("expm1", ember::expm1(x[0]))
+  EMBER_EDGE_SWEEP("log", ember::log(x[0]))
+  EMBER_EDGE_SWEEP("log1p", ember::log1p(x[0]))
+  EMBER_EDGE_SWEEP("sqrt", ember::sqrt(x[0]))
+  EMBER_EDGE_SWEEP("rsqrt", ember::rsqrt(x[0]))
+  EMBER_EDGE_SWEEP("square", ember::square(x[0]))
+  EMBER_EDGE_SWEEP("sin", ember::sin(x[0]))
+  EMBER_EDGE_SWEEP("cos", ember::cos(x[0]))
+  EMBER_EDGE_SWEEP("tanh", ember::tanh(x[0]))
+  EMBER_EDGE_SWEEP("sigmoid", ember::sigmoid(x[0]))
+  EMBER_EDGE_SWEEP("silu", ember::silu(x[0]))
+  EMBER_EDGE_SWEEP("softplus", ember::softplus(x[0]))
+  EMBER_EDGE_SWEEP("gelu", ember::gelu(x[0]))
+  EMBER_EDGE_SWEEP("gelu_tanh", ember::gelu_tanh(x[0]))
+  EMBER_EDGE_SWEEP("leaky_relu", ember::leaky_relu(x[0], 0.1))
+  EMBER_EDGE_SWEEP("elu", ember::elu(x[0], 0.5))
+#undef EMBER_EDGE_SWEEP
+  return c;
+}
+
+template <class T>
+void run_edge_cases(double rtol, double atol) {
+  static const ember_test::Fixtures fx("edges.txt");
+  const auto cases = edge_cases<T>();
+  REQUIRE(double(cases.size()) == fx["edges.count"].data()[0]);
+  for (const auto& [name, f] : cases) {
+    SUBCASE(name.c_str()) {
+      std::vector<Tensor<T>> xs;
+      for (int i = 0; i < 2; ++i) {
+        if (i == 1 && name != "maximum" && name != "minimum" && name != "pow") break;
+        xs.push_back(to_dtype<T>(edge_record(fx, name + ".x" + std::to_string(i))).requires_grad_());
+      }
+      const Tensor<T> y = f(xs);
+      check_edge(name + " result", y, edge_record(fx, name + ".y"), rtol, atol);
+      y.backward(to_dtype<T>(edge_record(fx, name + ".g")));
+      for (std::size_t i = 0; i < xs.size(); ++i)
+        check_edge(name + " gradient " + std::to_string(i), xs[i].grad(),
+                   edge_record(fx, name + ".dx" + std::to_string(i)), rtol, atol);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("edges: results and gradients at bounds, NaN, ±inf and zeros match PyTorch (double)") {
+  run_edge_cases<double>(1e-12, 1e-14);
+}
+
+TEST_CASE("edges: results and gradients at bounds, NaN, ±inf and zeros match PyTorch (float)") {
+  run_edge_cases<float>(1e-5, 1e-6);
 }

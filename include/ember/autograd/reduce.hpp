@@ -38,11 +38,13 @@ struct ReducePlan {
   Shape out;    // keep, or without the reduced dims
   std::int64_t count = 1;  // elements per output
   bool reduced[kMaxDims] = {};
+  bool all = false;  // no dims given: a reduction over everything (torch.prod(x) and torch.prod(x, dim) differ)
 };
 
 inline ReducePlan plan_reduce(const Shape& space, const Dims& dims, bool keepdim, const char* op) {
   ReducePlan p;
   p.space = space;
+  p.all = dims.v.empty();
   if (dims.v.empty()) {
     for (int d = 0; d < space.n; ++d) p.reduced[d] = true;
   } else {
@@ -112,9 +114,10 @@ struct ReduceNode final : TypedNode<T> {
     } else if constexpr (K == RKind::Mean) {
       run(mul_(g, S{compute_t<T>(scale)}));
     } else if constexpr (K == RKind::Max || K == RKind::Min) {
-      // Ties share the gradient evenly.
-      auto hit = expr::CastExpr<T, decltype(expr::make_binary(ops_table::Eq{}, e, r))>{
-          expr::make_binary(ops_table::Eq{}, e, r)};
+      // Ties share the gradient evenly; a NaN result came from the group's NaN elements, which share it (as
+      // torch.max(x) and, with one NaN per group, torch.max(x, dim)).
+      auto hit = expr::CastExpr<T, decltype(expr::make_binary(ops_table::SameValue{}, e, r))>{
+          expr::make_binary(ops_table::SameValue{}, e, r)};
       Tensor<T> cnt = empty<T>(plan.keep, gk.device());
       ops::reduce<expr::SumR<double>>(cnt, hit, name());
       const L c{&cnt};
@@ -126,7 +129,11 @@ struct ReduceNode final : TypedNode<T> {
     } else if constexpr (K == RKind::Var) {
       run(mul_(mul_(g, sub_(e, m)), S{compute_t<T>(2 * scale)}));
     } else if constexpr (K == RKind::Std) {
-      run(div_(mul_(mul_(g, sub_(e, m)), S{compute_t<T>(scale)}), r));
+      // d std = d var / (2 std), taken as 0 where std == 0 (a constant group), as PyTorch's std_backward.
+      auto zero_std = expr::make_binary(ops_table::Eq{}, r, S{0});
+      auto gs = div_(g, r);
+      auto gz = expr::WhereExpr<decltype(zero_std), S, decltype(gs)>{zero_std, S{0}, gs};
+      run(mul_(mul_(gz, sub_(e, m)), S{compute_t<T>(scale)}));
     } else if constexpr (K == RKind::Norm) {
       // d||e||_p / de = sign(e) |e|^(p-1) / ||e||^(p-1); zero where the norm is zero.
       auto zero_norm = expr::make_binary(ops_table::Eq{}, r, S{0});
@@ -144,17 +151,23 @@ struct ReduceNode final : TypedNode<T> {
         const L c{&cnt};
         run(div_(mul_(mul_(g, expr::make_unary(ops_table::Sign{}, e)), hit), c));
       } else {
+        // Also 0 at a zero element: for p < 1 its |e|^(p-1) is inf (PyTorch masks it); for p > 1 it is 0 anyway.
         auto a = expr::make_unary(ops_table::Abs{}, e);
         auto num = mul_(expr::make_unary(ops_table::Sign{}, e),
                         expr::make_binary(ops_table::Pow{}, a, S{compute_t<T>(p - 1)}));
         auto q = div_(num, expr::make_binary(ops_table::Pow{}, r, S{compute_t<T>(p - 1)}));
-        run(mul_(g, expr::WhereExpr<decltype(zero_norm), S, decltype(q)>{zero_norm, S{0}, q}));
+        auto zero = expr::make_binary(ops_table::Or{}, zero_norm, expr::make_binary(ops_table::Eq{}, e, S{0}));
+        run(mul_(g, expr::WhereExpr<decltype(zero), S, decltype(q)>{zero, S{0}, q}));
       }
     }
   }
 
  private:
-  // For prod: the product of every other element of each element's group (exact with zeros: prefix × suffix).
+  // For prod: d prod / d x_j, as PyTorch computes it. Over all elements (torch.prod(x)): a group without zeros
+  // takes prod / x_j (so a NaN or inf element makes the group's gradient NaN, the NaN element's included), a
+  // group with one zero the product of the others (exact: prefix × suffix), a group with two or more zeros 0.
+  // Over dims (torch.prod(x, dim)): prod / x_j when the whole argument has no zero, else the product of the
+  // others in every group. A 0-d argument passes the gradient (1).
   Tensor<T> prod_of_others() const {
     const Shape& sp = plan.space;
     EMBER_CHECK(this->grad.device().is_cpu(), "prod: the backward runs on CPU tensors only for now (got ",
@@ -168,10 +181,31 @@ struct ReduceNode final : TypedNode<T> {
       if (plan.reduced[d]) perm.push_back(d);
     const std::int64_t R = plan.count, Kn = sp.numel() / std::max<std::int64_t>(R, 1);
     Tensor<T> xp = x.permute(perm).contiguous();
+    Tensor<T> rp = result.permute(perm).contiguous();  // (Kn) in the same group order: reduced dims are 1 here
     Tensor<T> op = empty<T>(xp.shape());
     const T* a = xp.data();
+    const T* res = rp.data();
     T* o = op.data();
+    using C = compute_t<T>;
+    auto zeros_in = [&](std::int64_t k) {
+      std::int64_t z = 0;
+      for (std::int64_t j = 0; j < R; ++j) z += static_cast<C>(a[k * R + j]) == C(0);
+      return z;
+    };
+    std::int64_t total_zeros = 0;
+    if (!plan.all)
+      for (std::int64_t k = 0; k < Kn; ++k) total_zeros += zeros_in(k);
     for (std::int64_t k = 0; k < Kn; ++k) {
+      const std::int64_t zeros = plan.all ? zeros_in(k) : total_zeros;
+      if (sp.n > 0 && zeros == 0) {
+        for (std::int64_t j = 0; j < R; ++j)
+          o[k * R + j] = convert<T>(static_cast<C>(res[k]) / static_cast<C>(a[k * R + j]));
+        continue;
+      }
+      if (plan.all && zeros > 1) {
+        for (std::int64_t j = 0; j < R; ++j) o[k * R + j] = convert<T>(0.0);
+        continue;
+      }
       double pre = 1;
       for (std::int64_t j = 0; j < R; ++j) {
         o[k * R + j] = convert<T>(pre);
@@ -292,7 +326,8 @@ Tensor<std::int64_t> arg_extremum(const X& x, std::int64_t dim, bool has_dim, bo
 }
 }  // namespace autograd
 
-/// Largest element (NaN propagates), over all elements or dims; ties share the gradient.
+/// Largest element (NaN propagates), over all elements or dims, as torch.amax: ties share the gradient; where the
+/// result is NaN, the NaN elements share it (torch.amax would make the whole group's gradient NaN).
 template <expr::TensorOrExpr X>
 auto max(const X& x, const Dims& dims = {}, bool keepdim = false) {
   return autograd::extremum<false>(x, dims, keepdim, "max");
@@ -321,7 +356,8 @@ Tensor<std::int64_t> argmin(const X& x, std::int64_t dim, bool keepdim = false) 
   return autograd::arg_extremum<true>(x, dim, true, keepdim, "argmin");
 }
 
-/// Product over all elements or dims (exact gradient with zeros).
+/// Product over all elements or dims; the gradient as PyTorch's (prod / x, or the exact product of the others
+/// where there are zeros; see ReduceNode::prod_of_others).
 template <expr::TensorOrExpr X>
 auto prod(const X& x, const Dims& dims = {}, bool keepdim = false) {
   using V = typename expr::value_of<X>::type;
@@ -331,7 +367,7 @@ auto prod(const X& x, const Dims& dims = {}, bool keepdim = false) {
   using A = std::conditional_t<is_floating_v<V>, double, std::int64_t>;
   Tensor<R> keep = autograd::reduce_into<expr::ProdR<A>, R>(e, plan, "prod");
   Tensor<R> res = autograd::view_out(keep, plan);
-  if constexpr (std::is_same_v<R, V>) autograd::record_reduce<R, autograd::RKind::Prod>(res, e, plan, 1, 0, {}, {});
+  if constexpr (std::is_same_v<R, V>) autograd::record_reduce<R, autograd::RKind::Prod>(res, e, plan, 1, 0, keep, {});
   return res;
 }
 

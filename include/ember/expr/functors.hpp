@@ -4,6 +4,7 @@
 // Ops without a gradient (comparisons, logic, sign) say so with `differentiable = false`.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <type_traits>
 
@@ -17,6 +18,22 @@ namespace fm = ::ember::detail::fm;
 template <class X>
 EMBER_HOST_DEVICE EMBER_INLINE X sel(bool c, X a, X b) {
   return c ? a : b;
+}
+template <class X>
+EMBER_HOST_DEVICE EMBER_INLINE X cube(X x) {
+  return x * x * x;
+}
+/// a * b; for bool the logical and (as PyTorch's bool * bool), written so, not as an int product turned to bool.
+template <class X>
+EMBER_HOST_DEVICE EMBER_INLINE X mul(X a, X b) {
+  if constexpr (std::is_same_v<X, bool>) return a && b;
+  else return a * b;
+}
+/// a + b; for bool the logical or (as PyTorch's bool + bool).
+template <class X>
+EMBER_HOST_DEVICE EMBER_INLINE X add(X a, X b) {
+  if constexpr (std::is_same_v<X, bool>) return a || b;
+  else return a + b;
 }
 
 // Integral types go through float-free paths where it matters; transcendental ops are for floating types.
@@ -43,14 +60,16 @@ EMBER_UNARY(Expm1,    fm::expm1(x),                            fm::exp(x))
 EMBER_UNARY(Log,      fm::log(x),                              X(1) / x)
 EMBER_UNARY(Log1p,    fm::log1p(x),                            X(1) / (X(1) + x))
 EMBER_UNARY(Sqrt,     std::sqrt(x),                            X(0.5) / std::sqrt(x))
-EMBER_UNARY(Rsqrt,    X(1) / std::sqrt(x),                     X(-0.5) / (x * std::sqrt(x)))
+// Rsqrt's derivative is -r^3/2 with r = rsqrt(x), as PyTorch: at -0, r = -inf and the derivative is +inf.
+EMBER_UNARY(Rsqrt,    X(1) / std::sqrt(x),                     X(-0.5) * cube(X(1) / std::sqrt(x)))
 EMBER_UNARY(Square,   x * x,                                   X(2) * x)
 EMBER_UNARY(Sin,      std::sin(x),                             std::cos(x))
 EMBER_UNARY(Cos,      std::cos(x),                             -std::sin(x))
 EMBER_UNARY(Tanh,     fm::tanh(x),                             X(1) - fm::tanh(x) * fm::tanh(x))
 EMBER_UNARY(Sigmoid,  fm::sigmoid(x),                          fm::sigmoid(x) * (X(1) - fm::sigmoid(x)))
-// ReLU lets NaN through (as PyTorch's, which is clamp_min(x, 0)): sel(x < 0, 0, x), not sel(x > 0, x, 0).
-EMBER_UNARY(Relu,     sel(x < X(0), X(0), x),                  sel(x > X(0), X(1), X(0)))
+// ReLU lets NaN through (as PyTorch's, which is clamp_min(x, 0)): sel(x < 0, 0, x), not sel(x > 0, x, 0). Its
+// gradient is masked where x <= 0 only (PyTorch's threshold_backward), so at NaN the gradient passes.
+EMBER_UNARY(Relu,     sel(x < X(0), X(0), x),                  sel(x <= X(0), X(0), X(1)))
 // SiLU: x * sigmoid(x); derivative s * (1 + x * (1 - s)).
 EMBER_UNARY(Silu,     x * fm::sigmoid(x),                      fm::sigmoid(x) * (X(1) + x * (X(1) - fm::sigmoid(x))))
 // Softplus (beta 1, threshold 20 as in PyTorch): log1p(exp(x)), linear above the threshold.
@@ -105,13 +124,16 @@ struct Elu {
   EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
     return sel(x > X(0), x, X(alpha) * fm::expm1(x));
   }
+  /// As PyTorch's elu_backward: the exponential branch where x <= 0, slope 1 elsewhere (NaN included).
   template <class X>
   EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    return sel(x > X(0), X(1), X(alpha) * fm::exp(x));
+    return sel(x <= X(0), X(alpha) * fm::exp(x), X(1));
   }
 };
 
-/// clamp(x, lo, hi); the gradient passes where lo <= x <= hi, as in PyTorch.
+/// clamp(x, lo, hi). As in PyTorch 2.15, the gradient passes strictly inside the bounds only: 0 at x == lo or
+/// x == hi (so everywhere when lo == hi) and at NaN. An infinite bound is an absent one (clamp_min is
+/// clamp(x, lo, +inf)): x = +inf is inside clamp_min(x, lo), as in torch.clamp_min.
 struct Clamp {
   static constexpr const char* name = "clamp";
   static constexpr bool differentiable = true;
@@ -123,7 +145,9 @@ struct Clamp {
   }
   template <class X>
   EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    return sel(x >= X(lo) && x <= X(hi), X(1), X(0));
+    const bool above = lo < -DBL_MAX || x > X(lo);
+    const bool below = hi > DBL_MAX || x < X(hi);
+    return sel(above && below, X(1), X(0));
   }
 };
 
@@ -150,16 +174,20 @@ struct Clamp {
   };
 
 //           name     forward          d/da                               d/db
-EMBER_BINARY(Add,     a + b,           X(1),                              X(1))
+EMBER_BINARY(Add,     add(a, b),       X(1),                              X(1))
 EMBER_BINARY(Sub,     a - b,           X(1),                              X(-1))
-EMBER_BINARY(Mul,     a * b,           b,                                 a)
+EMBER_BINARY(Mul,     mul(a, b),       b,                                 a)
 EMBER_BINARY(Div,     a / b,           X(1) / b,                          -a / (b * b))
-EMBER_BINARY(Pow,     std::pow(a, b),  b * std::pow(a, b - X(1)),         sel(a > X(0), std::pow(a, b) * fm::log(a), X(0)))
-// Element-wise max/min: on ties the gradient is split evenly, as PyTorch does.
-EMBER_BINARY(Maximum, sel(a > b || a != a, a, b), sel(a > b, X(1), sel(a == b, X(0.5), X(0))),
-                                                  sel(b > a, X(1), sel(a == b, X(0.5), X(0))))
-EMBER_BINARY(Minimum, sel(a < b || a != a, a, b), sel(a < b, X(1), sel(a == b, X(0.5), X(0))),
-                                                  sel(b < a, X(1), sel(a == b, X(0.5), X(0))))
+// Pow's partials as PyTorch's pow_backward: d/da is 0 where b == 0 (even at a = 0 or NaN), else b a^(b-1);
+// d/db is 0 where a == 0 and b >= 0, else a^b log(a) (NaN for a < 0, -inf at a = 0, b < 0).
+EMBER_BINARY(Pow,     std::pow(a, b),  sel(b == X(0), X(0), b * std::pow(a, b - X(1))),
+                                       sel(a == X(0) && b >= X(0), X(0), std::pow(a, b) * fm::log(a)))
+// Element-wise max/min, gradients as PyTorch's: ties split the gradient evenly, the smaller (larger) operand gets
+// none, and where either operand is NaN (unordered) both get the full gradient.
+EMBER_BINARY(Maximum, sel(a > b || a != a, a, b), sel(a < b, X(0), sel(a == b, X(0.5), X(1))),
+                                                  sel(b < a, X(0), sel(a == b, X(0.5), X(1))))
+EMBER_BINARY(Minimum, sel(a < b || a != a, a, b), sel(a > b, X(0), sel(a == b, X(0.5), X(1))),
+                                                  sel(b > a, X(0), sel(a == b, X(0.5), X(1))))
 #undef EMBER_BINARY
 
 /// Comparisons and logic: bool results, no gradient.
@@ -178,6 +206,8 @@ EMBER_PREDICATE(Gt, a > b)
 EMBER_PREDICATE(Ge, a >= b)
 EMBER_PREDICATE(Eq, a == b)
 EMBER_PREDICATE(Ne, a != b)
+/// a == b, or both NaN: which elements a max/min reduction picked (a NaN result came from the NaN elements).
+EMBER_PREDICATE(SameValue, a == b || (a != a && b != b))
 EMBER_PREDICATE(And, bool(a) && bool(b))
 EMBER_PREDICATE(Or, bool(a) || bool(b))
 EMBER_PREDICATE(Xor, bool(a) != bool(b))
