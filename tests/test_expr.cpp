@@ -591,6 +591,43 @@ TEST_CASE("aliasing: results are as if the right-hand side were evaluated into a
   }
 }
 
+// ================================================================================= expressions own their operands
+
+namespace {
+// Returns an expression over a tensor local to this function: the expression must keep it alive.
+auto plus_one_of_local(i64 n) {
+  Tensor<float> s = full<float>({n}, 2.f);
+  return s + 1.f;
+}
+}  // namespace
+
+TEST_CASE("an expression holds its tensors by value: it outlives them and sees the ones it was built from") {
+  SUBCASE("returned from the function whose local tensor it reads") {
+    auto e = plus_one_of_local(1000);
+    std::vector<float> junk(4096, -7.f);  // reuse the freed memory if the local had died
+    Tensor<float> other = full<float>({1000}, -5.f);
+    Tensor<float> y = e;
+    CHECK(y.to_vector() == std::vector<float>(1000, 3.f));
+    CHECK(junk[0] == -7.f);
+    CHECK(other.data()[0] == -5.f);
+  }
+  SUBCASE("rebinding an operand's handle after building the expression") {
+    Tensor<float> a = full<float>({4}, 2.f), b = full<float>({4}, 3.f);
+    auto e = a * b;
+    a = full<float>({4}, 100.f);  // a now names another tensor; e still holds the first
+    Tensor<float> y = e;
+    CHECK(y.to_vector() == std::vector<float>(4, 6.f));
+    CHECK(a.to_vector() == std::vector<float>(4, 100.f));
+  }
+  SUBCASE("writing into an operand's memory is seen (a handle, not a copy of the data)") {
+    Tensor<float> a = full<float>({4}, 2.f);
+    auto e = a * 2.f;
+    a.fill_(5.f);
+    Tensor<float> y = e;
+    CHECK(y.to_vector() == std::vector<float>(4, 10.f));
+  }
+}
+
 // ============================================================================================ fused = unfused
 
 TEST_CASE("fused equals unfused") {

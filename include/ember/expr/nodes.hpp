@@ -1,7 +1,8 @@
 // ember — expression nodes ("what"): small values describing element-wise math over tensors and scalars.
 // `a * b + c` builds BinaryExpr<Add, BinaryExpr<Mul, Leaf, Leaf>, Leaf>; nothing runs until the expression is
-// assigned to a tensor or reduced. Lvalue tensors are held by pointer, temporaries by value (a handle), scalars
-// by value. How an expression is evaluated is in evaluator.hpp; where, in cpu/ and cuda/.
+// assigned to a tensor or reduced. Tensors are held by value (a shared handle: a reference-count increment, never a
+// data copy), so an expression cannot dangle; scalars by value. (Internal code that evaluates an expression within
+// one statement may use TensorLeaf<T, false>, a pointer to a tensor that outlives it.) How an expression is evaluated is in evaluator.hpp; where, in cpu/ and cuda/.
 #pragma once
 
 #include <limits>
@@ -216,13 +217,14 @@ struct value_of {
   using type = typename std::remove_cvref_t<X>::value_type;
 };
 
-/// The node an operand becomes: lvalue tensor → leaf by pointer, rvalue tensor → leaf by value, expression → as is.
+/// The node an operand becomes: a tensor → a leaf holding the handle by value (a reference-count increment, never
+/// a data copy; moved when the operand is an rvalue), expression → as is. So an expression outlives the tensors it
+/// was built from and keeps seeing them: `auto e = a * b; a = other;` still multiplies the old `a`.
 template <class X>
 auto as_node(X&& x) {
   using D = std::remove_cvref_t<X>;
   if constexpr (is_tensor_v<D>) {
-    if constexpr (std::is_lvalue_reference_v<X>) return TensorLeaf<typename D::value_type, false>{&x};
-    else return TensorLeaf<typename D::value_type, true>{std::move(x)};
+    return TensorLeaf<typename D::value_type, true>{std::forward<X>(x)};
   } else {
     return D(std::forward<X>(x));
   }
