@@ -365,3 +365,30 @@ TEST_CASE("LayerNorm: normalises the trailing dims; gradcheck through the layer"
       {randn<double>({3, 2, 3}), randn<double>({2, 3}), randn<double>({2, 3})});
   CHECK_MESSAGE(r.ok, r.message);
 }
+
+TEST_CASE("Embedding: an index outside [0, num_embeddings) is an error naming the op, the index and the range") {
+  // PyTorch's Embedding raises on -1 (a corrupt token id) instead of wrapping to the last row.
+  nn::EmbeddingT<amp::fp64> e(5, 3);
+  EXPECT_ERROR([&] { (void)e(tensor<std::int64_t>({{0, 2}, {-1, 4}})); },
+               {"Embedding", "index -1", "position 2", "[0, 5)"});
+  EXPECT_ERROR([&] { (void)e(tensor<std::int64_t>({5})); }, {"Embedding", "index 5", "[0, 5)"});
+  EXPECT_ERROR([&] { (void)e(tensor<std::int64_t>({-5})); }, {"Embedding", "index -5", "[0, 5)"});
+  // With a padding_idx given as a negative number (PyTorch wraps padding_idx itself), lookups still must be >= 0.
+  nn::EmbeddingT<amp::fp64> p(5, 3, /*padding_idx=*/-1);
+  CHECK(p.padding_idx == 4);
+  EXPECT_ERROR([&] { (void)p(tensor<std::int64_t>({-1})); }, {"Embedding", "index -1", "[0, 5)"});
+  CHECK(p(tensor<std::int64_t>({4})).to_vector() == std::vector<double>{0, 0, 0});
+  // A strided (non-contiguous) index tensor is checked element by element too.
+  const Tensor<std::int64_t> strided = tensor<std::int64_t>({{0, 1}, {-2, 3}}).t();
+  EXPECT_ERROR([&] { (void)e(strided); }, {"Embedding", "index -2"});
+}
+
+TEST_CASE("index_select and its backward: negative indices are an error, as torch.index_select") {
+  const TD x = randn<double>({4, 3});
+  EXPECT_ERROR([&] { (void)index_select(x, 0, tensor<std::int64_t>({0, -1})); },
+               {"index_select", "index -1", "position 1", "[0, 4)", "[4, 3]"});
+  EXPECT_ERROR([&] { (void)index_select(x, 1, tensor<std::int64_t>({3})); }, {"index_select", "index 3", "[0, 3)"});
+  EXPECT_ERROR([&] { (void)ops::index_add(Shape{4, 3}, 0, tensor<std::int64_t>({-1}), randn<double>({1, 3})); },
+               {"index_add", "index -1", "[0, 4)"});
+  CHECK(index_select(x, 0, tensor<std::int64_t>({3})).to_vector() == x[3].contiguous().to_vector());
+}

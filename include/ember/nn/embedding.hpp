@@ -44,8 +44,10 @@ class EmbeddingT : public Module {
     });
   }
 
-  /// indices (any shape) -> (*indices.shape, embedding_dim)
+  /// indices (any shape, each in [0, num_embeddings)) -> (*indices.shape, embedding_dim). An index outside the
+  /// table, -1 included, is an error (as torch.nn.Embedding), never a wrap-around to the last rows.
   Tensor<compute_t> forward(const Tensor<std::int64_t>& indices) const {
+    check_indices(indices);
     Shape out = indices.shape();
     out.push_back(embedding_dim);
     Tensor<compute_t> w = detail::to_compute<compute_t>(weight);
@@ -58,6 +60,18 @@ class EmbeddingT : public Module {
     return rows.view(out);
   }
   Tensor<compute_t> operator()(const Tensor<std::int64_t>& indices) const { return forward(indices); }
+
+  /// Throws unless every entry of indices lies in [0, num_embeddings), naming the first bad one.
+  void check_indices(const Tensor<std::int64_t>& indices) const {
+    EMBER_CHECK(indices.defined(), "nn::Embedding: the indices are undefined");
+    indices.check_cpu("nn::Embedding");
+    const Tensor<std::int64_t> ic = indices.contiguous();
+    const std::int64_t* p = ic.data();
+    for (std::int64_t i = 0; i < ic.numel(); ++i)
+      EMBER_CHECK(p[i] >= 0 && p[i] < num_embeddings, "nn::Embedding: index ", p[i], " at position ", i,
+                  " (row-major, indices of shape ", indices.shape().str(), ") is out of range [0, ", num_embeddings,
+                  ") for a table of ", num_embeddings, " embeddings");
+  }
 
   std::int64_t num_embeddings, embedding_dim;
   std::optional<std::int64_t> padding_idx;

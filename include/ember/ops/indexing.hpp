@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ember/config.hpp"
@@ -42,28 +43,30 @@ Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim) {
   return r;
 }
 
-/// Reads a 1-D int64 index (any stride), checking every entry lies in [-n, n); returns them wrapped to [0, n).
+/// Reads a 1-D int64 index (any stride), checking every entry lies in [0, n): as torch.index_select and
+/// index_add, a negative index is an error, not a count from the end (a corrupt -1 must not pick the last row).
 /// `shape`, when given, is the indexed tensor's (for the error message).
 inline std::vector<std::int64_t> read_index(const Tensor<std::int64_t>& idx, std::int64_t n, const char* op,
-                                            const Shape& shape = Shape()) {
+                                            const Shape& shape = Shape(), int dim = -1) {
   EMBER_CHECK(idx.dim() == 1, op, ": index must be 1-D, got shape ", idx.shape().str());
   idx.check_cpu(op);
   std::vector<std::int64_t> r(std::size_t(idx.numel()));
   for (std::int64_t i = 0; i < idx.numel(); ++i) {
     const std::int64_t v = idx.data()[i * idx.strides()[0]];
-    EMBER_CHECK(v >= -n && v < n, op, ": index ", v, " at position ", i, " is out of range for a dim of size ", n,
+    EMBER_CHECK(v >= 0 && v < n, op, ": index ", v, " at position ", i, " is out of range [0, ", n, ")",
+                dim >= 0 ? " for dim " + std::to_string(dim) : std::string(), " of size ", n,
                 shape.n ? " (shape " + shape.str() + ")" : std::string());
-    r[std::size_t(i)] = v < 0 ? v + n : v;
+    r[std::size_t(i)] = v;
   }
   return r;
 }
 
-/// Rows (along dim) of x picked by a 1-D int64 index; negative indices count from the end.
+/// Rows (along dim) of x picked by a 1-D int64 index with entries in [0, x.size(dim)), as torch.index_select.
 template <class T>
 Tensor<T> index_select(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& idx) {
   const int d = wrap_dim(dim, x.dim(), "index_select");
   const std::int64_t n = x.shape()[d];
-  const auto ix = read_index(idx, n, "index_select", x.shape());
+  const auto ix = read_index(idx, n, "index_select", x.shape(), d);
   Shape out = x.shape();
   out[d] = idx.numel();
   Tensor<T> r = empty<T>(out, x.device());
@@ -82,7 +85,7 @@ Tensor<T> index_add(const Shape& shape, std::int64_t dim, const Tensor<std::int6
   const int d = wrap_dim(dim, shape.n, "index_add");
   const std::int64_t n = shape[d];
   Tensor<T> out = zeros<T>(shape, src.device());
-  const auto ix = read_index(idx, n, "index_add");
+  const auto ix = read_index(idx, n, "index_add", shape, d);
   for (std::int64_t i = 0; i < std::int64_t(ix.size()); ++i) {
     const std::int64_t v = ix[std::size_t(i)];
     Tensor<T> dst = out.select(d, v);
