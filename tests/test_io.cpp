@@ -2,6 +2,7 @@
 // atomic file replacement (a crash between write and rename keeps the old file) and checkpoints (bit-exact resume).
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,32 +175,36 @@ TEST_CASE("safetensors: a header length beyond the end of the file") {
 }
 
 TEST_CASE("safetensors: a header that is not JSON") {
-  EXPECT_ERROR([] { parse(st_file("{\"a\": [")); }, {"not valid JSON"});
-  EXPECT_ERROR([] { parse(st_file("")); }, {"not valid JSON"});
+  EXPECT_ERROR([] { parse(st_file("{\"a\": {\"dtype\": \"U8\", \"shape\": [")); }, {"not valid JSON"});
+  EXPECT_ERROR([] { parse(st_file("{\"a\" 1}")); }, {"not valid JSON"});
+  EXPECT_ERROR([] { parse(st_file("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]} ,}", 1)); },
+               {"not valid JSON"});
+  EXPECT_ERROR([] { parse(st_file("")); }, {"not a JSON object"});
 }
 
 TEST_CASE("safetensors: a header that is not an object") {
-  EXPECT_ERROR([] { parse(st_file("[1, 2]")); }, {"not an object"});
+  EXPECT_ERROR([] { parse(st_file("[1, 2]")); }, {"not a JSON object", "must start with '{'"});
+  EXPECT_ERROR([] { parse(st_file(" {}")); }, {"not a JSON object", "must start with '{'"});
 }
 
 TEST_CASE("safetensors: a duplicate key") {
   const std::string e = R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})";
-  EXPECT_ERROR([&] { parse(st_file("{\"x\":" + e + ",\"x\":" + e + "}", 1)); }, {"key 'x' twice"});
+  EXPECT_ERROR([&] { parse(st_file("{\"x\":" + e + ",\"x\":" + e + "}", 1)); }, {"key \"x\" twice"});
   EXPECT_ERROR([&] { parse(st_file(R"({"x":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1)); },
-               {"key 'dtype' twice"});
+               {"key \"dtype\" twice"});
 }
 
 TEST_CASE("safetensors: an entry with missing or extra fields") {
   EXPECT_ERROR([] { parse(st_file(R"({"x":{"dtype":"U8","shape":[1]}})", 1)); },
-               {"tensor 'x'", "exactly dtype, shape and data_offsets"});
+               {"tensor \"x\"", "exactly dtype, shape and data_offsets"});
   EXPECT_ERROR([] { parse(st_file(R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"y":1}})", 1)); },
-               {"tensor 'x'", "exactly"});
-  EXPECT_ERROR([] { parse(st_file(R"({"x":5})")); }, {"tensor 'x'", "exactly"});
+               {"tensor \"x\"", "exactly"});
+  EXPECT_ERROR([] { parse(st_file(R"({"x":5})")); }, {"tensor \"x\"", "exactly"});
 }
 
 TEST_CASE("safetensors: a dtype ember does not have") {
   EXPECT_ERROR([] { parse(st_file(R"({"x":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 1)); },
-               {"tensor 'x'", "dtype 'I8'", "F32, F64, F16, BF16, I32, I64, U8 and BOOL"});
+               {"tensor \"x\"", "dtype \"I8\"", "F32, F64, F16, BF16, I32, I64, U8 and BOOL"});
   EXPECT_ERROR([] { parse(st_file(R"({"x":{"dtype":7,"shape":[1],"data_offsets":[0,1]}})", 1)); },
                {"dtype is not a string"});
 }
@@ -242,19 +247,21 @@ TEST_CASE("safetensors: data offsets outside the data") {
 
 TEST_CASE("safetensors: a byte count that does not match dtype and shape") {
   EXPECT_ERROR([] { parse(st_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4)); },
-               {"tensor 'x'", "F32 [2] is 8 bytes", "span 4"});
+               {"tensor \"x\"", "F32 [2] is 8 bytes", "span 4"});
 }
 
 TEST_CASE("safetensors: overlapping tensors") {
   EXPECT_ERROR([] {
-    parse(st_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6));
-  }, {"tensor 'b'", "starts at byte 2", "expected 4", "overlaps"});
+    parse(st_file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                  R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6));
+  }, {"tensor \"b\"", "starts at byte 2", "expected 4", "overlaps"});
 }
 
 TEST_CASE("safetensors: a gap between tensors") {
   EXPECT_ERROR([] {
-    parse(st_file(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", 6));
-  }, {"tensor 'b'", "starts at byte 4", "expected 2", "gap"});
+    parse(st_file(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                  R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", 6));
+  }, {"tensor \"b\"", "starts at byte 4", "expected 2", "gap"});
 }
 
 TEST_CASE("safetensors: data bytes no tensor indexes") {
@@ -264,18 +271,18 @@ TEST_CASE("safetensors: data bytes no tensor indexes") {
 
 TEST_CASE("safetensors: a BOOL byte that is not 0 or 1") {
   EXPECT_ERROR([] { parse(st_file(R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", 2, 7)); },
-               {"tensor 'a'", "BOOL", "byte 7", "0 or 1"});
+               {"tensor \"a\"", "BOOL", "byte 7", "0 or 1"});
 }
 
 TEST_CASE("safetensors: metadata that is not an object of strings") {
-  EXPECT_ERROR([] { parse(st_file(R"({"__metadata__":{"k":1}})")); }, {"__metadata__ value of 'k' is not a string"});
+  EXPECT_ERROR([] { parse(st_file(R"({"__metadata__":{"k":1}})")); }, {"__metadata__ value of \"k\" is not a string"});
   EXPECT_ERROR([] { parse(st_file(R"({"__metadata__":[1]})")); }, {"__metadata__ must be an object"});
 }
 
 TEST_CASE("safetensors: asking for a missing tensor or for the wrong dtype") {
   const io::SafeTensors f = parse(st_file(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2));
-  EXPECT_ERROR([&] { f.get<std::uint8_t>("b"); }, {"no tensor named 'b'"});
-  EXPECT_ERROR([&] { f.get<float>("a"); }, {"tensor 'a'", "dtype uint8", "float32"});
+  EXPECT_ERROR([&] { f.get<std::uint8_t>("b"); }, {"no tensor named \"b\""});
+  EXPECT_ERROR([&] { f.get<float>("a"); }, {"tensor \"a\"", "dtype uint8", "float32"});
 }
 
 TEST_CASE("safetensors: writing a tensor named __metadata__ or an undefined tensor") {
@@ -287,6 +294,141 @@ TEST_CASE("safetensors: writing a tensor named __metadata__ or an undefined tens
 TEST_CASE("safetensors: a missing file") {
   EXPECT_ERROR([] { io::load_safetensors("/nonexistent/x.safetensors"); },
                {"load_safetensors", "cannot open", "/nonexistent/x.safetensors"});
+}
+
+namespace {
+/// True when `s` holds a byte that a terminal could interpret (control characters, DEL, bytes >= 0x80).
+bool has_raw_control(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c >= 0x7f;
+  });
+}
+std::string tensor_entry(const char* dtype, std::uint64_t n, std::uint64_t at) {
+  return std::string("{\"dtype\":\"") + dtype + "\",\"shape\":[" + std::to_string(n) + "],\"data_offsets\":[" +
+         std::to_string(at) + "," + std::to_string(at + n) + "]}";
+}
+}  // namespace
+
+TEST_CASE("safetensors: a shape nested 100000 deep is an error, not a stack overflow") {
+  const std::size_t depth = 100000;
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  EXPECT_ERROR([&] { parse(st_file(R"({"x":{"dtype":"U8","shape":)" + nested + R"(,"data_offsets":[0,0]}})")); },
+               {"tensor \"x\"", "shape entries must be non-negative integers", "an array"});
+  // ... and anywhere else in the header.
+  EXPECT_ERROR([&] { parse(st_file(R"({"x":)" + nested + "}")); },
+               {"tensor \"x\"", "must be an object with exactly dtype, shape and data_offsets"});
+  EXPECT_ERROR([&] { parse(st_file(R"({"x":{"dtype":)" + nested + "}}")); }, {"dtype is not a string"});
+  EXPECT_ERROR([&] { parse(st_file(R"({"x":{"data_offsets":)" + nested + "}}")); },
+               {"data_offsets must be two non-negative integers"});
+  EXPECT_ERROR([&] { parse(st_file(R"({"__metadata__":{"k":)" + nested + "}}")); },
+               {"__metadata__ value of \"k\" is not a string"});
+  EXPECT_ERROR([&] { parse(st_file(R"({"__metadata__":)" + nested + "}")); },
+               {"__metadata__ must be an object of strings"});
+  std::string deep_objects;
+  for (std::size_t i = 0; i < depth; ++i) deep_objects += "{\"a\":";
+  deep_objects += "1" + std::string(depth, '}');
+  EXPECT_ERROR([&] { parse(st_file(deep_objects)); }, {"tensor \"a\""});
+  EXPECT_ERROR([&] { parse(st_file("{\"x\":" + deep_objects + "}")); }, {"tensor \"x\"", "exactly dtype"});
+}
+
+TEST_CASE("safetensors: a NUL byte in the header") {
+  // Bytes after a NUL must not be ignored: "{}\0{...}" is not an empty file.
+  std::string h = std::string("{}") + '\0' + "{\"x\":" + tensor_entry("U8", 1, 0) + "}";
+  EXPECT_ERROR([&] { parse(st_file(h, 1)); }, {"'f.safetensors'", "NUL byte at offset 2 of the header"});
+  h = "{\"a" + std::string(1, '\0') + "b\":" + tensor_entry("U8", 1, 0) + "}";
+  EXPECT_ERROR([&] { parse(st_file(h, 1)); }, {"NUL byte at offset 3"});
+  EXPECT_ERROR([&] { parse(st_file(std::string("{}  ") + '\0' + "   ")); }, {"NUL byte at offset 4"});
+}
+
+TEST_CASE("safetensors: only spaces may follow the header's JSON object") {
+  for (const char* tail : {"\n", "\t", "\r", " x", "}", " {}", "  \n  ", "\x1b[31m"}) {
+    INFO("tail: " << ember::detail::quote_untrusted(tail));
+    const std::string msg = error_of([&] { parse(st_file(std::string("{}") + tail)); });
+    CHECK(msg.find("'f.safetensors'") != std::string::npos);
+    CHECK((msg.find("only spaces") != std::string::npos || msg.find("not valid JSON") != std::string::npos));
+    CHECK(!has_raw_control(msg));
+  }
+  // Trailing spaces (the padding writers add so the data is aligned) are fine.
+  CHECK(parse(st_file("{}      ")).tensors.empty());
+  const io::SafeTensors f = parse(st_file("{\"x\":" + tensor_entry("U8", 2, 0) + "}       ", 2, 9));
+  CHECK(vec(f.get<std::uint8_t>("x")) == std::vector<std::uint8_t>{9, 9});
+}
+
+TEST_CASE("safetensors: duplicate keys among many tensors and in the metadata") {
+  const int n = 3000;
+  std::string h = "{\"__metadata__\":{\"k\":\"v\"}";
+  for (int i = 0; i < n; ++i) h += ",\"t" + std::to_string(i) + "\":" + tensor_entry("U8", 1, std::uint64_t(i));
+  Bytes b = st_file(h + "}", std::size_t(n));
+  for (int i = 0; i < n; ++i) b[b.size() - std::size_t(n) + std::size_t(i)] = static_cast<unsigned char>(i % 251);
+  const io::SafeTensors f = parse(b);
+  REQUIRE(f.tensors.size() == std::size_t(n));
+  CHECK(f.get<std::uint8_t>("t0").data()[0] == 0);
+  CHECK(f.get<std::uint8_t>("t2999").data()[0] == 2999 % 251);
+  CHECK(f.metadata.at("k") == "v");
+  // The same key again, at the end of the object: found, however far apart the two are.
+  EXPECT_ERROR([&] { parse(st_file(h + ",\"t17\":" + tensor_entry("U8", 1, n) + "}", std::size_t(n) + 1)); },
+               {"key \"t17\" twice"});
+  EXPECT_ERROR([&] { parse(st_file(h + ",\"__metadata__\":{}}", std::size_t(n))); }, {"key \"__metadata__\" twice"});
+  EXPECT_ERROR([] { parse(st_file(R"({"__metadata__":{"k":"1","j":"2","k":"3"}})")); }, {"key \"k\" twice"});
+  // Keys that differ only after an escape are different keys; the same key spelled two ways is the same.
+  EXPECT_ERROR([] { parse(st_file(R"({"__metadata__":{"k":"1","\u006b":"2"}})")); }, {"key \"k\" twice"});
+}
+
+TEST_CASE("safetensors: names, keys and strings from the file are escaped in error messages") {
+  const std::string red = "\\u001b[31m";  // JSON for ESC [ 3 1 m
+  const std::string esc = R"(\x1b[31m)";     // how the message shows it
+  auto check_escaped = [&](const std::function<void()>& f, const std::vector<std::string>& parts) {
+    const std::string msg = error_of(f);
+    INFO("message: " << ember::detail::quote_untrusted(msg, 400));
+    CHECK(msg.rfind("<", 0) != 0);
+    CHECK(!has_raw_control(msg));
+    for (auto& p : parts) CHECK(msg.find(p) != std::string::npos);
+  };
+  // A tensor name in each kind of message.
+  check_escaped([&] { parse(st_file("{\"" + red + "w\":" + tensor_entry("I8", 1, 0) + "}", 1)); },
+                {"tensor \"" + esc + "w\"", "dtype \"I8\""});
+  check_escaped([&] { parse(st_file("{\"" + red + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}," +
+                                    "\"" + red + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2)); },
+                {"key \"" + esc + "\" twice"});
+  check_escaped([&] { parse(st_file("{\"a\":" + tensor_entry("U8", 1, 0) + ",\"" + red + "\":" +
+                                    tensor_entry("U8", 1, 2) + "}", 3)); },
+                {"tensor \"" + esc + "\"", "gap"});
+  check_escaped([&] { parse(st_file("{\"" + red + "\":" + tensor_entry("BOOL", 1, 0) + "}", 1, 5)); },
+                {"tensor \"" + esc + "\"", "byte 5"});
+  check_escaped([&] { parse(st_file("{\"" + red + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"" +
+                                    red + "\":1}}", 1)); },
+                {"tensor \"" + esc + "\"", "exactly dtype"});
+  // A dtype string, metadata keys and values.
+  check_escaped([&] { parse(st_file("{\"w\":{\"dtype\":\"" + red + "\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1)); },
+                {"dtype \"" + esc + "\""});
+  check_escaped([&] { parse(st_file("{\"__metadata__\":{\"" + red + "\":1}}")); },
+                {"__metadata__ value of \"" + esc + "\""});
+  // A shape entry that is not an integer: the number as written, bounded.
+  check_escaped([&] { parse(st_file("{\"w\":{\"dtype\":\"U8\",\"shape\":[1.5e3],\"data_offsets\":[0,1]}}", 1)); },
+                {"non-negative integers", "got 1.5e3"});
+  check_escaped([&] {
+    const std::string long_number = "1." + std::string(100000, '0');
+    parse(st_file("{\"w\":{\"dtype\":\"U8\",\"shape\":[" + long_number + "],\"data_offsets\":[0,1]}}", 1));
+  }, {"non-negative integers", "got 1.000", "bytes)"});
+  // Raw bytes in an invalid JSON string reach the JSON library's message: escaped as well, and bounded.
+  check_escaped([&] { parse(st_file("{\"\xc2\x9b" + std::string(100000, 'a') + "\x1b\":1}")); },
+                {"not valid JSON", "bytes)"});
+  // A name asked for by the caller that came from somewhere untrusted.
+  const io::SafeTensors f = parse(st_file("{\"a\":" + tensor_entry("U8", 1, 0) + "}", 1));
+  check_escaped([&] { f.get<std::uint8_t>("\x1b[31m"); }, {"no tensor named \"" + esc + "\""});
+  check_escaped([&] { f.get<float>("a"); }, {"tensor \"a\"", "dtype uint8"});
+  // Checkpoints: tensor names and metadata values.
+  TempDir d;
+  io::save_safetensors(d / "bad.ckpt", {{"\x1b[31m", ones<float>(Shape{1})}},
+                       {{"format", "ember-checkpoint-1"}, {"epoch", "1"}, {"step", "1"}, {"rng_seed", "1"},
+                        {"rng_offset", "0"}});
+  check_escaped([&] { io::load_checkpoint(d / "bad.ckpt"); }, {"tensor \"" + esc + "\"", "neither model/"});
+  io::save_safetensors(d / "bad2.ckpt", {{"model/w", ones<float>(Shape{1})}}, {{"format", "\x1b[31m"}});
+  check_escaped([&] { io::load_checkpoint(d / "bad2.ckpt"); }, {"not an ember checkpoint", "\"" + esc + "\""});
+  io::save_safetensors(d / "bad3.ckpt", {{"model/w", ones<float>(Shape{1})}},
+                       {{"format", "ember-checkpoint-1"}, {"epoch", "\x1b[31m"}});
+  check_escaped([&] { io::load_checkpoint(d / "bad3.ckpt"); }, {"'epoch' is \"" + esc + "\"", "not an integer"});
 }
 
 // ---- atomic files and checkpoints ------------------------------------------------------------------------------
@@ -338,7 +480,9 @@ TEST_CASE("atomic_write: a crash between writing and renaming leaves the previou
     CHECK_THROWS_WITH(io::save_safetensors(path, {{"w", full<float>(Shape{3}, 3.0f)}}), "disk on fire");
   }
   CHECK(read_bytes(path) == old);
-  CHECK(listing(d.path).size() == 2);
+  // That save also removed the dead child's temporary file (stale temporary files of dead writers are cleaned up
+  // on the next save to the same path), and its own temporary file is gone too.
+  CHECK(listing(d.path) == std::vector<std::string>{"ckpt.safetensors"});
   // Without a crash the new file replaces the old one.
   io::save_safetensors(path, {{"w", full<float>(Shape{3}, 4.0f)}});
   CHECK(io::load_safetensors(path).get<float>("w").data()[2] == 4.0f);
@@ -348,6 +492,90 @@ TEST_CASE("atomic_write: a folder that does not exist") {
   const Bytes b{1, 2, 3};
   EXPECT_ERROR([&] { io::atomic_write("/nonexistent/dir/f.bin", b); }, {"atomic_write", "cannot create",
                                                                        "/nonexistent/dir/f.bin"});
+}
+
+namespace {
+/// The pid of a process that has exited and been reaped (so no process has it, barring reuse).
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return pid;
+}
+}  // namespace
+
+TEST_CASE("atomic_write: stale temporary files of dead writers are removed on the next save; live ones are kept") {
+  TempDir d;
+  const std::string path = d / "ckpt.safetensors";
+  const std::string pre = ".ckpt.safetensors.tmp-";
+  const pid_t dead = dead_pid(), dead2 = dead_pid();
+  const pid_t live = ::fork();  // a writer that is still running
+  REQUIRE(live >= 0);
+  if (live == 0) {
+    for (;;) ::pause();
+  }
+  const std::string D = std::to_string(dead), D2 = std::to_string(dead2), L = std::to_string(live),
+                    self = std::to_string(::getpid());
+  auto touch = [&](const std::string& name) { std::ofstream(d.path / name) << "a partial checkpoint"; };
+  const std::vector<std::string> stale{pre + D + "-0", pre + D + "-17", pre + D2 + "-3"};
+  const std::vector<std::string> kept{
+      pre + L + "-0",                        // a live writer
+      pre + self + "-999999",                // this process (its own writes in flight)
+      pre + "0-1",                           // pid 0 is no writer (kill(0, 0) would mean the process group)
+      pre + D + "-1x", pre + D + "-", pre + D, pre + D + "x-1", pre + "-" + D + "-1", pre + "123456789012-1",
+      ".other.safetensors.tmp-" + D + "-0",  // another destination's
+      "ckpt.safetensors.tmp-" + D + "-0",    // not hidden: not one of ours
+      ".ckpt.safetensors.tmp-" + D + "-0.bak",
+      "ckpt.safetensors.bak"};
+  for (auto& n : stale) touch(n);
+  for (auto& n : kept) touch(n);
+  fs::create_directory(d.path / (pre + D + "-5"));  // a folder is never removed
+
+  io::save_safetensors(path, {{"w", ones<float>(Shape{4})}});
+  std::vector<std::string> expect = kept;
+  expect.push_back("ckpt.safetensors");
+  expect.push_back(pre + D + "-5");
+  std::sort(expect.begin(), expect.end());
+  CHECK(listing(d.path) == expect);
+  CHECK(io::load_safetensors(path).get<float>("w").numel() == 4);
+
+  // Once the live writer is gone, its file is stale too: the next save removes it.
+  REQUIRE(::kill(live, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(live, &status, 0) == live);
+  io::atomic_write(path, Bytes{1, 2, 3});
+  expect.erase(std::find(expect.begin(), expect.end(), pre + L + "-0"));
+  CHECK(listing(d.path) == expect);
+  CHECK(read_bytes(path) == Bytes{1, 2, 3});
+}
+
+TEST_CASE("AtomicFile: streamed writes replace the file on commit; without commit nothing changes") {
+  TempDir d;
+  const std::string path = d / "records.bin";
+  ember::atomic_write(path, Bytes{9});
+  {
+    ember::AtomicFile f(path, "RecordWriter");
+    f.write(Bytes{1, 2});
+    f.write("\x03", 1);
+    CHECK(fs::exists(f.temp_path()));
+    CHECK(read_bytes(path) == Bytes{9});  // readers still see the old file
+    f.commit();
+    CHECK(f.fd() == -1);
+    EXPECT_ERROR([&] { f.write("x", 1); }, {"RecordWriter", "after commit"});
+  }
+  CHECK(read_bytes(path) == Bytes{1, 2, 3});
+  std::string tmp;
+  {
+    ember::AtomicFile f(path);
+    f.write("abc", 3);
+    tmp = f.temp_path();
+  }  // abandoned: e.g. an exception while writing
+  CHECK(!fs::exists(tmp));
+  CHECK(read_bytes(path) == Bytes{1, 2, 3});
+  CHECK(listing(d.path) == std::vector<std::string>{"records.bin"});
+  EXPECT_ERROR([&] { ember::AtomicFile f(d.path.string() + "/"); }, {"does not name a file"});
 }
 
 namespace {
@@ -440,5 +668,5 @@ TEST_CASE("checkpoints: a damaged step entry") {
   io::save_safetensors(d / "bad.ckpt", {{"model/w", ones<float>(Shape{2})}},
                        {{"format", "ember-checkpoint-1"}, {"epoch", "1"}, {"step", "12x"}, {"rng_seed", "1"},
                         {"rng_offset", "0"}});
-  EXPECT_ERROR([&] { io::load_checkpoint(d / "bad.ckpt"); }, {"'step' is '12x'", "not an integer"});
+  EXPECT_ERROR([&] { io::load_checkpoint(d / "bad.ckpt"); }, {"'step' is \"12x\"", "not an integer"});
 }

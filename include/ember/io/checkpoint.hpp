@@ -37,8 +37,8 @@ I parse_int(const Metadata& m, const std::string& key, const std::string& file) 
   const char* b = it->second.data();
   const char* e = b + it->second.size();
   const auto r = std::from_chars(b, e, v);
-  EMBER_CHECK(r.ec == std::errc() && r.ptr == e, "load_checkpoint: '", file, "': '", key, "' is '", it->second,
-              "', not an integer");
+  EMBER_CHECK(r.ec == std::errc() && r.ptr == e, "load_checkpoint: '", file, "': '", key, "' is ",
+              quote_untrusted(it->second), ", not an integer");
   return v;
 }
 }  // namespace detail
@@ -63,14 +63,15 @@ inline Checkpoint load_checkpoint(const std::string& path) {
   SafeTensors f = load_safetensors(path);
   auto fmt = f.metadata.find("format");
   EMBER_CHECK(fmt != f.metadata.end() && fmt->second == detail::kCheckpointFormat, "load_checkpoint: '", path,
-              "' is a safetensors file but not an ember checkpoint (metadata format is '",
-              fmt == f.metadata.end() ? std::string("<missing>") : fmt->second, "', expected '",
+              "' is a safetensors file but not an ember checkpoint (metadata format is ",
+              fmt == f.metadata.end() ? std::string("<missing>") : detail::quote_untrusted(fmt->second), ", expected '",
               detail::kCheckpointFormat, "')");
   Checkpoint c;
   for (auto& [k, t] : f.tensors) {
     if (k.rfind("model/", 0) == 0) c.model.emplace(k.substr(6), t);
     else if (k.rfind("optimizer/", 0) == 0) c.optimizer.emplace(k.substr(10), t);
-    else EMBER_CHECK(false, "load_checkpoint: '", path, "': tensor '", k, "' belongs to neither model/ nor optimizer/");
+    else EMBER_CHECK(false, "load_checkpoint: '", path, "': tensor ", detail::quote_untrusted(k),
+                     " belongs to neither model/ nor optimizer/");
   }
   for (auto& [k, v] : f.metadata)
     if (k.rfind("extra/", 0) == 0) c.extra.emplace(k.substr(6), v);

@@ -16,6 +16,8 @@
 #include <fstream>
 #include <span>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -40,13 +42,15 @@ struct SafeTensors {
   template <class T>
   Tensor<T> get(const std::string& name) const {
     auto it = tensors.find(name);
-    EMBER_CHECK(it != tensors.end(), "safetensors: no tensor named '", name, "' (the file has ", tensors.size(),
-                " tensors)");
-    return get_as<T>(it->second, "safetensors: tensor '" + name + "'");
+    EMBER_CHECK(it != tensors.end(), "safetensors: no tensor named ", ember::detail::quote_untrusted(name),
+                " (the file has ", tensors.size(), " tensors)");
+    return get_as<T>(it->second, "safetensors: tensor " + ember::detail::quote_untrusted(name));
   }
 };
 
 namespace detail {
+using ember::detail::quote_untrusted;
+
 /// Largest header accepted, as the reference implementation's limit (100 MB).
 inline constexpr std::uint64_t kMaxSafetensorsHeader = 100'000'000;
 
@@ -95,8 +99,8 @@ AnyTensor make_tensor(const SafeEntry& e, const unsigned char* data, const std::
   const std::size_t n = std::size_t(e.end - e.begin);
   if constexpr (std::is_same_v<T, bool>) {
     for (std::size_t i = 0; i < n; ++i)
-      EMBER_CHECK(data[i] <= 1, "safetensors: '", file, "': tensor '", e.name, "' (BOOL) holds byte ", int(data[i]),
-                  " at element ", i, "; booleans must be 0 or 1");
+      EMBER_CHECK(data[i] <= 1, "safetensors: '", file, "': tensor ", quote_untrusted(e.name), " (BOOL) holds byte ",
+                  int(data[i]), " at element ", i, "; booleans must be 0 or 1");
   }
   if (n) std::memcpy(static_cast<void*>(t.data()), data, n);
   return t;
@@ -114,11 +118,216 @@ inline std::vector<unsigned char> read_file(const std::string& path, const char*
   EMBER_CHECK(n == 0 || f.good(), what, ": error reading '", path, "'");
   return bytes;
 }
+
+/// SAX handler for the safetensors header: checks the grammar while the JSON library tokenises, in one pass, and
+/// collects the entries and metadata without building a document. The grammar allows nesting three deep
+/// ({"name": {"shape": [1, 2]}}): anything deeper, or any value of the wrong kind, is rejected at its first byte,
+/// so neither time nor memory depends on what a hostile file nests. Duplicate keys are found with a hash set per
+/// object (a field mask for the tensor entries), so parsing is linear in the header size.
+class SafetensorsHeaderParser {
+ public:
+  using json = nlohmann::json;
+  explicit SafetensorsHeaderParser(const std::string& file) : file_(file) {}
+
+  std::vector<SafeEntry> entries;
+  Metadata metadata;
+  bool complete() const { return at_ == At::Done; }
+
+  // The nlohmann::json SAX interface. Each returns true (go on) or throws ember::Error.
+  bool null() { return scalar("null"); }
+  bool boolean(bool b) { return scalar(b ? "true" : "false"); }
+  bool number_integer(json::number_integer_t v) { return scalar(std::to_string(v)); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (at_ == At::Shape) {
+      if (ndims_ < std::uint64_t(kMaxDims)) shape_[ndims_] = v;
+      ++ndims_;  // counted, not stored, beyond ember's limit: memory stays bounded
+      return true;
+    }
+    if (at_ == At::Offsets) {
+      EMBER_CHECK(noffsets_ < 2, tensor_what(), ": data_offsets must be two non-negative integers [begin, end]");
+      offsets_[noffsets_++] = v;
+      return true;
+    }
+    return scalar(std::to_string(v));
+  }
+  bool number_float(json::number_float_t, const json::string_t& text) { return scalar(text, /*quote=*/false); }
+  bool string(json::string_t& v) {
+    if (at_ == At::Meta) {
+      metadata.emplace(key_, v);
+      return true;
+    }
+    if (at_ == At::Tensor && field_ == kDtype) {
+      EMBER_CHECK(parse_safetensors_dtype(v, dtype_), tensor_what(), " has dtype ", quote_untrusted(v),
+                  "; ember reads F32, F64, F16, BF16, I32, I64, U8 and BOOL");
+      return true;
+    }
+    return scalar(v, /*quote=*/true, "a string ");
+  }
+  bool binary(json::binary_t&) { return scalar("binary data"); }
+
+  bool start_object(std::size_t) {
+    switch (at_) {
+      case At::Start: at_ = At::Top; return true;
+      case At::Top:
+        if (key_ == "__metadata__") {
+          at_ = At::Meta;
+        } else {
+          at_ = At::Tensor;
+          fields_ = 0;
+          field_ = 0;
+          ndims_ = 0;
+          noffsets_ = 0;
+        }
+        return true;
+      default: return scalar("an object");
+    }
+  }
+  bool key(json::string_t& k) {
+    switch (at_) {
+      case At::Top:
+        EMBER_CHECK(names_.insert(k).second, where(), ": the header has the key ", quote_untrusted(k), " twice");
+        key_ = k;
+        return true;
+      case At::Meta:
+        EMBER_CHECK(metadata.count(k) == 0, where(), ": the header has the key ", quote_untrusted(k),
+                    " twice in __metadata__");
+        key_ = k;
+        return true;
+      case At::Tensor: {
+        field_ = k == "dtype" ? kDtype : k == "shape" ? kShape : k == "data_offsets" ? kOffsets : 0;
+        EMBER_CHECK(field_ != 0, tensor_what(),
+                    " must be an object with exactly dtype, shape and data_offsets (it has ", quote_untrusted(k), ")");
+        EMBER_CHECK((fields_ & field_) == 0, where(), ": the header has the key ", quote_untrusted(k),
+                    " twice in tensor ", quote_untrusted(key_));
+        fields_ |= field_;
+        return true;
+      }
+      default: return true;  // unreachable: keys occur only in objects, and only those above are accepted
+    }
+  }
+  bool end_object() {
+    switch (at_) {
+      case At::Top: at_ = At::Done; return true;
+      case At::Meta: at_ = At::Top; return true;
+      case At::Tensor:
+        EMBER_CHECK(fields_ == (kDtype | kShape | kOffsets), tensor_what(),
+                    " must be an object with exactly dtype, shape and data_offsets");
+        finish_entry();
+        at_ = At::Top;
+        return true;
+      default: return true;
+    }
+  }
+  bool start_array(std::size_t) {
+    if (at_ == At::Tensor && field_ == kShape) {
+      at_ = At::Shape;
+      return true;
+    }
+    if (at_ == At::Tensor && field_ == kOffsets) {
+      at_ = At::Offsets;
+      return true;
+    }
+    return scalar("an array");
+  }
+  bool end_array() {
+    at_ = At::Tensor;  // only Shape and Offsets accept an array
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& ex) {
+    EMBER_CHECK(false, where(), ": the header is not valid JSON (", quote_untrusted(ex.what(), 240), ")");
+    return false;
+  }
+
+ private:
+  enum class At { Start, Top, Meta, Tensor, Shape, Offsets, Done };
+  static constexpr unsigned kDtype = 1, kShape = 2, kOffsets = 4;
+
+  std::string where() const { return "safetensors: '" + file_ + "'"; }
+  std::string tensor_what() const { return where() + ": tensor " + quote_untrusted(key_); }
+
+  /// A value (or the start of an object or array) where the grammar does not allow it: the error says what was
+  /// expected there. `text` describes the value: a literal, or file text to quote.
+  bool scalar(const std::string& text, bool quote = false, const char* kind = "") {
+    const std::string got = kind + (quote ? quote_untrusted(text) : bounded(text));
+    switch (at_) {
+      case At::Start: EMBER_CHECK(false, where(), ": the header is not a JSON object"); break;
+      case At::Top:
+        EMBER_CHECK(key_ != "__metadata__", where(), ": __metadata__ must be an object of strings");
+        EMBER_CHECK(false, tensor_what(), " must be an object with exactly dtype, shape and data_offsets");
+        break;
+      case At::Meta:
+        EMBER_CHECK(false, where(), ": __metadata__ value of ", quote_untrusted(key_), " is not a string");
+        break;
+      case At::Tensor:
+        EMBER_CHECK(field_ != kDtype, tensor_what(), ": dtype is not a string");
+        EMBER_CHECK(field_ != kShape, tensor_what(), ": shape is not an array");
+        EMBER_CHECK(false, tensor_what(), ": data_offsets must be two non-negative integers [begin, end]");
+        break;
+      case At::Shape:
+        EMBER_CHECK(false, tensor_what(), ": shape entries must be non-negative integers, got ", got);
+        break;
+      case At::Offsets:
+        EMBER_CHECK(false, tensor_what(), ": data_offsets must be two non-negative integers [begin, end]");
+        break;
+      case At::Done: break;
+    }
+    return false;
+  }
+  /// Unquoted file text (a number as written) with non-printable bytes escaped and the length bounded.
+  static std::string bounded(const std::string& text) {
+    const std::string q = quote_untrusted(text);
+    const std::size_t close = q.find('"', 1);  // numbers and literals hold no quote
+    return q.substr(1, close - 1) + q.substr(close + 1);
+  }
+
+  /// Checks one complete entry: dtype, shape (rank, size without overflow), data offsets.
+  void finish_entry() {
+    SafeEntry e{key_, dtype_, {}, 0, 0};
+    EMBER_CHECK(ndims_ <= std::uint64_t(kMaxDims), tensor_what(), " has ", ndims_, " dims; ember supports at most ",
+                kMaxDims);
+    // The byte count. The product of the non-zero extents (the largest stride, in bytes) must fit in int64 too:
+    // a zero-size dim beside huge ones holds no data but its strides would still overflow.
+    const std::uint64_t esize = dtype_size(e.dtype);
+    std::uint64_t span = esize, bytes = esize;
+    for (std::uint64_t d = 0; d < ndims_; ++d) {
+      const std::uint64_t s = shape_[d];
+      EMBER_CHECK(s <= std::uint64_t(INT64_MAX), tensor_what(), ": shape entry ", s, " is too large");
+      e.shape.push_back(std::int64_t(s));
+      EMBER_CHECK(s <= 1 || span <= std::uint64_t(INT64_MAX) / s, tensor_what(), ": shape ", e.shape.str(),
+                  "... overflows a 64-bit byte count");
+      if (s > 1) span *= s;
+      bytes *= s;  // <= span
+    }
+    EMBER_CHECK(noffsets_ == 2, tensor_what(), ": data_offsets must be two non-negative integers [begin, end]");
+    e.begin = offsets_[0];
+    e.end = offsets_[1];
+    EMBER_CHECK(e.begin <= e.end && e.end <= data_size, tensor_what(), ": data_offsets [", e.begin, ", ", e.end,
+                "] are outside the data section of ", data_size, " bytes");
+    EMBER_CHECK(e.end - e.begin == bytes, tensor_what(), ": ", safetensors_dtype(e.dtype), " ", e.shape.str(), " is ",
+                bytes, " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin);
+    entries.push_back(std::move(e));
+  }
+
+ public:
+  std::uint64_t data_size = 0;  ///< bytes after the header, for the offset checks
+
+ private:
+  const std::string& file_;
+  At at_ = At::Start;
+  std::unordered_set<std::string> names_;  // the top-level keys so far
+  std::string key_;                        // the current top-level (or metadata) key
+  unsigned fields_ = 0, field_ = 0;        // tensor entry: the fields seen, the field whose value comes next
+  ScalarType dtype_ = ScalarType::Float;
+  std::uint64_t shape_[kMaxDims] = {};
+  std::uint64_t ndims_ = 0;
+  std::uint64_t offsets_[2] = {0, 0};
+  int noffsets_ = 0;
+};
 }  // namespace detail
 
 /// Decodes a safetensors file held in memory; `name` appears in errors.
 inline SafeTensors parse_safetensors(std::span<const unsigned char> file, const std::string& name = "<memory>") {
-  using nlohmann::json;
   EMBER_CHECK(file.size() >= 8, "safetensors: '", name, "' is ", file.size(),
               " bytes, too short for the 8-byte header length");
   std::uint64_t n = 0;
@@ -130,92 +339,41 @@ inline SafeTensors parse_safetensors(std::span<const unsigned char> file, const 
   const char* hb = reinterpret_cast<const char*>(file.data() + 8);
   const std::span<const unsigned char> data = file.subspan(8 + std::size_t(n));
 
-  // Parse, rejecting duplicate keys in any object (a JSON library would silently keep one of them).
-  std::vector<std::vector<std::string>> keys;
-  std::string duplicate;
-  auto cb = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (ev == json::parse_event_t::key && !keys.empty()) {
-      const std::string k = parsed.get<std::string>();
-      auto& ks = keys.back();
-      if (duplicate.empty() && std::find(ks.begin(), ks.end(), k) != ks.end()) duplicate = k;
-      ks.push_back(k);
-    }
-    return true;
-  };
-  json header;
-  try {
-    header = json::parse(hb, hb + n, cb, /*allow_exceptions=*/true);
-  } catch (const json::exception& e) {
-    EMBER_CHECK(false, "safetensors: '", name, "': the header is not valid JSON (", e.what(), ")");
-  }
-  EMBER_CHECK(duplicate.empty(), "safetensors: '", name, "': the header has the key '", duplicate, "' twice");
-  EMBER_CHECK(header.is_object(), "safetensors: '", name, "': the header is JSON but not an object");
+  // The header is one JSON object, padded with spaces at the end, as the reference implementation requires (a JSON
+  // library would stop at a NUL byte or allow other whitespace around the object).
+  if (const void* nul = std::memchr(hb, 0, std::size_t(n)))
+    EMBER_CHECK(false, "safetensors: '", name, "': the header has a NUL byte at offset ",
+                static_cast<const char*>(nul) - hb, " of the header; only spaces may pad it");
+  EMBER_CHECK(n > 0 && hb[0] == '{', "safetensors: '", name,
+              "': the header is not a JSON object (it must start with '{', as the reference implementation requires)");
+  std::size_t end = std::size_t(n);
+  while (end > 0 && hb[end - 1] == ' ') --end;
+
+  detail::SafetensorsHeaderParser header(name);
+  header.data_size = data.size();
+  const bool ok = nlohmann::json::sax_parse(hb, hb + end, &header, nlohmann::json::input_format_t::json,
+                                            /*strict=*/true);
+  EMBER_CHECK(ok && header.complete(), "safetensors: '", name, "': the header is not valid JSON");
+  // The JSON library allows other whitespace after the object.
+  EMBER_CHECK(hb[end - 1] == '}', "safetensors: '", name, "': the header has ",
+              detail::quote_untrusted(std::string_view(hb + end - 1, 1)),
+              " after its JSON object; only spaces (0x20) may follow it");
 
   SafeTensors out;
-  std::vector<detail::SafeEntry> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& key = it.key();
-    const json& v = it.value();
-    if (key == "__metadata__") {
-      EMBER_CHECK(v.is_object(), "safetensors: '", name, "': __metadata__ must be an object of strings");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        EMBER_CHECK(m.value().is_string(), "safetensors: '", name, "': __metadata__ value of '", m.key(),
-                    "' is not a string");
-        out.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    const std::string what = "safetensors: '" + name + "': tensor '" + key + "'";
-    EMBER_CHECK(v.is_object() && v.size() == 3 && v.contains("dtype") && v.contains("shape") &&
-                    v.contains("data_offsets"),
-                what, " must be an object with exactly dtype, shape and data_offsets");
-    const json &jd = v["dtype"], &js = v["shape"], &jo = v["data_offsets"];
-    EMBER_CHECK(jd.is_string(), what, ": dtype is not a string");
-    detail::SafeEntry e{key, ScalarType::Float, {}, 0, 0};
-    const std::string ds = jd.get<std::string>();
-    EMBER_CHECK(detail::parse_safetensors_dtype(ds, e.dtype), what, " has dtype '", ds,
-                "'; ember reads F32, F64, F16, BF16, I32, I64, U8 and BOOL");
-    EMBER_CHECK(js.is_array(), what, ": shape is not an array");
-    EMBER_CHECK(js.size() <= std::size_t(kMaxDims), what, " has ", js.size(), " dims; ember supports at most ",
-                kMaxDims);
-    // The byte count. The product of the non-zero extents (the largest stride, in bytes) must fit in int64 too:
-    // a zero-size dim beside huge ones holds no data but its strides would still overflow.
-    const std::uint64_t esize = detail::dtype_size(e.dtype);
-    std::uint64_t span = esize, bytes = esize;
-    for (const json& d : js) {
-      EMBER_CHECK(d.is_number_unsigned(), what, ": shape entries must be non-negative integers, got ", d.dump());
-      const std::uint64_t s = d.get<std::uint64_t>();
-      EMBER_CHECK(s <= std::uint64_t(INT64_MAX), what, ": shape entry ", s, " is too large");
-      e.shape.push_back(std::int64_t(s));
-      EMBER_CHECK(s <= 1 || span <= std::uint64_t(INT64_MAX) / s, what, ": shape ", e.shape.str(),
-                  "... overflows a 64-bit byte count");
-      if (s > 1) span *= s;
-      bytes *= s;  // <= span
-    }
-    EMBER_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() && jo[1].is_number_unsigned(), what,
-                ": data_offsets must be two non-negative integers [begin, end]");
-    e.begin = jo[0].get<std::uint64_t>();
-    e.end = jo[1].get<std::uint64_t>();
-    EMBER_CHECK(e.begin <= e.end && e.end <= data.size(), what, ": data_offsets [", e.begin, ", ", e.end,
-                "] are outside the data section of ", data.size(), " bytes");
-    EMBER_CHECK(e.end - e.begin == bytes, what, ": ", ds, " ", e.shape.str(), " is ", bytes,
-                " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin);
-    entries.push_back(std::move(e));
-  }
+  out.metadata = std::move(header.metadata);
+  std::vector<detail::SafeEntry>& entries = header.entries;
   // The tensors tile the data section exactly.
   std::vector<const detail::SafeEntry*> order;
+  order.reserve(entries.size());
   for (auto& e : entries) order.push_back(&e);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
   std::uint64_t at = 0;
   for (auto* e : order) {
-    EMBER_CHECK(e->begin == at, "safetensors: '", name, "': tensor '", e->name, "' starts at byte ", e->begin,
-                " of the data, expected ", at, e->begin < at ? " (it overlaps the previous tensor)" : " (a gap)");
+    EMBER_CHECK(e->begin == at, "safetensors: '", name, "': tensor ", detail::quote_untrusted(e->name),
+                " starts at byte ", e->begin, " of the data, expected ", at,
+                e->begin < at ? " (it overlaps the previous tensor)" : " (a gap)");
     at = e->end;
   }
   EMBER_CHECK(at == data.size(), "safetensors: '", name, "': the tensors cover ", at, " bytes of the ", data.size(),
@@ -234,7 +392,7 @@ inline SafeTensors parse_safetensors(std::span<const unsigned char> file, const 
       case ScalarType::UInt8: t = detail::make_tensor<std::uint8_t>(e, p, name); break;
       case ScalarType::Bool: t = detail::make_tensor<bool>(e, p, name); break;
     }
-    out.tensors.emplace(e.name, std::move(t));
+    out.tensors.emplace(std::move(e.name), std::move(t));
   }
   return out;
 }
