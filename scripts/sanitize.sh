@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CI's sanitizer jobs (run by ctest as sanitize_asan and sanitize_thread): configure and build ember's doctest
+# suite in BUILD_DIR with the sanitizers, then run it; any report fails the job.
+#   asan    AddressSanitizer + UndefinedBehaviorSanitizer over the whole suite
+#   thread  ThreadSanitizer over the threaded parts: the thread pool (test_threads), the caching CPU allocator
+#           (test_tensor's allocator cases) and the DataLoader (test_data)
+# usage: scripts/sanitize.sh asan|thread BUILD_DIR
+set -euo pipefail
+job=${1:?usage: sanitize.sh asan|thread BUILD_DIR} dir=${2:?usage: sanitize.sh asan|thread BUILD_DIR}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+filters=()
+case $job in
+  asan)
+    san=address,undefined files=""
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    ;;
+  thread)
+    san=thread files="test_threads;test_tensor;test_data"
+    filters=(-tc='thread pool*,CpuCachingAllocator*,DataLoader*,*worker*,*thread*')
+    export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+    ;;
+  *) echo "usage: sanitize.sh asan|thread BUILD_DIR" >&2; exit 2 ;;
+esac
+start=$SECONDS
+# -O1 -g1: quick to compile, line numbers in reports. CUDA, examples and benchmarks are not part of these jobs.
+cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" -DEMBER_SANITIZE="$san" \
+  -DEMBER_TEST_FILES="$files" -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF \
+  -DEMBER_INSTALL=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+cmake --build "$dir" -j2 --target ember_tests
+echo "sanitize $job: built in $((SECONDS - start)) s"
+cd "$root/tests"  # fixture paths are compiled in; tests that write files use their own temporary folders
+"$dir/tests/ember_tests" "${filters[@]}"
+echo "sanitize $job: passed in $((SECONDS - start)) s"
