@@ -373,3 +373,41 @@ TEST_CASE("layer_norm errors: normalized_shape, weight and bias shapes") {
   CHECK_THROWS_WITH_AS(layer_norm(x, Shape{3, 4}, TD(), ones<double>(Shape{4})),
                        doctest::Contains("layer_norm: bias has shape [4] but normalized_shape is [3, 4]"), Error);
 }
+
+// ---- issue 10 item 20: BatchNorm with momentum = None (cumulative moving average) ------------------------------
+
+TEST_CASE("BatchNorm1d / BatchNorm2d with momentum None keep the cumulative average of the batch statistics") {
+  // PyTorch: momentum=None updates the running statistics with factor 1 / num_batches_tracked, so after k
+  // batches they are the plain average of the k batch means and unbiased variances.
+  static const Fixtures fx("ops_edges.txt");
+  auto run = [&](auto& bn, const std::string& tag) {
+    for (int step = 0; step < 3; ++step) {
+      const std::string pre = tag + "." + std::to_string(step);
+      INFO(pre);
+      TD y = bn(fx[pre + ".x"]);
+      check_close(y, fx[pre + ".y"], 1e-9, 1e-11);
+      check_close(bn.running_mean, fx[pre + ".rm"], 1e-12, 1e-14);
+      check_close(bn.running_var, fx[pre + ".rv"], 1e-12, 1e-14);
+      CHECK(bn.num_batches_tracked.item() == step + 1);
+    }
+    bn.eval();
+    check_close(bn(fx[tag + ".eval.x"]), fx[tag + ".eval.y"], 1e-9, 1e-11);
+  };
+  nn::BatchNormT<1, amp::fp64> b1(3, {.momentum = std::nullopt});
+  run(b1, "bn1");
+  nn::BatchNormT<2, amp::fp64> b2(3, {.momentum = std::nullopt});
+  run(b2, "bn2");
+  std::ostringstream repr;
+  repr << b2;
+  CHECK(repr.str().find("momentum=None") != std::string::npos);
+  // gradcheck through the layer in training (the running statistics change on every call but do not enter the
+  // training output).
+  nn::BatchNormT<2, amp::fp64> b3(2, {.momentum = std::nullopt});
+  check_grad("BatchNorm2d momentum None",
+             [&](const Inputs& v) {
+               b3.weight = v[1];
+               b3.bias = v[2];
+               return b3(v[0]);
+             },
+             {normal({3, 2, 2, 2}, 31), normal({2}, 32), normal({2}, 33)});
+}

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,10 @@ namespace ember::nn {
 
 struct BatchNormOptions {
   double eps = 1e-5;
-  double momentum = 0.1;
+  /// Weight of the new batch in the running statistics: r = (1 - momentum) r + momentum * batch_stat. None
+  /// (std::nullopt) keeps the cumulative average instead, momentum = 1 / num_batches_tracked, as PyTorch's
+  /// momentum=None.
+  std::optional<double> momentum = 0.1;
   bool affine = true;
   bool track_running_stats = true;
 };
@@ -48,7 +52,8 @@ class BatchNormT : public Module {
     }
     set_extra_repr([num_features, o] {
       return std::to_string(num_features) + ", eps=" + std::to_string(o.eps) +
-             ", momentum=" + std::to_string(o.momentum) + ", affine=" + (o.affine ? "True" : "False") +
+             ", momentum=" + (o.momentum ? std::to_string(*o.momentum) : std::string("None")) +
+             ", affine=" + (o.affine ? "True" : "False") +
              ", track_running_stats=" + (o.track_running_stats ? "True" : "False");
     });
   }
@@ -63,17 +68,20 @@ class BatchNormT : public Module {
     EMBER_CHECK(x.size(1) == num_features, type_name(), ": expected ", num_features, " channels (dim 1), got shape ",
                 x.shape().str());
     const bool use_batch = is_training() || !options.track_running_stats;
+    // The running statistics' update factor: momentum, or 1 / (batches seen) for the cumulative average.
+    double factor = options.momentum.value_or(0.0);
     if (is_training() && options.track_running_stats) {
       Tensor<std::int64_t> n = num_batches_tracked;
       n.data()[0] += 1;
       n.bump_version();
+      if (!options.momentum) factor = 1.0 / double(n.data()[0]);
     }
     if constexpr (std::is_same_v<param_t, compute_t>) {
-      return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, options.momentum, options.eps);
+      return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, factor, options.eps);
     } else {
       // Mixed precision: normalise in the parameters' precision (fp32), return the compute type.
       Tensor<param_t> xf = cast<param_t>(x);
-      Tensor<param_t> y = ember::batch_norm(xf, running_mean, running_var, weight, bias, use_batch, options.momentum,
+      Tensor<param_t> y = ember::batch_norm(xf, running_mean, running_var, weight, bias, use_batch, factor,
                                             options.eps);
       return cast<compute_t>(y);
     }
