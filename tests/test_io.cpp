@@ -288,7 +288,7 @@ TEST_CASE("safetensors: asking for a missing tensor or for the wrong dtype") {
 TEST_CASE("safetensors: writing a tensor named __metadata__ or an undefined tensor") {
   EXPECT_ERROR([] { io::serialize_safetensors({{"__metadata__", ones<float>(Shape{1})}}); },
                {"may not be named __metadata__"});
-  EXPECT_ERROR([] { io::serialize_safetensors({{"w", Tensor<float>()}}); }, {"tensor 'w' is undefined"});
+  EXPECT_ERROR([] { io::serialize_safetensors({{"w", Tensor<float>()}}); }, {"tensor \"w\" is undefined"});
 }
 
 TEST_CASE("safetensors: a missing file") {

@@ -44,6 +44,8 @@ I parse_int(const Metadata& m, const std::string& key, const std::string& file) 
 }  // namespace detail
 
 /// Writes a checkpoint atomically: until the new file is complete and synced, `path` keeps the previous one.
+/// A writer killed mid-save leaves a temporary file `.<name>.tmp-<pid>-<n>` beside `path`; the next save to the same
+/// path removes those whose process no longer runs (see ember/core/atomic_file.hpp).
 inline void save_checkpoint(const std::string& path, const Checkpoint& c) {
   TensorMap all;
   for (auto& [k, t] : c.model) all.emplace("model/" + k, t);

@@ -405,9 +405,9 @@ inline std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors
   for (auto& [k, t] : tensors) {
     EMBER_CHECK(k != "__metadata__", "safetensors: a tensor may not be named __metadata__");
     const bool defined = std::visit([](const auto& x) { return x.defined(); }, t);
-    EMBER_CHECK(defined, "safetensors: tensor '", k, "' is undefined");
+    EMBER_CHECK(defined, "safetensors: tensor ", detail::quote_untrusted(k), " is undefined");
     const bool cpu = std::visit([](const auto& x) { return x.device().is_cpu(); }, t);
-    EMBER_CHECK(cpu, "safetensors: tensor '", k, "' is on ",
+    EMBER_CHECK(cpu, "safetensors: tensor ", detail::quote_untrusted(k), " is on ",
                 std::visit([](const auto& x) { return x.device().str(); }, t), "; move it to the CPU first");
     order.emplace_back(k, &t);
   }
