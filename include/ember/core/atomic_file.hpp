@@ -96,7 +96,8 @@ inline std::size_t remove_stale_temp_files(const std::filesystem::path& target) 
 class AtomicFile {
  public:
   /// Creates the temporary file for `path`. `who` names the caller in error messages.
-  explicit AtomicFile(std::string path, std::string who = "atomic_write") : path_(std::move(path)), who_(std::move(who)) {
+  explicit AtomicFile(std::string path, std::string who = "atomic_write")
+      : path_(std::move(path)), who_(std::move(who)) {
     namespace fs = std::filesystem;
     static std::atomic<unsigned long long> counter{0};
     const fs::path target(path_);
