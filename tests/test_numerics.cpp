@@ -559,6 +559,24 @@ TEST_CASE("fastmath: double overloads forward to libm; half goes through float")
   CHECK(fm::sigmoid(2.0) == doctest::Approx(1.0 / (1.0 + std::exp(-2.0))).epsilon(1e-15));
 }
 
+// ------------------------------------------------------------------------------ bool arithmetic
+
+// Assigning into an existing Tensor<bool> instantiates every compound-assignment form, Mul<bool> among them; an
+// int product turned back into bool warned under -Wint-in-bool-context (-Werror in CI). bool * bool is the
+// logical and, bool + bool the logical or, as in PyTorch.
+TEST_CASE("bool tensors: a comparison assigned into an existing Tensor<bool>; *= is and, += is or") {
+  const ember::Tensor<float> a = ember_test::fvec({1, 2, 3, 4}), b = ember_test::fvec({2, 2, 1, 5});
+  ember::Tensor<bool> m = ember::empty<bool>({4});
+  m = a > b;
+  CHECK(m.to_vector() == std::vector<bool>{false, false, true, false});
+  m += a == b;
+  CHECK(m.to_vector() == std::vector<bool>{false, true, true, false});
+  m *= a != b;
+  CHECK(m.to_vector() == std::vector<bool>{false, false, true, false});
+  m *= a >= b;
+  CHECK(m.to_vector() == std::vector<bool>{false, false, true, false});
+}
+
 // ------------------------------------------------------------------------------ gradients at the edges (PyTorch)
 // tests/fixtures/edges.txt (gen_edges.py, PyTorch 2.15): inputs, upstream gradient, result and gradients of each
 // case. Non-finite values are stored as 0 plus a `.special` record (1 NaN, 2 +inf, 3 -inf). Each case runs in
