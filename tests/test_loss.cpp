@@ -454,3 +454,99 @@ TEST_CASE("element-wise losses: shape mismatches and bad parameters") {
   CHECK_THROWS_WITH_AS(nn::binary_cross_entropy_with_logits(a, c, o), doctest::Contains("weight of shape [2, 4, 1]"),
                        Error);
 }
+
+// ---- issue 10 item 20: cross_entropy with class-probability targets ------------------------------------------------
+
+namespace {
+const Fixtures& edges_fx() {
+  static const Fixtures f("ops_edges.txt");
+  return f;
+}
+}  // namespace
+
+TEST_CASE("cross_entropy with class-probability targets matches PyTorch: layouts, reductions, weights, smoothing") {
+  const auto& fx = edges_fx();
+  const TD w = fx["sce.w"];
+  for (const char* tag : {"s2", "s4", "s1"}) {
+    const std::string pre = std::string("sce.") + tag;
+    const TD x = fx[pre + ".x"], t = fx[pre + ".t"], gnone = fx[pre + ".gnone"];
+    for (Reduction red : kReds)
+      for (const char* ls : {"0.0", "0.3"})
+        for (int weighted : {0, 1}) {
+          const std::string key = pre + "." + red_name(red) + "." + ls + "." + std::to_string(weighted);
+          INFO(key);
+          nn::CrossEntropyOptions<double> o;
+          o.reduction = red;
+          o.label_smoothing = std::stod(ls);
+          if (weighted) o.weight = w;
+          TD xl = leaf(x.detach().clone()), tl = leaf(t.detach().clone());  // fresh leaves: no accumulated grad
+          TD y = nn::cross_entropy(xl, tl, o);
+          check_close(y, fx[key + ".y"]);
+          y.backward(red == Reduction::None ? gnone : TD(ones<double>({})));
+          check_close(xl.grad(), fx[key + ".dx"]);
+          check_close(tl.grad(), fx[key + ".dt"]);
+          // float agrees with the double reference
+          nn::CrossEntropyOptions<float> of;
+          of.reduction = red;
+          of.label_smoothing = o.label_smoothing;
+          if (weighted) of.weight = to_float(w);
+          check_close(nn::cross_entropy(to_float(x), to_float(t), of), fx[key + ".y"], 1e-5, 1e-5);
+        }
+  }
+  // The module takes both kinds of target.
+  nn::CrossEntropyLoss<double> loss;
+  check_close(loss(fx["sce.s2.x"], fx["sce.s2.t"]), fx["sce.s2.mean.0.0.0.y"]);
+  // One-hot probabilities give the class-index loss.
+  const TD x = normal({3, 4}, 7);
+  const TI ti = idx({2, 0, 3}, {3});
+  TD onehot = zeros<double>({3, 4});
+  for (int i = 0; i < 3; ++i) onehot.data()[i * 4 + ti.data()[i]] = 1;
+  nn::CrossEntropyOptions<double> o;
+  o.label_smoothing = 0.2;
+  CHECK(nn::cross_entropy(x, onehot, o).item() == doctest::Approx(nn::cross_entropy(x, ti, o).item()).epsilon(1e-12));
+  // An empty batch: Mean is NaN (as PyTorch), Sum 0.
+  CHECK(std::isnan(nn::cross_entropy(zeros<double>({0, 4}), zeros<double>({0, 4})).item()));
+  o.reduction = Reduction::Sum;
+  CHECK(nn::cross_entropy(zeros<double>({0, 4}), zeros<double>({0, 4}), o).item() == 0.0);
+}
+
+TEST_CASE("gradcheck: cross_entropy with class-probability targets, w.r.t. logits and targets") {
+  const TD w = uniform({4}, 0.2, 1.5, 204);
+  const TD x2 = normal({3, 4}, 201, 2), x4 = normal({2, 4, 2, 3}, 202, 2), x1 = normal({4}, 203);
+  const TD t2 = uniform({3, 4}, 0, 1, 205), t4 = uniform({2, 4, 2, 3}, 0, 1, 206), t1 = uniform({4}, 0, 1, 207);
+  for (Reduction red : kReds)
+    for (double ls : {0.0, 0.3})
+      for (bool weighted : {false, true}) {
+        nn::CrossEntropyOptions<double> o;
+        o.reduction = red;
+        o.label_smoothing = ls;
+        if (weighted) o.weight = w;
+        const std::string what = std::string(red_name(red)) + " ls " + std::to_string(ls) + " weighted " +
+                                 std::to_string(weighted);
+        auto f = [&](const Inputs& v) { return nn::cross_entropy(v[0], v[1], o); };
+        check_grad("(N, C) " + what, f, {x2, t2});
+        check_grad("(N, C, d1, d2) " + what, f, {x4, t4});
+        check_grad("(C) " + what, f, {x1, t1});
+      }
+  check_grad("transposed logits and targets",
+             [](const Inputs& v) { return nn::cross_entropy(v[0].t(), v[1].t()); },
+             {normal({4, 3}, 208), uniform({4, 3}, 0, 1, 209)});
+}
+
+TEST_CASE("cross_entropy with class-probability targets: errors name the op, the shapes and what was expected") {
+  const TD x = normal({3, 4}, 1);
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(x, normal({3, 5}, 2)); },
+               {"cross_entropy", "class-probability target of shape [3, 5]", "[3, 4]"});
+  nn::CrossEntropyOptions<double> o;
+  o.ignore_index = 1;
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(x, normal({3, 4}, 2), o); },
+               {"cross_entropy", "ignore_index 1", "not supported", "class-probability"});
+  nn::CrossEntropyOptions<double> ow;
+  ow.weight = ones<double>({3});
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(x, normal({3, 4}, 2), ow); },
+               {"cross_entropy", "weight of shape [3]", "4 classes"});
+  nn::CrossEntropyOptions<double> ol;
+  ol.label_smoothing = 1.5;
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(x, normal({3, 4}, 2), ol); }, {"cross_entropy", "label_smoothing", "1.5"});
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(zeros<double>({}), zeros<double>({})); }, {"cross_entropy", "0-d"});
+}

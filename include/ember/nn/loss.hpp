@@ -32,6 +32,7 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/node.hpp"
 #include "ember/autograd/reduce.hpp"
+#include "ember/autograd/softmax.hpp"
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
@@ -471,6 +472,61 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int64_t>& tar
   return out;
 }
 
+/// F.cross_entropy with class-probability targets ("soft labels"): target has the input's shape and holds, along
+/// the class dim (1, or 0 for a (C) input), a distribution over the C classes. With label_smoothing ε the target
+/// becomes q = (1 - ε) target + ε / C; with class weights w the loss of position i is -Σ_c w_c q_ic log p_ic, and
+/// Mean divides the sum by the number of positions (N * d1 * ..., not by a sum of weights), as PyTorch.
+/// Differentiable in the logits and in the target; ignore_index is not supported here (as PyTorch: it must stay
+/// negative). An empty batch gives NaN under Mean.
+template <class T>
+Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<T>& target,
+                        const CrossEntropyOptions<std::type_identity_t<T>>& o = {}) {
+  static_assert(is_floating_v<T>, "cross_entropy: logits and class-probability targets must be floating-point");
+  using detail::i64;
+  EMBER_CHECK(logits.defined() && target.defined(), "cross_entropy: input and target must be defined");
+  EMBER_CHECK(logits.dim() >= 1, "cross_entropy: expected an input of shape (N, C), (N, C, d1, ...) or (C), got a "
+              "0-d tensor");
+  EMBER_CHECK(target.shape() == logits.shape(), "cross_entropy: class-probability target of shape ",
+              target.shape().str(), " does not match the input of shape ", logits.shape().str(),
+              " (a floating-point target holds one probability per class, so it has the input's shape; class "
+              "indices are an int64 tensor of the input's shape without the class dim)");
+  EMBER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], "
+              "got ", o.label_smoothing);
+  EMBER_CHECK(o.ignore_index < 0, "cross_entropy: ignore_index ", o.ignore_index, " is not supported with "
+              "class-probability targets (target of shape ", target.shape().str(), "), as in PyTorch; leave it "
+              "negative (the default is -100)");
+  const int cdim = logits.dim() == 1 ? 0 : 1;
+  const i64 C = logits.size(cdim);
+  EMBER_CHECK(!o.weight.defined() || (o.weight.dim() == 1 && o.weight.numel() == C), "cross_entropy: weight of "
+              "shape ", o.weight.shape().str(), " does not match ", C, " classes (input of shape ",
+              logits.shape().str(), "; expected weight of shape [", C, "])");
+  i64 positions = 1;  // N * d1 * ...: the divisor of Mean
+  for (int d = 0; d < logits.dim(); ++d)
+    if (d != cdim) positions *= logits.size(d);
+  const Tensor<T> logp = log_softmax(logits, cdim);
+  Tensor<T> wb;  // the weights as (C, 1, ..., 1), broadcasting over the trailing dims; constants
+  if (o.weight.defined()) {
+    Shape ws{C};
+    for (int d = cdim + 1; d < logits.dim(); ++d) ws.push_back(1);
+    wb = o.weight.detach().contiguous().view(ws);
+  }
+  // prod = log p * q (* w): the loss is minus its sum over the class dim (None) or over everything.
+  auto finish = [&](const auto& prod) -> Tensor<T> {
+    switch (o.reduction) {
+      case Reduction::None: return Tensor<T>(-sum(prod, cdim));
+      case Reduction::Sum: return Tensor<T>(-sum(prod));
+      default: return Tensor<T>(sum(prod) / T(-double(positions)));  // 0 / -0 = NaN for an empty batch
+    }
+  };
+  auto with_q = [&](const auto& q) -> Tensor<T> {
+    if (wb.defined()) return finish(logp * q * wb);
+    return finish(logp * q);
+  };
+  const double eps = o.label_smoothing;
+  if (eps > 0) return with_q(target * T(1 - eps) + T(eps / double(C)));
+  return with_q(target);
+}
+
 /// F.nll_loss: the negative log-likelihood of the target classes, given LOG-PROBABILITIES (log_softmax(x, 1)).
 /// loss_i = -w[t_i] log_probs[i, t_i]; Mean divides by Σ_i w[t_i] over non-ignored positions. Shapes as
 /// cross_entropy. Debug builds check the input is log-probabilities (see the top of this header).
@@ -587,6 +643,10 @@ struct CrossEntropyLoss {
   CrossEntropyLoss() = default;
   explicit CrossEntropyLoss(CrossEntropyOptions<T> o) : options(std::move(o)) {}
   Tensor<T> operator()(const Tensor<T>& logits, const Tensor<std::int64_t>& target) const {
+    return cross_entropy(logits, target, options);
+  }
+  /// Class-probability targets (the input's shape).
+  Tensor<T> operator()(const Tensor<T>& logits, const Tensor<T>& target) const {
     return cross_entropy(logits, target, options);
   }
 };
