@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,12 +13,15 @@
 
 namespace ember::optim {
 
+/// Options of Adam and AdamW, with torch.optim's defaults: `optim::AdamW(params, {.lr = 3e-4})`.
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;  // Adam: added to the gradient (L2); AdamW: decoupled, p *= 1 - lr * weight_decay
+  /// Adam: added to the gradient (L2); AdamW: decoupled, p *= 1 - lr * weight_decay. Unset means the optimizer's
+  /// PyTorch default: 0 for Adam, 0.01 for AdamW (the optimizer's param_groups() show the value it resolved to).
+  std::optional<double> weight_decay = std::nullopt;
   bool amsgrad = false;
   bool maximize = false;
 };
@@ -28,6 +32,9 @@ class BasicAdam : public Optimizer {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "optim::Adam: parameters are float or double (mixed precision keeps fp32 master weights)");
   static constexpr const char* kName = Decoupled ? "optim::AdamW" : "optim::Adam";
+  /// torch.optim's default weight decay: Adam 0, AdamW 0.01.
+  static constexpr double kDefaultWeightDecay = Decoupled ? 0.01 : 0.0;
+  static double weight_decay(const AdamOptions& o) { return o.weight_decay.value_or(kDefaultWeightDecay); }
 
  public:
   using Group = ParamGroup<T, AdamOptions>;
@@ -36,12 +43,13 @@ class BasicAdam : public Optimizer {
       : BasicAdam(std::vector<Group>{{std::move(params), o}}) {}
   explicit BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
     for (auto& g : groups_) {
+      if (!g.options.weight_decay) g.options.weight_decay = kDefaultWeightDecay;
       const AdamOptions& o = g.options;
       EMBER_CHECK(o.lr >= 0, kName, ": invalid learning rate ", o.lr);
       EMBER_CHECK(o.eps >= 0, kName, ": invalid epsilon ", o.eps);
       EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, kName, ": invalid betas (", o.beta1,
                   ", ", o.beta2, "), expected each in [0, 1)");
-      EMBER_CHECK(o.weight_decay >= 0, kName, ": invalid weight_decay ", o.weight_decay);
+      EMBER_CHECK(*o.weight_decay >= 0, kName, ": invalid weight_decay ", *o.weight_decay);
       for (auto& p : g.params) {
         EMBER_CHECK(p.defined() && p.is_leaf(), kName, ": can only optimize leaf tensors");
         state_.emplace_back();
@@ -69,14 +77,15 @@ class BasicAdam : public Optimizer {
         ++s.step;
         const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
         const T step_size = T(o.lr / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o.eps);
-        const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(o.weight_decay);
-        const T decay = Decoupled ? T(1 - o.lr * o.weight_decay) : T(1);
+        const double wd = weight_decay(o);
+        const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(wd);
+        const T decay = Decoupled ? T(1 - o.lr * wd) : T(1);
         const T sign = o.maximize ? T(-1) : T(1);
         if (p.device().is_cuda()) {
           // The same update as fused expressions through the CUDA executor (m, v, vmax, then the parameter).
 #if EMBER_CUDA_EXECUTOR
-          const double sg = o.maximize ? -1.0 : 1.0, l2d = Decoupled ? 0.0 : o.weight_decay;
-          const double decayd = Decoupled ? 1 - o.lr * o.weight_decay : 1.0;
+          const double sg = o.maximize ? -1.0 : 1.0, l2d = Decoupled ? 0.0 : wd;
+          const double decayd = Decoupled ? 1 - o.lr * wd : 1.0;
           const auto gi = g * sg + p * l2d;
           s.m = s.m * o.beta1 + gi * (1 - o.beta1);
           s.v = s.v * o.beta2 + square(gi) * (1 - o.beta2);
@@ -137,7 +146,7 @@ class BasicAdam : public Optimizer {
       sd.emplace(pre + "beta1", detail::scalar(o.beta1));
       sd.emplace(pre + "beta2", detail::scalar(o.beta2));
       sd.emplace(pre + "eps", detail::scalar(o.eps));
-      sd.emplace(pre + "weight_decay", detail::scalar(o.weight_decay));
+      sd.emplace(pre + "weight_decay", detail::scalar(weight_decay(o)));
     }
     return sd;
   }
