@@ -205,6 +205,35 @@ TEST_CASE("Parameter groups: no weight decay on biases; parameters without gradi
                        Error);
 }
 
+TEST_CASE("A layer shared by two submodules (weight tying) is listed once by parameters() and stepped once") {
+  // PyTorch's parameters() / named_parameters() default to remove_duplicate=True; listing the tied layer's
+  // parameters twice would make the optimizer apply every update twice.
+  struct Tied : nn::Module {
+    nn::LinearT<amp::fp64> enc{3, 3};
+    nn::LinearT<amp::fp64> dec = enc;  // the same layer: a module copy shares its parameters
+    Tied() : nn::Module("Tied") {
+      register_module("enc", enc);
+      register_module("dec", dec);
+    }
+  };
+  Tied m;
+  std::vector<std::string> names;
+  for (const auto& [n, t] : m.named_parameters<double>()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"enc.weight", "enc.bias"});
+  const std::vector<TD> params = m.parameters<double>();
+  CHECK(params.size() == 2);
+  CHECK(m.num_parameters() == 12);
+  CHECK(m.state_dict().size() == 4);  // state_dict keeps every name, as PyTorch's
+
+  const TD w0 = m.enc.weight.detach().clone(), b0 = m.enc.bias.detach().clone();
+  optim::SGD<double> opt(params, {.lr = 0.1});
+  m.enc.weight.grad() = ones<double>({3, 3});
+  m.enc.bias.grad() = ones<double>({3});
+  opt.step();
+  CHECK(rd(m.enc.weight, 4) == doctest::Approx(rd(w0, 4) - 0.1));
+  CHECK(rd(m.dec.bias, 2) == doctest::Approx(rd(b0, 2) - 0.1));
+}
+
 TEST_CASE("Schedules follow torch.optim.lr_scheduler (OneCycleLR, StepLR, ReduceLROnPlateau)") {
   auto one_cycle = [](const std::string& name, double max_lr, optim::OneCycleOptions o, bool adam) {
     TD w = zeros<double>({1});

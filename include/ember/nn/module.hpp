@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -88,6 +89,19 @@ void walk(const ModuleState& s, const std::string& prefix, bool params, bool rec
   for (const auto& [n, c] : s.children) walk(*c, prefix + n + ".", params, true, f);
 }
 
+/// walk, calling f once per distinct tensor (under the first name it has), as PyTorch's named_parameters /
+/// named_buffers with their default remove_duplicate=True: a tensor or submodule registered under two names
+/// (weight tying) is listed once, so an optimizer updates it once per step. Undefined tensors are all kept.
+template <class F>
+void walk_unique(const ModuleState& s, bool params, bool recurse, F&& f) {
+  std::unordered_set<const void*> seen;
+  walk(s, "", params, recurse, [&](const std::string& n, const TensorSlot& t) {
+    const void* id = std::visit([](const auto& x) -> const void* { return x.impl_ptr().get(); }, t);
+    if (id && !seen.insert(id).second) return;
+    f(n, t);
+  });
+}
+
 }  // namespace detail
 
 class Module {
@@ -101,7 +115,8 @@ class Module {
   Module& operator=(const Module&) = default;
 
   // ---- parameters, buffers, children ---------------------------------------------------------------------
-  /// Parameters of dtype T (all of this module's and, when recurse, its descendants'), in registration order.
+  /// Parameters of dtype T (all of this module's and, when recurse, its descendants'), in registration order; a
+  /// parameter shared by two submodules (weight tying) appears once, as in PyTorch (remove_duplicate=True).
   template <class T = float>
   std::vector<Tensor<T>> parameters(bool recurse = true) const {
     std::vector<Tensor<T>> out;
@@ -111,7 +126,7 @@ class Module {
   template <class T = float>
   std::vector<std::pair<std::string, Tensor<T>>> named_parameters(bool recurse = true) const {
     std::vector<std::pair<std::string, Tensor<T>>> out;
-    detail::walk(*s_, "", true, recurse, [&](const std::string& n, const detail::TensorSlot& t) {
+    detail::walk_unique(*s_, true, recurse, [&](const std::string& n, const detail::TensorSlot& t) {
       if (auto* p = std::get_if<Tensor<T>>(&t)) out.emplace_back(n, *p);
     });
     return out;
@@ -119,12 +134,13 @@ class Module {
   /// Every parameter whatever its dtype.
   std::vector<std::pair<std::string, AnyTensor>> named_parameters_any(bool recurse = true) const {
     std::vector<std::pair<std::string, AnyTensor>> out;
-    detail::walk(*s_, "", true, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+    detail::walk_unique(*s_, true, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
     return out;
   }
+  /// Every buffer, each distinct tensor once (as parameters()).
   std::vector<std::pair<std::string, AnyTensor>> named_buffers(bool recurse = true) const {
     std::vector<std::pair<std::string, AnyTensor>> out;
-    detail::walk(*s_, "", false, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+    detail::walk_unique(*s_, false, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
     return out;
   }
   /// Number of parameter elements (all dtypes), as sum(p.numel() for p in model.parameters()).
