@@ -2,8 +2,8 @@
 ///
 /// A default that differs from PyTorch's silently changes a ported training run (ember's `optim::AdamW` once
 /// decayed nothing by default where `torch.optim.AdamW` decays by 0.01). So every option default of every layer,
-/// loss, optimizer, LR scheduler, functional op, init function and Module method that ember has a counterpart of
-/// is audited here against PyTorch's.
+/// loss, optimizer, LR scheduler, functional op, init function, Module method and of the data loader that ember has
+/// a counterpart of is audited here against PyTorch's.
 ///
 /// - `tests/fixtures/defaults.txt` holds PyTorch's defaults, one row per option (`<torch name> <parameter>
 ///   <Python repr>`), written by `tests/fixtures/gen_defaults.py` by introspecting the installed torch (2.15.0):
@@ -67,6 +67,8 @@
 #include "ember/autograd/pool.hpp"
 #include "ember/autograd/reduce.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/data/dataloader.hpp"
+#include "ember/data/sampler.hpp"
 #include "ember/nn/activation.hpp"
 #include "ember/nn/conv.hpp"
 #include "ember/nn/dropout.hpp"
@@ -677,6 +679,38 @@ void audit_module(Audit& a) {
   a.equivalent("torch.nn.Parameter", "data", "None", "a parameter is a registered tensor");
 }
 
+// ---- data ---------------------------------------------------------------------------------------------------------
+
+void audit_data(Audit& a) {
+  const data::DataLoaderOptions o{};
+  const std::string D = "torch.utils.data.DataLoader";
+  a.num(D, "batch_size", o.batch_size);
+  a.none(D, "shuffle", !o.shuffle, "false (no shuffling, what None means)");
+  a.equivalent(D, "sampler", "None", "the default sampler: sequential, or a permutation with shuffle");
+  a.equivalent(D, "batch_sampler", "None", "no batch_sampler option: batches of batch_size from the sampler");
+  a.num(D, "num_workers", o.num_workers);
+  a.equivalent(D, "collate_fn", "None", "the default collation (samples stacked along a new dim 0)");
+  a.flag(D, "pin_memory", o.pin_memory);
+  a.flag(D, "drop_last", o.drop_last);
+  a.equivalent(D, "timeout", "0", "no timeout option: the consumer waits as long as a batch takes");
+  a.equivalent(D, "worker_init_fn", "None", "no worker_init_fn option");
+  a.equivalent(D, "multiprocessing_context", "None", "workers are threads of the process");
+  a.equivalent(D, "generator", "None", "the order is drawn from DataLoaderOptions::seed and the epoch");
+  a.equivalent(D, "prefetch_factor", "None", "prefetch_factor = 2, what None means when num_workers > 0");
+  a.num(D, "=prefetch_factor_with_workers", o.prefetch_factor);
+  a.equivalent(D, "persistent_workers", "False", "no option; it changes start-up cost, not the batches");
+  a.equivalent(D, "pin_memory_device", "''", "pinned for the current CUDA device");
+  a.equivalent(D, "in_order", "True", "batches always come in the sampler's order");
+
+  const data::DistributedSamplerOptions d{};
+  const std::string S = "torch.utils.data.DistributedSampler";
+  a.required(S, "num_replicas", "None", "DistributedSampler(rank, world_size, options); None reads the process group");
+  a.required(S, "rank", "None", "DistributedSampler(rank, world_size, options); None reads the process group");
+  a.flag(S, "shuffle", d.shuffle);
+  a.num(S, "seed", d.seed);
+  a.flag(S, "drop_last", d.drop_last);
+}
+
 }  // namespace
 
 TEST_CASE("defaults: every option default equals PyTorch 2.15's (tests/fixtures/defaults.txt)") {
@@ -688,5 +722,6 @@ TEST_CASE("defaults: every option default equals PyTorch 2.15's (tests/fixtures/
   audit_functional(a);
   audit_clip_and_init(a);
   audit_module(a);
+  audit_data(a);
   a.finish();
 }
