@@ -267,7 +267,108 @@ TEST_CASE("errors: creating tensors") {
   EXPECT_ERROR([] { TF r = empty<float>({2, -1}); }, {"empty", "negative", "[2, -1]"});
   // A byte count that would not fit (and would wrap around to a small allocation) is refused up front.
   EXPECT_ERROR([] { TF r = empty<float>({std::int64_t(1) << 61}); }, {"empty", "too many elements", "float32"});
-  EXPECT_ERROR([] { Tensor<double> r = zeros<double>({std::int64_t(1) << 30, std::int64_t(1) << 30}); }, {"empty", "too many", "float64"});
+  EXPECT_ERROR([] { Tensor<double> r = zeros<double>({std::int64_t(1) << 30, std::int64_t(1) << 30}); }, {"zeros", "too many", "float64"});
+}
+
+// Shape arithmetic (issue 10, item 8): every element count, stride, offset and size formed from user input is
+// checked; a result that does not fit in int64 is an error naming the op and the shape, never a wrapped value.
+namespace {
+constexpr std::int64_t k32 = std::int64_t(1) << 32, k61 = std::int64_t(1) << 61, k62 = std::int64_t(1) << 62;
+constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
+constexpr std::int64_t kI64Min = std::numeric_limits<std::int64_t>::min();
+}  // namespace
+
+TEST_CASE("errors: creating a tensor whose element count overflows int64") {
+  const char* huge = "[4294967296, 4294967296, 4294967296]";
+  // 2^96 elements used to wrap to numel 0: accepted, and at(1, 2, 3) then wrote outside the allocation.
+  EXPECT_ERROR([&] { TF r = empty<float>({k32, k32, k32}); }, {"empty", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = empty<float>({k32, k32, k32}); r.at(1, 2, 3) = 1.f; }, {"empty", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = zeros<float>({k32, k32, k32}); }, {"zeros", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = ones<float>({k32, k32, k32}); }, {"ones", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = full<float>({k32, k32, k32}, 2.f); }, {"full", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = rand<float>({k32, k32, k32}); }, {"rand", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = randn<float>({k32, k32, k32}); }, {"randn", huge, "too many elements"});
+  EXPECT_ERROR([] { Tensor<std::int64_t> r = randint(0, 5, {k32, k32, k32}); }, {"randint", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = bernoulli<float>({k32, k32, k32}, 0.5); }, {"bernoulli", huge, "too many elements"});
+  EXPECT_ERROR([] { TF r = from_vector<float>({}, {k32, k32, k32}); }, {"from_vector", huge, "too many elements"});
+  float buf[4] = {};
+  EXPECT_ERROR([&] { TF r = from_blob(buf, {k32, k32, k32}); }, {"from_blob", huge, "too many elements"});
+  // A zero size does not excuse the others: their product must still fit (the strides are formed from it), in
+  // either order; and so must the bytes they would span.
+  EXPECT_ERROR([] { TF r = empty<float>({0, k62, k62}); },
+               {"empty", "[0, 4611686018427387904, 4611686018427387904]", "too many elements"});
+  EXPECT_ERROR([] { TF r = empty<float>({k62, k62, 0}); }, {"empty", "[4611686018427387904, 4611686018427387904, 0]"});
+  EXPECT_ERROR([] { TF r = empty<float>({0, k61}); }, {"empty", "[0, 2305843009213693952]", "float32"});
+  EXPECT_ERROR([] { TF r = empty<float>({k32, -k32}); }, {"empty", "negative size", "[4294967296, -4294967296]"});
+  EXPECT_ERROR([] { TF r = linspace<float>(0, 1, k62); }, {"linspace", "too many elements", "float32"});
+  EXPECT_ERROR([] { TF r = eye<float>(k32, k32); }, {"eye", "[4294967296, 4294967296]", "too many elements"});
+  EXPECT_ERROR([] { TF r = eye<float>(-2); }, {"eye", "-2"});
+  EXPECT_ERROR([] { TF r = eye<float>(2, -3); }, {"eye", "-3"});
+}
+
+TEST_CASE("errors: arange sizes beyond int64 and non-finite bounds") {
+  // 1e30 elements: the double used to be converted to int64 out of range (undefined; a negative size).
+  EXPECT_ERROR([] { TF r = arange<float>(0, 1e30, 1); }, {"arange", "1e+30", "int64"});
+  EXPECT_ERROR([] { TF r = arange<float>(-1e308, 1e308, 1); }, {"arange", "int64"});
+  EXPECT_ERROR([] { TF r = arange<float>(0, 2e18, 1); }, {"arange", "[2000000000000000000]", "too many elements"});
+  EXPECT_ERROR([] { TF r = arange<float>(0, std::numeric_limits<double>::infinity()); }, {"arange", "inf", "finite"});
+  EXPECT_ERROR([] { TF r = arange<float>(std::numeric_limits<double>::quiet_NaN(), 1); }, {"arange", "nan"});
+  EXPECT_ERROR([] { TF r = arange<float>(0, 1, std::numeric_limits<double>::quiet_NaN()); }, {"arange", "step", "nan"});
+}
+
+TEST_CASE("errors: randint ranges that do not fit the dtype") {
+  EXPECT_ERROR([] { Tensor<std::int32_t> r = randint<std::int32_t>(0, k32 + 5, {3}); },
+               {"randint", "4294967301", "int32"});
+  EXPECT_ERROR([] { Tensor<std::uint8_t> r = randint<std::uint8_t>(-1, 10, {3}); }, {"randint", "-1", "uint8"});
+}
+
+TEST_CASE("errors: from_blob strides that overflow or point backwards") {
+  float buf[4] = {};
+  EXPECT_ERROR([&] { TF r = from_blob(buf, {2, 2}, {-1, 1}); }, {"from_blob", "negative stride", "[-1, 1]"});
+  EXPECT_ERROR([&] { TF r = from_blob(buf, {2, 2}, {k62, 1}); }, {"from_blob", "[4611686018427387904, 1]", "spans"});
+  EXPECT_ERROR([&] { TF r = from_blob(buf, {3, 2}, {kI64Max / 2, 1}); }, {"from_blob", "[3, 2]", "spans"});
+  // Empty, but a view of it (unsqueeze, slice) would form size * stride.
+  EXPECT_ERROR([&] { TF r = from_blob(buf, {2, 0}, {kI64Max, 1}); }, {"from_blob", "[2, 0]", "spans"});
+}
+
+TEST_CASE("errors: narrow bounds that overflow int64") {
+  const TF a = arange_f({3, 3});
+  // start + length used to wrap: narrow(1, INT64_MAX, 2) returned a [3, 0] tensor.
+  EXPECT_ERROR([&] { TF r = a.narrow(1, kI64Max, 2); }, {"narrow", "start 9223372036854775807", "[3, 3]"});
+  EXPECT_ERROR([&] { TF r = a.narrow(1, 2, kI64Max); }, {"narrow", "length 9223372036854775807", "[3, 3]"});
+  EXPECT_ERROR([&] { TF r = a.narrow(1, kI64Min, 1); }, {"narrow", "start -9223372036854775808", "[3, 3]"});
+  EXPECT_ERROR([&] { TF r = a.narrow(0, 4, 0); }, {"narrow", "start 4", "[3, 3]"});
+  EXPECT_ERROR([&] { TF r = a.narrow(0, 1, -1); }, {"narrow", "length -1", "[3, 3]"});
+}
+
+TEST_CASE("errors: expand, view and reshape to a shape whose element count overflows int64") {
+  const TF one = arange_f({1, 1});
+  // A view of 2^124 elements: numel wrapped to 0 and sum() returned 0.
+  EXPECT_ERROR([&] { TF r = one.expand({k62, k62}); },
+               {"expand", "[4611686018427387904, 4611686018427387904]", "too many elements"});
+  EXPECT_ERROR([&] { TF r = sum(one.expand({k62, k62})); }, {"expand", "too many elements"});
+  EXPECT_ERROR([&] { TF r = one.expand({0, k62, k62}); }, {"expand", "too many elements"});
+  EXPECT_ERROR([&] { TF r = arange_f({1}).expand({2, -2}); }, {"expand", "-2", "[2, -2]"});
+  EXPECT_ERROR([&] { TF r = arange_f({1}).expand({-2, 3, 1}); }, {"expand", "-2", "[-2, 3, 1]"});
+  const TF z = arange_f({0});
+  EXPECT_ERROR([&] { TF r = z.reshape({k62, 4, 0}); }, {"reshape", "[4611686018427387904, 4, 0]", "too many elements"});
+  EXPECT_ERROR([&] { TF r = z.view({k32, k32, k32}); }, {"view", "[4294967296, 4294967296, 4294967296]", "too many"});
+  EXPECT_ERROR([&] { TF r = arange_f({6}).reshape({-1, k62, 4}); }, {"reshape", "[-1, 4611686018427387904, 4]", "too many"});
+  EXPECT_ERROR([&] { TF r = z.reshape({-1, k62, k62, 0}); }, {"reshape", "too many elements"});
+}
+
+TEST_CASE("errors: broadcasting two valid shapes into one whose element count overflows int64") {
+  const TF col = arange_f({1, 1}).expand({k32, 1}), row = arange_f({1, 1}).expand({1, k32});
+  EXPECT_ERROR([&] { TF r = col + row; }, {"Add", "[4294967296, 1]", "[1, 4294967296]", "too many elements"});
+  EXPECT_ERROR([&] { TF r = sum(col * row); }, {"Mul", "[4294967296, 4294967296]", "too many elements"});
+  const TF zc = arange_f({1, 0, 1}).expand({k62, 0, 1}), zr = arange_f({1, 0, 1}).expand({1, 0, k62});
+  EXPECT_ERROR([&] { TF r = zc - zr; }, {"Sub", "[4611686018427387904, 0, 4611686018427387904]"});
+}
+
+TEST_CASE("errors: cat whose size along dim overflows int64, and of 0-d tensors") {
+  const TF big = arange_f({1}).expand({k62});
+  EXPECT_ERROR([&] { TF r = cat<float>({big, big}, 0); }, {"cat", "int64", "[4611686018427387904]"});
+  EXPECT_ERROR([&] { TF r = cat<float>({scalar_tensor(1.f), scalar_tensor(2.f)}); }, {"cat", "zero-dimensional"});
 }
 
 TEST_CASE("errors: devices") {

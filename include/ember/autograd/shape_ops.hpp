@@ -42,6 +42,17 @@ struct IndexSelectNode final : TypedNode<T> {
 /// Concatenates along an existing dim.
 template <class T>
 Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim = 0) {
+  if (!ts.empty()) {  // the extent of the result along dim, checked before ops::cat forms it
+    const int d = wrap_dim(dim, ts[0].dim(), "cat");
+    std::int64_t total = 0;
+    bool over = false;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      EMBER_CHECK(ts[i].dim() > 0, "cat: tensor ", i, " is zero-dimensional (shape []) and cannot be concatenated");
+      if (d < ts[i].dim()) over |= detail::add_overflow(total, ts[i].shape()[d], &total);
+    }
+    EMBER_CHECK(!over, "cat: the sizes of the ", ts.size(), " tensors along dim ", d,
+                " add up to more than int64 can count (tensor 0 has shape ", ts[0].shape().str(), ")");
+  }
   Tensor<T> r = ops::cat(ts, dim);
   if constexpr (is_floating_v<T>) {
     bool any = false;

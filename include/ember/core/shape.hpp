@@ -13,6 +13,31 @@ namespace ember {
 /// Most dimensions a tensor may have. A Shape is a fixed-capacity array so it can be copied into a kernel.
 inline constexpr int kMaxDims = 8;
 
+namespace detail {
+/// *out = a * b; true when the product overflows int64 (then *out is unspecified).
+inline bool mul_overflow(std::int64_t a, std::int64_t b, std::int64_t* out) {
+#if defined(__GNUC__) || defined(__clang__)
+  return __builtin_mul_overflow(a, b, out);
+#else
+  const bool over = a != 0 && b != 0 &&
+                    ((a > 0) == (b > 0) ? (a > 0 ? a > INT64_MAX / b : a < INT64_MAX / b)
+                                        : (a > 0 ? b < INT64_MIN / a : a < INT64_MIN / b));
+  if (!over) *out = a * b;
+  return over;
+#endif
+}
+/// *out = a + b; true when the sum overflows int64 (then *out is unspecified).
+inline bool add_overflow(std::int64_t a, std::int64_t b, std::int64_t* out) {
+#if defined(__GNUC__) || defined(__clang__)
+  return __builtin_add_overflow(a, b, out);
+#else
+  const bool over = b > 0 ? a > INT64_MAX - b : a < INT64_MIN - b;
+  if (!over) *out = a + b;
+  return over;
+#endif
+}
+}  // namespace detail
+
 /// A small fixed-capacity list of int64 extents (also used for strides). Trivially copyable.
 struct Shape {
   std::int64_t d[kMaxDims] = {};
@@ -50,11 +75,17 @@ struct Shape {
     --n;
   }
 
-  /// Product of the extents (1 for a 0-d shape).
+  /// Product of the extents (1 for a 0-d shape). No tensor has a shape whose nonzero extents multiply beyond
+  /// int64 (see checked_numel), so for any tensor's shape this is exact; for such a shape it throws.
   std::int64_t numel() const {
     std::int64_t p = 1;
-    for (int i = 0; i < n; ++i) p *= d[i];
-    return p;
+    bool zero = false, over = false;
+    for (int i = 0; i < n; ++i) {
+      if (d[i] == 0) zero = true;
+      else over |= detail::mul_overflow(p, d[i], &p);
+    }
+    if (over) [[unlikely]] numel_overflow();
+    return zero ? 0 : p;
   }
   std::vector<std::int64_t> vec() const { return {d, d + n}; }
 
@@ -73,6 +104,9 @@ struct Shape {
   }
 
  private:
+  [[noreturn, gnu::cold, gnu::noinline]] void numel_overflow() const {
+    throw Error(detail::concat("numel: the sizes of shape ", str(), " multiply to more than int64 can count"));
+  }
   template <class It>
   void assign(It b, It e) {
     n = 0;
@@ -82,14 +116,35 @@ struct Shape {
 
 inline std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
 
-/// Row-major strides of a contiguous tensor of this shape.
+/// The checks every shape given to ember passes before a tensor gets it (creation, view, reshape, expand,
+/// broadcasting): no size is negative, and the product of the nonzero sizes fits in int64. The second rule holds
+/// even when a size is 0 (so `empty({0, 1 << 62, 1 << 62})` is refused, as it would be in PyTorch when the zero
+/// comes last): then every stride and element offset of the tensor, and of any view or broadcast of it, is
+/// exact in int64. Returns numel; an Error names `op`, the shape and the rule otherwise.
+inline std::int64_t checked_numel(const Shape& shape, const char* op) {
+  std::int64_t p = 1;
+  bool zero = false, over = false;
+  for (int i = 0; i < shape.n; ++i) {
+    EMBER_CHECK(shape[i] >= 0, op, ": negative size ", shape[i], " in shape ", shape.str(),
+                " (expected sizes >= 0)");
+    if (shape[i] == 0) zero = true;
+    else over |= detail::mul_overflow(p, shape[i], &p);
+  }
+  EMBER_CHECK(!over, op, ": shape ", shape.str(), " has too many elements (expected the product of its nonzero "
+              "sizes to fit in int64)");
+  return zero ? 0 : p;
+}
+
+/// Row-major strides of a contiguous tensor of this shape (size-0 and size-1 dims count as 1). Exact for every
+/// shape that passed checked_numel.
 inline Shape contiguous_strides(const Shape& shape) {
   Shape st;
   st.n = shape.n;
   std::int64_t s = 1;
   for (int i = shape.n - 1; i >= 0; --i) {
     st[i] = s;
-    s *= shape[i] > 1 ? shape[i] : 1;
+    if (shape[i] > 1 && detail::mul_overflow(s, shape[i], &s)) [[unlikely]]
+      throw Error(detail::concat("contiguous_strides: shape ", shape.str(), " has too many elements"));
   }
   return st;
 }
@@ -126,13 +181,19 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   Shape out;
   const int n = a.n > b.n ? a.n : b.n;
   out.n = n;
+  std::int64_t p = 1;
+  bool over = false;
   for (int i = 0; i < n; ++i) {
     const int ia = a.n - n + i, ib = b.n - n + i;
     const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     EMBER_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", a.str(), " and ", b.str(),
                 " cannot be broadcast together (dim ", i - n, ": ", da, " vs ", db, ")");
     out[i] = da == 1 ? db : da;
+    if (out[i] != 0) over |= detail::mul_overflow(p, out[i], &p);
   }
+  // Each operand's nonzero sizes multiply within int64 (checked_numel); stretching both can leave it.
+  EMBER_CHECK(!over, op, ": broadcasting shapes ", a.str(), " and ", b.str(), " gives ", out.str(),
+              ", which has too many elements (expected the product of its nonzero sizes to fit in int64)");
   return out;
 }
 

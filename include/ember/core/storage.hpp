@@ -87,7 +87,10 @@ inline bool is_pinned(const StorageImpl& s) {
 inline void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
                        std::size_t nbytes, bool non_blocking = false) {
   if (nbytes == 0) return;
-  EMBER_CHECK(dst_offset + nbytes <= dst->nbytes && src_offset + nbytes <= src->nbytes, "copy of ", nbytes,
+  // (Written so that no sum can wrap around.)
+  EMBER_CHECK(nbytes <= dst->nbytes && dst_offset <= dst->nbytes - nbytes && nbytes <= src->nbytes &&
+                  src_offset <= src->nbytes - nbytes,
+              "copy of ", nbytes,
               " bytes: out of the bounds of the storages (", src->nbytes, " bytes on ", src->device.str(), " to ",
               dst->nbytes, " bytes on ", dst->device.str(), ")");
   if (dst->device.is_cpu() && src->device.is_cpu()) {

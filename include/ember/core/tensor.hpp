@@ -197,15 +197,24 @@ class Tensor {
     end = clampi(end);
     if (end < start) end = start;
     Shape sz = shape(), st = strides();
-    sz[dd] = (end - start + step - 1) / step;
-    st[dd] *= step;
-    return view_of(sz, st, storage_offset() + start * strides()[dd], {ViewOp::Slice, {}, dd, start, end, step});
+    sz[dd] = end > start ? (end - start - 1) / step + 1 : 0;  // (no overflow for any step)
+    // A step past the end leaves at most one element, whose stride does not matter: keep the old one then.
+    if (detail::mul_overflow(st[dd], step, &st[dd])) st[dd] = strides()[dd];
+    std::int64_t off = 0;
+    EMBER_CHECK(!detail::mul_overflow(start, strides()[dd], &off) && !detail::add_overflow(off, storage_offset(), &off),
+                "slice: the offset of element ", start, " of dim ", dd, " (stride ", strides()[dd],
+                ") overflows int64 (shape ", shape().str(), ")");
+    return view_of(sz, st, off, {ViewOp::Slice, {}, dd, start, end, step});
   }
   Tensor narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
     const int dd = wrap_dim(d, shape(), "narrow");
-    if (start < 0) start += shape()[dd];  // counts from the end, as in PyTorch
-    EMBER_CHECK(start >= 0 && length >= 0 && start + length <= shape()[dd], "narrow: range [", start, ", ",
-                start + length, ") is out of bounds for dim ", dd, " of shape ", shape().str());
+    const std::int64_t n = shape()[dd];
+    EMBER_CHECK(start >= -n && start <= n, "narrow: start ", start, " is out of range for dim ", dd, " of shape ",
+                shape().str(), " (expected a start in [", -n, ", ", n, "])");
+    if (start < 0) start += n;  // counts from the end, as in PyTorch
+    EMBER_CHECK(length >= 0 && length <= n - start, "narrow: start ", start, " + length ", length,
+                " is out of bounds for dim ", dd, " of shape ", shape().str(), " (expected 0 <= length <= ", n - start,
+                ")");
     return slice(dd, start, start + length);
   }
   /// Removes dim d, keeping index i.
@@ -274,20 +283,25 @@ class Tensor {
   Tensor expand(std::initializer_list<std::int64_t> s) const { return expand(Shape(s)); }
   Tensor expand(Shape s) const {
     EMBER_CHECK(s.n >= dim(), "expand: the target ", s.str(), " has fewer dims than the tensor ", shape().str());
+    const Shape target = s;
     Shape st;
     st.n = s.n;
     for (int i = 0; i < s.n; ++i) {
       const int j = dim() - s.n + i;
       if (j < 0) {
-        EMBER_CHECK(s[i] >= 0, "expand: -1 is not allowed for a new leading dim (target ", s.str(), ")");
+        EMBER_CHECK(s[i] >= 0, "expand: invalid size ", s[i], " for the new leading dim ", i, " (target ",
+                    target.str(), "; -1 is allowed only for an existing dim)");
         st[i] = 0;
         continue;
       }
       if (s[i] == -1) s[i] = shape()[j];
+      EMBER_CHECK(s[i] >= 0, "expand: invalid size ", s[i], " in the target ", target.str(),
+                  " (expected sizes >= 0, or -1 to keep a size)");
       EMBER_CHECK(shape()[j] == s[i] || shape()[j] == 1, "expand: cannot expand shape ", shape().str(), " to ",
-                  s.str(), " (dim ", i, ": ", shape()[j], " vs ", s[i], ")");
+                  target.str(), " (dim ", i, ": ", shape()[j], " vs ", s[i], ")");
       st[i] = shape()[j] == s[i] ? strides()[j] : 0;
     }
+    checked_numel(s, "expand");
     return view_of(s, st, storage_offset(), {ViewOp::Expand, {}});
   }
   template <class U>
@@ -320,7 +334,9 @@ class Tensor {
                 " (expected a dim in [", -n, ", ", n - 1, "])");
     const int dd = int(d < 0 ? d + n : d);
     Shape sz = shape(), st = strides();
-    const std::int64_t s = dd < dim() ? strides()[dd] * shape()[dd] : 1;
+    // The stride of a size-1 dim is never used to address memory; this is PyTorch's choice, or 1 past the end.
+    std::int64_t s = 1;
+    if (dd < dim() && detail::mul_overflow(strides()[dd], shape()[dd], &s)) s = 1;
     sz.insert(dd, 1);
     st.insert(dd, s);
     return view_of(sz, st, storage_offset(), {});
@@ -333,7 +349,9 @@ class Tensor {
     Shape s;
     for (int i = 0; i < a; ++i) s.push_back(shape()[i]);
     std::int64_t m = 1;
-    for (int i = a; i <= b; ++i) m *= shape()[i];
+    bool over = false;
+    for (int i = a; i <= b; ++i) over |= detail::mul_overflow(m, shape()[i], &m);
+    EMBER_CHECK(!over, "flatten: dims ", a, "..", b, " of shape ", shape().str(), " have too many elements");
     s.push_back(m);
     for (int i = b + 1; i < dim(); ++i) s.push_back(shape()[i]);
     return reshape(s);
@@ -433,7 +451,8 @@ class Tensor {
   }
   bool has_meta() const { return impl_ && impl_->meta; }
 
-  /// The view (sizes, strides, offset) of this tensor's storage, without autograd.
+  /// The view (sizes, strides, offset) of this tensor's storage, without autograd and without checks: for ember's
+  /// own kernels, which derive the geometry from a checked tensor (every address it reaches lies in the storage).
   Tensor as_strided_raw(const Shape& sz, const Shape& st, std::int64_t offset) const {
     auto p = std::make_shared<TensorImpl<T>>();
     p->storage = impl().storage;
@@ -463,18 +482,25 @@ class Tensor {
     if (requires_grad()) detail::TensorOps<T>::record_view(*this, v, op);
     return v;
   }
+  // `s` with its -1 (if any) replaced by the size that makes numel() match, or an Error naming `op`. The other
+  // sizes pass the checks of checked_numel (a product that overflows is refused, also with a 0 among them).
   Shape infer_size(Shape s, const char* op) const {
     int infer = -1;
     std::int64_t known = 1;
+    bool zero = false, over = false;
     for (int i = 0; i < s.n; ++i) {
       if (s[i] == -1) {
         EMBER_CHECK(infer < 0, op, ": only one dim can be -1, got ", s.str());
         infer = i;
       } else {
         EMBER_CHECK(s[i] >= 0, op, ": invalid size ", s[i], " in ", s.str());
-        known *= s[i];
+        if (s[i] == 0) zero = true;
+        else over |= detail::mul_overflow(known, s[i], &known);
       }
     }
+    EMBER_CHECK(!over, op, ": shape ", s.str(), " has too many elements (expected the product of its nonzero sizes "
+                "to fit in int64; the tensor has shape ", shape().str(), ")");
+    if (zero) known = 0;
     if (infer >= 0) {
       EMBER_CHECK(known != 0 && numel() % known == 0, op, ": shape ", s.str(), " is invalid for a tensor of ",
                   numel(), " elements (shape ", shape().str(), ")");
@@ -486,43 +512,54 @@ class Tensor {
   }
   // Strides for viewing this tensor as `s` without copying, if possible: each run of old dims that is merged
   // or split must be contiguous within itself (the rule PyTorch's view follows).
+  // `s` must have this tensor's numel (infer_size checked it).
   bool view_strides(const Shape& s, Shape& out) const {
-    out.n = s.n;
     if (numel() == 0 || s.n == 0) {
       out = contiguous_strides(s);
       return true;
     }
-    // Old dims without size-1 ones.
-    struct Dims1 {
-      std::int64_t d[kMaxDims] = {};
-      int n = 0;
-      std::int64_t operator[](int i) const { return d[i]; }
-    } os, ost;
+    out = Shape();
+    out.n = s.n;
+    // Old dims without size-1 ones (numel() > 0, so every size is >= 1).
+    std::int64_t os[kMaxDims] = {}, ost[kMaxDims] = {};
+    int on = 0;
     for (int i = 0; i < dim(); ++i)
       if (shape()[i] != 1) {
-        os.d[os.n++] = shape()[i];
-        ost.d[ost.n++] = strides()[i];
+        os[on] = shape()[i];
+        ost[on] = strides()[i];
+        ++on;
       }
     int oi = 0, ni = 0;
     while (ni < s.n) {
-      if (s[ni] == 1) {
-        out[ni] = oi < os.n ? ost[oi] * os[oi] : 1;
-        ++ni;
+      if (s[ni] == 1) {  // any stride will do; PyTorch's choice, unless it overflows
+        std::int64_t st = 1;
+        if (oi < on && detail::mul_overflow(ost[oi], os[oi], &st)) st = 1;
+        out[ni++] = st;
         continue;
       }
-      // Take a chunk of old dims [oi, oj) and new dims [ni, nj) with equal products.
+      // Take a chunk of old dims [oi, oj) and new dims [ni, nj) with equal products. Both products stay within
+      // numel(); the bounds only matter if the numels differed.
+      if (oi >= on) return false;
       int oj = oi, nj = ni;
       std::int64_t po = os[oj++], pn = s[nj++];
       while (po != pn) {
-        if (po < pn) po *= os[oj++];
-        else pn *= s[nj++];
+        if (po < pn) {
+          if (oj >= on) return false;
+          po *= os[oj++];
+        } else {
+          if (nj >= s.n) return false;
+          pn *= s[nj++];
+        }
       }
-      for (int k = oi; k + 1 < oj; ++k)
-        if (ost[k] != ost[k + 1] * os[k + 1]) return false;  // old chunk not contiguous
+      for (int k = oi; k + 1 < oj; ++k) {
+        std::int64_t inner = 0;  // old chunk not contiguous?
+        if (detail::mul_overflow(ost[k + 1], os[k + 1], &inner) || ost[k] != inner) return false;
+      }
+      // New strides from the innermost old one (the chunk's outermost stride is not formed: it may not fit).
       std::int64_t st = ost[oj - 1];
       for (int k = nj - 1; k >= ni; --k) {
         out[k] = st;
-        st *= s[k];
+        if (k > ni) st *= s[k];
       }
       oi = oj;
       ni = nj;
