@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -111,7 +112,8 @@ struct TempDir {
 };
 
 /// The records of a fixture file in tests/fixtures (written by a gen_*.py script with PyTorch):
-/// `name ndim d0 .. v0 v1 ..` per line.
+/// `name ndim d0 .. v0 v1 ..` per line. Values are read with strtod (so `nan`, `inf`, `-inf` are values); a token
+/// that does not parse, a missing value or a leftover token fails the test naming the record.
 class Fixtures {
  public:
   explicit Fixtures(const std::string& file) {
@@ -131,8 +133,17 @@ class Fixtures {
         ss >> d;
         s.push_back(d);
       }
+      REQUIRE_MESSAGE(!ss.fail(), "fixture " << file << ": malformed header of record " << name);
       std::vector<double> v(static_cast<std::size_t>(s.numel()));
-      for (auto& x : v) ss >> x;
+      std::string tok;
+      for (auto& x : v) {
+        REQUIRE_MESSAGE(bool(ss >> tok), "fixture " << file << ": record " << name << " has too few values");
+        char* end = nullptr;
+        x = std::strtod(tok.c_str(), &end);
+        REQUIRE_MESSAGE((end == tok.c_str() + tok.size() && !tok.empty()),
+                        "fixture " << file << ": record " << name << ": '" << tok << "' is not a number");
+      }
+      REQUIRE_MESSAGE(!(ss >> tok), "fixture " << file << ": record " << name << " has values left over");
       m_[name] = from_vector<double>(v, s);
     }
   }

@@ -101,24 +101,25 @@ struct TensorOps {
     return out;
   }
 
-  /// y (=, +=, -=, *=, /=) x, written into y's memory in one pass. mode: 0 = assign, 1..4 = + - * /.
-  template <class X>
-  static void assign(Tensor<T>& y, const X& x, int mode) {
+  /// y (=, +=, -=, *=, /=) x, written into y's memory in one pass. Mode: 0 = assign, 1..4 = + - * /. A template
+  /// parameter, so each operator instantiates only its own form (a plain `=` into a Tensor<bool> builds no Mul<bool>).
+  template <int Mode, class X>
+  static void assign(Tensor<T>& y, const X& x) {
+    static_assert(!(std::is_same_v<T, bool> && (Mode == 2 || Mode == 4)),
+                  "ember: -= and /= are not defined for Tensor<bool> (as in PyTorch); use logical ops or cast<T>()");
     auto rhs = node_of(x);
     if (!y.defined()) {
-      EMBER_CHECK(mode == 0, "compound assignment to an undefined tensor");
+      EMBER_CHECK(Mode == 0, "compound assignment to an undefined tensor");
       if constexpr (expr::is_tensor_v<X>) y = x;
       else y = materialize(rhs);
       return;
     }
     using L = expr::TensorLeaf<T, false>;
-    switch (mode) {
-      case 0: return write(y, rhs);
-      case 1: return write(y, expr::BinaryExpr<ops_table::Add, L, decltype(rhs)>{{}, L{&y}, rhs});
-      case 2: return write(y, expr::BinaryExpr<ops_table::Sub, L, decltype(rhs)>{{}, L{&y}, rhs});
-      case 3: return write(y, expr::BinaryExpr<ops_table::Mul, L, decltype(rhs)>{{}, L{&y}, rhs});
-      default: return write(y, expr::BinaryExpr<ops_table::Div, L, decltype(rhs)>{{}, L{&y}, rhs});
-    }
+    if constexpr (Mode == 0) write(y, rhs);
+    else if constexpr (Mode == 1) write(y, expr::BinaryExpr<ops_table::Add, L, decltype(rhs)>{{}, L{&y}, rhs});
+    else if constexpr (Mode == 2) write(y, expr::BinaryExpr<ops_table::Sub, L, decltype(rhs)>{{}, L{&y}, rhs});
+    else if constexpr (Mode == 3) write(y, expr::BinaryExpr<ops_table::Mul, L, decltype(rhs)>{{}, L{&y}, rhs});
+    else write(y, expr::BinaryExpr<ops_table::Div, L, decltype(rhs)>{{}, L{&y}, rhs});
   }
 
   template <class E>

@@ -98,27 +98,27 @@ class Tensor {
   /// Writes an expression into this tensor's memory (through views), in one pass; allocates when undefined.
   template <Expression E>
   Tensor& operator=(const E& e) {
-    detail::TensorOps<T>::assign(*this, e, 0);
+    detail::TensorOps<T>::template assign<0>(*this, e);
     return *this;
   }
   template <class E>
   Tensor& operator+=(const E& e) {
-    detail::TensorOps<T>::assign(*this, e, 1);
+    detail::TensorOps<T>::template assign<1>(*this, e);
     return *this;
   }
   template <class E>
   Tensor& operator-=(const E& e) {
-    detail::TensorOps<T>::assign(*this, e, 2);
+    detail::TensorOps<T>::template assign<2>(*this, e);
     return *this;
   }
   template <class E>
   Tensor& operator*=(const E& e) {
-    detail::TensorOps<T>::assign(*this, e, 3);
+    detail::TensorOps<T>::template assign<3>(*this, e);
     return *this;
   }
   template <class E>
   Tensor& operator/=(const E& e) {
-    detail::TensorOps<T>::assign(*this, e, 4);
+    detail::TensorOps<T>::template assign<4>(*this, e);
     return *this;
   }
 

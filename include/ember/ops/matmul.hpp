@@ -197,7 +197,7 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
         return y.view(out);
     }
     Tensor<T> y = ops::mm(x2, w.detach().t());
-    detail::bias_act_(y, bd, act, [&](const auto& e) { ember::detail::TensorOps<T>::assign(y, e, 0); });
+    detail::bias_act_(y, bd, act, [&](const auto& e) { ember::detail::TensorOps<T>::template assign<0>(y, e); });
     return y.view(out);
 #else
     EMBER_CHECK(false, "linear: tensors on ", x.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
