@@ -239,6 +239,36 @@ TEST_CASE("narrow, select and operator[]") {
   CHECK(x.at(1, 1, 0) == 16.f);
 }
 
+TEST_CASE("views at the edges of int64: huge steps and bounds, zero-size tensors with large sizes") {
+  constexpr i64 kMax = std::numeric_limits<i64>::max();
+  Tensor<float> x = iota({3, 3});
+  // A step past the end leaves one element ((end - start + step - 1) / step used to overflow: shape [-1, 3]).
+  Tensor<float> a = x.slice(0, 0, 3, kMax);
+  CHECK(a.shape() == Shape{1, 3});
+  check_values(a, {0, 1, 2});
+  Tensor<float> b = x.slice(1, 1, kMax, kMax - 1);
+  CHECK(b.shape() == Shape{3, 1});
+  check_values(b, {1, 4, 7});
+  CHECK(x.slice(1, std::numeric_limits<i64>::min(), kMax).shape() == Shape{3, 3});
+  // narrow may start at the end (an empty view) and count from the end.
+  CHECK(x.narrow(1, 3, 0).shape() == Shape{3, 0});
+  CHECK(x.narrow(1, -3, 3).shape() == Shape{3, 3});
+  // A zero size with others whose product fits in int64 (and in 2^62 bytes) is fine; its strides are exact.
+  Tensor<float> z = empty<float>({0, i64(1) << 40, 3});
+  CHECK(z.numel() == 0);
+  CHECK(z.strides() == Shape{i64(3) << 40, 3, 1});
+  CHECK(z.reshape({i64(1) << 40, 0}).shape() == Shape{i64(1) << 40, 0});
+  CHECK(z.view({-1, 3}).shape() == Shape{0, 3});
+  CHECK(z.flatten().shape() == Shape{0});
+  CHECK(z.unsqueeze(0).shape() == Shape{1, 0, i64(1) << 40, 3});
+  // A broadcast view may have up to INT64_MAX elements (no memory behind them).
+  Tensor<float> e = x.select(0, 1).slice(0, 0, 1).expand({kMax});
+  CHECK(e.numel() == kMax);
+  CHECK(e.strides() == Shape{0});
+  CHECK(e.at(kMax - 1) == 3.f);
+  CHECK(e.unsqueeze(1).shape() == Shape{kMax, 1});
+}
+
 TEST_CASE("transpose, t and permute") {
   Tensor<float> x = iota({2, 3, 4});
   Tensor<float> tr = x.transpose(0, 2);
@@ -725,6 +755,25 @@ TEST_CASE("randint: range [low, high), every value hit") {
   CHECK_THROWS_AS(randint(3, 3, {2}, g), ember::Error);
 }
 
+TEST_CASE("randint over the whole int64 range, and arange with a huge step") {
+  // high - low does not fit in int64 here (it used to be computed in int64: undefined behaviour under UBSan).
+  Generator g(5);
+  const i64 lo = std::numeric_limits<i64>::min(), hi = std::numeric_limits<i64>::max();
+  Tensor<std::int64_t> r = randint(lo, hi, {256}, g);
+  int neg = 0;
+  for (auto v : r.to_vector()) {
+    CHECK(v < hi);
+    neg += v < 0;
+  }
+  CHECK(neg > 64);  // about half of 256, sd 8
+  CHECK(neg < 192);
+  Tensor<std::int32_t> r32 = randint<std::int32_t>(-2147483648LL, 2147483648LL, {64}, g);
+  CHECK(r32.numel() == 64);
+  Tensor<float> a = arange<float>(0, std::ldexp(1.0, 100), std::ldexp(1.0, 97));  // 8 elements, exactly
+  CHECK(a.shape() == Shape{8});
+  CHECK(a.at(7) == std::ldexp(7.f, 97));
+}
+
 TEST_CASE("bernoulli: values 0/1 with frequency p") {
   Generator g(3);
   Tensor<float> b = bernoulli<float>({20000}, 0.3, g);
@@ -798,9 +847,9 @@ TEST_CASE("stack along a new dim") {
   CHECK_THROWS_AS(stack<float>({a, iota({2})}, 0), ember::Error);
 }
 
-TEST_CASE("index_select: rows and columns, negative and repeated indices") {
+TEST_CASE("index_select: rows and columns, repeated indices; a negative index is an error, as in PyTorch") {
   Tensor<float> x = iota({4, 3});
-  Tensor<std::int64_t> idx = tensor<std::int64_t>({2, 0, -1, 2});
+  Tensor<std::int64_t> idx = tensor<std::int64_t>({2, 0, 3, 2});
   Tensor<float> r = index_select(x, 0, idx);
   CHECK(r.shape() == Shape{4, 3});
   check_values(r, {6, 7, 8, 0, 1, 2, 9, 10, 11, 6, 7, 8});
@@ -809,6 +858,7 @@ TEST_CASE("index_select: rows and columns, negative and repeated indices") {
   Tensor<float> ct = index_select(x.t(), 0, tensor<std::int64_t>({2}));  // from a strided source
   check_values(ct, {2, 5, 8, 11});
   CHECK_THROWS_AS(index_select(x, 0, tensor<std::int64_t>({4})), ember::Error);
+  CHECK_THROWS_AS(index_select(x, 0, tensor<std::int64_t>({-1})), ember::Error);
   CHECK_THROWS_AS(index_select(x, 0, tensor<std::int64_t>({{0}})), ember::Error);
 }
 

@@ -97,7 +97,7 @@ Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape) {
   Tensor<T> t = detail::empty<T>(shape, Device::cpu(), "from_vector");
   if constexpr (std::is_same_v<T, bool>) {
     for (std::size_t i = 0; i < values.size(); ++i) t.data()[i] = values[i];
-  } else {
+  } else if (!values.empty()) {  // (an empty vector's data() may be null: not for memcpy)
     std::memcpy(static_cast<void*>(t.data()), values.data(), values.size() * sizeof(T));
   }
   return t;
