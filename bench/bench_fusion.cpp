@@ -95,9 +95,45 @@ void BM_SumSquaresUnfused(benchmark::State& state) {
   state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(3 * n * kF));
 }
 
+// What holding tensor operands by value costs (expressions own a shared handle to each operand, so they cannot
+// dangle): the same expressions built with leaves that point at the tensors, as lvalue operands were held before.
+// Compare each pair in one run (--benchmark_repetitions, medians): tiny_add is dominated by the allocation and the
+// reference counts, chain_16M by memory.
+using PtrLeaf = expr::TensorLeaf<float, false>;
+
+void BM_TinyAdd(benchmark::State& state) {
+  Tensor<float> a = ember::randn<float>({8}), b = ember::randn<float>({8});
+  for (auto _ : state) {
+    Tensor<float> c = a + b;
+    benchmark::DoNotOptimize(c.data());
+  }
+}
+void BM_TinyAddLeavesByPointer(benchmark::State& state) {
+  Tensor<float> a = ember::randn<float>({8}), b = ember::randn<float>({8});
+  for (auto _ : state) {
+    Tensor<float> c = expr::BinaryExpr<ops_table::Add, PtrLeaf, PtrLeaf>{{}, PtrLeaf{&a}, PtrLeaf{&b}};
+    benchmark::DoNotOptimize(c.data());
+  }
+}
+void BM_ChainFusedLeavesByPointer(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  Tensor<float> a = ember::randn<float>({n}), b = ember::randn<float>({n}), c = ember::randn<float>({n}),
+                d = ember::randn<float>({n}), e = ember::randn<float>({n});
+  using M = expr::BinaryExpr<ops_table::Mul, PtrLeaf, PtrLeaf>;
+  using S = expr::BinaryExpr<ops_table::Sub, expr::BinaryExpr<ops_table::Add, M, M>, PtrLeaf>;
+  for (auto _ : state) {
+    Tensor<float> y = S{{}, {{}, M{{}, {&a}, {&b}}, M{{}, {&c}, {&d}}}, PtrLeaf{&e}};
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(6 * n * kF));
+}
+
 // 64K floats stays in L2; 16M floats (64 MiB per array) is bound by DRAM.
 #define EMBER_SIZES ->Arg(1 << 16)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_ChainFused) EMBER_SIZES;
+BENCHMARK(BM_ChainFusedLeavesByPointer) EMBER_SIZES;
+BENCHMARK(BM_TinyAdd)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_TinyAddLeavesByPointer)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_ChainFusedInto) EMBER_SIZES;
 BENCHMARK(BM_ChainUnfused) EMBER_SIZES;
 BENCHMARK(BM_GeluFwdBwd) EMBER_SIZES;
