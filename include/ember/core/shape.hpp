@@ -75,17 +75,14 @@ struct Shape {
     --n;
   }
 
-  /// Product of the extents (1 for a 0-d shape). No tensor has a shape whose nonzero extents multiply beyond
-  /// int64 (see checked_numel), so for any tensor's shape this is exact; for such a shape it throws.
+  /// Product of the extents (1 for a 0-d shape), exact: a shape whose product does not fit in int64 (no tensor has
+  /// one, see checked_numel) gives an Error, never a wrapped value.
   std::int64_t numel() const {
     std::int64_t p = 1;
-    bool zero = false, over = false;
-    for (int i = 0; i < n; ++i) {
-      if (d[i] == 0) zero = true;
-      else over |= detail::mul_overflow(p, d[i], &p);
-    }
-    if (over) [[unlikely]] numel_overflow();
-    return zero ? 0 : p;
+    bool over = false;
+    for (int i = 0; i < n; ++i) over |= detail::mul_overflow(p, d[i], &p);
+    if (over) [[unlikely]] return numel_overflow();
+    return p;
   }
   std::vector<std::int64_t> vec() const { return {d, d + n}; }
 
@@ -104,7 +101,10 @@ struct Shape {
   }
 
  private:
-  [[noreturn, gnu::cold, gnu::noinline]] void numel_overflow() const {
+  // numel() when the running product overflowed: 0 if a size is 0 (exact), else an Error.
+  [[gnu::cold, gnu::noinline]] std::int64_t numel_overflow() const {
+    for (int i = 0; i < n; ++i)
+      if (d[i] == 0) return 0;
     throw Error(detail::concat("numel: the sizes of shape ", str(), " multiply to more than int64 can count"));
   }
   template <class It>
@@ -176,24 +176,36 @@ inline int wrap_dim(std::int64_t dim, const Shape& shape, const char* op) {
   return static_cast<int>(dim < 0 ? dim + lim : dim);
 }
 
+namespace detail {
+// broadcast_shapes when both operands were stretched: the result's nonzero sizes may no longer multiply within int64.
+inline void check_broadcast_numel(const Shape& a, const Shape& b, const Shape& out,
+                                                              const char* op) {
+  std::int64_t p = 1;
+  bool over = false;
+  for (int i = 0; i < out.n; ++i) over |= mul_overflow(p, out[i] != 0 ? out[i] : 1, &p);
+  EMBER_CHECK(!over, op, ": broadcasting shapes ", a.str(), " and ", b.str(), " gives ", out.str(),
+              ", which has too many elements (expected the product of its nonzero sizes to fit in int64)");
+}
+}  // namespace detail
+
 /// The broadcast of two shapes under NumPy/PyTorch rules (align right; 1 stretches), or an Error naming `op`.
+/// When the result is one of the two shapes (the common case), its element count is that shape's, already checked;
+/// otherwise it is checked here.
 inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   Shape out;
   const int n = a.n > b.n ? a.n : b.n;
   out.n = n;
-  std::int64_t p = 1;
-  bool over = false;
+  bool stretched_a = false, stretched_b = false;
   for (int i = 0; i < n; ++i) {
     const int ia = a.n - n + i, ib = b.n - n + i;
     const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     EMBER_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", a.str(), " and ", b.str(),
                 " cannot be broadcast together (dim ", i - n, ": ", da, " vs ", db, ")");
     out[i] = da == 1 ? db : da;
-    if (out[i] != 0) over |= detail::mul_overflow(p, out[i], &p);
+    stretched_a |= da != out[i];
+    stretched_b |= db != out[i];
   }
-  // Each operand's nonzero sizes multiply within int64 (checked_numel); stretching both can leave it.
-  EMBER_CHECK(!over, op, ": broadcasting shapes ", a.str(), " and ", b.str(), " gives ", out.str(),
-              ", which has too many elements (expected the product of its nonzero sizes to fit in int64)");
+  if (stretched_a && stretched_b) detail::check_broadcast_numel(a, b, out, op);
   return out;
 }
 
