@@ -369,6 +369,9 @@ TEST_CASE("errors: cat whose size along dim overflows int64, and of 0-d tensors"
   const TF big = arange_f({1}).expand({k62});
   EXPECT_ERROR([&] { TF r = cat<float>({big, big}, 0); }, {"cat", "int64", "[4611686018427387904]"});
   EXPECT_ERROR([&] { TF r = cat<float>({scalar_tensor(1.f), scalar_tensor(2.f)}); }, {"cat", "zero-dimensional"});
+  // The kernel entry point (no autograd) checks the same on its own.
+  EXPECT_ERROR([&] { TF r = ops::cat(std::vector<TF>{big, big}, 0); }, {"cat", "overflows int64"});
+  EXPECT_ERROR([&] { TF r = ops::cat(std::vector<TF>{scalar_tensor(1.f)}, 0); }, {"cat", "zero-dimensional"});
 }
 
 TEST_CASE("errors: devices") {

@@ -18,6 +18,7 @@ template <class T>
 Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim) {
   EMBER_CHECK(!ts.empty(), "cat: expected a non-empty list of tensors");
   const Tensor<T>& f = ts[0];
+  EMBER_CHECK(f.dim() > 0, "cat: zero-dimensional tensor (shape ", f.shape().str(), ") cannot be concatenated");
   const int d = wrap_dim(dim, f.dim(), "cat");
   Shape out = f.shape();
   std::int64_t total = 0;
@@ -30,7 +31,8 @@ Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim) {
     for (int k = 0; k < f.dim(); ++k)
       EMBER_CHECK(k == d || t.shape()[k] == f.shape()[k], "cat: tensor ", i, " has shape ", t.shape().str(),
                   " but tensor 0 has shape ", f.shape().str(), "; sizes must match except in dim ", d);
-    total += t.shape()[d];
+    EMBER_CHECK(!ember::detail::add_overflow(total, t.shape()[d], &total), "cat: the size along dim ", d,
+                " overflows int64 at tensor ", i, " (shape ", t.shape().str(), ")");
   }
   out[d] = total;
   Tensor<T> r = empty<T>(out, f.device());

@@ -29,7 +29,8 @@ double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, do
     p.grad().check_cpu("clip_grad_norm_");
     const Tensor<T> g = p.grad().contiguous();
     const T* d = g.data();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
+    const std::int64_t n = g.numel();
+    for (std::int64_t i = 0; i < n; ++i) {
       const double a = std::fabs(double(d[i]));
       nan = nan || std::isnan(a);
       if (inf) total = std::max(total, a);
