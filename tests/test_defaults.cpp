@@ -8,7 +8,8 @@
 /// - `tests/fixtures/defaults.txt` holds PyTorch's defaults, one row per option (`<torch name> <parameter>
 ///   <Python repr>`), written by `tests/fixtures/gen_defaults.py` by introspecting the installed torch (2.15.0):
 ///   `inspect.signature` of each class's `__init__` and each function, the docstring signature for builtins.
-///   Regenerate it with `/opt/torchenv/bin/python tests/fixtures/gen_defaults.py` when moving to a new PyTorch.
+///   Regenerate it with `python3 tests/fixtures/gen_defaults.py` (a Python with the PyPI torch wheel) when moving
+///   to a new PyTorch.
 /// - This file is the audit: one line per fixture row, naming the ember option it corresponds to. The test
 ///   default-constructs each ember options struct (or the layer) and compares field by field; for defaults that
 ///   are function arguments (`leaky_relu`'s slope, `clip_grad_norm_`'s norm type, the init functions...) it calls
