@@ -217,11 +217,10 @@ Tensor<T> eye(std::int64_t n, std::int64_t m = -1) {
   if (m < 0) m = n;
   Tensor<T> t = detail::empty<T>(Shape{n, m}, Device::cpu(), "eye");
   std::memset(static_cast<void*>(t.data()), 0, std::size_t(t.numel()) * sizeof(T));
-  // n * m elements exist (empty checked it), so the diagonal offsets fit; unsigned, so the loop has no signed
-  // arithmetic the optimiser could reason about for sizes it cannot see were refused.
-  T* d = t.data();
-  const std::size_t k = std::size_t(std::min(n, m)), step = std::size_t(m) + 1;
-  for (std::size_t i = 0; i < k; ++i) d[i * step] = T(1);
+  // The diagonal as a strided view (n * m elements exist, so its offsets fit; with two or more rows and columns,
+  // m + 1 cannot overflow either).
+  const std::int64_t k = std::min(n, m);
+  if (k > 0) t.as_strided_raw(Shape{k}, Shape{k > 1 ? m + 1 : 1}, 0).fill_(T(1));
   return t;
 }
 
