@@ -43,7 +43,10 @@ inline std::string atomic_file_errno_text(int e) { return std::strerror(e); }
 
 /// The prefix of the temporary files for `target`'s file name: ".<name>.tmp-".
 inline std::string atomic_temp_prefix(const std::filesystem::path& target) {
-  return "." + target.filename().string() + ".tmp-";
+  std::string s = ".";  // appended, not "." + string&& (g++ 12's -Wrestrict false positive at -O3)
+  s += target.filename().string();
+  s += ".tmp-";
+  return s;
 }
 
 /// If `name` is exactly `prefix` + <pid> + "-" + <counter> (decimal digits, pid > 0), returns the pid.

@@ -43,7 +43,7 @@ class Conv2dT : public Module {
     register_parameter("weight", weight);
     if (o.bias) register_parameter("bias", bias);
     set_extra_repr([=] {
-      auto pair = [](Size2 s) { return "(" + std::to_string(s.h) + ", " + std::to_string(s.w) + ")"; };
+      auto pair = [](Size2 s) { return s.str(); };
       std::string r = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
                       ", kernel_size=" + pair(kernel_size) + ", stride=" + pair(o.stride);
       if (o.padding.h || o.padding.w) r += ", padding=" + pair(o.padding);

@@ -10,7 +10,7 @@
 namespace ember::nn {
 
 namespace detail {
-inline std::string pair_str(Size2 s) { return "(" + std::to_string(s.h) + ", " + std::to_string(s.w) + ")"; }
+inline std::string pair_str(Size2 s) { return s.str(); }
 }  // namespace detail
 
 class MaxPool2d : public Module {
