@@ -253,7 +253,8 @@ class Module {
       throw Error(os.str());
     }
     // Check everything first, then write.
-    for (auto& [n, slot] : mine) {
+    for (auto& entry : mine) {  // no structured binding: lambdas capture them only from clang 16 on
+      const auto& n = entry.first;
       auto it = sd.find(n);
       if (it == sd.end()) continue;
       std::visit(
@@ -267,10 +268,10 @@ class Module {
                         "load_state_dict: dtype mismatch for '", n, "': the checkpoint has ", dtype_name<S>(),
                         ", the module has ", dtype_name<D>());
           },
-          *slot, it->second);
+          *entry.second, it->second);
     }
-    for (auto& [n, slot] : mine) {
-      auto it = sd.find(n);
+    for (auto& entry : mine) {
+      auto it = sd.find(entry.first);
       if (it == sd.end()) continue;
       std::visit(
           [&](const auto& dst, const auto& src) {
@@ -291,7 +292,7 @@ class Module {
               }
             }
           },
-          *slot, it->second);
+          *entry.second, it->second);
     }
   }
 

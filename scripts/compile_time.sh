@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# What a user pays to compile ember: wall time and peak compiler memory for a fixed set of translation units, one
+# at a time (so the numbers do not share cores), as a Markdown table.
+#
+#   scripts/compile_time.sh [--runs N] [--pch] [--trace] [TU ...]
+#
+#   --runs N   compile each TU N times and print the median wall time (and the largest peak memory); default 1
+#   --pch      also time each TU against a precompiled header of <ember/ember.hpp> + <ember/data.hpp> + <ember/io.hpp>
+#              (what ember_target_precompile_headers() sets up in CMake); the PCH's own build time is printed
+#   --trace    also compile each TU with clang++ -ftime-trace and print where the time went: front end vs back
+#              end, the headers that cost most to parse, and the templates that cost most to instantiate
+#   TU ...     other files to measure (default: the CNN example, the ResNet and transformer programs in
+#              bench/compile_time/)
+#
+# Environment: CXX (default g++), EMBER_CT_FLAGS (default "-O2 -march=native"), CLANGXX (default clang++).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cxx="${CXX:-g++}"
+clangxx="${CLANGXX:-clang++}"
+read -r -a flags <<<"${EMBER_CT_FLAGS:--O2 -march=native}"
+runs=1 pch=0 trace=0 tus=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs="$2"; shift 2 ;;
+    --pch) pch=1; shift ;;
+    --trace) trace=1; shift ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) tus+=("$1"); shift ;;
+  esac
+done
+if [ ${#tus[@]} -eq 0 ]; then
+  tus=("$root/examples/04_fashion_mnist_cnn.cpp" "$root/bench/compile_time/resnet_fmnist.cpp"
+       "$root/bench/compile_time/char_transformer.cpp")
+fi
+command -v /usr/bin/time >/dev/null || { echo "compile_time.sh: needs GNU time (apt-get install time)" >&2; exit 2; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+common=(-std=c++20 "${flags[@]}" -I"$root/include")
+
+# One compile: prints "seconds kilobytes".
+measure() {
+  /usr/bin/time -f "%e %M" -o "$work/time" "$@" -c -o "$work/out.o" 2>"$work/err" \
+    || { cat "$work/err" >&2; echo "compile_time.sh: failed: $*" >&2; exit 1; }
+  cat "$work/time"
+}
+# Median wall time and largest peak memory over $runs compiles: prints "| name | s | GB |".
+row() {
+  local name="$1"; shift
+  local walls=() mem=0
+  for ((r = 0; r < runs; r++)); do
+    read -r s kb < <(measure "$@")
+    walls+=("$s")
+    [ "$kb" -gt "$mem" ] && mem="$kb"
+  done
+  local med
+  med="$(printf '%s\n' "${walls[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')"
+  printf '| %s | %.1f s | %.2f GB |\n' "$name" "$med" "$(echo "$mem" | awk '{print $1/1048576}')"
+}
+
+echo "$cxx $("$cxx" -dumpfullversion 2>/dev/null || true), ${flags[*]}, $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg), median of $runs"
+echo
+echo "| TU | wall | peak memory |"
+echo "|---|---|---|"
+for tu in "${tus[@]}"; do
+  row "$(basename "$tu") (header-only)" "$cxx" "${common[@]}" "$tu"
+done
+
+if [ "$pch" = 1 ]; then
+  mkdir -p "$work/pch"
+  printf '#include <ember/ember.hpp>\n#include <ember/data.hpp>\n#if __has_include(<nlohmann/json.hpp>)\n#include <ember/io.hpp>\n#endif\n' \
+    >"$work/pch/ember_pch.hpp"
+  read -r s kb < <(/usr/bin/time -f "%e %M" -o "$work/time" "$cxx" "${common[@]}" -x c++-header "$work/pch/ember_pch.hpp" \
+                     -o "$work/pch/ember_pch.hpp.gch" && cat "$work/time")
+  printf '| the precompiled header itself (once) | %.1f s | %.2f GB |\n' "$s" "$(echo "$kb" | awk '{print $1/1048576}')"
+  for tu in "${tus[@]}"; do
+    row "$(basename "$tu") (with the PCH)" "$cxx" "${common[@]}" -include "$work/pch/ember_pch.hpp" -Winvalid-pch "$tu"
+  done
+fi
+
+if [ "$trace" = 1 ]; then
+  command -v "$clangxx" >/dev/null || { echo "compile_time.sh: --trace needs $clangxx" >&2; exit 2; }
+  for tu in "${tus[@]}"; do
+    base="$(basename "$tu" .cpp)"
+    (cd "$work" && "$clangxx" "${common[@]}" -ftime-trace -ftime-trace-granularity=100 -c "$tu" -o "$work/$base.o")
+    echo
+    echo "### $base: where the time goes (clang -ftime-trace)"
+    python3 - "$work/$base.json" "$root" <<'EOF'
+import collections, json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+root = sys.argv[2] + "/include/"
+totals = {e["name"][6:]: e["dur"] / 1e6 for e in events if e.get("name", "").startswith("Total ")}
+print(f"front end {totals.get('Frontend', 0):.1f} s (parsing {totals.get('Source', 0):.1f} s, instantiating "
+      f"{totals.get('InstantiateFunction', 0) + totals.get('InstantiateClass', 0):.1f} s), "
+      f"back end {totals.get('Backend', 0):.1f} s (optimising {totals.get('Optimizer', 0):.1f} s, "
+      f"code generation {totals.get('CodeGenPasses', 0):.1f} s)")
+def family(name):  # a template's name without its arguments: all the instantiations of one template together
+    out, depth = [], 0
+    for ch in name:
+        if ch == "<": depth += 1
+        if depth == 0: out.append(ch)
+        if ch == ">": depth -= 1
+    return "".join(out)[:100]
+def top(kinds, key, n):
+    total, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("name") in kinds:
+            k = key(e.get("args", {}).get("detail", ""))
+            total[k] += e["dur"]; count[k] += 1
+    return [(v / 1e6, count[k], k) for k, v in total.most_common(n)]
+print("\nheaders, inclusive parse time (s, times entered):")
+for s, c, k in top({"Source"}, lambda d: d.replace(root, "").split("/include/c++/")[-1], 12):
+    print(f"  {s:6.2f} {c:4d}  {k}")
+print("\ntemplates, inclusive instantiation time summed over their instantiations (s, instantiations):")
+for s, c, k in top({"InstantiateFunction", "InstantiateClass"}, family, 15):
+    print(f"  {s:6.2f} {c:4d}  {k}")
+EOF
+  done
+fi
