@@ -2,11 +2,13 @@
 # What a user pays to compile ember: wall time and peak compiler memory for a fixed set of translation units, one
 # at a time (so the numbers do not share cores), as a Markdown table.
 #
-#   scripts/compile_time.sh [--runs N] [--pch] [--trace] [TU ...]
+#   scripts/compile_time.sh [--runs N] [--pch] [--precompiled] [--trace] [TU ...]
 #
 #   --runs N   compile each TU N times and print the median wall time (and the largest peak memory); default 1
 #   --pch      also time each TU against a precompiled header of <ember/ember.hpp> + <ember/data.hpp> + <ember/io.hpp>
 #              (what ember_target_precompile_headers() sets up in CMake); the PCH's own build time is printed
+#   --precompiled  also time each TU with EMBER_PRECOMPILED (what linking ember::precompiled sets), after
+#              compiling the library's source (src/precompiled.cpp) once, whose time is printed too
 #   --trace    also compile each TU with clang++ -ftime-trace and print where the time went: front end vs back
 #              end, the headers that cost most to parse, and the templates that cost most to instantiate
 #   TU ...     other files to measure (default: the CNN example, the ResNet and transformer programs in
@@ -18,13 +20,14 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cxx="${CXX:-g++}"
 clangxx="${CLANGXX:-clang++}"
 read -r -a flags <<<"${EMBER_CT_FLAGS:--O2 -march=native}"
-runs=1 pch=0 trace=0 tus=()
+runs=1 pch=0 pre=0 trace=0 tus=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
     --pch) pch=1; shift ;;
+    --precompiled) pre=1; shift ;;
     --trace) trace=1; shift ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) tus+=("$1"); shift ;;
   esac
 done
@@ -74,6 +77,13 @@ if [ "$pch" = 1 ]; then
   printf '| the precompiled header itself (once) | %.1f s | %.2f GB |\n' "$s" "$(echo "$kb" | awk '{print $1/1048576}')"
   for tu in "${tus[@]}"; do
     row "$(basename "$tu") (with the PCH)" "$cxx" "${common[@]}" -include "$work/pch/ember_pch.hpp" -Winvalid-pch "$tu"
+  done
+fi
+
+if [ "$pre" = 1 ]; then
+  row "src/precompiled.cpp, the ember::precompiled library itself (once)" "$cxx" "${common[@]}" "$root/src/precompiled.cpp"
+  for tu in "${tus[@]}"; do
+    row "$(basename "$tu") (EMBER_PRECOMPILED)" "$cxx" "${common[@]}" -DEMBER_PRECOMPILED "$tu"
   done
 fi
 

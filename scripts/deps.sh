@@ -6,8 +6,9 @@
 set -euo pipefail
 # zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: safetensors headers; dataset-fashion-mnist: the examples' data
 # clang, libclang-rt-14-dev: libFuzzer for the fuzz jobs of the test suite (ctest's fuzz_smoke, scripts/fuzz.sh)
+# time: GNU time, for scripts/compile_time.sh's peak-memory figures
 pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev time)
 for arg in "$@"; do
   case $arg in
     --bench) pkgs+=(libtorch-dev) ;;

@@ -69,3 +69,56 @@
 #include "ember/nn/conv.hpp"
 #include "ember/nn/pooling.hpp"
 #include "ember/nn/normalization.hpp"
+
+// ---- opt-in precompilation ------------------------------------------------------------------------------------
+// ember stays header-only. A user who links the CMake target ember::precompiled gets EMBER_PRECOMPILED defined, and
+// the heavy, dtype-only instantiations below are declared `extern`: the TU calls the copies compiled once into the
+// ember_precompiled library (src/precompiled.cpp, which defines EMBER_PRECOMPILED_BUILD) instead of compiling its
+// own. Fused expressions, which differ per call site, are always compiled where they are written. The library is
+// built for the CPU only: with CUDA the precompiled copies would lack the GPU paths, so the two do not combine.
+#if defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD)
+#if EMBER_WITH_CUDA
+#error "ember::precompiled is built without CUDA; a TU that uses ember::cuda compiles ember header-only"
+#endif
+#ifdef EMBER_PRECOMPILED_BUILD
+#define EMBER_PRECOMPILED_EXTERN
+#else
+#define EMBER_PRECOMPILED_EXTERN extern
+#endif
+// float and bfloat16: the layers' compute dtypes under the fp32 and bf16 precision policies.
+#define EMBER_PRECOMPILED_OPS(T)                                                                                      \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);        \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> mm<T>(const Tensor<T>&, const Tensor<T>&);                              \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> bmm<T>(const Tensor<T>&, const Tensor<T>&);                             \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&);                          \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,         \
+                                                        const Conv2dOptions&);                                        \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> max_pool2d<T>(const Tensor<T>&, Size2, const Pool2dOptions&);           \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> avg_pool2d<T>(const Tensor<T>&, Size2, const Pool2dOptions&);           \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> adaptive_avg_pool2d<T>(const Tensor<T>&, Size2);                        \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> batch_norm<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,     \
+                                                            const Tensor<T>&, const Tensor<T>&, bool, double, double); \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> layer_norm<T>(const Tensor<T>&, const Shape&, const Tensor<T>&,         \
+                                                            const Tensor<T>&, double);                                \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t);                             \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t);                         \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> nn::cross_entropy<T>(const Tensor<T>&, const Tensor<std::int64_t>&,     \
+                                                                   const nn::CrossEntropyOptions<T>&);                \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> nn::mse_loss<T>(const Tensor<T>&, const Tensor<T>&, nn::Reduction);
+namespace ember {
+EMBER_PRECOMPILED_OPS(float)
+EMBER_PRECOMPILED_OPS(bfloat16)
+EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double, double,
+                                                                       bool);
+EMBER_PRECOMPILED_EXTERN template class optim::SGD<float>;
+EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, false>;
+EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, true>;
+EMBER_PRECOMPILED_EXTERN template class nn::LinearT<amp::fp32>;
+EMBER_PRECOMPILED_EXTERN template class nn::Conv2dT<amp::fp32>;
+EMBER_PRECOMPILED_EXTERN template class nn::BatchNormT<2, amp::fp32>;
+EMBER_PRECOMPILED_EXTERN template class nn::LayerNormT<amp::fp32>;
+EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<amp::fp32>;
+}  // namespace ember
+#undef EMBER_PRECOMPILED_OPS
+#undef EMBER_PRECOMPILED_EXTERN
+#endif

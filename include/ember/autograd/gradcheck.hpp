@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ember/autograd/grad_mode.hpp"
@@ -26,30 +27,33 @@ struct GradcheckResult {
 
 /// f maps a list of double tensors to a double tensor of any shape. The inputs given are copied into fresh
 /// leaves (views of them may be taken inside f). Passes when |numeric - analytic| <= atol + rtol * |numeric|.
-template <class F>
-GradcheckResult gradcheck(F&& f, const std::vector<Tensor<double>>& inputs, double eps = 1e-6, double atol = 1e-5,
+/// (T is double; a template parameter only so that the body's tensor expressions are compiled in the TUs that call
+/// gradcheck and not in every TU that includes this header.)
+template <class F, class T = double>
+GradcheckResult gradcheck(F&& f, const std::vector<Tensor<T>>& inputs, double eps = 1e-6, double atol = 1e-5,
                           double rtol = 1e-4) {
-  std::vector<Tensor<double>> xs;
+  static_assert(std::is_same_v<T, double>, "gradcheck: the inputs are double tensors");
+  std::vector<Tensor<T>> xs;
   for (const auto& x : inputs) {
-    Tensor<double> c = x.detach().clone();
+    Tensor<T> c = x.detach().clone();
     c.requires_grad_(true);
     xs.push_back(c);
   }
   GradcheckResult res;
-  Tensor<double> y = f(xs);
+  Tensor<T> y = f(xs);
   EMBER_CHECK(y.requires_grad(), "gradcheck: the output does not depend on any input through differentiable ops");
   Generator gen(0x9e3779b97f4a7c15ULL);
-  Tensor<double> v = randn<double>(y.shape(), gen);
+  Tensor<T> v = randn<T>(y.shape(), gen);
   y.backward(v);
   for (std::size_t i = 0; i < xs.size(); ++i) {
-    Tensor<double>& x = xs[i];
-    const Tensor<double> ana = x.grad().defined() ? x.grad().contiguous() : zeros<double>(x.shape());
+    Tensor<T>& x = xs[i];
+    const Tensor<T> ana = x.grad().defined() ? x.grad().contiguous() : zeros<T>(x.shape());
     for (std::int64_t j = 0; j < x.numel(); ++j) {
-      double* p = x.data() + j;
+      T* p = x.data() + j;
       const double orig = *p;
       auto project = [&] {
         NoGradGuard ng;
-        Tensor<double> out = f(xs);
+        Tensor<T> out = f(xs);
         return sum(out * v).item();
       };
       *p = orig + eps;

@@ -131,7 +131,8 @@ class DataLoader {
                                                            std::declval<const std::vector<std::size_t>&>()))>;
 
   /// Sequential or shuffled (options.shuffle) batches, no transform.
-  DataLoader(D dataset, DataLoaderOptions opt = {}) requires std::is_same_v<S, DefaultSampler>
+  DataLoader(D dataset, DataLoaderOptions opt = {})
+    requires(std::is_same_v<S, DefaultSampler> && std::is_default_constructible_v<Transform>)
       : DataLoader(std::move(dataset), opt, Transform{}, DefaultSampler{opt.shuffle, opt.seed}) {}
   /// With a transform run in the workers.
   DataLoader(D dataset, DataLoaderOptions opt, Transform transform) requires std::is_same_v<S, DefaultSampler>

@@ -159,6 +159,7 @@ class Module {
   bool is_training() const { return s_->training; }
 
   /// Clears (set_to_none, the default as in PyTorch 2) or zeroes every parameter's gradient.
+  template <class Deferred = void>
   void zero_grad(bool set_to_none = true) {
     detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
       std::visit(
@@ -188,6 +189,7 @@ class Module {
   /// identity (every handle to it, the module's members and copies of the module, sees the moved data; a parameter
   /// stays a leaf that requires grad) and a parameter's .grad moves with it. Other views of the old memory (an
   /// optimizer's state) do not move: create optimizers after moving the model, as in PyTorch.
+  template <class Deferred = void>
   void to(Device device) {
     auto move = [&](const std::string& n, const detail::TensorSlot& slot) {
       std::visit(
@@ -224,6 +226,7 @@ class Module {
   /// Copies `sd` into the parameters and buffers. strict: every key must match (missing and unexpected keys are
   /// listed in the error). Shapes must match; floating dtypes convert (as PyTorch's copy_ does), other dtype
   /// changes are errors. Nothing is written unless every check passes.
+  template <class Deferred = void>
   void load_state_dict(const StateDict& sd, bool strict = true) {
     std::vector<std::pair<std::string, const detail::TensorSlot*>> mine;
     auto collect = [&](const std::string& n, const detail::TensorSlot& t) { mine.emplace_back(n, &t); };
