@@ -85,6 +85,15 @@ if [ "$pre" = 1 ]; then
   for tu in "${tus[@]}"; do
     row "$(basename "$tu") (EMBER_PRECOMPILED)" "$cxx" "${common[@]}" -DEMBER_PRECOMPILED "$tu"
   done
+  if [ "$pch" = 1 ]; then  # both: the PCH is built with the same macro, as CMake does for a target linking ember::precompiled
+    mkdir -p "$work/pchpre"
+    cp "$work/pch/ember_pch.hpp" "$work/pchpre/ember_pch.hpp"
+    "$cxx" "${common[@]}" -DEMBER_PRECOMPILED -x c++-header "$work/pchpre/ember_pch.hpp" -o "$work/pchpre/ember_pch.hpp.gch"
+    for tu in "${tus[@]}"; do
+      row "$(basename "$tu") (EMBER_PRECOMPILED and the PCH)" "$cxx" "${common[@]}" -DEMBER_PRECOMPILED \
+        -include "$work/pchpre/ember_pch.hpp" -Winvalid-pch "$tu"
+    done
+  fi
 fi
 
 if [ "$trace" = 1 ]; then

@@ -11,20 +11,23 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 filters=()
 case $job in
   asan)
-    san=address,undefined files=""
+    # clang at -O0: g++ -O1 with UBSan compiled the suite 4x slower than clang -O0 (a 300 s TU against 65 s), and the
+    # suite runs in ~2 min at -O0 under the sanitizers. Checked with clang's warnings, -Werror included.
+    san=address,undefined files="" cxx=clang++ opt=-O0
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     ;;
   thread)
-    san=thread files="test_threads;test_tensor;test_data"
+    san=thread files="test_threads;test_tensor;test_data" cxx=c++ opt=-O1
     filters=(-tc='thread pool*,CpuCachingAllocator*,DataLoader*,*worker*,*thread*')
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
     ;;
   *) echo "usage: sanitize.sh asan|thread BUILD_DIR" >&2; exit 2 ;;
 esac
 start=$SECONDS
-# -O1 -g1: quick to compile, line numbers in reports. CUDA, examples and benchmarks are not part of these jobs.
-cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" -DEMBER_SANITIZE="$san" \
+# -g1: line numbers in reports. CUDA, examples and benchmarks are not part of these jobs.
+cmake -S "$root" -B "$dir" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$opt -g1" \
+  -DEMBER_SANITIZE="$san" \
   -DEMBER_TEST_FILES="$files" -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF \
   -DEMBER_INSTALL=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j2 --target ember_tests

@@ -100,7 +100,7 @@ std::vector<double> vec(const TD& t) { return t.to_vector(); }
 
 // One lambda per function under test; `a`, `b`, `c` are the (leaf) inputs.
 #define GC1(EXPR, X, ...) \
-  check_grad(#EXPR, [](const Inputs& v) -> TD { const TD& a = v[0]; return TD(EXPR); }, {X}, ##__VA_ARGS__)
+  check_grad(#EXPR, [](const Inputs& v) -> TD { const TD& a = v[0]; return TD(EXPR); }, {X} __VA_OPT__(,) __VA_ARGS__)
 #define GC2(EXPR, X, Y, ...)                                                            \
   check_grad(                                                                           \
       #EXPR,                                                                            \
@@ -108,7 +108,7 @@ std::vector<double> vec(const TD& t) { return t.to_vector(); }
         const TD &a = v[0], &b = v[1];                                                  \
         return TD(EXPR);                                                                \
       },                                                                                \
-      {X, Y}, ##__VA_ARGS__)
+      {X, Y} __VA_OPT__(,) __VA_ARGS__)
 #define GC3(EXPR, X, Y, Z, ...)                                                         \
   check_grad(                                                                           \
       #EXPR,                                                                            \
@@ -116,7 +116,7 @@ std::vector<double> vec(const TD& t) { return t.to_vector(); }
         const TD &a = v[0], &b = v[1], &c = v[2];                                       \
         return TD(EXPR);                                                                \
       },                                                                                \
-      {X, Y, Z}, ##__VA_ARGS__)
+      {X, Y, Z} __VA_OPT__(,) __VA_ARGS__)
 
 // =============================================================================================== gradcheck itself
 

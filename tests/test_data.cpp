@@ -300,7 +300,7 @@ TEST_CASE("read_idx, FashionMNIST: file names with terminal escape sequences are
   CHECK(msg.find('\x1b') == std::string::npos);
   CHECK(msg.find('\x07') == std::string::npos);
   EnvGuard env("EMBER_FASHION_MNIST", (d / "no\x1b[2Jpe").c_str());
-  const std::string m2 = error_of([] { data::FashionMNIST(data::Split::Train); });
+  const std::string m2 = error_of([] { (void)data::FashionMNIST(data::Split::Train); });
   CHECK(m2.find("no\\x1b[2Jpe") != std::string::npos);
   CHECK(m2.find('\x1b') == std::string::npos);
 }
@@ -340,18 +340,18 @@ TEST_CASE("FashionMNIST: the EMBER_FASHION_MNIST environment variable is used wh
 
 TEST_CASE("FashionMNIST: missing files name the path tried and how to install the dataset") {
   TempDir d;
-  EXPECT_ERROR([&] { data::FashionMNIST(data::Split::Train, d.path.string()); },
+  EXPECT_ERROR([&] { (void)data::FashionMNIST(data::Split::Train, d.path.string()); },
                {"FashionMNIST", (d / "train-images-idx3-ubyte.gz").c_str(), "apt-get install dataset-fashion-mnist",
                 "EMBER_FASHION_MNIST"});
   EnvGuard env("EMBER_FASHION_MNIST", (d / "nowhere").c_str());
-  EXPECT_ERROR([&] { data::FashionMNIST(data::Split::Test); }, {(d / "nowhere").c_str(), "apt-get install"});
+  EXPECT_ERROR([&] { (void)data::FashionMNIST(data::Split::Test); }, {(d / "nowhere").c_str(), "apt-get install"});
 }
 
 TEST_CASE("FashionMNIST: image and label counts that differ") {
   TempDir d;
   write_fake_fashion(d, "train", 6);
   write_gz(d / "train-labels-idx1-ubyte.gz", idx_bytes(0x08, {5}, Bytes(5, 1)));
-  EXPECT_ERROR([&] { data::FashionMNIST(data::Split::Train, d.path.string()); },
+  EXPECT_ERROR([&] { (void)data::FashionMNIST(data::Split::Train, d.path.string()); },
                {"labels", "[5]", "expected (6)"});
 }
 
@@ -359,14 +359,14 @@ TEST_CASE("FashionMNIST: images that are not 28x28") {
   TempDir d;
   write_gz(d / "train-images-idx3-ubyte.gz", idx_bytes(0x08, {2, 27, 28}, Bytes(2 * 27 * 28, 0)));
   write_gz(d / "train-labels-idx1-ubyte.gz", idx_bytes(0x08, {2}, Bytes(2, 1)));
-  EXPECT_ERROR([&] { data::FashionMNIST(data::Split::Train, d.path.string()); }, {"[2, 27, 28]", "(N, 28, 28)"});
+  EXPECT_ERROR([&] { (void)data::FashionMNIST(data::Split::Train, d.path.string()); }, {"[2, 27, 28]", "(N, 28, 28)"});
 }
 
 TEST_CASE("FashionMNIST: a label outside 0..9") {
   TempDir d;
   write_gz(d / "train-images-idx3-ubyte.gz", idx_bytes(0x08, {2, 28, 28}, Bytes(2 * 784, 0)));
   write_gz(d / "train-labels-idx1-ubyte.gz", idx_bytes(0x08, {2}, Bytes{3, 10}));
-  EXPECT_ERROR([&] { data::FashionMNIST(data::Split::Train, d.path.string()); }, {"label 10", "sample 1"});
+  EXPECT_ERROR([&] { (void)data::FashionMNIST(data::Split::Train, d.path.string()); }, {"label 10", "sample 1"});
 }
 
 TEST_CASE("FashionMNIST: Debian's dataset-fashion-mnist (skipped when not installed)") {

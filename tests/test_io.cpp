@@ -129,7 +129,9 @@ TEST_CASE("safetensors: every dtype round-trips bit-exactly; strided tensors are
   const io::SafeTensors f = io::parse_safetensors(bytes);
   CHECK(f.metadata == meta);
   REQUIRE(f.tensors.size() == m.size());
-  for (auto& [k, t] : m) {
+  for (const auto& entry : m) {  // no structured binding: INFO's lambda captures it (clang 14 cannot)
+    const auto& k = entry.first;
+    const auto& t = entry.second;
     INFO(k);
     const auto& r = f.tensors.at(k);
     CHECK(io::scalar_type(r) == io::scalar_type(t));

@@ -105,9 +105,24 @@
   EMBER_PRECOMPILED_EXTERN template Tensor<T> nn::cross_entropy<T>(const Tensor<T>&, const Tensor<std::int64_t>&,     \
                                                                    const nn::CrossEntropyOptions<T>&);                \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> nn::mse_loss<T>(const Tensor<T>&, const Tensor<T>&, nn::Reduction);
+// The element-wise kernels every program runs whatever it computes: copies (copy_, clone, contiguous) and fills.
+#define EMBER_PRECOMPILED_KERNELS(T)                                                                                  \
+  EMBER_PRECOMPILED_EXTERN template void cpu::assign<T, expr::TensorLeaf<T, false>>(                                  \
+      const Tensor<T>&, const expr::TensorLeaf<T, false>&, const char*);                                              \
+  EMBER_PRECOMPILED_EXTERN template void cpu::assign<T, expr::ScalarLeaf<T>>(const Tensor<T>&,                        \
+                                                                             const expr::ScalarLeaf<T>&, const char*);
 namespace ember {
 EMBER_PRECOMPILED_OPS(float)
 EMBER_PRECOMPILED_OPS(bfloat16)
+EMBER_PRECOMPILED_KERNELS(float)
+EMBER_PRECOMPILED_KERNELS(double)
+EMBER_PRECOMPILED_KERNELS(bfloat16)
+EMBER_PRECOMPILED_KERNELS(std::int64_t)
+// sum() and argmax() of a float tensor.
+EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::SumR<double>, float, expr::TensorLeaf<float, false>>(
+    const Tensor<float>&, const expr::TensorLeaf<float, false>&, const char*);
+EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, false>>(
+    const Tensor<std::int64_t>&, const expr::TensorLeaf<float, false>&, const char*);
 EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double, double,
                                                                        bool);
 EMBER_PRECOMPILED_EXTERN template class optim::SGD<float>;
@@ -120,5 +135,6 @@ EMBER_PRECOMPILED_EXTERN template class nn::LayerNormT<amp::fp32>;
 EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<amp::fp32>;
 }  // namespace ember
 #undef EMBER_PRECOMPILED_OPS
+#undef EMBER_PRECOMPILED_KERNELS
 #undef EMBER_PRECOMPILED_EXTERN
 #endif

@@ -125,7 +125,9 @@ EMBER_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t b) noexce
 EMBER_HOST_DEVICE constexpr std::uint16_t to_half_bits(float f) noexcept {
 #if EMBER_HAS_F16C
   if (!__builtin_is_constant_evaluated())
-    return static_cast<std::uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // _mm_cvtps_ph rather than _cvtss_sh: clang's _cvtss_sh macro is a compound literal, a -Wpedantic warning.
+    return static_cast<std::uint16_t>(
+        _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0));
 #endif
   return float_to_half_bits(f);
 }

@@ -101,7 +101,11 @@ struct AssignBody {
         [&](auto&... q) {
           // No iteration reads what another writes: outputs are fresh, or alias an operand with the same
           // geometry (a = a * b), or the executor went through a temporary. So no runtime alias checks.
+#if defined(__clang__)
+#pragma clang loop vectorize(assume_safety)
+#elif defined(__GNUC__)
 #pragma GCC ivdep
+#endif
           for (std::int64_t i = a; i < b; ++i) step(Idx{i, tp}, q...);
         },
         local);
