@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
 using i64 = std::int64_t;
+using ember_test::rd;
 using f16 = ember::half;  // cuda_fp16.h declares a global ::half too
 using bf16 = ember::bfloat16;
 
@@ -59,12 +61,7 @@ Tensor<T> to_host(const Tensor<T>& d) {
 
 template <class T>
 double val(const Tensor<T>& t, i64 i) {
-  i64 off = 0;
-  for (int d = t.dim() - 1; d >= 0; --d) {
-    off += (i % t.shape()[d]) * t.strides()[d];
-    i /= t.shape()[d];
-  }
-  return double(static_cast<compute_t<T>>(t.data()[off]));
+  return double(static_cast<compute_t<T>>(rd(t, i)));
 }
 
 /// Relative tolerance of one rounding in T (compute in float/double, one rounding to the storage type), with

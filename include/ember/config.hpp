@@ -49,6 +49,20 @@
 #endif
 #endif
 
+// Opt-in precompilation (CMake target ember::precompiled, README "Building fast"): under EMBER_PRECOMPILED the
+// instantiations listed at the end of <ember/ember.hpp> and <ember/data.hpp> are declared extern; the library's
+// source (src/precompiled.cpp) defines EMBER_PRECOMPILED_BUILD and compiles them. CPU only.
+#if defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD)
+#if EMBER_WITH_CUDA
+#error "ember::precompiled is built without CUDA; a TU that uses ember::cuda compiles ember header-only"
+#endif
+#ifdef EMBER_PRECOMPILED_BUILD
+#define EMBER_PRECOMPILED_EXTERN
+#else
+#define EMBER_PRECOMPILED_EXTERN extern
+#endif
+#endif
+
 namespace ember {
 
 /// The one exception type ember throws for user errors. The message names the op, the shapes, dtypes or devices

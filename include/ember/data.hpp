@@ -15,21 +15,11 @@
 
 // Opt-in precompilation (see the end of <ember/ember.hpp>): the DataLoader over the built-in image dataset with the
 // transforms the examples use, compiled once into ember::precompiled.
-#if defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD)
-#if EMBER_WITH_CUDA
-#error "ember::precompiled is built without CUDA; a TU that uses ember::cuda compiles ember header-only"
-#endif
-#ifdef EMBER_PRECOMPILED_BUILD
-#define EMBER_PRECOMPILED_DATA_EXTERN
-#else
-#define EMBER_PRECOMPILED_DATA_EXTERN extern
-#endif
+#ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)
 namespace ember::data {
-EMBER_PRECOMPILED_DATA_EXTERN template class DataLoader<FashionMNIST>;
-EMBER_PRECOMPILED_DATA_EXTERN template class DataLoader<FashionMNIST, transforms::Normalize>;
-EMBER_PRECOMPILED_DATA_EXTERN template class DataLoader<FashionMNIST,
-                                                        transforms::Compose<transforms::RandomHorizontalFlip,
-                                                                            transforms::Normalize>>;
+EMBER_PRECOMPILED_EXTERN template class DataLoader<FashionMNIST>;
+EMBER_PRECOMPILED_EXTERN template class DataLoader<FashionMNIST, transforms::Normalize>;
+EMBER_PRECOMPILED_EXTERN template class DataLoader<
+    FashionMNIST, transforms::Compose<transforms::RandomHorizontalFlip, transforms::Normalize>>;
 }  // namespace ember::data
-#undef EMBER_PRECOMPILED_DATA_EXTERN
 #endif

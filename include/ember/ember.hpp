@@ -76,15 +76,7 @@
 // ember_precompiled library (src/precompiled.cpp, which defines EMBER_PRECOMPILED_BUILD) instead of compiling its
 // own. Fused expressions, which differ per call site, are always compiled where they are written. The library is
 // built for the CPU only: with CUDA the precompiled copies would lack the GPU paths, so the two do not combine.
-#if defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD)
-#if EMBER_WITH_CUDA
-#error "ember::precompiled is built without CUDA; a TU that uses ember::cuda compiles ember header-only"
-#endif
-#ifdef EMBER_PRECOMPILED_BUILD
-#define EMBER_PRECOMPILED_EXTERN
-#else
-#define EMBER_PRECOMPILED_EXTERN extern
-#endif
+#ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)
 // float and bfloat16: the layers' compute dtypes under the fp32 and bf16 precision policies.
 #define EMBER_PRECOMPILED_OPS(T)                                                                                      \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);        \
@@ -121,10 +113,11 @@ EMBER_PRECOMPILED_KERNELS(std::int64_t)
 // sum() and argmax() of a float tensor.
 EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::SumR<double>, float, expr::TensorLeaf<float, false>>(
     const Tensor<float>&, const expr::TensorLeaf<float, false>&, const char*);
-EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, false>>(
+EMBER_PRECOMPILED_EXTERN template void
+cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, false>>(
     const Tensor<std::int64_t>&, const expr::TensorLeaf<float, false>&, const char*);
-EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double, double,
-                                                                       bool);
+EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double,
+                                                                       double, bool);
 EMBER_PRECOMPILED_EXTERN template class optim::SGD<float>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, false>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, true>;
@@ -136,5 +129,4 @@ EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<amp::fp32>;
 }  // namespace ember
 #undef EMBER_PRECOMPILED_OPS
 #undef EMBER_PRECOMPILED_KERNELS
-#undef EMBER_PRECOMPILED_EXTERN
 #endif

@@ -158,6 +158,9 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return s_->training; }
 
+  // zero_grad, to and load_state_dict visit every dtype of the state variant; as member templates (Deferred is
+  // unused) they are compiled only in the TUs that call them, not in every TU that includes this header.
+
   /// Clears (set_to_none, the default as in PyTorch 2) or zeroes every parameter's gradient.
   template <class Deferred = void>
   void zero_grad(bool set_to_none = true) {
