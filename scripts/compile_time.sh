@@ -39,6 +39,12 @@ command -v /usr/bin/time >/dev/null || { echo "compile_time.sh: needs GNU time (
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 common=(-std=c++20 "${flags[@]}" -I"$root/include")
+# What CMake adds for ember::precompiled: EMBER_PRECOMPILED_IO when nlohmann/json is there (the library then holds
+# <ember/io.hpp>'s code too).
+pre_defs=(-DEMBER_PRECOMPILED)
+if printf '#include <nlohmann/json.hpp>\n' | "$cxx" -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
+  pre_defs+=(-DEMBER_PRECOMPILED_IO)
+fi
 
 # One compile: prints "seconds kilobytes".
 measure() {
@@ -81,16 +87,18 @@ if [ "$pch" = 1 ]; then
 fi
 
 if [ "$pre" = 1 ]; then
-  row "src/precompiled.cpp, the ember::precompiled library itself (once)" "$cxx" "${common[@]}" "$root/src/precompiled.cpp"
+  row "src/precompiled.cpp, the ember::precompiled library itself (once)" "$cxx" "${common[@]}" "${pre_defs[@]:1}" \
+    "$root/src/precompiled.cpp"
   for tu in "${tus[@]}"; do
-    row "$(basename "$tu") (EMBER_PRECOMPILED)" "$cxx" "${common[@]}" -DEMBER_PRECOMPILED "$tu"
+    row "$(basename "$tu") (EMBER_PRECOMPILED)" "$cxx" "${common[@]}" "${pre_defs[@]}" "$tu"
   done
   if [ "$pch" = 1 ]; then  # both: the PCH is built with the same macro, as CMake does for a target linking ember::precompiled
     mkdir -p "$work/pchpre"
     cp "$work/pch/ember_pch.hpp" "$work/pchpre/ember_pch.hpp"
-    "$cxx" "${common[@]}" -DEMBER_PRECOMPILED -x c++-header "$work/pchpre/ember_pch.hpp" -o "$work/pchpre/ember_pch.hpp.gch"
+    "$cxx" "${common[@]}" "${pre_defs[@]}" -x c++-header "$work/pchpre/ember_pch.hpp" \
+      -o "$work/pchpre/ember_pch.hpp.gch"
     for tu in "${tus[@]}"; do
-      row "$(basename "$tu") (EMBER_PRECOMPILED and the PCH)" "$cxx" "${common[@]}" -DEMBER_PRECOMPILED \
+      row "$(basename "$tu") (EMBER_PRECOMPILED and the PCH)" "$cxx" "${common[@]}" "${pre_defs[@]}" \
         -include "$work/pchpre/ember_pch.hpp" -Winvalid-pch "$tu"
     done
   fi

@@ -56,7 +56,9 @@ struct CharLM : nn::Module {
     register_module("wpe", pos);
     for (std::int64_t i = 0; i < kLayers; ++i) {
       blocks.push_back(std::make_unique<Block>());
-      register_module("h" + std::to_string(i), *blocks.back());
+      std::string name = "h";  // (not "h" + std::to_string(i): g++ 12 -O3 warns falsely, -Wrestrict)
+      name += std::to_string(i);
+      register_module(name, *blocks.back());
     }
     register_module("ln_f", ln_f);
     register_module("lm_head", head);

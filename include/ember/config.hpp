@@ -63,6 +63,33 @@
 #endif
 #endif
 
+// The same switch for the larger non-template functions (file parsing, shape checks and their messages, the autograd
+// engine's graph walk, module bookkeeping, the thread pool's machinery, schedulers, transforms): each is declared
+// EMBER_HEADER_INLINE and its body sits in an `#if EMBER_HEADER_BODIES` block. Header-only, EMBER_HEADER_INLINE is
+// `inline` and the bodies are compiled in every TU that uses them. Under EMBER_PRECOMPILED the bodies are skipped
+// (the TU calls the library's copies); the library's one TU (EMBER_PRECOMPILED_BUILD) compiles them as ordinary,
+// non-inline definitions. Every TU of a program that links ember::precompiled must therefore see EMBER_PRECOMPILED,
+// as CMake's usage requirement arranges.
+#if defined(EMBER_PRECOMPILED_BUILD)
+#define EMBER_HEADER_INLINE
+#define EMBER_HEADER_BODIES 1
+#elif defined(EMBER_PRECOMPILED)
+#define EMBER_HEADER_INLINE
+#define EMBER_HEADER_BODIES 0
+#else
+#define EMBER_HEADER_INLINE inline
+#define EMBER_HEADER_BODIES 1
+#endif
+// <ember/io.hpp> takes part only when the library was built with it (CMake defines EMBER_PRECOMPILED_IO then, when
+// it finds nlohmann/json); otherwise io stays header-only in every mode.
+#if defined(EMBER_PRECOMPILED) && !defined(EMBER_PRECOMPILED_BUILD) && !defined(EMBER_PRECOMPILED_IO)
+#define EMBER_IO_INLINE inline
+#define EMBER_IO_BODIES 1
+#else
+#define EMBER_IO_INLINE EMBER_HEADER_INLINE
+#define EMBER_IO_BODIES EMBER_HEADER_BODIES
+#endif
+
 namespace ember {
 
 /// The one exception type ember throws for user errors. The message names the op, the shapes, dtypes or devices

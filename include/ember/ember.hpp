@@ -118,6 +118,37 @@ cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, fals
     const Tensor<std::int64_t>&, const expr::TensorLeaf<float, false>&, const char*);
 EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double,
                                                                        double, bool);
+// Tensor's own members (views, shape checks, item, backward) and the dtype-only autograd nodes, for the state
+// dict's dtypes and the data's uint8. Explicit instantiation covers in-class (inline) members too.
+#define EMBER_PRECOMPILED_TENSOR(T)                                                                                   \
+  EMBER_PRECOMPILED_EXTERN template class Tensor<T>;                                                                  \
+  EMBER_PRECOMPILED_EXTERN template struct detail::TensorOps<T>;                                                      \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> detail::copy_to_device<T>(const Tensor<T>&, Device, bool);              \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> detail::stage_to_host<T>(const Tensor<T>&);
+#define EMBER_PRECOMPILED_NODES(T)                                                                                    \
+  EMBER_PRECOMPILED_EXTERN template struct AutogradMeta<T>;                                                           \
+  EMBER_PRECOMPILED_EXTERN template struct autograd::TypedNode<T>;                                                    \
+  EMBER_PRECOMPILED_EXTERN template struct autograd::AccumulateGrad<T>;                                               \
+  EMBER_PRECOMPILED_EXTERN template struct autograd::ViewNode<T>;                                                     \
+  EMBER_PRECOMPILED_EXTERN template struct autograd::DeviceCopyNode<T>;
+EMBER_PRECOMPILED_TENSOR(float)
+EMBER_PRECOMPILED_TENSOR(double)
+EMBER_PRECOMPILED_TENSOR(bfloat16)
+EMBER_PRECOMPILED_TENSOR(half)
+EMBER_PRECOMPILED_TENSOR(std::int64_t)
+EMBER_PRECOMPILED_TENSOR(std::uint8_t)
+EMBER_PRECOMPILED_NODES(float)
+EMBER_PRECOMPILED_NODES(double)
+EMBER_PRECOMPILED_NODES(bfloat16)
+EMBER_PRECOMPILED_NODES(half)
+// Module's members that visit every dtype of the state (member templates so that header-only TUs that do not call
+// them do not compile them).
+EMBER_PRECOMPILED_EXTERN template void nn::Module::zero_grad<void>(bool);
+EMBER_PRECOMPILED_EXTERN template void nn::Module::to<void>(Device);
+EMBER_PRECOMPILED_EXTERN template void nn::Module::load_state_dict<void>(const nn::StateDict&, bool);
+EMBER_PRECOMPILED_EXTERN template std::vector<Tensor<float>> nn::Module::parameters<float>(bool) const;
+EMBER_PRECOMPILED_EXTERN template std::vector<std::pair<std::string, Tensor<float>>>
+nn::Module::named_parameters<float>(bool) const;
 EMBER_PRECOMPILED_EXTERN template class optim::SGD<float>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, false>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, true>;
@@ -129,4 +160,6 @@ EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<amp::fp32>;
 }  // namespace ember
 #undef EMBER_PRECOMPILED_OPS
 #undef EMBER_PRECOMPILED_KERNELS
+#undef EMBER_PRECOMPILED_TENSOR
+#undef EMBER_PRECOMPILED_NODES
 #endif

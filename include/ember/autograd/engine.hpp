@@ -15,7 +15,9 @@
 
 namespace ember::autograd {
 
-inline void run_backward(const std::shared_ptr<Node>& root, bool retain_graph) {
+EMBER_HEADER_INLINE void run_backward(const std::shared_ptr<Node>& root, bool retain_graph);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void run_backward(const std::shared_ptr<Node>& root, bool retain_graph) {
   // Count, for every reachable node, how many edges point at it.
   std::unordered_map<Node*, int> deps;
   std::vector<Node*> stack{root.get()};
@@ -50,5 +52,6 @@ inline void run_backward(const std::shared_ptr<Node>& root, bool retain_graph) {
       if (e && --deps[e.get()] == 0) ready.push(e.get());
   }
 }
+#endif
 
 }  // namespace ember::autograd

@@ -41,7 +41,9 @@ struct ReducePlan {
   bool all = false;  // no dims given: a reduction over everything (torch.prod(x) and torch.prod(x, dim) differ)
 };
 
-inline ReducePlan plan_reduce(const Shape& space, const Dims& dims, bool keepdim, const char* op) {
+EMBER_HEADER_INLINE ReducePlan plan_reduce(const Shape& space, const Dims& dims, bool keepdim, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE ReducePlan plan_reduce(const Shape& space, const Dims& dims, bool keepdim, const char* op) {
   ReducePlan p;
   p.space = space;
   p.all = dims.v.empty();
@@ -68,6 +70,7 @@ inline ReducePlan plan_reduce(const Shape& space, const Dims& dims, bool keepdim
     if (!p.reduced[d] || keepdim) p.out.push_back(p.keep[d]);
   return p;
 }
+#endif
 
 enum class RKind { Sum, Mean, Max, Min, Prod, Var, Std, Norm };
 

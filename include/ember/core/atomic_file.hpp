@@ -68,7 +68,9 @@ inline std::optional<pid_t> atomic_temp_pid(std::string_view name, std::string_v
 
 /// Removes the temporary files that killed writers left for `target` (see the top of this file). Best effort:
 /// a folder that cannot be listed or a file that cannot be removed is left as it is. Returns how many it removed.
-inline std::size_t remove_stale_temp_files(const std::filesystem::path& target) {
+EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target) {
   namespace fs = std::filesystem;
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string prefix = atomic_temp_prefix(target);
@@ -87,6 +89,7 @@ inline std::size_t remove_stale_temp_files(const std::filesystem::path& target) 
   }
   return removed;
 }
+#endif
 }  // namespace detail
 
 /// A file written under a temporary name next to `path` and renamed over `path` by commit(): until then `path`
@@ -99,25 +102,7 @@ inline std::size_t remove_stale_temp_files(const std::filesystem::path& target) 
 class AtomicFile {
  public:
   /// Creates the temporary file for `path`. `who` names the caller in error messages.
-  explicit AtomicFile(std::string path, std::string who = "atomic_write")
-      : path_(std::move(path)), who_(std::move(who)) {
-    namespace fs = std::filesystem;
-    static std::atomic<unsigned long long> counter{0};
-    const fs::path target(path_);
-    EMBER_CHECK(!path_.empty() && target.has_filename(), who_, ": '", path_, "' does not name a file");
-    detail::remove_stale_temp_files(target);
-    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    const std::string stem = (dir / detail::atomic_temp_prefix(target)).string() + std::to_string(::getpid()) + "-";
-    // The counter makes names unique within this process; a leftover of an earlier process that had the same pid
-    // (EEXIST) is skipped rather than overwritten.
-    for (int attempt = 0;; ++attempt) {
-      tmp_ = stem + std::to_string(counter++);
-      fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd_ >= 0 || errno != EEXIST || attempt >= 64) break;
-    }
-    EMBER_CHECK(fd_ >= 0, who_, ": cannot create '", tmp_, "' (to replace '", path_, "'): ",
-                detail::atomic_file_errno_text(errno));
-  }
+  EMBER_HEADER_INLINE explicit AtomicFile(std::string path, std::string who = "atomic_write");
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   ~AtomicFile() { discard(); }
@@ -130,44 +115,12 @@ class AtomicFile {
   int fd() const { return fd_; }
 
   /// Appends `n` bytes to the temporary file.
-  void write(const void* data, std::size_t n) {
-    EMBER_CHECK(fd_ >= 0, who_, ": write to '", path_, "' after commit or discard");
-    auto p = static_cast<const unsigned char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      EMBER_CHECK(w > 0, who_, ": writing '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
-      p += w;
-      n -= std::size_t(w);
-    }
-  }
+  EMBER_HEADER_INLINE void write(const void* data, std::size_t n);
   void write(std::span<const unsigned char> bytes) { write(bytes.data(), bytes.size()); }
 
   /// Syncs and closes the temporary file and renames it over path(), then syncs the folder. On error the
   /// temporary file is removed and path() is untouched.
-  void commit() {
-    EMBER_CHECK(fd_ >= 0, who_, ": commit of '", path_, "' after commit or discard");
-    try {
-      EMBER_CHECK(::fsync(fd_) == 0, who_, ": fsync of '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
-      const int fd = std::exchange(fd_, -1);
-      EMBER_CHECK(::close(fd) == 0, who_, ": closing '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
-      if (detail::atomic_write_before_rename) detail::atomic_write_before_rename(tmp_);
-      EMBER_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, who_, ": renaming '", tmp_, "' to '", path_,
-                  "' failed: ", detail::atomic_file_errno_text(errno));
-    } catch (...) {
-      discard();
-      throw;
-    }
-    tmp_.clear();
-    // Make the rename durable: sync the directory entry (best effort where directories cannot be opened).
-    const std::filesystem::path target(path_);
-    const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-  }
+  EMBER_HEADER_INLINE void commit();
 
   /// Abandons the write: closes and removes the temporary file (no-op after commit()).
   void discard() noexcept {
@@ -183,13 +136,74 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE AtomicFile::AtomicFile(std::string path, std::string who)
+    : path_(std::move(path)), who_(std::move(who)) {
+  namespace fs = std::filesystem;
+  static std::atomic<unsigned long long> counter{0};
+  const fs::path target(path_);
+  EMBER_CHECK(!path_.empty() && target.has_filename(), who_, ": '", path_, "' does not name a file");
+  detail::remove_stale_temp_files(target);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string stem = (dir / detail::atomic_temp_prefix(target)).string() + std::to_string(::getpid()) + "-";
+  // The counter makes names unique within this process; a leftover of an earlier process that had the same pid
+  // (EEXIST) is skipped rather than overwritten.
+  for (int attempt = 0;; ++attempt) {
+    tmp_ = stem + std::to_string(counter++);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ >= 0 || errno != EEXIST || attempt >= 64) break;
+  }
+  EMBER_CHECK(fd_ >= 0, who_, ": cannot create '", tmp_, "' (to replace '", path_, "'): ",
+              detail::atomic_file_errno_text(errno));
+}
+
+EMBER_HEADER_INLINE void AtomicFile::write(const void* data, std::size_t n) {
+  EMBER_CHECK(fd_ >= 0, who_, ": write to '", path_, "' after commit or discard");
+  auto p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    EMBER_CHECK(w > 0, who_, ": writing '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
+    p += w;
+    n -= std::size_t(w);
+  }
+}
+
+EMBER_HEADER_INLINE void AtomicFile::commit() {
+  EMBER_CHECK(fd_ >= 0, who_, ": commit of '", path_, "' after commit or discard");
+  try {
+    EMBER_CHECK(::fsync(fd_) == 0, who_, ": fsync of '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
+    const int fd = std::exchange(fd_, -1);
+    EMBER_CHECK(::close(fd) == 0, who_, ": closing '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
+    if (detail::atomic_write_before_rename) detail::atomic_write_before_rename(tmp_);
+    EMBER_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, who_, ": renaming '", tmp_, "' to '", path_,
+                "' failed: ", detail::atomic_file_errno_text(errno));
+  } catch (...) {
+    discard();
+    throw;
+  }
+  tmp_.clear();
+  // Make the rename durable: sync the directory entry (best effort where directories cannot be opened).
+  const std::filesystem::path target(path_);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+#endif
+
 /// Replaces `path` with `bytes` atomically and durably (temporary file + fsync + rename + fsync of the folder).
 /// On any error the previous file is untouched and the temporary file is removed. Stale temporary files of killed
 /// writers for the same path are removed first (see AtomicFile).
-inline void atomic_write(const std::string& path, std::span<const unsigned char> bytes) {
+EMBER_HEADER_INLINE void atomic_write(const std::string& path, std::span<const unsigned char> bytes);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void atomic_write(const std::string& path, std::span<const unsigned char> bytes) {
   AtomicFile f(path);
   f.write(bytes);
   f.commit();
 }
+#endif
 
 }  // namespace ember

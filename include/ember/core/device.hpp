@@ -19,7 +19,13 @@ struct Device {
   constexpr bool is_cuda() const { return type == DeviceType::CUDA; }
   friend constexpr bool operator==(Device a, Device b) { return a.type == b.type && a.index == b.index; }
   /// "cpu" or "cuda:0", as PyTorch prints devices.
-  std::string str() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }
+  EMBER_HEADER_INLINE std::string str() const;
 };
+
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+#endif
 
 }  // namespace ember

@@ -94,11 +94,7 @@ struct Shape {
   }
 
   /// "[2, 3]", as error messages print shapes.
-  std::string str() const {
-    std::string s = "[";
-    for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-    return s + "]";
-  }
+  EMBER_HEADER_INLINE std::string str() const;
 
  private:
   // numel() when the running product overflowed: 0 if a size is 0 (exact), else an Error.
@@ -114,6 +110,14 @@ struct Shape {
   }
 };
 
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+#endif
+
 inline std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
 
 /// The checks every shape given to ember passes before a tensor gets it (creation, view, reshape, expand,
@@ -121,7 +125,9 @@ inline std::ostream& operator<<(std::ostream& os, const Shape& s) { return os <<
 /// even when a size is 0 (so `empty({0, 1 << 62, 1 << 62})` is refused, as it would be in PyTorch when the zero
 /// comes last): then every stride and element offset of the tensor, and of any view or broadcast of it, is
 /// exact in int64. Returns numel; an Error names `op`, the shape and the rule otherwise.
-inline std::int64_t checked_numel(const Shape& shape, const char* op) {
+EMBER_HEADER_INLINE std::int64_t checked_numel(const Shape& shape, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::int64_t checked_numel(const Shape& shape, const char* op) {
   std::int64_t p = 1;
   bool zero = false, over = false;
   for (int i = 0; i < shape.n; ++i) {
@@ -134,6 +140,7 @@ inline std::int64_t checked_numel(const Shape& shape, const char* op) {
               "sizes to fit in int64)");
   return zero ? 0 : p;
 }
+#endif
 
 /// Row-major strides of a contiguous tensor of this shape (size-0 and size-1 dims count as 1). Exact for every
 /// shape that passed checked_numel.
@@ -161,20 +168,26 @@ inline bool is_contiguous(const Shape& shape, const Shape& strides) {
 }
 
 /// Wraps a possibly negative dim into [0, ndim); `op` names the caller in the error.
-inline int wrap_dim(std::int64_t dim, int ndim, const char* op) {
+EMBER_HEADER_INLINE int wrap_dim(std::int64_t dim, int ndim, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE int wrap_dim(std::int64_t dim, int ndim, const char* op) {
   const int lim = ndim > 0 ? ndim : 1;
   EMBER_CHECK(dim >= -lim && dim < lim, op, ": dim ", dim, " is out of range for a tensor of ", ndim,
               " dimensions (expected a dim in [", -lim, ", ", lim - 1, "])");
   return static_cast<int>(dim < 0 ? dim + lim : dim);
 }
+#endif
 
 /// wrap_dim for a tensor of this shape (the error names the shape).
-inline int wrap_dim(std::int64_t dim, const Shape& shape, const char* op) {
+EMBER_HEADER_INLINE int wrap_dim(std::int64_t dim, const Shape& shape, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE int wrap_dim(std::int64_t dim, const Shape& shape, const char* op) {
   const int lim = shape.n > 0 ? shape.n : 1;
   EMBER_CHECK(dim >= -lim && dim < lim, op, ": dim ", dim, " is out of range for a tensor of shape ", shape.str(),
               " (expected a dim in [", -lim, ", ", lim - 1, "])");
   return static_cast<int>(dim < 0 ? dim + lim : dim);
 }
+#endif
 
 namespace detail {
 // broadcast_shapes when both operands were stretched: the result's nonzero sizes may no longer multiply within int64.
@@ -191,7 +204,9 @@ inline void check_broadcast_numel(const Shape& a, const Shape& b, const Shape& o
 /// The broadcast of two shapes under NumPy/PyTorch rules (align right; 1 stretches), or an Error naming `op`.
 /// When the result is one of the two shapes (the common case), its element count is that shape's, already checked;
 /// otherwise it is checked here.
-inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+EMBER_HEADER_INLINE Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   Shape out;
   const int n = a.n > b.n ? a.n : b.n;
   out.n = n;
@@ -208,6 +223,7 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   if (stretched_a && stretched_b) detail::check_broadcast_numel(a, b, out, op);
   return out;
 }
+#endif
 
 /// Strides that read a tensor of (shape, strides) as if it had the larger shape `to` (stride 0 where broadcast).
 inline Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to) {

@@ -65,15 +65,21 @@ inline Allocator& allocator_for(Device d) {
   return *detail::cuda_allocator(d.index);
 }
 
-inline Storage make_storage(std::size_t nbytes, Device d) {
+EMBER_HEADER_INLINE Storage make_storage(std::size_t nbytes, Device d);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE Storage make_storage(std::size_t nbytes, Device d) {
   return std::make_shared<StorageImpl>(nbytes, allocator_for(d));
 }
+#endif
 
 /// Host storage in page-locked memory (device cpu), from which copies to a GPU can be asynchronous.
-inline Storage make_pinned_storage(std::size_t nbytes) {
+EMBER_HEADER_INLINE Storage make_pinned_storage(std::size_t nbytes);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE Storage make_pinned_storage(std::size_t nbytes) {
   EMBER_CHECK(detail::pinned_allocator != nullptr, "pin_memory: ", detail::no_cuda_backend());
   return std::make_shared<StorageImpl>(nbytes, *detail::pinned_allocator());
 }
+#endif
 
 /// True for host storage in page-locked memory (from the pinned allocator, or foreign memory CUDA reports as such).
 inline bool is_pinned(const StorageImpl& s) {
@@ -84,8 +90,11 @@ inline bool is_pinned(const StorageImpl& s) {
 }
 
 /// Copies `nbytes` bytes between two storages on any devices (see detail::cuda_copy for the CUDA cases).
-inline void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
-                       std::size_t nbytes, bool non_blocking = false) {
+EMBER_HEADER_INLINE void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage& src,
+                                    std::size_t src_offset, std::size_t nbytes, bool non_blocking = false);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage& src,
+                                    std::size_t src_offset, std::size_t nbytes, bool non_blocking) {
   if (nbytes == 0) return;
   // (Written so that no sum can wrap around.)
   EMBER_CHECK(nbytes <= dst->nbytes && dst_offset <= dst->nbytes - nbytes && nbytes <= src->nbytes &&
@@ -101,5 +110,6 @@ inline void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage
               detail::no_cuda_backend());
   detail::cuda_copy(dst, dst_offset, src, src_offset, nbytes, non_blocking);
 }
+#endif
 
 }  // namespace ember

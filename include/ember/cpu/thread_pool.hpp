@@ -19,10 +19,7 @@ namespace ember::cpu {
 
 class ThreadPool {
  public:
-  static ThreadPool& instance() {
-    static ThreadPool* p = new ThreadPool(default_threads());  // never destroyed: workers may run at exit
-    return *p;
-  }
+  EMBER_HEADER_INLINE static ThreadPool& instance();
   static int default_threads() {
     if (const char* s = std::getenv("EMBER_NUM_THREADS")) return std::max(1, std::atoi(s));
     return std::max(1u, std::thread::hardware_concurrency());
@@ -73,39 +70,9 @@ class ThreadPool {
     return nthreads_.load(std::memory_order_relaxed) == 1 || maxchunks < 2 || in_worker();
   }
 
-  [[gnu::noinline]] void run_parallel(std::int64_t begin, std::int64_t end, std::int64_t grain, RangeFn call,
-                                      const void* fn) {
-    const std::int64_t n = end - begin;
-    const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
-    std::unique_lock<std::mutex> run(run_mu_);  // one parallel loop at a time; nested calls run serially
-    const std::int64_t nchunks = std::min<std::int64_t>(maxchunks, nthreads_.load(std::memory_order_relaxed) * 4);
-    Job job;
-    job.call = call;
-    job.fn = fn;
-    job.begin = begin;
-    job.end = end;
-    job.step = (n + nchunks - 1) / nchunks;
-    job.nchunks = nchunks;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      job_ = &job;
-      ++generation_;
-    }
-    cv_.notify_all();
-    // The caller works too; a parallel_for nested in its chunks must run serially, as in the workers (taking
-    // run_mu_ again would deadlock).
-    in_worker() = true;
-    work(job);
-    in_worker() = false;
-    // Wait for workers to finish the chunks they took.
-    while (job.done.load(std::memory_order_acquire) < nchunks) std::this_thread::yield();
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      job_ = nullptr;
-    }
-    while (job.active.load(std::memory_order_acquire) > 0) std::this_thread::yield();
-    if (job.error) std::rethrow_exception(job.error);
-  }
+  // Defined below, noinline (header-only, the callers' trampolines stay small). Its declaration here carries neither
+  // inline nor noinline: GCC warns when a declaration with one is followed by one with the other.
+  void run_parallel(std::int64_t begin, std::int64_t end, std::int64_t grain, RangeFn call, const void* fn);
 
   explicit ThreadPool(int n) : nthreads_(n) { start_workers(); }
 
@@ -170,6 +137,47 @@ class ThreadPool {
   std::uint64_t generation_ = 0;
   bool quit_ = false;
 };
+
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE ThreadPool& ThreadPool::instance() {
+  static ThreadPool* p = new ThreadPool(default_threads());  // never destroyed: workers may run at exit
+  return *p;
+}
+
+[[gnu::noinline]] EMBER_HEADER_INLINE void ThreadPool::run_parallel(std::int64_t begin, std::int64_t end,
+                                                                   std::int64_t grain, RangeFn call, const void* fn) {
+  const std::int64_t n = end - begin;
+  const std::int64_t maxchunks = (n + grain - 1) / std::max<std::int64_t>(grain, 1);
+  std::unique_lock<std::mutex> run(run_mu_);  // one parallel loop at a time; nested calls run serially
+  const std::int64_t nchunks = std::min<std::int64_t>(maxchunks, nthreads_.load(std::memory_order_relaxed) * 4);
+  Job job;
+  job.call = call;
+  job.fn = fn;
+  job.begin = begin;
+  job.end = end;
+  job.step = (n + nchunks - 1) / nchunks;
+  job.nchunks = nchunks;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = &job;
+    ++generation_;
+  }
+  cv_.notify_all();
+  // The caller works too; a parallel_for nested in its chunks must run serially, as in the workers (taking
+  // run_mu_ again would deadlock).
+  in_worker() = true;
+  work(job);
+  in_worker() = false;
+  // Wait for workers to finish the chunks they took.
+  while (job.done.load(std::memory_order_acquire) < nchunks) std::this_thread::yield();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = nullptr;
+  }
+  while (job.active.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+  if (job.error) std::rethrow_exception(job.error);
+}
+#endif
 
 inline void set_num_threads(int n) { ThreadPool::instance().set_num_threads(n); }
 inline int get_num_threads() { return ThreadPool::instance().num_threads(); }

@@ -68,7 +68,9 @@ void copy_to_contiguous(const Tensor<T>& src, T* dst) {
 
 /// Stacks Examples into a Batch (one allocation for the inputs, one for the targets). Every input must have the
 /// shape of the first; `indices` (the dataset indices of the samples) only serve error messages.
-inline Batch collate(const std::vector<Example>& samples, const std::vector<std::size_t>& indices = {}) {
+EMBER_HEADER_INLINE Batch collate(const std::vector<Example>& samples, const std::vector<std::size_t>& indices = {});
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE Batch collate(const std::vector<Example>& samples, const std::vector<std::size_t>& indices) {
   EMBER_CHECK(!samples.empty(), "collate: no samples to stack");
   const Shape s0 = samples[0].data.shape();
   Shape bs;
@@ -88,5 +90,6 @@ inline Batch collate(const std::vector<Example>& samples, const std::vector<std:
   }
   return b;
 }
+#endif
 
 }  // namespace ember::data

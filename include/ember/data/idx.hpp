@@ -44,18 +44,7 @@ inline const char* idx_type_name(unsigned t) {
 }
 
 /// The whole file as bytes; `what` names the caller in errors.
-inline std::vector<std::uint8_t> read_file_bytes(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  EMBER_CHECK(f.good(), what, ": cannot open ", ember::detail::quote_untrusted(path, 4096));
-  f.seekg(0, std::ios::end);
-  const std::streamoff n = f.tellg();
-  EMBER_CHECK(n >= 0, what, ": cannot determine the size of ", ember::detail::quote_untrusted(path, 4096));
-  f.seekg(0, std::ios::beg);
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n));
-  if (n > 0) f.read(reinterpret_cast<char*>(bytes.data()), n);
-  EMBER_CHECK(f.good() || (n == 0), what, ": error reading ", ember::detail::quote_untrusted(path, 4096));
-  return bytes;
-}
+EMBER_HEADER_INLINE std::vector<std::uint8_t> read_file_bytes(const std::string& path, const char* what);
 
 inline bool is_gzip(std::span<const std::uint8_t> b) { return b.size() >= 2 && b[0] == 0x1f && b[1] == 0x8b; }
 
@@ -68,17 +57,7 @@ inline thread_local std::size_t gunzip_bytes_inflated = 0;
 /// holds, never with what a header claims.
 class GzipInflater {
  public:
-  GzipInflater(std::span<const std::uint8_t> in, std::string name) : in_(in), name_(std::move(name)) {
-#if EMBER_HAS_ZLIB
-    gunzip_bytes_inflated = 0;
-    EMBER_CHECK(inflateInit2(&zs_, 15 + 16) == Z_OK, "read_idx: zlib inflateInit2 failed for ",
-                ember::detail::quote_untrusted(name_, 4096));
-#else
-    EMBER_CHECK(false, "read_idx: ", ember::detail::quote_untrusted(name_, 4096),
-                " is gzip-compressed, but ember was compiled without zlib (install zlib1g-dev and link ZLIB::ZLIB, "
-                "or decompress the file with gunzip)");
-#endif
-  }
+  EMBER_HEADER_INLINE GzipInflater(std::span<const std::uint8_t> in, std::string name);
   GzipInflater(const GzipInflater&) = delete;
   GzipInflater& operator=(const GzipInflater&) = delete;
 #if EMBER_HAS_ZLIB
@@ -86,45 +65,7 @@ class GzipInflater {
 #endif
 
   /// Appends inflated bytes to `out` until out.size() == n or the stream ends (then done() is true).
-  void inflate_to(std::vector<std::uint8_t>& out, std::size_t n) {
-#if EMBER_HAS_ZLIB
-    while (!done_ && out.size() < n) {
-      // Grow geometrically, but never past n: the output holds what was inflated, not what was promised.
-      const std::size_t have = out.size();
-      const std::size_t grow = std::min(n - have, std::max<std::size_t>(have, std::size_t(1) << 16));
-      out.resize(have + grow);
-      std::size_t produced = 0;
-      while (!done_ && produced < grow) {
-        const std::size_t avail = in_.size() - consumed_;
-        const std::size_t want = grow - produced;
-        zs_.next_in = const_cast<Bytef*>(in_.data() + consumed_);
-        zs_.avail_in = static_cast<uInt>(std::min(avail, kMaxChunk));
-        zs_.next_out = out.data() + have + produced;
-        zs_.avail_out = static_cast<uInt>(std::min(want, kMaxChunk));
-        const uInt in_before = zs_.avail_in, out_before = zs_.avail_out;
-        const int rc = inflate(&zs_, Z_NO_FLUSH);
-        consumed_ += in_before - zs_.avail_in;
-        produced += out_before - zs_.avail_out;
-        gunzip_bytes_inflated += out_before - zs_.avail_out;
-        if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
-          fail(std::string("is not a valid gzip stream (zlib: ") +
-               (zs_.msg ? zs_.msg : "error " + std::to_string(rc)) + ")");
-        if (rc == Z_STREAM_END) {
-          // Another gzip member may follow (gunzip concatenates them); anything else after the last one is ignored.
-          if (consumed_ == in_.size() || !is_gzip(in_.subspan(consumed_))) done_ = true;
-          else inflateReset(&zs_);
-        } else if (rc == Z_BUF_ERROR && zs_.avail_in == 0 && consumed_ == in_.size()) {
-          fail("is a truncated gzip stream (its " + std::to_string(in_.size()) +
-               " compressed bytes end before the stream does)");
-        }
-      }
-      out.resize(have + produced);
-    }
-#else
-    (void)out;
-    (void)n;
-#endif
-  }
+  EMBER_HEADER_INLINE void inflate_to(std::vector<std::uint8_t>& out, std::size_t n);
   /// Whether the stream has ended (nothing more will be appended).
   bool done() const { return done_; }
 
@@ -143,15 +84,8 @@ class GzipInflater {
 };
 
 /// Inflates a whole gzip stream (concatenated members are allowed), at most `limit` bytes.
-inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> in, const std::string& name,
-                                        std::size_t limit = kMaxIdxBytes) {
-  GzipInflater z(in, name);
-  std::vector<std::uint8_t> out;
-  z.inflate_to(out, limit + 1);
-  EMBER_CHECK(out.size() <= limit, "read_idx: ", ember::detail::quote_untrusted(name, 4096),
-              " decompresses to more than ", limit, " bytes");
-  return out;
-}
+EMBER_HEADER_INLINE std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> in, const std::string& name,
+                                                     std::size_t limit = kMaxIdxBytes);
 
 /// "0x1f": a byte in hex, for messages.
 inline std::string hex_byte(unsigned v) {
@@ -179,7 +113,113 @@ struct IdxHeader {
 
 /// Validates the IDX header at the start of `b` (the magic number: two zero bytes, element type 0x08, 1 to 8 dims;
 /// the extents: no zero-size product overflow). `b` must hold the whole header; data may follow or not.
-inline IdxHeader parse_idx_header(std::span<const std::uint8_t> b, const std::string& name) {
+EMBER_HEADER_INLINE IdxHeader parse_idx_header(std::span<const std::uint8_t> b, const std::string& name);
+
+}  // namespace detail
+
+/// Parses an IDX image of unsigned bytes (already decompressed) into a tensor of its shape. `name` appears in
+/// errors. Validates the magic number (two zero bytes, element type 0x08, 1 to 8 dims), the extents (no zero-size
+/// product overflow) and that the data is exactly as long as the header says (truncated or over-long files fail).
+EMBER_HEADER_INLINE Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t> b,
+                                                   const std::string& name = "<memory>");
+
+/// Decodes an IDX file held in memory, gzip-compressed (detected by its magic bytes) or plain. A compressed file is
+/// inflated only as far as its header says it reaches, plus one byte to see whether more follows: a small file that
+/// inflates to gigabytes (a decompression bomb) is rejected after inflating the size its header declares.
+EMBER_HEADER_INLINE Tensor<std::uint8_t> decode_idx(std::span<const std::uint8_t> bytes,
+                                                    const std::string& name = "<memory>");
+
+/// Reads an IDX file of unsigned bytes (MNIST, Fashion-MNIST), gzip-compressed or plain, into a tensor of the shape
+/// its header declares: (N, 28, 28) for images, (N) for labels.
+inline Tensor<std::uint8_t> read_idx(const std::string& path) {
+  const std::vector<std::uint8_t> bytes = detail::read_file_bytes(path, "read_idx");
+  return decode_idx(bytes, path);
+}
+
+
+#if EMBER_HEADER_BODIES
+namespace detail {
+
+EMBER_HEADER_INLINE std::vector<std::uint8_t> read_file_bytes(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  EMBER_CHECK(f.good(), what, ": cannot open ", ember::detail::quote_untrusted(path, 4096));
+  f.seekg(0, std::ios::end);
+  const std::streamoff n = f.tellg();
+  EMBER_CHECK(n >= 0, what, ": cannot determine the size of ", ember::detail::quote_untrusted(path, 4096));
+  f.seekg(0, std::ios::beg);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n));
+  if (n > 0) f.read(reinterpret_cast<char*>(bytes.data()), n);
+  EMBER_CHECK(f.good() || (n == 0), what, ": error reading ", ember::detail::quote_untrusted(path, 4096));
+  return bytes;
+}
+
+EMBER_HEADER_INLINE GzipInflater::GzipInflater(std::span<const std::uint8_t> in, std::string name)
+                                               : in_(in), name_(std::move(name)) {
+#if EMBER_HAS_ZLIB
+  gunzip_bytes_inflated = 0;
+  EMBER_CHECK(inflateInit2(&zs_, 15 + 16) == Z_OK, "read_idx: zlib inflateInit2 failed for ",
+              ember::detail::quote_untrusted(name_, 4096));
+#else
+  EMBER_CHECK(false, "read_idx: ", ember::detail::quote_untrusted(name_, 4096),
+              " is gzip-compressed, but ember was compiled without zlib (install zlib1g-dev and link ZLIB::ZLIB, "
+              "or decompress the file with gunzip)");
+#endif
+}
+
+EMBER_HEADER_INLINE void GzipInflater::inflate_to(std::vector<std::uint8_t>& out, std::size_t n) {
+#if EMBER_HAS_ZLIB
+  while (!done_ && out.size() < n) {
+    // Grow geometrically, but never past n: the output holds what was inflated, not what was promised.
+    const std::size_t have = out.size();
+    const std::size_t grow = std::min(n - have, std::max<std::size_t>(have, std::size_t(1) << 16));
+    out.resize(have + grow);
+    std::size_t produced = 0;
+    while (!done_ && produced < grow) {
+      const std::size_t avail = in_.size() - consumed_;
+      const std::size_t want = grow - produced;
+      zs_.next_in = const_cast<Bytef*>(in_.data() + consumed_);
+      zs_.avail_in = static_cast<uInt>(std::min(avail, kMaxChunk));
+      zs_.next_out = out.data() + have + produced;
+      zs_.avail_out = static_cast<uInt>(std::min(want, kMaxChunk));
+      const uInt in_before = zs_.avail_in, out_before = zs_.avail_out;
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      consumed_ += in_before - zs_.avail_in;
+      produced += out_before - zs_.avail_out;
+      gunzip_bytes_inflated += out_before - zs_.avail_out;
+      if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
+        fail(std::string("is not a valid gzip stream (zlib: ") +
+             (zs_.msg ? zs_.msg : "error " + std::to_string(rc)) + ")");
+      if (rc == Z_STREAM_END) {
+        // Another gzip member may follow (gunzip concatenates them); anything else after the last one is ignored.
+        if (consumed_ == in_.size() || !is_gzip(in_.subspan(consumed_))) done_ = true;
+        else inflateReset(&zs_);
+      } else if (rc == Z_BUF_ERROR && zs_.avail_in == 0 && consumed_ == in_.size()) {
+        fail("is a truncated gzip stream (its " + std::to_string(in_.size()) +
+             " compressed bytes end before the stream does)");
+      }
+    }
+    out.resize(have + produced);
+  }
+#else
+  (void)out;
+  (void)n;
+#endif
+}
+
+EMBER_HEADER_INLINE std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> in, const std::string& name,
+                                                     std::size_t limit) {
+  GzipInflater z(in, name);
+  std::vector<std::uint8_t> out;
+  z.inflate_to(out, limit + 1);
+  EMBER_CHECK(out.size() <= limit, "read_idx: ", ember::detail::quote_untrusted(name, 4096),
+              " decompresses to more than ", limit, " bytes");
+  return out;
+}
+
+}  // namespace detail
+
+namespace detail {
+EMBER_HEADER_INLINE IdxHeader parse_idx_header(std::span<const std::uint8_t> b, const std::string& name) {
   const std::string q = ember::detail::quote_untrusted(name, 4096);
   EMBER_CHECK(b.size() >= 4, "read_idx: ", q, " is too short for an IDX header (", b.size(),
               " bytes, expected at least 4)");
@@ -210,13 +250,9 @@ inline IdxHeader parse_idx_header(std::span<const std::uint8_t> b, const std::st
   h.count = std::size_t(count);
   return h;
 }
-
 }  // namespace detail
 
-/// Parses an IDX image of unsigned bytes (already decompressed) into a tensor of its shape. `name` appears in
-/// errors. Validates the magic number (two zero bytes, element type 0x08, 1 to 8 dims), the extents (no zero-size
-/// product overflow) and that the data is exactly as long as the header says (truncated or over-long files fail).
-inline Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t> b, const std::string& name = "<memory>") {
+EMBER_HEADER_INLINE Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t> b, const std::string& name) {
   const detail::IdxHeader h = detail::parse_idx_header(b, name);
   const std::size_t have = b.size() - h.size;
   EMBER_CHECK(have >= h.count, "read_idx: ", ember::detail::quote_untrusted(name, 4096), " is truncated: shape ",
@@ -228,10 +264,7 @@ inline Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t> b, const std
   return t;
 }
 
-/// Decodes an IDX file held in memory, gzip-compressed (detected by its magic bytes) or plain. A compressed file is
-/// inflated only as far as its header says it reaches, plus one byte to see whether more follows: a small file that
-/// inflates to gigabytes (a decompression bomb) is rejected after inflating the size its header declares.
-inline Tensor<std::uint8_t> decode_idx(std::span<const std::uint8_t> bytes, const std::string& name = "<memory>") {
+EMBER_HEADER_INLINE Tensor<std::uint8_t> decode_idx(std::span<const std::uint8_t> bytes, const std::string& name) {
   if (!detail::is_gzip(bytes)) return parse_idx(bytes, name);
   detail::GzipInflater z(bytes, name);
   std::vector<std::uint8_t> raw;
@@ -246,12 +279,6 @@ inline Tensor<std::uint8_t> decode_idx(std::span<const std::uint8_t> bytes, cons
               "); inflating stopped there: the file is corrupt or a decompression bomb");
   return parse_idx(raw, name);
 }
-
-/// Reads an IDX file of unsigned bytes (MNIST, Fashion-MNIST), gzip-compressed or plain, into a tensor of the shape
-/// its header declares: (N, 28, 28) for images, (N) for labels.
-inline Tensor<std::uint8_t> read_idx(const std::string& path) {
-  const std::vector<std::uint8_t> bytes = detail::read_file_bytes(path, "read_idx");
-  return decode_idx(bytes, path);
-}
+#endif  // EMBER_HEADER_BODIES
 
 }  // namespace ember::data

@@ -23,13 +23,16 @@ concept Sampler = requires(const S& s, std::size_t n, std::uint64_t epoch) {
 
 namespace detail {
 /// A permutation of 0..n-1 (Fisher–Yates), a pure function of (seed, epoch).
-inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
+EMBER_HEADER_INLINE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
   std::vector<std::size_t> p(n);
   std::iota(p.begin(), p.end(), std::size_t(0));
   Rng g(seed, epoch, 0x5A3B1E);
   for (std::size_t i = n; i > 1; --i) std::swap(p[i - 1], p[g.below(i)]);
   return p;
 }
+#endif
 }  // namespace detail
 
 /// 0, 1, ..., n-1 every epoch.

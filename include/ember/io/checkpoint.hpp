@@ -46,7 +46,9 @@ I parse_int(const Metadata& m, const std::string& key, const std::string& file) 
 /// Writes a checkpoint atomically: until the new file is complete and synced, `path` keeps the previous one.
 /// A writer killed mid-save leaves a temporary file `.<name>.tmp-<pid>-<n>` beside `path`; the next save to the same
 /// path removes those whose process no longer runs (see ember/core/atomic_file.hpp).
-inline void save_checkpoint(const std::string& path, const Checkpoint& c) {
+EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c);
+#if EMBER_IO_BODIES
+EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c) {
   TensorMap all;
   for (auto& [k, t] : c.model) all.emplace("model/" + k, t);
   for (auto& [k, t] : c.optimizer) all.emplace("optimizer/" + k, t);
@@ -59,9 +61,12 @@ inline void save_checkpoint(const std::string& path, const Checkpoint& c) {
   meta["rng_offset"] = std::to_string(c.rng.offset());
   save_safetensors(path, all, meta);
 }
+#endif
 
 /// Reads a checkpoint written by save_checkpoint.
-inline Checkpoint load_checkpoint(const std::string& path) {
+EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path);
+#if EMBER_IO_BODIES
+EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path) {
   SafeTensors f = load_safetensors(path);
   auto fmt = f.metadata.find("format");
   EMBER_CHECK(fmt != f.metadata.end() && fmt->second == detail::kCheckpointFormat, "load_checkpoint: '", path,
@@ -83,5 +88,6 @@ inline Checkpoint load_checkpoint(const std::string& path) {
   c.rng.set_offset(detail::parse_int<std::uint64_t>(f.metadata, "rng_offset", path));
   return c;
 }
+#endif
 
 }  // namespace ember::io

@@ -21,14 +21,16 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/dtype.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/io/any_tensor.hpp"
 #include "ember/io/atomic_file.hpp"
+
+#if EMBER_IO_BODIES  // only the bodies use the JSON library
+#include <nlohmann/json.hpp>
+#endif
 
 namespace ember::io {
 
@@ -93,6 +95,7 @@ struct SafeEntry {
   std::uint64_t begin, end;
 };
 
+#if EMBER_IO_BODIES
 template <class T>
 AnyTensor make_tensor(const SafeEntry& e, const unsigned char* data, const std::string& file) {
   Tensor<T> t = empty<T>(e.shape);
@@ -105,8 +108,11 @@ AnyTensor make_tensor(const SafeEntry& e, const unsigned char* data, const std::
   if (n) std::memcpy(static_cast<void*>(t.data()), data, n);
   return t;
 }
+#endif
 
-inline std::vector<unsigned char> read_file(const std::string& path, const char* what) {
+EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, const char* what);
+#if EMBER_IO_BODIES
+EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
   EMBER_CHECK(f.good(), what, ": cannot open '", path, "'");
   f.seekg(0, std::ios::end);
@@ -118,7 +124,9 @@ inline std::vector<unsigned char> read_file(const std::string& path, const char*
   EMBER_CHECK(n == 0 || f.good(), what, ": error reading '", path, "'");
   return bytes;
 }
+#endif
 
+#if EMBER_IO_BODIES
 /// SAX handler for the safetensors header: checks the grammar while the JSON library tokenises, in one pass, and
 /// collects the entries and metadata without building a document. The grammar allows nesting three deep
 /// ({"name": {"shape": [1, 2]}}): anything deeper, or any value of the wrong kind, is rejected at its first byte,
@@ -324,10 +332,14 @@ class SafetensorsHeaderParser {
   std::uint64_t offsets_[2] = {0, 0};
   int noffsets_ = 0;
 };
+#endif
 }  // namespace detail
 
 /// Decodes a safetensors file held in memory; `name` appears in errors.
-inline SafeTensors parse_safetensors(std::span<const unsigned char> file, const std::string& name = "<memory>") {
+EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> file,
+                                              const std::string& name = "<memory>");
+#if EMBER_IO_BODIES
+EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> file, const std::string& name) {
   EMBER_CHECK(file.size() >= 8, "safetensors: '", name, "' is ", file.size(),
               " bytes, too short for the 8-byte header length");
   std::uint64_t n = 0;
@@ -396,10 +408,14 @@ inline SafeTensors parse_safetensors(std::span<const unsigned char> file, const 
   }
   return out;
 }
+#endif
 
 /// Encodes tensors (CPU, any strides) and metadata as a safetensors file. Tensors are laid out by decreasing
 /// element size, then name, so each starts aligned to its element size (the header is padded to 8 bytes).
-inline std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors, const Metadata& metadata = {}) {
+EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors,
+                                                                 const Metadata& metadata = {});
+#if EMBER_IO_BODIES
+EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors, const Metadata& metadata) {
   using nlohmann::json;
   std::vector<std::pair<std::string, const AnyTensor*>> order;
   for (auto& [k, t] : tensors) {
@@ -441,6 +457,7 @@ inline std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors
   }
   return out;
 }
+#endif
 
 /// Writes a safetensors file atomically (see atomic_write): a crash leaves the previous file intact.
 inline void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata = {}) {

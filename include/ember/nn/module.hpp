@@ -81,12 +81,42 @@ std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
   return offs;
 }
 
+/// The walks below are one non-template function each; a caller's lambda adds only a trampoline.
+using SlotFn = void (*)(void* ctx, const std::string& name, const TensorSlot& t);
+template <class F>
+void call_slot_fn(void* ctx, const std::string& name, const TensorSlot& t) {
+  (*static_cast<F*>(ctx))(name, t);
+}
+
+EMBER_HEADER_INLINE void walk_erased(const ModuleState& s, const std::string& prefix, bool params, bool recurse,
+                                     SlotFn fn, void* ctx);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void walk_erased(const ModuleState& s, const std::string& prefix, bool params, bool recurse,
+                                     SlotFn fn, void* ctx) {
+  for (const auto& [n, t] : params ? s.params : s.buffers) fn(ctx, prefix + n, t);
+  if (!recurse) return;
+  for (const auto& [n, c] : s.children) walk_erased(*c, prefix + n + ".", params, true, fn, ctx);
+}
+#endif
+
+EMBER_HEADER_INLINE void walk_unique_erased(const ModuleState& s, bool params, bool recurse, SlotFn fn, void* ctx);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void walk_unique_erased(const ModuleState& s, bool params, bool recurse, SlotFn fn, void* ctx) {
+  std::unordered_set<const void*> seen;
+  auto once = [&](const std::string& n, const TensorSlot& t) {
+    const void* id = std::visit([](const auto& x) -> const void* { return x.impl_ptr().get(); }, t);
+    if (id && !seen.insert(id).second) return;
+    fn(ctx, n, t);
+  };
+  walk_erased(s, "", params, recurse, call_slot_fn<decltype(once)>, &once);
+}
+#endif
+
 /// Calls f(name, tensor) for every registered tensor of `which` (params or buffers) in s and its descendants.
 template <class F>
 void walk(const ModuleState& s, const std::string& prefix, bool params, bool recurse, F&& f) {
-  for (const auto& [n, t] : params ? s.params : s.buffers) f(prefix + n, t);
-  if (!recurse) return;
-  for (const auto& [n, c] : s.children) walk(*c, prefix + n + ".", params, true, f);
+  using Fn = std::remove_reference_t<F>;
+  walk_erased(s, prefix, params, recurse, call_slot_fn<Fn>, const_cast<void*>(static_cast<const void*>(&f)));
 }
 
 /// walk, calling f once per distinct tensor (under the first name it has), as PyTorch's named_parameters /
@@ -94,12 +124,8 @@ void walk(const ModuleState& s, const std::string& prefix, bool params, bool rec
 /// (weight tying) is listed once, so an optimizer updates it once per step. Undefined tensors are all kept.
 template <class F>
 void walk_unique(const ModuleState& s, bool params, bool recurse, F&& f) {
-  std::unordered_set<const void*> seen;
-  walk(s, "", params, recurse, [&](const std::string& n, const TensorSlot& t) {
-    const void* id = std::visit([](const auto& x) -> const void* { return x.impl_ptr().get(); }, t);
-    if (id && !seen.insert(id).second) return;
-    f(n, t);
-  });
+  using Fn = std::remove_reference_t<F>;
+  walk_unique_erased(s, params, recurse, call_slot_fn<Fn>, const_cast<void*>(static_cast<const void*>(&f)));
 }
 
 }  // namespace detail
@@ -132,23 +158,11 @@ class Module {
     return out;
   }
   /// Every parameter whatever its dtype.
-  std::vector<std::pair<std::string, AnyTensor>> named_parameters_any(bool recurse = true) const {
-    std::vector<std::pair<std::string, AnyTensor>> out;
-    detail::walk_unique(*s_, true, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
-    return out;
-  }
+  EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> named_parameters_any(bool recurse = true) const;
   /// Every buffer, each distinct tensor once (as parameters()).
-  std::vector<std::pair<std::string, AnyTensor>> named_buffers(bool recurse = true) const {
-    std::vector<std::pair<std::string, AnyTensor>> out;
-    detail::walk_unique(*s_, false, recurse, [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
-    return out;
-  }
+  EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> named_buffers(bool recurse = true) const;
   /// Number of parameter elements (all dtypes), as sum(p.numel() for p in model.parameters()).
-  std::int64_t num_parameters() const {
-    std::int64_t n = 0;
-    for (auto& [name, t] : named_parameters_any()) std::visit([&](const auto& x) { n += x.numel(); }, t);
-    return n;
-  }
+  EMBER_HEADER_INLINE std::int64_t num_parameters() const;
   const std::string& type_name() const { return s_->type_name; }
 
   // ---- modes ---------------------------------------------------------------------------------------------
@@ -216,15 +230,7 @@ class Module {
   // ---- state -----------------------------------------------------------------------------------------------
   /// Parameters and buffers by fully qualified name. The tensors are detached handles sharing the module's memory
   /// (as PyTorch's state_dict); clone them to snapshot.
-  StateDict state_dict() const {
-    StateDict sd;
-    auto add = [&](const std::string& n, const detail::TensorSlot& slot) {
-      std::visit([&](const auto& t) { sd.emplace(n, AnyTensor(t.defined() ? t.detach() : t)); }, slot);
-    };
-    detail::walk(*s_, "", true, true, add);
-    detail::walk(*s_, "", false, true, add);
-    return sd;
-  }
+  EMBER_HEADER_INLINE StateDict state_dict() const;
 
   /// Copies `sd` into the parameters and buffers. strict: every key must match (missing and unexpected keys are
   /// listed in the error). Shapes must match; floating dtypes convert (as PyTorch's copy_ does), other dtype
@@ -304,7 +310,7 @@ class Module {
 
   /// Prints the module tree as PyTorch does.
   friend std::ostream& operator<<(std::ostream& os, const Module& m) {
-    print(os, *m.s_, 0);
+    m.print_tree(os);
     return os;
   }
 
@@ -338,17 +344,7 @@ class Module {
   void set_extra_repr(std::function<std::string()> f) { s_->extra_repr = std::move(f); }
 
  private:
-  void check_name(const std::string& name) const {
-    EMBER_CHECK(!name.empty() && name.find('.') == std::string::npos, "register: invalid name '", name,
-                "' in ", type_name(), " (names are non-empty and contain no '.')");
-    auto taken = [&](const auto& v) {
-      for (auto& [n, x] : v)
-        if (n == name) return true;
-      return false;
-    };
-    EMBER_CHECK(!taken(s_->params) && !taken(s_->buffers) && !taken(s_->children), "register: '", name,
-                "' is already registered in ", type_name());
-  }
+  EMBER_HEADER_INLINE void check_name(const std::string& name) const;
   // Points t's implementation (shared by every handle) at a contiguous copy of its data on `device`.
   template <class T>
   static void move_in_place(const Tensor<T>& t, Device device) {
@@ -360,26 +356,75 @@ class Module {
     impl.offset = moved.storage_offset();
     impl.is_view = false;
   }
-  static void set_training(detail::ModuleState& s, bool on) {
-    s.training = on;
-    for (auto& [n, c] : s.children) set_training(*c, on);
-  }
-  static void print(std::ostream& os, const detail::ModuleState& s, int indent) {
-    os << s.type_name << "(";
-    if (s.extra_repr) os << s.extra_repr();
-    if (!s.children.empty()) {
-      os << "\n";
-      for (auto& [n, c] : s.children) {
-        os << std::string(std::size_t(indent + 2), ' ') << "(" << n << "): ";
-        print(os, *c, indent + 2);
-        os << "\n";
-      }
-      os << std::string(std::size_t(indent), ' ');
-    }
-    os << ")";
-  }
+  EMBER_HEADER_INLINE static void set_training(detail::ModuleState& s, bool on);
+  void print_tree(std::ostream& os) const { print(os, *s_, 0); }
+  EMBER_HEADER_INLINE static void print(std::ostream& os, const detail::ModuleState& s, int indent);
 
   std::shared_ptr<detail::ModuleState> s_;
 };
+
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> Module::named_parameters_any(bool recurse) const {
+  std::vector<std::pair<std::string, AnyTensor>> out;
+  detail::walk_unique(*s_, true, recurse,
+                      [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+  return out;
+}
+
+EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> Module::named_buffers(bool recurse) const {
+  std::vector<std::pair<std::string, AnyTensor>> out;
+  detail::walk_unique(*s_, false, recurse,
+                      [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+  return out;
+}
+
+EMBER_HEADER_INLINE std::int64_t Module::num_parameters() const {
+  std::int64_t n = 0;
+  for (auto& [name, t] : named_parameters_any()) std::visit([&](const auto& x) { n += x.numel(); }, t);
+  return n;
+}
+
+EMBER_HEADER_INLINE StateDict Module::state_dict() const {
+  StateDict sd;
+  auto add = [&](const std::string& n, const detail::TensorSlot& slot) {
+    std::visit([&](const auto& t) { sd.emplace(n, AnyTensor(t.defined() ? t.detach() : t)); }, slot);
+  };
+  detail::walk(*s_, "", true, true, add);
+  detail::walk(*s_, "", false, true, add);
+  return sd;
+}
+
+EMBER_HEADER_INLINE void Module::check_name(const std::string& name) const {
+  EMBER_CHECK(!name.empty() && name.find('.') == std::string::npos, "register: invalid name '", name,
+              "' in ", type_name(), " (names are non-empty and contain no '.')");
+  auto taken = [&](const auto& v) {
+    for (auto& [n, x] : v)
+      if (n == name) return true;
+    return false;
+  };
+  EMBER_CHECK(!taken(s_->params) && !taken(s_->buffers) && !taken(s_->children), "register: '", name,
+              "' is already registered in ", type_name());
+}
+
+EMBER_HEADER_INLINE void Module::set_training(detail::ModuleState& s, bool on) {
+  s.training = on;
+  for (auto& [n, c] : s.children) set_training(*c, on);
+}
+
+EMBER_HEADER_INLINE void Module::print(std::ostream& os, const detail::ModuleState& s, int indent) {
+  os << s.type_name << "(";
+  if (s.extra_repr) os << s.extra_repr();
+  if (!s.children.empty()) {
+    os << "\n";
+    for (auto& [n, c] : s.children) {
+      os << std::string(std::size_t(indent + 2), ' ') << "(" << n << "): ";
+      print(os, *c, indent + 2);
+      os << "\n";
+    }
+    os << std::string(std::size_t(indent), ' ');
+  }
+  os << ")";
+}
+#endif
 
 }  // namespace ember::nn

@@ -17,9 +17,7 @@ namespace ember::optim {
 /// Base of the schedules that compute each group's lr from a step counter.
 class LRScheduler {
  public:
-  explicit LRScheduler(Optimizer& opt) : opt_(opt) {
-    for (std::size_t g = 0; g < opt.num_groups(); ++g) base_lrs_.push_back(opt.lr(g));
-  }
+  EMBER_HEADER_INLINE explicit LRScheduler(Optimizer& opt);
   virtual ~LRScheduler() = default;
   /// Advances the schedule by one step and writes the new rates into the optimizer.
   virtual void step() {
@@ -43,6 +41,13 @@ class LRScheduler {
   std::int64_t step_ = 0;
 };
 
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE LRScheduler::LRScheduler(Optimizer& opt)
+    : opt_(opt) {
+  for (std::size_t g = 0; g < opt.num_groups(); ++g) base_lrs_.push_back(opt.lr(g));
+}
+#endif
+
 /// lr = base_lr * gamma^floor(step / step_size).
 class StepLR final : public LRScheduler {
  public:
@@ -63,24 +68,32 @@ class StepLR final : public LRScheduler {
 /// Linear warmup from 0 to base_lr over warmup_steps, then cosine annealing to min_lr at total_steps.
 class CosineWarmupLR final : public LRScheduler {
  public:
-  CosineWarmupLR(Optimizer& opt, std::int64_t warmup_steps, std::int64_t total_steps, double min_lr = 0.0)
-      : LRScheduler(opt), warmup_(warmup_steps), total_(total_steps), min_lr_(min_lr) {
-    EMBER_CHECK(warmup_steps >= 0 && total_steps > warmup_steps, "optim::CosineWarmupLR: expected 0 <= warmup_steps < ",
-                "total_steps, got warmup_steps=", warmup_steps, ", total_steps=", total_steps);
-    apply();
-  }
+  EMBER_HEADER_INLINE CosineWarmupLR(Optimizer& opt, std::int64_t warmup_steps, std::int64_t total_steps,
+                                     double min_lr = 0.0);
 
  protected:
-  double lr_at(std::size_t g, std::int64_t s) const override {
-    if (s < warmup_) return base_lrs_[g] * double(s) / double(warmup_);
-    const double progress = std::min(1.0, double(s - warmup_) / double(total_ - warmup_));
-    return min_lr_ + (base_lrs_[g] - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
-  }
+  EMBER_HEADER_INLINE double lr_at(std::size_t g, std::int64_t s) const override;
 
  private:
   std::int64_t warmup_, total_;
   double min_lr_;
 };
+
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE CosineWarmupLR::CosineWarmupLR(Optimizer& opt, std::int64_t warmup_steps,
+                                                   std::int64_t total_steps, double min_lr)
+    : LRScheduler(opt), warmup_(warmup_steps), total_(total_steps), min_lr_(min_lr) {
+  EMBER_CHECK(warmup_steps >= 0 && total_steps > warmup_steps, "optim::CosineWarmupLR: expected 0 <= warmup_steps < ",
+              "total_steps, got warmup_steps=", warmup_steps, ", total_steps=", total_steps);
+  apply();
+}
+
+EMBER_HEADER_INLINE double CosineWarmupLR::lr_at(std::size_t g, std::int64_t s) const {
+  if (s < warmup_) return base_lrs_[g] * double(s) / double(warmup_);
+  const double progress = std::min(1.0, double(s - warmup_) / double(total_ - warmup_));
+  return min_lr_ + (base_lrs_[g] - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+}
+#endif
 
 struct OneCycleOptions {
   std::int64_t total_steps = 0;   // required: optimizer steps in the whole run
@@ -101,27 +114,7 @@ struct OneCycleOptions {
 class OneCycleLR final : public LRScheduler {
  public:
   OneCycleLR(Optimizer& opt, double max_lr, const OneCycleOptions& o) : OneCycleLR(opt, std::vector<double>{max_lr}, o) {}
-  OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o) : LRScheduler(opt), o_(o) {
-    EMBER_CHECK(o.total_steps > 0, "optim::OneCycleLR: total_steps must be positive, got ", o.total_steps);
-    EMBER_CHECK(o.pct_start >= 0 && o.pct_start <= 1, "optim::OneCycleLR: pct_start must be in [0, 1], got ",
-                o.pct_start);
-    EMBER_CHECK(max_lrs.size() == 1 || max_lrs.size() == opt.num_groups(), "optim::OneCycleLR: got ", max_lrs.size(),
-                " max_lr values for ", opt.num_groups(), " parameter groups");
-    EMBER_CHECK(!o.cycle_momentum || opt.momentum(0) != nullptr,
-                "optim::OneCycleLR: cycle_momentum needs an optimizer with momentum or beta1");
-    const double n = double(o.total_steps);
-    if (o.three_phase) {
-      phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {2 * o.pct_start * n - 2, 1, 0, 1, 0}, {n - 1, 0, 2, 0, 0}};
-    } else {
-      phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {n - 1, 1, 2, 1, 0}};
-    }
-    for (std::size_t g = 0; g < opt.num_groups(); ++g) {
-      const double mx = max_lrs.size() == 1 ? max_lrs[0] : max_lrs[g];
-      const double init = mx / o.div_factor;
-      lrs_.push_back({init, mx, init / o.final_div_factor});
-    }
-    apply();
-  }
+  EMBER_HEADER_INLINE OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o);
   void step() override {
     EMBER_CHECK(step_ + 1 <= o_.total_steps, "optim::OneCycleLR: tried to step ", step_ + 1,
                 " times; the schedule has total_steps=", o_.total_steps);
@@ -130,22 +123,7 @@ class OneCycleLR final : public LRScheduler {
 
  protected:
   // lr and momentum of step s: within the phase containing s, annealed from the phase's start to its end value.
-  double lr_at(std::size_t g, std::int64_t s) const override {
-    double start_step = 0;
-    for (std::size_t i = 0; i < phases_.size(); ++i) {
-      const Phase& p = phases_[i];
-      if (double(s) <= p.end_step || i + 1 == phases_.size()) {
-        const double pct = (double(s) - start_step) / (p.end_step - start_step);
-        if (o_.cycle_momentum) {
-          const double m[2] = {o_.max_momentum, o_.base_momentum};
-          *opt_.momentum(g) = anneal(m[p.mom_from], m[p.mom_to], pct);
-        }
-        return anneal(lrs_[g][p.lr_from], lrs_[g][p.lr_to], pct);
-      }
-      start_step = p.end_step;
-    }
-    return lrs_[g][2];
-  }
+  EMBER_HEADER_INLINE double lr_at(std::size_t g, std::int64_t s) const override;
 
  private:
   struct Phase {
@@ -161,6 +139,48 @@ class OneCycleLR final : public LRScheduler {
   std::vector<Phase> phases_;
   std::vector<std::array<double, 3>> lrs_;
 };
+
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE OneCycleLR::OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o)
+    : LRScheduler(opt), o_(o) {
+  EMBER_CHECK(o.total_steps > 0, "optim::OneCycleLR: total_steps must be positive, got ", o.total_steps);
+  EMBER_CHECK(o.pct_start >= 0 && o.pct_start <= 1, "optim::OneCycleLR: pct_start must be in [0, 1], got ",
+              o.pct_start);
+  EMBER_CHECK(max_lrs.size() == 1 || max_lrs.size() == opt.num_groups(), "optim::OneCycleLR: got ", max_lrs.size(),
+              " max_lr values for ", opt.num_groups(), " parameter groups");
+  EMBER_CHECK(!o.cycle_momentum || opt.momentum(0) != nullptr,
+              "optim::OneCycleLR: cycle_momentum needs an optimizer with momentum or beta1");
+  const double n = double(o.total_steps);
+  if (o.three_phase) {
+    phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {2 * o.pct_start * n - 2, 1, 0, 1, 0}, {n - 1, 0, 2, 0, 0}};
+  } else {
+    phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {n - 1, 1, 2, 1, 0}};
+  }
+  for (std::size_t g = 0; g < opt.num_groups(); ++g) {
+    const double mx = max_lrs.size() == 1 ? max_lrs[0] : max_lrs[g];
+    const double init = mx / o.div_factor;
+    lrs_.push_back({init, mx, init / o.final_div_factor});
+  }
+  apply();
+}
+
+EMBER_HEADER_INLINE double OneCycleLR::lr_at(std::size_t g, std::int64_t s) const {
+  double start_step = 0;
+  for (std::size_t i = 0; i < phases_.size(); ++i) {
+    const Phase& p = phases_[i];
+    if (double(s) <= p.end_step || i + 1 == phases_.size()) {
+      const double pct = (double(s) - start_step) / (p.end_step - start_step);
+      if (o_.cycle_momentum) {
+        const double m[2] = {o_.max_momentum, o_.base_momentum};
+        *opt_.momentum(g) = anneal(m[p.mom_from], m[p.mom_to], pct);
+      }
+      return anneal(lrs_[g][p.lr_from], lrs_[g][p.lr_to], pct);
+    }
+    start_step = p.end_step;
+  }
+  return lrs_[g][2];
+}
+#endif
 
 struct PlateauOptions {
   bool mode_max = false;      // false: the metric should decrease (a loss); true: increase (an accuracy)
