@@ -1,4 +1,4 @@
-// fp32 conv2d and max_pool2d at the Fashion-MNIST CNN's shapes (batch 128), through ember's autograd API, as
+// conv2d (fp32, bfloat16, half) and fp32 max_pool2d at the Fashion-MNIST CNN's shapes (batch 128), through ember's autograd API, as
 // FLOP/s (2 * N * O * oh * ow * C/groups * kh * kw per convolution; a training step is the forward plus the
 // weight gradient, plus the input gradient when the input needs one) and bytes/s for pooling (input read plus
 // output written). Wall-clock time because the work runs on the thread pool.
@@ -24,32 +24,39 @@ double conv_flops(const ConvShape& s) {
   return 2.0 * double(s.n * s.o * s.h * s.w) * double(s.c * s.k * s.k);  // stride 1, "same" padding
 }
 
+template <class T>
+Tensor<T> randn_as(const Shape& s) {
+  return cast<T>(randn<float>(s));
+}
+
+template <class T>
 void BM_Conv2dForward(benchmark::State& state) {
   const ConvShape s = kShapes[state.range(0)];
-  Tensor<float> x = randn<float>({s.n, s.c, s.h, s.w}), w = randn<float>({s.o, s.c, s.k, s.k}), b = randn<float>({s.o});
+  Tensor<T> x = randn_as<T>({s.n, s.c, s.h, s.w}), w = randn_as<T>({s.o, s.c, s.k, s.k}), b = randn_as<T>({s.o});
   NoGradGuard ng;
   for (auto _ : state) {
-    Tensor<float> y = conv2d(x, w, b, {.padding = s.pad});
+    Tensor<T> y = conv2d(x, w, b, {.padding = s.pad});
     benchmark::DoNotOptimize(y.data());
   }
   state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 // Forward and backward (weight, bias and, where the CNN needs it, input gradients).
+template <class T>
 void BM_Conv2dTrain(benchmark::State& state) {
   const ConvShape s = kShapes[state.range(0)];
-  Tensor<float> x = randn<float>({s.n, s.c, s.h, s.w}), w = randn<float>({s.o, s.c, s.k, s.k}), b = randn<float>({s.o});
-  Tensor<float> gy = randn<float>({s.n, s.o, s.h, s.w});
+  Tensor<T> x = randn_as<T>({s.n, s.c, s.h, s.w}), w = randn_as<T>({s.o, s.c, s.k, s.k}), b = randn_as<T>({s.o});
+  Tensor<T> gy = randn_as<T>({s.n, s.o, s.h, s.w});
   if (s.input_grad) x.requires_grad_();
   w.requires_grad_();
   b.requires_grad_();
   for (auto _ : state) {
-    Tensor<float> y = conv2d(x, w, b, {.padding = s.pad});
+    Tensor<T> y = conv2d(x, w, b, {.padding = s.pad});
     y.backward(gy);
     benchmark::DoNotOptimize(w.grad().data());
-    w.grad() = Tensor<float>();
-    b.grad() = Tensor<float>();
-    if (s.input_grad) x.grad() = Tensor<float>();
+    w.grad() = Tensor<T>();
+    b.grad() = Tensor<T>();
+    if (s.input_grad) x.grad() = Tensor<T>();
   }
   state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * (s.input_grad ? 3.0 : 2.0) * double(state.iterations()),
                                                 benchmark::Counter::kIsRate);
@@ -71,8 +78,12 @@ void BM_MaxPool2dTrain(benchmark::State& state) {
   state.counters["bytes/s"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-BENCHMARK(BM_Conv2dForward)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Conv2dTrain)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dForward<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dTrain<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dForward<half>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dTrain<half>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MaxPool2dTrain)->Args({32, 28})->Args({64, 14})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

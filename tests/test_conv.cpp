@@ -269,20 +269,74 @@ TEST_CASE("conv2d: batch-parallel and GEMM-parallel paths agree with one thread"
   CHECK(max_diff(yf, conv2d(xd, wd, TD(), {2, 1})) <= 1e-4);
 }
 
-TEST_CASE("conv2d and pooling in half and bfloat16 compute in fp32") {
-  TD x = normal({2, 3, 6, 6}, 41), w = normal({4, 3, 3, 3}, 42), b = normal({4}, 43);
+// Elements of got (16-bit H) farther from ref than one rounding into H plus fp32 accumulation over `depth` terms:
+// u_H |ref| + (depth + 2) eps_f32 mag (mag: the same computation on absolute values) + half H's smallest
+// subnormal, where u_H = eps_H / 2 is the unit roundoff of rounding to nearest.
+template <class H>
+int out_of_bound(const Tensor<H>& got, const TD& ref, const TD& mag, double depth) {
+  const TD g = TD(cast<double>(got)).contiguous(), r = ref.contiguous(), m = mag.contiguous();
+  const double eh = 0.5 * double(std::numeric_limits<H>::epsilon()), ef = double(std::numeric_limits<float>::epsilon());
+  int wrong = 0;
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    const double acc = (depth + 2) * ef * m.data()[i];
+    if (!(std::abs(g.data()[i] - r.data()[i]) <=
+          eh * (std::abs(r.data()[i]) + acc) + acc + 0.5 * double(std::numeric_limits<H>::denorm_min())))
+      ++wrong;
+  }
+  return wrong;
+}
+
+// conv2d in half and bfloat16 runs the fp32 kernels on operands converted while packed, accumulates in fp32 (the
+// batch sums of the weight and bias gradients and the folded input gradient included) and rounds each output once:
+// every element, forward and backward, is within one rounding of the double result on the same 16-bit inputs.
+TEST_CASE_TEMPLATE("conv2d in half and bfloat16: fp32 accumulation, one rounding, forward and backward", H, half,
+                   bfloat16) {
+  ThreadsGuard guard;
+  struct Conv {
+    Shape x, w;
+    Conv2dOptions o;
+  };
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    std::uint64_t seed = 41;
+    for (const Conv& c : {Conv{{2, 3, 6, 6}, {4, 3, 3, 3}, {.padding = 1}},
+                          Conv{{5, 4, 9, 7}, {6, 2, 3, 2}, {.stride = {2, 1}, .padding = {1, 0}, .groups = 2}},
+                          Conv{{3, 8, 5, 5}, {5, 8, 1, 1}, {}},  // pointwise: no column buffer
+                          Conv{{8, 16, 12, 12}, {32, 16, 3, 3}, {.padding = 1, .dilation = 2}}}) {
+      CAPTURE(threads);
+      CAPTURE(c.x.str());
+      const std::int64_t O = c.w[0], N = c.x[0];
+      const TD x = normal(c.x, seed++), w = normal(c.w, seed++), b = normal({O}, seed++);
+      const Tensor<H> xh = cast<H>(x), wh = cast<H>(w), bh = cast<H>(b);
+      const TD xd = cast<double>(xh), wd = cast<double>(wh), bd = cast<double>(bh);
+      const TD xa = abs(xd), wa = abs(wd), ba = abs(bd);
+      const Tensor<H> y = ops::conv2d(xh, wh, bh, c.o);
+      const double k = double(c.w[1] * c.w[2] * c.w[3]);
+      CHECK(out_of_bound(y, ops::conv2d(xd, wd, bd, c.o), ops::conv2d(xa, wa, ba, c.o), k + 1) == 0);
+
+      const Tensor<H> gy = cast<H>(normal(y.shape(), seed++));
+      const TD gyd = cast<double>(gy), gya = abs(gyd);
+      const auto g = ops::conv2d_backward(gy, xh, wh, c.o, true, true, true);
+      const auto r = ops::conv2d_backward(gyd, xd, wd, c.o, true, true, true);
+      const auto m = ops::conv2d_backward(gya, xa, wa, c.o, true, true, true);
+      const double L = double(y.size(2) * y.size(3));
+      CHECK(out_of_bound(g.input, r.input, m.input, double(O / c.o.groups) * k + k) == 0);
+      CHECK(out_of_bound(g.weight, r.weight, m.weight, double(N) * L + double(N)) == 0);
+      CHECK(out_of_bound(g.bias, r.bias, m.bias, double(N) * L + double(N)) == 0);
+    }
+  }
+}
+
+TEST_CASE("pooling in half and bfloat16 compute in fp32") {
+  TD x = normal({2, 3, 6, 6}, 41), w = normal({4, 3, 3, 3}, 42);
   auto check16 = [&](auto tag) {
     using H = decltype(tag);
-    const Tensor<H> xh = cast<H>(x), wh = cast<H>(w), bh = cast<H>(b);
-    // Reference: the same rounded inputs in double.
-    const TD ref = conv2d(TD(cast<double>(xh)), TD(cast<double>(wh)), TD(cast<double>(bh)), {1, 1});
-    Tensor<H> y = conv2d(xh, wh, bh, {1, 1});
+    const Tensor<H> xh = cast<H>(x), wh = cast<H>(w);
     const double tol = std::is_same_v<H, half> ? 2e-2 : 1.5e-1;
-    CHECK(max_diff(y, ref) <= tol);
     CHECK(max_diff(max_pool2d(xh, 2), max_pool2d(TD(cast<double>(xh)), 2)) == 0);
     CHECK(max_diff(avg_pool2d(xh, 3, {.stride = 1}), avg_pool2d(TD(cast<double>(xh)), 3, {.stride = 1})) <= tol);
     CHECK(max_diff(adaptive_avg_pool2d(xh, 4), adaptive_avg_pool2d(TD(cast<double>(xh)), 4)) <= tol);
-    // Backward runs in fp32 too.
+    // Backward through conv and pooling.
     Tensor<H> xl = xh.detach().clone(), wl = wh.detach().clone();
     xl.requires_grad_(true);
     wl.requires_grad_(true);

@@ -48,16 +48,20 @@ struct Case {
 };
 
 // Runs C = [C +] A @ B through cpu::gemm and compares with the double reference. Returns the number of wrong
-// elements (a padding element that changed counts as wrong).
-template <class T>
+// elements (a padding element that changed counts as wrong). T is the operands' type, TC the output's: for 16-bit
+// operands the products are exact in fp32 and the sum is accumulated in fp32, so the result must be the fp32 sum
+// rounded once into TC (bit for bit with integer values, whose fp32 sums are exact).
+template <class T, class TC = T>
 int run_case(const Case& c, bool integers, std::uint32_t seed) {
   std::mt19937 g(seed);
-  Mat<T> a(c.m, c.k, c.ta, c.pad), b(c.k, c.n, c.tb, c.pad), out(c.m, c.n, false, c.pad);
+  Mat<T> a(c.m, c.k, c.ta, c.pad), b(c.k, c.n, c.tb, c.pad);
+  Mat<TC> out(c.m, c.n, false, c.pad);
   fill(a, g, integers);
   fill(b, g, integers);
   fill(out, g, integers);
-  const std::vector<T> before = out.v;
-  cpu::gemm<T>(c.m, c.n, c.k, a.view(), b.view(), out.v.data(), out.ld, c.accumulate);
+  const std::vector<TC> before = out.v;
+  cpu::gemm<T, TC>(c.m, c.n, c.k, a.view(), b.view(), out.v.data(), out.ld, c.accumulate);
+  using Acc = cpu::acc_t<T>;
   int wrong = 0;
   for (i64 i = 0; i < c.m; ++i)
     for (i64 j = 0; j < c.n; ++j) {
@@ -67,8 +71,18 @@ int run_case(const Case& c, bool integers, std::uint32_t seed) {
         mag += std::abs(double(a.at(i, p)) * double(b.at(p, j)));
       }
       const double got = double(out.at(i, j));
-      // Worst-case bound of a sum of k + 1 rounded products (any order): (k + 2) u sum |terms|.
-      const double tol = integers ? 0.0 : double(c.k + 2) * std::numeric_limits<T>::epsilon() * mag;
+      if (integers) {  // an exact sum, rounded once into TC
+        if (got != double(TC(Acc(ref)))) ++wrong;
+        continue;
+      }
+      // Worst-case bound of a sum of k + 1 rounded products (any order): (k + 2) u sum |terms|, plus the final
+      // rounding to nearest into TC (half an ulp: eps/2 relative, or half the subnormal spacing near zero).
+      using L = std::numeric_limits<TC>;
+      const double acc_tol = double(c.k + 2) * double(std::numeric_limits<Acc>::epsilon()) * mag;
+      const double tol =
+          acc_tol + (std::is_same_v<TC, Acc> ? 0.0
+                                             : 0.5 * double(L::epsilon()) * (std::abs(ref) + acc_tol) +
+                                                   0.5 * double(L::denorm_min()));
       if (!(std::abs(got - ref) <= tol)) ++wrong;
     }
   for (i64 i = 0; i < c.m; ++i)
@@ -77,7 +91,7 @@ int run_case(const Case& c, bool integers, std::uint32_t seed) {
   return wrong;
 }
 
-template <class T>
+template <class T, class TC = T>
 void sweep(const std::vector<i64>& sizes, bool integers) {
   std::uint32_t seed = 1;
   for (i64 m : sizes)
@@ -92,7 +106,7 @@ void sweep(const std::vector<i64>& sizes, bool integers) {
           CAPTURE(c.tb);
           CAPTURE(c.accumulate);
           CAPTURE(c.pad);
-          CHECK(run_case<T>(c, integers, seed++) == 0);
+          CHECK(run_case<T, TC>(c, integers, seed++) == 0);
         }
 }
 
@@ -192,4 +206,63 @@ TEST_CASE("ops::linear: bias and activation in one pass equal matmul, add and th
   CHECK_FALSE(ops::linear(x, wg, b, ops::LinearAct::relu).requires_grad());
   CHECK(error_of([&] { (void)ops::linear(x, w, randn<double>({5}, g)); }).find("bias of shape [5]") !=
         std::string::npos);
+}
+
+// bfloat16 and half operands are converted while packed (never copied whole) and accumulate in fp32; the output is
+// written once, in the operands' type or in float.
+TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into the output type", T, bfloat16, half) {
+  ThreadsGuard guard;
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    sweep<T>({1, 7, 17, 63}, true);
+    sweep<T, float>({1, 17, 63}, true);
+    sweep<T>({2, 31, 100}, false);
+    sweep<T, float>({5, 40}, false);
+  }
+  // Every cache block and the fp32 accumulation block of a 16-bit output (k > kc), transposed views included.
+  std::uint32_t seed = 500;
+  for (const Case& c : {Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
+                        Case{37, 300, 2100, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
+                        Case{129, 45, 600, false, true, true, 3}}) {
+    CAPTURE(c.m);
+    CAPTURE(c.n);
+    CAPTURE(c.k);
+    CHECK(run_case<T>(c, true, seed++) == 0);
+    CHECK(run_case<T>(c, false, seed++) == 0);
+    CHECK(run_case<T, float>(c, false, seed++) == 0);
+  }
+}
+
+TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity") {
+  // 16 x 16 outputs through the vector store (and the scalar tail for a 16 x 17 C): exact fp32 sums 1 + i * 2^-8,
+  // half of them ties in bfloat16, and NaN in every other column.
+  for (i64 n : {16, 17}) {
+    std::vector<bfloat16> a(16 * 2), b(std::size_t(2 * n)), c(std::size_t(16 * n));
+    for (int i = 0; i < 16; ++i) {
+      a[std::size_t(i * 2)] = bfloat16(1.0f);
+      a[std::size_t(i * 2 + 1)] = bfloat16(0x1p-8f * float(i % 4));
+    }
+    for (i64 j = 0; j < n; ++j) {
+      b[std::size_t(j)] = bfloat16(1.0f);
+      b[std::size_t(n + j)] = bfloat16(j % 2 ? 1.0f : std::numeric_limits<float>::quiet_NaN());
+    }
+    cpu::gemm<bfloat16>(16, n, 2, {a.data(), 2, 1}, {b.data(), n, 1}, c.data(), n, false);
+    for (int i = 0; i < 16; ++i)
+      for (i64 j = 0; j < n; ++j) {
+        const bfloat16 got = c[std::size_t(i * n + j)];
+        if (j % 2) CHECK(got.bits == bfloat16(1.0f + 0x1p-8f * float(i % 4)).bits);
+        else CHECK(std::isnan(float(got)));
+      }
+  }
+  // Sums past the format's range become infinity, with their sign.
+  const half ha[2] = {half(60000.0f), half(60000.0f)}, hb[2] = {half(1.0f), half(-1.0f)};
+  half hc[2];
+  cpu::gemm<half>(1, 2, 1, {ha, 1, 1}, {hb, 2, 1}, hc, 2, false);
+  CHECK(float(hc[0]) == 60000.0f);
+  cpu::gemm<half>(1, 2, 2, {ha, 2, 1}, {hb, 1, 2}, hc, 2, false);  // 60000 * 1 + 60000 * -1 = 0, twice
+  CHECK(float(hc[0]) == 0.0f);
+  const half hd[2] = {half(1.0f), half(1.0f)};
+  cpu::gemm<half>(1, 1, 2, {ha, 2, 1}, {hd, 1, 1}, hc, 1, false);
+  CHECK(std::isinf(float(hc[0])));
+  CHECK(float(hc[0]) > 0);
 }

@@ -97,16 +97,18 @@ EMBER_VECTORIZE void col2im(const ConvGeometry& g, const T* EMBER_RESTRICT cols,
       }
 }
 
-/// Sum of r[0..n) with 16 independent partial sums (a single running sum would be one long dependency chain).
+/// Sum of r[0..n) in acc_t<T>, with 16 independent partial sums (a single running sum would be one long
+/// dependency chain).
 template <class T>
-EMBER_VECTORIZE T row_sum(const T* EMBER_RESTRICT r, std::int64_t n) {
+EMBER_VECTORIZE acc_t<T> row_sum(const T* EMBER_RESTRICT r, std::int64_t n) {
+  using A = acc_t<T>;
   constexpr int kLanes = 16;
-  T acc[kLanes] = {};
+  A acc[kLanes] = {};
   std::int64_t p = 0;
   for (; p + kLanes <= n; p += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += r[p + j];
-  T s = 0;
-  for (; p < n; ++p) s += r[p];
+    for (int j = 0; j < kLanes; ++j) acc[j] += A(r[p + j]);
+  A s = 0;
+  for (; p < n; ++p) s += A(r[p]);
   for (int j = 0; j < kLanes; ++j) s += acc[j];
   return s;
 }
@@ -161,22 +163,31 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
 
 /// Gradients of conv2d from gy (N, O, oh, ow): gx (N, C, H, W), gw (O, C/groups, kh, kw) and gb (O); each may
 /// be null when not wanted. x is needed only for gw, w only for gx. Outputs are overwritten. All contiguous.
+/// 16-bit tensors accumulate in fp32 (acc_t<T>): the weight and bias sums over the batch and the columns folded
+/// back onto the input are fp32 buffers, each output is rounded once.
 template <class T>
 void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
+  using A = acc_t<T>;
+  constexpr bool wide = std::is_same_v<A, T>;  // float and double accumulate in place
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg(), HW = g.h * g.w;
   const std::int64_t wn = g.o * Kg;
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
-  Tensor<T> ws, part;
-  if (!direct) ws = empty<T>(Shape{tasks, K * L});
-  // Per-run weight and bias gradient sums (run 0 writes straight into gw / gb).
-  if ((gw || gb) && tasks > 1) part = empty<T>(Shape{tasks - 1, wn + g.o});
+  Tensor<T> ws;
+  Tensor<A> part, gxw;
+  if (!direct && (gw || (gx && wide))) ws = empty<T>(Shape{tasks, K * L});
+  // Per-run weight and bias gradient sums (with a wide T, run 0 writes straight into gw / gb).
+  const std::int64_t own = wide ? 1 : 0;
+  if ((gw || gb) && tasks > own) part = empty<A>(Shape{tasks - own, wn + g.o});
+  // 16-bit gx: per run, the fp32 columns and the fp32 image they fold onto.
+  if (!wide && gx && !direct) gxw = empty<A>(Shape{tasks, K * L + g.c * HW});
   detail::for_image_runs(g.n, tasks, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
-    T* cols = direct ? nullptr : ws.data() + t * K * L;
-    T* gwt = gw ? (t == 0 ? gw : part.data() + (t - 1) * (wn + g.o)) : nullptr;
-    T* gbt = gb ? (t == 0 ? gb : part.data() + (t - 1) * (wn + g.o) + wn) : nullptr;
-    if (gbt) std::fill(gbt, gbt + g.o, T(0));
-    if (gwt && i0 == i1) std::fill(gwt, gwt + wn, T(0));
+    T* cols = ws.defined() ? ws.data() + t * K * L : nullptr;
+    A* pt = part.defined() && t >= own ? part.data() + (t - own) * (wn + g.o) : nullptr;
+    A* gwt = gw ? (pt ? pt : reinterpret_cast<A*>(gw)) : nullptr;
+    A* gbt = gb ? (pt ? pt + wn : reinterpret_cast<A*>(gb)) : nullptr;
+    if (gbt) std::fill(gbt, gbt + g.o, A(0));
+    if (gwt && i0 == i1) std::fill(gwt, gwt + wn, A(0));
     for (std::int64_t i = i0; i < i1; ++i) {
       const T* gyi = gy + i * g.o * L;
       if (gbt)
@@ -186,29 +197,48 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
         if (!direct) detail::im2col(g, xi, cols);
         const T* src = direct ? xi : cols;
         for (std::int64_t gi = 0; gi < g.groups; ++gi)
-          gemm<T>(Og, Kg, L, MatView<T>{gyi + gi * Og * L, L, 1}, MatView<T>{src + gi * Kg * L, 1, L},
-                  gwt + gi * Og * Kg, Kg, i != i0);
+          gemm<T, A>(Og, Kg, L, MatView<T>{gyi + gi * Og * L, L, 1}, MatView<T>{src + gi * Kg * L, 1, L},
+                     gwt + gi * Og * Kg, Kg, i != i0);
       }
       if (gx) {
         T* gxi = gx + i * g.c * HW;
-        T* dst = direct ? gxi : cols;
-        for (std::int64_t gi = 0; gi < g.groups; ++gi)
-          gemm<T>(Kg, L, Og, MatView<T>{w + gi * Og * Kg, 1, Kg}, MatView<T>{gyi + gi * Og * L, L, 1},
-                  dst + gi * Kg * L, L, false);
-        if (!direct) {
-          std::fill(gxi, gxi + g.c * HW, T(0));
-          detail::col2im(g, cols, gxi);
+        if (direct) {
+          for (std::int64_t gi = 0; gi < g.groups; ++gi)
+            gemm<T>(Kg, L, Og, MatView<T>{w + gi * Og * Kg, 1, Kg}, MatView<T>{gyi + gi * Og * L, L, 1},
+                    gxi + gi * Kg * L, L, false);
+          continue;
         }
+        A* acols = wide ? reinterpret_cast<A*>(cols) : gxw.data() + t * (K * L + g.c * HW);
+        A* img = wide ? reinterpret_cast<A*>(gxi) : acols + K * L;
+        for (std::int64_t gi = 0; gi < g.groups; ++gi)
+          gemm<T, A>(Kg, L, Og, MatView<T>{w + gi * Og * Kg, 1, Kg}, MatView<T>{gyi + gi * Og * L, L, 1},
+                     acols + gi * Kg * L, L, false);
+        std::fill(img, img + g.c * HW, A(0));
+        detail::col2im(g, acols, img);
+        if constexpr (!wide)
+          for (std::int64_t e = 0; e < g.c * HW; ++e) gxi[e] = T(img[e]);
       }
     }
   });
-  // Sum the other runs' partials in order.
-  for (std::int64_t t = 1; t < tasks; ++t) {
-    const T* p = part.data() + (t - 1) * (wn + g.o);
+  // Sum the other runs' partials in order (in fp32 for 16-bit T, rounded once).
+  if constexpr (wide) {
+    for (std::int64_t t = 1; t < tasks; ++t) {
+      const A* p = part.data() + (t - 1) * (wn + g.o);
+      if (gw)
+        for (std::int64_t k = 0; k < wn; ++k) gw[k] += p[k];
+      if (gb)
+        for (std::int64_t k = 0; k < g.o; ++k) gb[k] += p[wn + k];
+    }
+  } else if (gw || gb) {
+    A* p0 = part.data();
+    for (std::int64_t t = 1; t < tasks; ++t) {
+      const A* p = part.data() + t * (wn + g.o);
+      for (std::int64_t k = 0; k < wn + g.o; ++k) p0[k] += p[k];
+    }
     if (gw)
-      for (std::int64_t k = 0; k < wn; ++k) gw[k] += p[k];
+      for (std::int64_t k = 0; k < wn; ++k) gw[k] = T(p0[k]);
     if (gb)
-      for (std::int64_t k = 0; k < g.o; ++k) gb[k] += p[wn + k];
+      for (std::int64_t k = 0; k < g.o; ++k) gb[k] = T(p0[wn + k]);
   }
 }
 

@@ -9,14 +9,22 @@
 #include <type_traits>
 
 #include "ember/config.hpp"
+#include "ember/core/float16.hpp"
 #include "ember/cpu/detail/gemm_kernel.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
 #if !EMBER_GEMM_PACKED
+#include <vector>
+
 #include <Eigen/Core>
 #endif
 
 namespace ember::cpu {
+
+/// What a GEMM (and a reduction next to it) accumulates in for operands of type T: double for double, fp32 for
+/// float, half and bfloat16.
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 /// A strided matrix view: element (i, j) is p[i * rs + j * cs].
 template <class T>
@@ -33,12 +41,12 @@ namespace detail {
 template <class T>
 inline constexpr std::int64_t kGemmRowAlign = gemm::kMR;
 template <class T>
-inline constexpr std::int64_t kGemmColAlign = gemm::kNR<T>;
+inline constexpr std::int64_t kGemmColAlign = gemm::kNR<gemm::compute_t<T>>;
 
-template <class T>
-void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, T* c, std::int64_t ldc,
+template <class T, class TC>
+void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
                 bool accumulate) {
-  gemm::gemm_packed<T>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
+  gemm::gemm_packed<T, TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
 }
 #else
 template <class T>
@@ -60,34 +68,56 @@ void gemm_eigen(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, Ma
   else C.noalias() = A * B;
 }
 
-template <class T>
-void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, T* c, std::int64_t ldc,
+template <class T, class TC>
+void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
                 bool accumulate) {
-  constexpr int RM = Eigen::RowMajor, CM = Eigen::ColMajor;
-  if (a.row_major() && b.row_major()) gemm_eigen<T, RM, RM>(m, n, k, a, b, c, ldc, accumulate);
-  else if (a.row_major()) gemm_eigen<T, RM, CM>(m, n, k, a, b, c, ldc, accumulate);
-  else if (b.row_major()) gemm_eigen<T, CM, RM>(m, n, k, a, b, c, ldc, accumulate);
-  else gemm_eigen<T, CM, CM>(m, n, k, a, b, c, ldc, accumulate);
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+    // 16-bit operands without the packed kernel: fp32 copies of the blocks (the packed build converts in place).
+    std::vector<float> af(std::size_t(m * k)), bf(std::size_t(k * n)), cf(std::size_t(m * n));
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t p = 0; p < k; ++p) af[std::size_t(i * k + p)] = float(a.p[i * a.rs + p * a.cs]);
+    for (std::int64_t p = 0; p < k; ++p)
+      for (std::int64_t j = 0; j < n; ++j) bf[std::size_t(p * n + j)] = float(b.p[p * b.rs + j * b.cs]);
+    gemm_block<float, float>(m, n, k, {af.data(), k, 1}, {bf.data(), n, 1}, cf.data(), n, false);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float v = cf[std::size_t(i * n + j)];
+        c[i * ldc + j] = TC(accumulate ? float(c[i * ldc + j]) + v : v);
+      }
+  } else {
+    static_assert(std::is_same_v<T, TC>, "cpu::gemm: float and double write their own type");
+    constexpr int RM = Eigen::RowMajor, CM = Eigen::ColMajor;
+    if (a.row_major() && b.row_major()) gemm_eigen<T, RM, RM>(m, n, k, a, b, c, ldc, accumulate);
+    else if (a.row_major()) gemm_eigen<T, RM, CM>(m, n, k, a, b, c, ldc, accumulate);
+    else if (b.row_major()) gemm_eigen<T, CM, RM>(m, n, k, a, b, c, ldc, accumulate);
+    else gemm_eigen<T, CM, CM>(m, n, k, a, b, c, ldc, accumulate);
+  }
 }
 #endif
 }  // namespace detail
 
 /// C (m, n; row-major, leading dim ldc) = A (m, k) @ B (k, n), or += when accumulate. A and B must each have a
-/// unit stride (row- or column-major); ops/ makes a contiguous copy otherwise.
-template <class T>
-void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, T* c, std::int64_t ldc,
+/// unit stride (row- or column-major); ops/ makes a contiguous copy otherwise. T is float, double, half or
+/// bfloat16; 16-bit operands are converted to fp32 while packed and accumulate in fp32, and C is written once in
+/// TC (T, or float for a 16-bit T).
+template <class T, class TC = T>
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
           bool accumulate = false) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cpu::gemm: float or double");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> ||
+                    std::is_same_v<T, bfloat16>,
+                "cpu::gemm: float, double, half or bfloat16 operands");
+  static_assert(std::is_same_v<TC, T> || (sizeof(T) == 2 && std::is_same_v<TC, float>),
+                "cpu::gemm: the output is the operands' type, or float for 16-bit operands");
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate)
-      for (std::int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+      for (std::int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, TC(0));
     return;
   }
   const int nt = get_num_threads();
   const double flops = 2.0 * double(m) * double(n) * double(k);
   if (nt == 1 || flops < 4e6) {
-    detail::gemm_block<T>(m, n, k, a, b, c, ldc, accumulate);
+    detail::gemm_block<T, TC>(m, n, k, a, b, c, ldc, accumulate);
     return;
   }
   // Split the larger of m and n into one panel per thread (whole micro-tiles); each thread packs its own
@@ -100,9 +130,9 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t i0 = p * step, i1 = std::min(len, i0 + step);
       if (split_rows)
-        detail::gemm_block<T>(i1 - i0, n, k, {a.p + i0 * a.rs, a.rs, a.cs}, b, c + i0 * ldc, ldc, accumulate);
+        detail::gemm_block<T, TC>(i1 - i0, n, k, {a.p + i0 * a.rs, a.rs, a.cs}, b, c + i0 * ldc, ldc, accumulate);
       else
-        detail::gemm_block<T>(m, i1 - i0, k, a, {b.p + i0 * b.cs, b.rs, b.cs}, c + i0, ldc, accumulate);
+        detail::gemm_block<T, TC>(m, i1 - i0, k, a, {b.p + i0 * b.cs, b.rs, b.cs}, c + i0, ldc, accumulate);
     }
   });
 }

@@ -1,5 +1,5 @@
 // ember — 2-D convolution without autograd: shape checks (errors name the op, the shapes and what was expected),
-// then dispatch to the device's kernels (cpu/conv.hpp). half and bfloat16 compute in fp32.
+// then dispatch to the device's kernels (cpu/conv.hpp). half and bfloat16 accumulate in fp32.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ Tensor<T> dense(const Tensor<T>& t) {
   return c;
 }
 
-/// A float copy of a 16-bit tensor (contiguous).
+/// A float copy of a 16-bit tensor (contiguous); the pooling ops' 16-bit path.
 template <class T>
 Tensor<float> to_float(const Tensor<T>& t) {
   Tensor<float> c = empty<float>(t.shape(), t.device());
@@ -151,16 +151,11 @@ Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
   if (x.device().is_cuda()) return detail::conv2d_cuda(x, w, b, g, o);
   detail::check_conv_device(x);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    const Tensor<T> xc = detail::dense(x), wc = detail::dense(w), bc = b.defined() ? detail::dense(b) : b;
-    Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
-    if (y.numel() > 0)
-      cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data());
-    return y;
-  } else {
-    const Tensor<float> bf = b.defined() ? detail::to_float(b) : Tensor<float>();
-    return detail::from_float<T>(ops::conv2d<float>(detail::to_float(x), detail::to_float(w), bf, o));
-  }
+  // half and bfloat16 run the same kernels: operands converted while the GEMM packs them, fp32 accumulation.
+  const Tensor<T> xc = detail::dense(x), wc = detail::dense(w), bc = b.defined() ? detail::dense(b) : b;
+  Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
+  if (y.numel() > 0) cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data());
+  return y;
 }
 
 /// The gradients of conv2d; each is undefined when not asked for.
@@ -205,27 +200,19 @@ Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
 #endif
   }
   detail::check_conv_device(x);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    const Tensor<T> gyc = detail::dense(gy);
-    const Tensor<T> xc = need_weight ? detail::dense(x) : x, wc = need_input ? detail::dense(w) : w;
-    if (need_input) r.input = empty<T>(x.shape(), x.device());
-    if (need_weight) r.weight = empty<T>(w.shape(), w.device());
-    if (need_bias) r.bias = empty<T>(Shape{g.o}, w.device());
-    if (!(need_input || need_weight || need_bias)) return r;
-    if (gy.numel() == 0) {  // nothing flows back
-      for (Tensor<T>* t : {&r.input, &r.weight, &r.bias})
-        if (t->defined()) t->zero_();
-      return r;
-    }
-    cpu::conv2d_backward<T>(g, xc.data(), wc.data(), gyc.data(), need_input ? r.input.data() : nullptr,
-                            need_weight ? r.weight.data() : nullptr, need_bias ? r.bias.data() : nullptr);
-  } else {
-    auto f = ops::conv2d_backward<float>(detail::to_float(gy), detail::to_float(x), detail::to_float(w), o, need_input,
-                                    need_weight, need_bias);
-    if (need_input) r.input = detail::from_float<T>(f.input);
-    if (need_weight) r.weight = detail::from_float<T>(f.weight);
-    if (need_bias) r.bias = detail::from_float<T>(f.bias);
+  const Tensor<T> gyc = detail::dense(gy);
+  const Tensor<T> xc = need_weight ? detail::dense(x) : x, wc = need_input ? detail::dense(w) : w;
+  if (need_input) r.input = empty<T>(x.shape(), x.device());
+  if (need_weight) r.weight = empty<T>(w.shape(), w.device());
+  if (need_bias) r.bias = empty<T>(Shape{g.o}, w.device());
+  if (!(need_input || need_weight || need_bias)) return r;
+  if (gy.numel() == 0) {  // nothing flows back
+    for (Tensor<T>* t : {&r.input, &r.weight, &r.bias})
+      if (t->defined()) t->zero_();
+    return r;
   }
+  cpu::conv2d_backward<T>(g, xc.data(), wc.data(), gyc.data(), need_input ? r.input.data() : nullptr,
+                          need_weight ? r.weight.data() : nullptr, need_bias ? r.bias.data() : nullptr);
   return r;
 }
 

@@ -85,19 +85,13 @@ void mm_into(const Tensor<T>& c, const Tensor<T>& a, const Tensor<T>& b, bool ac
 #endif
   }
   detail::check_same_device("mm", c.device(), a.device(), "the output and the operands");
+  static_assert(is_floating_v<T>, "mm: floating-point tensors only");
   const std::int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    Tensor<T> ka, kb;
-    const auto av = detail::mat_view(a, ka), bv = detail::mat_view(b, kb);
-    cpu::gemm<T>(m, n, k, av, bv, c.data(), n, accumulate);
-  } else {
-    static_assert(is_floating_v<T>, "mm: floating-point tensors only");
-    // 16-bit types: fp32 math, rounded once at the end.
-    Tensor<float> af = cast<float>(a), bf = cast<float>(b), cf = empty<float>(Shape{m, n});
-    if (accumulate) cf = cast<float>(c);
-    mm_into(cf, af, bf, accumulate);
-    cpu::assign(c, cast<T>(cf), "mm");
-  }
+  // half and bfloat16 are converted to fp32 while the GEMM packs its blocks and accumulate in fp32; c is rounded
+  // once.
+  Tensor<T> ka, kb;
+  const auto av = detail::mat_view(a, ka), bv = detail::mat_view(b, kb);
+  cpu::gemm<T>(m, n, k, av, bv, c.data(), n, accumulate);
   c.bump_version();
 }
 

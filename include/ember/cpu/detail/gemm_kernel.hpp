@@ -7,6 +7,12 @@
 // micro-panels of NR columns (kc rows of NR values, L1/L2-resident while the kernel sweeps A); A's (mc, kc)
 // block is packed into micro-panels of MR rows (kc columns of MR values). The kernel keeps an MR x NR tile of C
 // in registers: per k it loads NR/W vectors of B, broadcasts MR values of A and issues MR * NR/W FMAs.
+//
+// Mixed precision: bfloat16 and half operands are converted to fp32 while they are packed (packing touches each
+// element once per block, so the conversion costs O(mk + kn) against the kernel's O(mnk), and no fp32 copy of a
+// whole operand is ever made); the fp32 kernel accumulates, and the tile is rounded once into the output type
+// (bfloat16, half or float) as it is stored. With k longer than one panel a 16-bit output is accumulated in an
+// fp32 scratch block and rounded once at the end, so the result is the fp32 product rounded once.
 #pragma once
 
 #include <algorithm>
@@ -14,8 +20,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "ember/config.hpp"
+#include "ember/core/float16.hpp"
 
 // EMBER_GEMM_EIGEN selects the Eigen fallback, EMBER_GEMM_NO_AVX512 the AVX2 kernel on an AVX-512 target.
 #if defined(EMBER_GEMM_EIGEN)
@@ -140,6 +148,81 @@ inline constexpr int kNV = 3;
 template <class T>
 inline constexpr int kNR = kNV * Vec<T>::width;
 
+/// The type the kernel computes in for operands stored as T: double for double, fp32 for everything else.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+#if EMBER_GEMM_AVX512
+// The zero-masked forms of the conversions and shifts: GCC 12.2 reports its own unmasked forms (which start from
+// _mm512_undefined) as maybe-uninitialized once inlined; with an all-ones mask they compile to the same instruction.
+inline __m512 cvt16_ps(__m256i h, bool is_half) {
+  return is_half ? _mm512_maskz_cvtph_ps(0xffff, h)
+                 : _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+}
+#endif
+
+/// n values of S converted to the compute type at dst (a plain copy when S is the compute type). half uses the
+/// F16C/AVX-512 vector conversions, bfloat16 a widening shift; both are exact.
+template <class S>
+inline void to_compute_run(const S* EMBER_RESTRICT src, compute_t<S>* EMBER_RESTRICT dst, std::int64_t n) {
+  if constexpr (std::is_same_v<S, compute_t<S>>) {
+    std::memcpy(dst, src, std::size_t(n) * sizeof(S));
+  } else {
+    std::int64_t i = 0;
+#if EMBER_GEMM_AVX512
+    for (; i + 16 <= n; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm512_storeu_ps(dst + i, cvt16_ps(h, std::is_same_v<S, half>));
+    }
+#elif EMBER_GEMM_AVX2 && EMBER_HAS_F16C
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      if constexpr (std::is_same_v<S, half>)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+      else
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = float(src[i]);
+  }
+}
+
+/// dst[0, n) = round(src[0, n) [+ dst[0, n)]) in T, from the kernel's compute type: one rounding per element.
+template <class T>
+inline void store_run(T* EMBER_RESTRICT dst, const compute_t<T>* EMBER_RESTRICT src, std::int64_t n, bool add) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    if (add)
+      for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    else
+      std::memcpy(dst, src, std::size_t(n) * sizeof(T));
+  } else {
+    std::int64_t i = 0;
+#if EMBER_GEMM_AVX512
+    for (; i + 16 <= n; i += 16) {
+      __m512 v = _mm512_loadu_ps(src + i);
+      __m256i* d = reinterpret_cast<__m256i*>(dst + i);
+      if (add) {
+        const __m256i o = _mm256_loadu_si256(d);
+        v = _mm512_add_ps(v, cvt16_ps(o, std::is_same_v<T, half>));
+      }
+      if constexpr (std::is_same_v<T, half>) {
+        _mm256_storeu_si256(d, _mm512_maskz_cvtps_ph(0xffff, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      } else {
+        // Round to nearest even (x + 0x7fff + lsb) >> 16; a NaN keeps its sign and top bits with the quiet bit set.
+        const __m512i x = _mm512_castps_si512(v), hi = _mm512_maskz_srli_epi32(0xffff, x, 16);
+        const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        __m512i r = _mm512_maskz_srli_epi32(
+            0xffff, _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r,
+                                    _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+        _mm256_storeu_si256(d, _mm512_maskz_cvtepi32_epi16(0xffff, r));  // maskz: GCC 12 warns on the unmasked form
+      }
+    }
+#endif
+    for (; i < n; ++i) dst[i] = T(add ? float(dst[i]) + src[i] : src[i]);
+  }
+}
+
 /// Cache blocking: kc values of k per packed panel, mc rows of A per packed block, nc columns of B per block.
 template <class T>
 struct Blocking {
@@ -186,23 +269,29 @@ template <class T>
   }
 }
 
-/// Packs rows [0, mc) x cols [0, kc) of A (element (i, p) at a[i * rs + p * cs]) into MR-row micro-panels,
-/// zero-padding the last one: panel q holds kc groups of MR values.
-template <class T>
-void pack_a(std::int64_t mc, std::int64_t kc, const T* a, std::int64_t rs, std::int64_t cs, T* dst) {
+/// Packs rows [0, mc) x cols [0, kc) of A (element (i, p) at a[i * rs + p * cs]) into MR-row micro-panels of the
+/// compute type, zero-padding the last one: panel q holds kc groups of MR values.
+template <class S>
+void pack_a(std::int64_t mc, std::int64_t kc, const S* a, std::int64_t rs, std::int64_t cs, compute_t<S>* dst) {
+  using T = compute_t<S>;
   for (std::int64_t i0 = 0; i0 < mc; i0 += kMR, dst += kMR * kc) {
     const int rows = int(std::min<std::int64_t>(kMR, mc - i0));
-    const T* ap = a + i0 * rs;
+    const S* ap = a + i0 * rs;
     if (cs == 1) {  // rows are contiguous along k: read each row, write with stride MR
-      for (int r = 0; r < rows; ++r)
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * kMR + r] = ap[r * rs + p];
+      for (int r = 0; r < rows; ++r) {
+        if constexpr (std::is_same_v<S, T>) {
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * kMR + r] = ap[r * rs + p];
+        } else {  // convert the row with vector instructions first (kc is at most one panel)
+          alignas(64) T row[Blocking<T>::kc];
+          to_compute_run(ap + r * rs, row, kc);
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * kMR + r] = row[p];
+        }
+      }
     } else if (rs == 1 && rows == kMR) {  // columns contiguous: one contiguous run of MR per k
-      for (std::int64_t p = 0; p < kc; ++p)
-#pragma GCC unroll 16
-        for (int r = 0; r < kMR; ++r) dst[p * kMR + r] = ap[p * cs + r];
+      for (std::int64_t p = 0; p < kc; ++p) to_compute_run(ap + p * cs, dst + p * kMR, kMR);
     } else {
       for (std::int64_t p = 0; p < kc; ++p)
-        for (int r = 0; r < rows; ++r) dst[p * kMR + r] = ap[r * rs + p * cs];
+        for (int r = 0; r < rows; ++r) dst[p * kMR + r] = T(ap[r * rs + p * cs]);
     }
     if (rows < kMR)
       for (std::int64_t p = 0; p < kc; ++p)
@@ -210,22 +299,30 @@ void pack_a(std::int64_t mc, std::int64_t kc, const T* a, std::int64_t rs, std::
   }
 }
 
-/// Packs rows [0, kc) x cols [0, nc) of B (element (p, j) at b[p * rs + j * cs]) into NR-column micro-panels,
-/// zero-padding the last one: panel q holds kc groups of NR values.
-template <class T>
-void pack_b(std::int64_t kc, std::int64_t nc, const T* b, std::int64_t rs, std::int64_t cs, T* dst) {
+/// Packs rows [0, kc) x cols [0, nc) of B (element (p, j) at b[p * rs + j * cs]) into NR-column micro-panels of
+/// the compute type, zero-padding the last one: panel q holds kc groups of NR values.
+template <class S>
+void pack_b(std::int64_t kc, std::int64_t nc, const S* b, std::int64_t rs, std::int64_t cs, compute_t<S>* dst) {
+  using T = compute_t<S>;
   constexpr int NR = kNR<T>;
   for (std::int64_t j0 = 0; j0 < nc; j0 += NR, dst += NR * kc) {
     const int cols = int(std::min<std::int64_t>(NR, nc - j0));
-    const T* bp = b + j0 * cs;
+    const S* bp = b + j0 * cs;
     if (cs == 1 && cols == NR) {  // row-major: NR contiguous values per k
-      for (std::int64_t p = 0; p < kc; ++p) std::memcpy(dst + p * NR, bp + p * rs, NR * sizeof(T));
+      for (std::int64_t p = 0; p < kc; ++p) to_compute_run(bp + p * rs, dst + p * NR, NR);
     } else if (rs == 1) {  // column-major (a transposed view): read each column along k
-      for (int j = 0; j < cols; ++j)
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = bp[j * cs + p];
+      for (int j = 0; j < cols; ++j) {
+        if constexpr (std::is_same_v<S, T>) {
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = bp[j * cs + p];
+        } else {
+          alignas(64) T col[Blocking<T>::kc];
+          to_compute_run(bp + j * cs, col, kc);
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = col[p];
+        }
+      }
     } else {
       for (std::int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < cols; ++j) dst[p * NR + j] = bp[p * rs + j * cs];
+        for (int j = 0; j < cols; ++j) dst[p * NR + j] = T(bp[p * rs + j * cs]);
     }
     if (cols < NR)
       for (std::int64_t p = 0; p < kc; ++p)
@@ -258,14 +355,20 @@ inline Scratch& scratch_b() {
   thread_local Scratch s;
   return s;
 }
+inline Scratch& scratch_c() {
+  thread_local Scratch s;
+  return s;
+}
 
-/// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread. A's element (i, p)
-/// is a[i * ars + p * acs], B's (p, j) is b[p * brs + j * bcs]: any strides, read in place while packing.
-template <class T>
-void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t ars, std::int64_t acs,
-                 const T* b, std::int64_t brs, std::int64_t bcs, T* c, std::int64_t ldc, bool accumulate) {
+/// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread, for k within one
+/// panel or C of the compute type. See gemm_packed.
+template <class S, class TC>
+void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs,
+                 const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate) {
+  using T = compute_t<S>;
   using Blk = Blocking<T>;
   constexpr int NR = kNR<T>;
+  constexpr bool direct = std::is_same_v<TC, T>;  // the kernel stores straight into C
   const std::int64_t kc_max = std::min(Blk::kc, k);
   const std::int64_t nc_max = std::min(Blk::nc, (n + NR - 1) / NR * NR);
   const std::int64_t mc_max = std::min(Blk::mc, (m + kMR - 1) / kMR * kMR);
@@ -287,18 +390,40 @@ void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std
           for (std::int64_t ir = 0; ir < mc; ir += kMR) {
             const int rows = int(std::min<std::int64_t>(kMR, mc - ir));
             const T* ap = apack + ir * kc;
-            T* cp = c + (ic + ir) * ldc + jc + jr;
-            if (rows == kMR && cols == NR) {
-              micro_kernel<T>(kc, ap, bp, cp, ldc, add);
-            } else {  // edge tile: compute the full tile aside, then add/store the valid part
+            TC* cp = c + (ic + ir) * ldc + jc + jr;
+            if (direct && rows == kMR && cols == NR) {
+              micro_kernel<T>(kc, ap, bp, reinterpret_cast<T*>(cp), ldc, add);
+            } else {  // edge tile or a narrower output: compute the tile aside, then add/store the valid part
               micro_kernel<T>(kc, ap, bp, edge, NR, false);
-              for (int r = 0; r < rows; ++r)
-                for (int j = 0; j < cols; ++j) cp[r * ldc + j] = add ? cp[r * ldc + j] + edge[r * NR + j] : edge[r * NR + j];
+              for (int r = 0; r < rows; ++r) store_run(cp + r * ldc, edge + r * NR, cols, add);
             }
           }
         }
       }
     }
+  }
+}
+
+/// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread. A's element (i, p)
+/// is a[i * ars + p * acs], B's (p, j) is b[p * brs + j * bcs]: any strides, read in place while packing. S is
+/// float, double, half or bfloat16 (computed in compute_t<S>); C is S or compute_t<S>.
+template <class S, class TC = S>
+void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs,
+                 const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate) {
+  using T = compute_t<S>;
+  if (std::is_same_v<TC, T> || k <= Blocking<T>::kc) {
+    gemm_panels<S, TC>(m, n, k, a, ars, acs, b, brs, bcs, c, ldc, accumulate);
+    return;
+  }
+  // A 16-bit C and several k panels: accumulate each block of nc columns in fp32, round it once.
+  const std::int64_t nb = std::min(Blocking<T>::nc, n);
+  T* acc = scratch_c().get<T>(std::size_t(m * nb));
+  for (std::int64_t j0 = 0; j0 < n; j0 += nb) {
+    const std::int64_t w = std::min(nb, n - j0);
+    if (accumulate)
+      for (std::int64_t i = 0; i < m; ++i) to_compute_run(c + i * ldc + j0, acc + i * w, w);
+    gemm_panels<S, T>(m, w, k, a, ars, acs, b + j0 * bcs, brs, bcs, acc, w, accumulate);
+    for (std::int64_t i = 0; i < m; ++i) store_run(c + i * ldc + j0, acc + i * w, w, false);
   }
 }
 
