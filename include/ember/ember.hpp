@@ -53,6 +53,7 @@
 #include "ember/ops/normalization.hpp"
 #include "ember/ops/softmax.hpp"
 #include "ember/amp/policy.hpp"
+#include "ember/amp/grad_scaler.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/linear.hpp"

@@ -28,26 +28,18 @@
 #include "ember/config.hpp"
 #include "ember/core/device.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/core/state_dict.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/tensor_ops.hpp"
 
 namespace ember::nn {
 
-/// A tensor of any of the dtypes a module's state can hold.
-using AnyTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
+/// A tensor of any of the dtypes a module's state can hold (core/state_dict.hpp).
+using AnyTensor = ember::StateTensor;
 /// A module's (or optimizer's) state: fully qualified name -> tensor, ordered by name.
-using StateDict = std::map<std::string, AnyTensor>;
-
-/// The shape and dtype of an AnyTensor, for messages.
-inline std::string describe(const AnyTensor& t) {
-  return std::visit(
-      [](const auto& x) {
-        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
-        return std::string(dtype_name<T>()) + (x.defined() ? " " + x.shape().str() : std::string(" (undefined)"));
-      },
-      t);
-}
+using StateDict = ember::StateDict;
+using ember::describe;
 
 class Module;
 

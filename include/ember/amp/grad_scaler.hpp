@@ -1,0 +1,256 @@
+// ember — amp::GradScaler: dynamic loss scaling for fp16 training, with torch.amp.GradScaler's semantics and
+// defaults. The loss is multiplied by the scale before backward so that small fp16 gradients do not flush to zero;
+// unscale_ divides the fp32 master gradients by it and detects inf/NaN in the same pass; step skips the update
+// when anything was non-finite; update halves the scale after an overflow and doubles it after growth_interval
+// clean steps. bf16 needs no scaler (it has fp32's range); using one with bf16 is allowed and harmless.
+//
+// One deliberate difference from PyTorch: the scale never falls below the smallest normal float (PyTorch's can
+// underflow to 0 after ~150 consecutive overflows, after which every step is skipped for good).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/state_dict.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/cpu/thread_pool.hpp"
+
+namespace ember::amp {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;  ///< 2^16
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  bool enabled = true;  ///< false: every method is a pass-through (scale 1, step = optimizer.step())
+};
+
+namespace detail {
+/// g *= inv in place; returns true when any result is inf or NaN (a non-finite input stays non-finite). One
+/// threaded pass over the gradient.
+template <class T>
+EMBER_VECTORIZE bool unscale_chunk(T* EMBER_RESTRICT g, std::int64_t n, T inv) {
+  int bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T v = g[i] * inv;
+    g[i] = v;
+    bad |= !(std::fabs(v) <= std::numeric_limits<T>::max());
+  }
+  return bad != 0;
+}
+
+inline double read_state(const StateDict& sd, const char* key) {
+  const auto it = sd.find(key);
+  EMBER_CHECK(it != sd.end(), "amp::GradScaler::load_state_dict: missing key '", key, "'");
+  const auto* t = std::get_if<Tensor<double>>(&it->second);
+  EMBER_CHECK(t && t->numel() == 1, "amp::GradScaler::load_state_dict: '", key, "' must be a one-element float64 "
+              "tensor, got ", describe(it->second));
+  return t->item();
+}
+
+template <class T>
+bool unscale_and_check(Tensor<T>& grad, double inv_scale, const char* op) {
+  EMBER_CHECK(grad.device().is_cpu(), op, ": a gradient is on ", grad.device().str(),
+              "; the CUDA unscale kernel is not built yet (GradScaler runs on CPU gradients)");
+  if (!grad.is_contiguous()) grad = grad.contiguous();
+  T* d = grad.data();
+  const T inv = T(inv_scale);
+  std::vector<char> bad(std::size_t(std::max(1, cpu::get_num_threads())) * 4, 0);
+  const std::int64_t n = grad.numel(), chunks = std::int64_t(bad.size());
+  const std::int64_t step = (n + chunks - 1) / chunks;
+  cpu::parallel_for(0, chunks, n >= 65536 ? 1 : chunks, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const std::int64_t a = std::min(n, c * step), b = std::min(n, a + step);
+      if (b > a) bad[std::size_t(c)] = unscale_chunk(d + a, b - a, inv);
+    }
+  });
+  grad.bump_version();
+  for (char b : bad)
+    if (b) return true;
+  return false;
+}
+}  // namespace detail
+
+/// Dynamic loss scaling (torch.amp.GradScaler). The usual step:
+///
+///   auto loss = loss_fn(model(x), y);
+///   scaler.scale(loss).backward();
+///   scaler.unscale_(opt);                       // optional: before clip_grad_norm_ on the true gradients
+///   optim::clip_grad_norm_(params, 1.0);
+///   scaler.step(opt);                           // skipped when a gradient overflowed
+///   scaler.update();
+///
+/// With gradient accumulation, scale every micro-batch's loss and call unscale_/step/update once per update.
+/// The optimizer is any with `param_groups()` (optim::SGD, Adam, AdamW).
+class GradScaler {
+ public:
+  explicit GradScaler(const GradScalerOptions& o = {})
+      : scale_(o.init_scale),
+        growth_factor_(o.growth_factor),
+        backoff_factor_(o.backoff_factor),
+        growth_interval_(o.growth_interval),
+        enabled_(o.enabled) {
+    EMBER_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, "amp::GradScaler: init_scale must be finite and "
+                "positive, got ", o.init_scale);
+    EMBER_CHECK(o.growth_factor > 1.0, "amp::GradScaler: growth_factor must be above 1, got ", o.growth_factor);
+    EMBER_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "amp::GradScaler: backoff_factor must be in (0, 1), "
+                "got ", o.backoff_factor);
+    EMBER_CHECK(o.growth_interval > 0, "amp::GradScaler: growth_interval must be positive, got ", o.growth_interval);
+  }
+
+  /// loss * scale in float (the product of a half loss and 2^16 would overflow half), recorded by autograd; the
+  /// loss itself when disabled (cast to float).
+  template <class T>
+  Tensor<float> scale(const Tensor<T>& loss) const {
+    static_assert(is_floating_v<T>, "amp::GradScaler::scale: a floating-point loss");
+    if constexpr (std::is_same_v<T, float>) {
+      if (!enabled_) return loss;
+      return Tensor<float>(loss * float(scale_));
+    } else {
+      if (!enabled_) return Tensor<float>(cast<float>(loss));
+      return Tensor<float>(cast<float>(loss) * float(scale_));
+    }
+  }
+
+  /// Divides every gradient of the optimizer's parameters by the scale in place and records whether any is inf or
+  /// NaN, in one pass per gradient. At most once per optimizer between update()s, and before step().
+  template <class Opt>
+  void unscale_(Opt& opt) {
+    if (!enabled_) return;
+    OptState& st = state_of(&opt);
+    EMBER_CHECK(st.stage != Stage::unscaled, "amp::GradScaler::unscale_: already called on this optimizer since the "
+                "last update()");
+    EMBER_CHECK(st.stage != Stage::stepped, "amp::GradScaler::unscale_: called after step(); call update() first");
+    NoGradGuard ng;
+    const double inv = 1.0 / scale_;
+    bool found = false;
+    for (auto& group : opt.param_groups())
+      for (auto& p : group.params) {
+        if (!p.has_meta() || !p.grad().defined()) continue;
+        found = detail::unscale_and_check(p.grad(), inv, "amp::GradScaler::unscale_") || found;
+      }
+    st.found_inf = found;
+    st.stage = Stage::unscaled;
+  }
+
+  /// Unscales (if unscale_ was not called) and runs opt.step() unless a gradient was inf or NaN. Returns whether
+  /// the optimizer stepped.
+  template <class Opt>
+  bool step(Opt& opt) {
+    if (!enabled_) {
+      opt.step();
+      return true;
+    }
+    OptState& st = state_of(&opt);
+    EMBER_CHECK(st.stage != Stage::stepped, "amp::GradScaler::step: already called on this optimizer since the last "
+                "update()");
+    if (st.stage == Stage::ready) unscale_(opt);
+    st.stage = Stage::stepped;
+    if (st.found_inf) return false;
+    opt.step();
+    return true;
+  }
+
+  /// Adjusts the scale from this iteration's inf checks: times backoff_factor if any optimizer found inf/NaN
+  /// (and the growth count restarts), times growth_factor after growth_interval clean updates in a row.
+  void update() {
+    if (!enabled_) return;
+    EMBER_CHECK(!opts_.empty(), "amp::GradScaler::update: no inf checks were recorded since the last update(); call "
+                "unscale_() or step() first");
+    bool found = false;
+    for (const auto& o : opts_) found = found || o.second.found_inf;
+    opts_.clear();
+    if (found) {
+      scale_ = std::max(scale_ * backoff_factor_, double(std::numeric_limits<float>::min()));
+      growth_tracker_ = 0;
+    } else if (++growth_tracker_ == growth_interval_) {
+      const double grown = scale_ * growth_factor_;
+      if (std::isfinite(float(grown))) scale_ = grown;
+      growth_tracker_ = 0;
+    }
+  }
+  /// Sets the scale directly (and restarts the growth count), like update(new_scale).
+  void update(double new_scale) {
+    if (!enabled_) return;
+    EMBER_CHECK(std::isfinite(new_scale) && new_scale > 0, "amp::GradScaler::update: the new scale must be finite "
+                "and positive, got ", new_scale);
+    opts_.clear();
+    scale_ = new_scale;
+    growth_tracker_ = 0;
+  }
+
+  /// The current scale (1 when disabled).
+  double get_scale() const { return enabled_ ? scale_ : 1.0; }
+  std::int64_t get_growth_tracker() const { return growth_tracker_; }
+  bool is_enabled() const { return enabled_; }
+  /// Whether the last step() on this optimizer was skipped for a non-finite gradient (until update()).
+  template <class Opt>
+  bool found_inf(const Opt& opt) const {
+    for (const auto& o : opts_)
+      if (o.first == static_cast<const void*>(&opt)) return o.second.found_inf;
+    return false;
+  }
+
+  /// PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker (0-d float64); empty
+  /// when disabled.
+  StateDict state_dict() const {
+    StateDict sd;
+    if (!enabled_) return sd;
+    auto scalar = [](double v) { return full<double>(Shape{}, v); };
+    sd["scale"] = scalar(scale_);
+    sd["growth_factor"] = scalar(growth_factor_);
+    sd["backoff_factor"] = scalar(backoff_factor_);
+    sd["growth_interval"] = scalar(double(growth_interval_));
+    sd["_growth_tracker"] = scalar(double(growth_tracker_));
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) {
+    EMBER_CHECK(enabled_ || sd.empty(), "amp::GradScaler::load_state_dict: this scaler is disabled but the state is "
+                "not empty");
+    if (!enabled_) return;
+    EMBER_CHECK(!sd.empty(), "amp::GradScaler::load_state_dict: the state is empty (saved from a disabled scaler?)");
+    const double s = detail::read_state(sd, "scale"), gf = detail::read_state(sd, "growth_factor"),
+                 bf = detail::read_state(sd, "backoff_factor"), gi = detail::read_state(sd, "growth_interval"),
+                 gt = detail::read_state(sd, "_growth_tracker");
+    EMBER_CHECK(std::isfinite(s) && s > 0 && gf > 1 && bf > 0 && bf < 1 && gi >= 1 && gi < 9.0e15 && gt >= 0 &&
+                    gt < gi && gi == std::floor(gi) && gt == std::floor(gt),
+                "amp::GradScaler::load_state_dict: inconsistent state (scale ", s, ", growth_factor ", gf,
+                ", backoff_factor ", bf, ", growth_interval ", gi, ", _growth_tracker ", gt, ")");
+    scale_ = s;
+    growth_factor_ = gf;
+    backoff_factor_ = bf;
+    growth_interval_ = std::int64_t(gi);
+    growth_tracker_ = std::int64_t(gt);
+    opts_.clear();
+  }
+
+ private:
+  enum class Stage { ready, unscaled, stepped };
+  struct OptState {
+    Stage stage = Stage::ready;
+    bool found_inf = false;
+  };
+  OptState& state_of(const void* opt) {
+    for (auto& o : opts_)
+      if (o.first == opt) return o.second;
+    opts_.emplace_back(opt, OptState{});
+    return opts_.back().second;
+  }
+
+  double scale_;
+  double growth_factor_, backoff_factor_;
+  std::int64_t growth_interval_;
+  std::int64_t growth_tracker_ = 0;
+  bool enabled_;
+  std::vector<std::pair<const void*, OptState>> opts_;  // per optimizer, since the last update()
+};
+
+}  // namespace ember::amp

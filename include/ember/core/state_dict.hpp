@@ -1,0 +1,31 @@
+// ember — the state dict: name -> tensor of any state dtype, the form modules, optimizers, schedulers and the loss
+// scaler save and load (nn::StateDict names the same type).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include "ember/core/dtype.hpp"
+#include "ember/core/tensor.hpp"
+
+namespace ember {
+
+/// A tensor of any of the dtypes a state dict can hold.
+using StateTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
+/// Fully qualified name -> tensor, ordered by name.
+using StateDict = std::map<std::string, StateTensor>;
+
+/// The dtype and shape of a StateTensor, for messages.
+inline std::string describe(const StateTensor& t) {
+  return std::visit(
+      [](const auto& x) {
+        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+        return std::string(dtype_name<T>()) + (x.defined() ? " " + x.shape().str() : std::string(" (undefined)"));
+      },
+      t);
+}
+
+}  // namespace ember
