@@ -11,7 +11,7 @@
 #              compiling the library's source (src/precompiled.cpp) once, whose time is printed too
 #   --trace    also compile each TU with clang++ -ftime-trace and print where the time went: front end vs back
 #              end, the headers that cost most to parse, and the templates that cost most to instantiate
-#   TU ...     other files to measure (default: the CNN example, the ResNet and transformer programs in
+#   TU ...     other files to measure (default: the fp32 CNN, the ResNet and transformer programs in
 #              bench/compile_time/)
 #
 # Environment: CXX (default g++), EMBER_CT_FLAGS (default "-O2 -march=native"), CLANGXX (default clang++).
@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#tus[@]} -eq 0 ]; then
-  tus=("$root/examples/04_fashion_mnist_cnn.cpp" "$root/bench/compile_time/resnet_fmnist.cpp"
+  tus=("$root/bench/compile_time/cnn_fmnist.cpp" "$root/bench/compile_time/resnet_fmnist.cpp"
        "$root/bench/compile_time/char_transformer.cpp")
 fi
 command -v /usr/bin/time >/dev/null || { echo "compile_time.sh: needs GNU time (apt-get install time)" >&2; exit 2; }

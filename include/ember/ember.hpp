@@ -78,7 +78,7 @@
 // own. Fused expressions, which differ per call site, are always compiled where they are written. The library is
 // built for the CPU only: with CUDA the precompiled copies would lack the GPU paths, so the two do not combine.
 #ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)
-// float and bfloat16: the layers' compute dtypes under the fp32 and bf16 precision policies.
+// float, bfloat16 and half: the layers' compute dtypes under the fp32, bf16 and fp16 precision policies.
 #define EMBER_PRECOMPILED_OPS(T)                                                                                      \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);        \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> mm<T>(const Tensor<T>&, const Tensor<T>&);                              \
@@ -107,9 +107,11 @@
 namespace ember {
 EMBER_PRECOMPILED_OPS(float)
 EMBER_PRECOMPILED_OPS(bfloat16)
+EMBER_PRECOMPILED_OPS(half)
 EMBER_PRECOMPILED_KERNELS(float)
 EMBER_PRECOMPILED_KERNELS(double)
 EMBER_PRECOMPILED_KERNELS(bfloat16)
+EMBER_PRECOMPILED_KERNELS(half)
 EMBER_PRECOMPILED_KERNELS(std::int64_t)
 // sum() and argmax() of a float tensor.
 EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::SumR<double>, float, expr::TensorLeaf<float, false>>(
@@ -153,14 +155,19 @@ nn::Module::named_parameters<float>(bool) const;
 EMBER_PRECOMPILED_EXTERN template class optim::SGD<float>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, false>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, true>;
-EMBER_PRECOMPILED_EXTERN template class nn::LinearT<amp::fp32>;
-EMBER_PRECOMPILED_EXTERN template class nn::Conv2dT<amp::fp32>;
-EMBER_PRECOMPILED_EXTERN template class nn::BatchNormT<2, amp::fp32>;
-EMBER_PRECOMPILED_EXTERN template class nn::LayerNormT<amp::fp32>;
-EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<amp::fp32>;
+#define EMBER_PRECOMPILED_LAYERS(P)                                                                                   \
+  EMBER_PRECOMPILED_EXTERN template class nn::LinearT<P>;                                                             \
+  EMBER_PRECOMPILED_EXTERN template class nn::Conv2dT<P>;                                                             \
+  EMBER_PRECOMPILED_EXTERN template class nn::BatchNormT<2, P>;                                                       \
+  EMBER_PRECOMPILED_EXTERN template class nn::LayerNormT<P>;                                                          \
+  EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<P>;
+EMBER_PRECOMPILED_LAYERS(amp::fp32)
+EMBER_PRECOMPILED_LAYERS(amp::bf16_mixed)
+EMBER_PRECOMPILED_LAYERS(amp::fp16_mixed)
 }  // namespace ember
 #undef EMBER_PRECOMPILED_OPS
 #undef EMBER_PRECOMPILED_KERNELS
 #undef EMBER_PRECOMPILED_TENSOR
 #undef EMBER_PRECOMPILED_NODES
+#undef EMBER_PRECOMPILED_LAYERS
 #endif
