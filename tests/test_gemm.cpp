@@ -255,12 +255,14 @@ TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity"
       }
   }
   // Sums past the format's range become infinity, with their sign.
-  const half ha[2] = {half(60000.0f), half(60000.0f)}, hb[2] = {half(1.0f), half(-1.0f)};
+  const half ha[2] = {half(60000.0f), half(60000.0f)}, hb[4] = {half(1.0f), half(-1.0f), half(1.0f), half(-1.0f)};
   half hc[2];
-  cpu::gemm<half>(1, 2, 1, {ha, 1, 1}, {hb, 2, 1}, hc, 2, false);
+  cpu::gemm<half>(1, 2, 1, {ha, 1, 1}, {hb, 2, 1}, hc, 2, false);  // 60000 * [1, -1]
   CHECK(float(hc[0]) == 60000.0f);
+  CHECK(float(hc[1]) == -60000.0f);
   cpu::gemm<half>(1, 2, 2, {ha, 2, 1}, {hb, 1, 2}, hc, 2, false);  // 60000 * 1 + 60000 * -1 = 0, twice
   CHECK(float(hc[0]) == 0.0f);
+  CHECK(float(hc[1]) == 0.0f);
   const half hd[2] = {half(1.0f), half(1.0f)};
   cpu::gemm<half>(1, 1, 2, {ha, 2, 1}, {hd, 1, 1}, hc, 1, false);
   CHECK(std::isinf(float(hc[0])));

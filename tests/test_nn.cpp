@@ -3,9 +3,11 @@
 // the precision-policy parameter of layers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -391,4 +393,97 @@ TEST_CASE("index_select and its backward: negative indices are an error, as torc
   EXPECT_ERROR([&] { (void)ops::index_add(Shape{4, 3}, 0, tensor<std::int64_t>({-1}), randn<double>({1, 3})); },
                {"index_add", "index -1", "[0, 4)"});
   CHECK(index_select(x, 0, tensor<std::int64_t>({3})).to_vector() == x[3].contiguous().to_vector());
+}
+
+namespace {
+// max |got - ref| / max |ref| over all elements (a norm-wise relative error).
+double rel_err(const Tensor<float>& got, const Tensor<float>& ref) {
+  const Tensor<float> g = got.contiguous(), r = ref.contiguous();
+  double num = 0, den = 0;
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    num = std::max(num, std::fabs(double(g.data()[i]) - double(r.data()[i])));
+    den = std::max(den, std::fabs(double(r.data()[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// Runs a policy layer and its fp32 twin (same parameters) on the same inputs (rounded to the compute type once),
+// forward and backward against the same output gradient, and checks that the output, the input gradient and every
+// parameter gradient (on the fp32 masters) agree norm-wise within 16 units of the compute type's epsilon: the
+// inputs and outputs are rounded once each and everything inside accumulates in fp32.
+template <class C, class LayerC, class LayerF, class In>
+void check_policy_layer(const char* what, LayerC& lc, LayerF& lf, const In& input) {
+  CAPTURE(what);
+  lf.load_state_dict(lc.state_dict());
+  const double tol = 16 * double(std::numeric_limits<C>::epsilon());
+  Tensor<C> yc;
+  Tensor<float> yf, xc_grad, xf_grad;
+  if constexpr (std::is_same_v<In, Tensor<float>>) {
+    Tensor<C> xc = cast<C>(input);
+    Tensor<float> xf = cast<float>(xc);
+    xc.requires_grad_(true);
+    xf.requires_grad_(true);
+    yc = lc(xc);
+    yf = lf(xf);
+    const Tensor<float> g = cast<float>(Tensor<C>(cast<C>(randn<float>(yf.shape()))));
+    sum(cast<float>(yc) * g).backward();
+    sum(yf * g).backward();
+    CHECK(rel_err(Tensor<float>(cast<float>(xc.grad())), xf.grad()) <= tol);
+  } else {  // indices
+    yc = lc(input);
+    yf = lf(input);
+    const Tensor<float> g = cast<float>(Tensor<C>(cast<C>(randn<float>(yf.shape()))));
+    sum(cast<float>(yc) * g).backward();
+    sum(yf * g).backward();
+  }
+  CHECK(rel_err(Tensor<float>(cast<float>(yc)), yf) <= tol);
+  const auto pc = lc.template named_parameters<float>(), pf = lf.template named_parameters<float>();
+  REQUIRE(pc.size() == pf.size());
+  for (std::size_t i = 0; i < pc.size(); ++i) {
+    CAPTURE(pc[i].first);
+    REQUIRE(pc[i].second.grad().defined());  // the gradient lands on the fp32 master
+    CHECK(rel_err(pc[i].second.grad(), pf[i].second.grad()) <= tol);
+  }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("Precision policies: Linear, Conv2d, BatchNorm2d, LayerNorm, Embedding in bf16/fp16 match fp32", P,
+                   amp::bf16_mixed, amp::fp16_mixed) {
+  using C = typename P::compute_t;
+  manual_seed(21);
+  {
+    nn::LinearT<P> lc(40, 24);
+    nn::Linear lf(40, 24);
+    check_policy_layer<C>("Linear", lc, lf, randn<float>({16, 40}));
+  }
+  {
+    nn::Conv2dT<P> lc(6, 8, 3, {.padding = 1});
+    nn::Conv2d lf(6, 8, 3, {.padding = 1});
+    check_policy_layer<C>("Conv2d", lc, lf, randn<float>({4, 6, 9, 9}));
+  }
+  {
+    nn::BatchNormT<2, P> lc(6);
+    nn::BatchNorm2d lf(6);
+    {
+      NoGradGuard ng;
+      lc.weight.copy_(Tensor<float>(rand<float>({6}) + 0.5f));
+      lc.bias.copy_(randn<float>({6}));
+    }
+    check_policy_layer<C>("BatchNorm2d", lc, lf, Tensor<float>(randn<float>({8, 6, 5, 5}) * 3.0f + 1.0f));
+  }
+  {
+    nn::LayerNormT<P> lc(32);
+    nn::LayerNorm lf(32);
+    {
+      NoGradGuard ng;
+      lc.weight.copy_(Tensor<float>(rand<float>({32}) + 0.5f));
+      lc.bias.copy_(randn<float>({32}));
+    }
+    check_policy_layer<C>("LayerNorm", lc, lf, Tensor<float>(randn<float>({10, 32}) * 2.0f - 1.0f));
+  }
+  {
+    nn::EmbeddingT<P> lc(50, 12);
+    nn::Embedding lf(50, 12);
+    check_policy_layer<C>("Embedding", lc, lf, randint<std::int64_t>(0, 50, {7, 5}));
+  }
 }
