@@ -443,4 +443,14 @@ TEST_CASE("errors: CUDA tensors in a translation unit that nvcc did not compile"
   q.grad() = y;
   optim::SGD<float> mixed({q}, optim::SGDOptions{.lr = 0.1});
   EXPECT_ERROR([&] { mixed.step(); }, {"optim::SGD", "cpu", "cuda:0"});
+  // The loss scaler's unscale kernel and the class-index loss kernels for CUDA tensors are nvcc-only too.
+  amp::GradScaler scaler;
+  EXPECT_ERROR([&] { scaler.unscale_(sgd); }, {"amp::GradScaler::unscale_", "cuda:0", "nvcc"});
+  static std::int64_t labels[4] = {};
+  const Tensor<std::int64_t> tc = from_blob(labels, {4}, {}, cu), th = zeros<std::int64_t>({4});
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(x, tc); }, {"cross_entropy", "cuda:0", "nvcc"});
+  EXPECT_ERROR([&] { (void)nn::nll_loss<float, false>(x, tc); }, {"nll_loss", "cuda:0", "nvcc"});
+  // Targets on another device than the input: named, before any kernel runs.
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(x, th); }, {"cross_entropy", "target", "cpu", "cuda:0"});
+  EXPECT_ERROR([&] { (void)nn::nll_loss<float, false>(c, tc); }, {"nll_loss", "target", "cpu", "cuda:0"});
 }

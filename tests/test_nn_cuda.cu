@@ -526,3 +526,137 @@ TEST_CASE_TEMPLATE("cuda softmax and log_softmax along every dim equal the CPU, 
   y.backward(G);
   expect_close(Xg.grad(), ops::log_softmax_backward(dbl(to_host(y)), gd, 1), rtol<T>(), "log_softmax autograd");
 }
+
+// ---- class-index losses, gradient clipping and loss scaling on CUDA ------------------------------------------------
+
+TEST_CASE_TEMPLATE("cuda cross_entropy and nll_loss equal the CPU: weights, ignore_index, smoothing, (N, C, d)", T,
+                   float, double, ember::half, ember::bfloat16) {
+  SKIP_WITHOUT_DEVICE();
+  // (N, C) with C above a warp and (N, C, d1, d2) with the class dim strided; some targets ignored.
+  for (const Shape& s : {Shape{9, 45}, Shape{3, 5, 4, 3}, Shape{0, 6}, Shape{7}}) {
+    const i64 C = s.n == 1 ? s[0] : s[1];
+    Shape ts;
+    if (s.n > 1) {
+      ts.push_back(s[0]);
+      for (int i = 2; i < s.n; ++i) ts.push_back(s[i]);
+    }
+    Tensor<i64> t = empty<i64>(ts);
+    for (i64 i = 0; i < t.numel(); ++i) t.data()[i] = i % 5 == 3 ? -100 : (i * 7 + 3) % C;
+    const Tensor<T> x = rnd<T>(s, 200, 4.0), w = cast<T>(rnd<double>({C}, 201) * 0.3 + 1.0);
+    const Tensor<double> xd = dbl(x), wd = dbl(w);
+    for (const bool weighted : {false, true})
+      for (const double eps : {0.0, 0.2})
+        for (const auto r : {nn::Reduction::Mean, nn::Reduction::Sum, nn::Reduction::None}) {
+          CAPTURE(s.str());
+          CAPTURE(weighted);
+          CAPTURE(eps);
+          CAPTURE(int(r));
+          nn::CrossEntropyOptions<double> od{.ignore_index = -100, .label_smoothing = eps, .reduction = r};
+          nn::CrossEntropyOptions<T> o{.ignore_index = -100, .label_smoothing = eps, .reduction = r};
+          if (weighted) {
+            od.weight = wd;
+            o.weight = to_dev(w);
+          }
+          Tensor<double> xr = xd.clone();
+          xr.requires_grad_();
+          const Tensor<double> ref = nn::cross_entropy(xr, t, od);
+          Tensor<T> X = to_dev(x);
+          X.requires_grad_();
+          const Tensor<T> got = nn::cross_entropy(X, to_dev(t), o);
+          expect_close(got, ref, rtol<T>(), "cross_entropy");
+          const Tensor<double> gd = r == nn::Reduction::None ? dbl(rnd<T>(ref.shape(), 202)) : full<double>({}, 0.75);
+          ref.backward(gd);
+          got.backward(to_dev(Tensor<T>(cast<T>(gd))));
+          expect_close(X.grad(), xr.grad(), rtol<T>(), "cross_entropy backward");
+          if (eps > 0) continue;
+          // nll_loss on log-probabilities (the CPU's own log_softmax, rounded to T).
+          const int cdim = s.n == 1 ? 0 : 1;
+          const Tensor<T> lp = cast<T>(ops::log_softmax(xd, cdim));
+          nn::NllLossOptions<double> nd{.ignore_index = -100, .reduction = r};
+          nn::NllLossOptions<T> n{.ignore_index = -100, .reduction = r};
+          if (weighted) {
+            nd.weight = wd;
+            n.weight = to_dev(w);
+          }
+          Tensor<double> lr = dbl(lp);
+          lr.requires_grad_();
+          const Tensor<double> nref = nn::nll_loss<double, false>(lr, t, nd);
+          Tensor<T> L = to_dev(lp);
+          L.requires_grad_();
+          const Tensor<T> ngot = nn::nll_loss<T, false>(L, to_dev(t), n);
+          expect_close(ngot, nref, rtol<T>(), "nll_loss");
+          nref.backward(gd);
+          ngot.backward(to_dev(Tensor<T>(cast<T>(gd))));
+          expect_close(L.grad(), lr.grad(), rtol<T>(), "nll_loss backward");
+        }
+  }
+}
+
+TEST_CASE("cuda cross_entropy and nll_loss: a target out of range is an error naming its position") {
+  SKIP_WITHOUT_DEVICE();
+  const Tensor<float> X = to_dev(rnd<float>({4, 3}, 210));
+  const Tensor<i64> t = to_dev(from_vector<i64>({0, 2, 3, 1}, {4}));
+  EXPECT_ERROR([&] { (void)nn::cross_entropy(X, t); }, {"cross_entropy", "target 3", "position 2", "3 classes"});
+  EXPECT_ERROR([&] { (void)nn::nll_loss<float, false>(X, t); }, {"nll_loss", "target 3", "position 2"});
+  // ignore_index is not out of range; all ignored gives NaN under Mean, as in PyTorch.
+  const Tensor<i64> ig = to_dev(from_vector<i64>({-100, -100, -100, -100}, {4}));
+  CHECK(std::isnan(nn::cross_entropy(X, ig).item()));
+  // Large logits stay finite (the max is subtracted before exp).
+  const Tensor<float> big = to_dev(Tensor<float>(cast<float>(rnd<double>({4, 3}, 211) * 1e4)));
+  CHECK(std::isfinite(nn::cross_entropy(big, to_dev(from_vector<i64>({0, 2, 1, 1}, {4}))).item()));
+}
+
+TEST_CASE("cuda clip_grad_norm_ equals the CPU for norms 2, 1, 3 and infinity") {
+  SKIP_WITHOUT_DEVICE();
+  for (const double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
+    CAPTURE(p);
+    std::vector<Tensor<float>> hp, dp;
+    for (int i = 0; i < 3; ++i) {
+      Tensor<float> a = zeros<float>({5 + i, 3}), b = to_dev(a);
+      a.requires_grad_();
+      b.requires_grad_();
+      a.grad() = rnd<float>({5 + i, 3}, 220 + std::uint64_t(i), 2.0);
+      b.grad() = to_dev(a.grad());
+      hp.push_back(a);
+      dp.push_back(b);
+    }
+    const double nh = optim::clip_grad_norm_(hp, 0.5, p), nd = optim::clip_grad_norm_(dp, 0.5, p);
+    CHECK(nd == doctest::Approx(nh).epsilon(1e-5));
+    for (int i = 0; i < 3; ++i) expect_close(dp[std::size_t(i)].grad(), dbl(hp[std::size_t(i)].grad()), 2e-5, "clipped");
+  }
+}
+
+TEST_CASE("cuda GradScaler: unscale_ on device gradients, an injected inf skips the step and halves the scale") {
+  SKIP_WITHOUT_DEVICE();
+  Tensor<float> a = to_dev(full<float>({3, 4}, 1.0f)), b = to_dev(full<float>({5}, 2.0f));
+  a.requires_grad_();
+  b.requires_grad_();
+  optim::SGD<float> opt({a, b}, optim::SGDOptions{.lr = 0.5});
+  amp::GradScaler scaler({.init_scale = 1024.0});
+  a.grad() = to_dev(full<float>({3, 4}, 2048.0f));
+  b.grad() = to_dev(full<float>({5}, 512.0f));
+  CHECK(scaler.step(opt));
+  scaler.update();
+  expect_close(a, full<double>({3, 4}, 0.0), 0, "a stepped by the unscaled gradient 2");
+  expect_close(b, full<double>({5}, 1.75), 0, "b stepped by 0.5");
+  // inf in one element of one gradient: no step, scale halves.
+  Tensor<float> gb = full<float>({5}, 1.0f);
+  gb.data()[3] = INFINITY;
+  a.grad() = to_dev(full<float>({3, 4}, 1.0f));
+  b.grad() = to_dev(gb);
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.get_scale() == 512.0);
+  expect_close(a, full<double>({3, 4}, 0.0), 0, "a untouched");
+  // A NaN is caught as well, and unscale_ then step does not unscale twice.
+  Tensor<float> ga = full<float>({3, 4}, 512.0f);
+  ga.data()[5] = NAN;
+  a.grad() = to_dev(ga);
+  b.grad() = to_dev(full<float>({5}, 512.0f));
+  scaler.unscale_(opt);
+  CHECK(scaler.found_inf(opt));
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.get_scale() == 256.0);
+  expect_close(b, full<double>({5}, 1.75), 0, "b untouched");
+}

@@ -8,6 +8,7 @@
 // underflow to 0 after ~150 consecutive overflows, after which every step is skipped for good).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -22,6 +23,13 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/cpu/thread_pool.hpp"
+
+#if EMBER_WITH_CUDA && defined(__CUDACC__)
+#include "ember/cuda/amp.cuh"
+#define EMBER_CUDA_UNSCALE 1
+#else
+#define EMBER_CUDA_UNSCALE 0
+#endif
 
 namespace ember::amp {
 
@@ -47,19 +55,42 @@ EMBER_VECTORIZE bool unscale_chunk(T* EMBER_RESTRICT g, std::int64_t n, T inv) {
   return bad != 0;
 }
 
-inline double read_state(const StateDict& sd, const char* key) {
-  const auto it = sd.find(key);
-  EMBER_CHECK(it != sd.end(), "amp::GradScaler::load_state_dict: missing key '", key, "'");
-  const auto* t = std::get_if<Tensor<double>>(&it->second);
-  EMBER_CHECK(t && t->numel() == 1, "amp::GradScaler::load_state_dict: '", key, "' must be a one-element float64 "
-              "tensor, got ", describe(it->second));
-  return t->item();
+/// The found-inf flags of one unscale_ on CUDA gradients: one int32 per device, read back once at the end.
+struct DeviceFlags {
+  std::vector<Tensor<std::int32_t>> flags;
+  std::int32_t* flag_for(Device d) {
+    for (auto& f : flags)
+      if (f.device() == d) return f.data();
+    flags.push_back(zeros<std::int32_t>(Shape{1}, d));
+    return flags.back().data();
+  }
+  bool any() const {
+    for (const auto& f : flags)
+      if (f.item() != 0) return true;
+    return false;
+  }
+};
+
+/// A CUDA gradient: unscaled on its device, the flag set there (no host sync here).
+template <class T>
+void unscale_device(Tensor<T>& grad, double inv_scale, DeviceFlags& flags, const char* op) {
+#if EMBER_CUDA_UNSCALE
+  if (!grad.is_contiguous()) grad = grad.contiguous();
+  cuda::DeviceGuard guard(grad.device());
+  cuda::unscale_and_check(grad.data(), grad.numel(), inv_scale, flags.flag_for(grad.device()),
+                          grad.device().index);
+  grad.bump_version();
+#else
+  (void)inv_scale, (void)flags;
+  throw Error(::ember::detail::concat(op, ": a gradient is on ", grad.device().str(), ", but this translation unit "
+                                      "was not compiled by nvcc; the unscale kernel for CUDA gradients is "
+                                      "instantiated in the user's own translation unit, so compile it with nvcc "
+                                      "(a .cu file) and link ember::cuda"));
+#endif
 }
 
 template <class T>
-bool unscale_and_check(Tensor<T>& grad, double inv_scale, const char* op) {
-  EMBER_CHECK(grad.device().is_cpu(), op, ": a gradient is on ", grad.device().str(),
-              "; the CUDA unscale kernel is not built yet (GradScaler runs on CPU gradients)");
+bool unscale_and_check(Tensor<T>& grad, double inv_scale) {
   if (!grad.is_contiguous()) grad = grad.contiguous();
   T* d = grad.data();
   const T inv = T(inv_scale);
@@ -131,13 +162,16 @@ class GradScaler {
     EMBER_CHECK(st.stage != Stage::stepped, "amp::GradScaler::unscale_: called after step(); call update() first");
     NoGradGuard ng;
     const double inv = 1.0 / scale_;
+    constexpr const char* op = "amp::GradScaler::unscale_";
     bool found = false;
+    detail::DeviceFlags flags;
     for (auto& group : opt.param_groups())
       for (auto& p : group.params) {
         if (!p.has_meta() || !p.grad().defined()) continue;
-        found = detail::unscale_and_check(p.grad(), inv, "amp::GradScaler::unscale_") || found;
+        if (p.grad().device().is_cpu()) found = detail::unscale_and_check(p.grad(), inv) || found;
+        else detail::unscale_device(p.grad(), inv, flags, op);
       }
-    st.found_inf = found;
+    st.found_inf = flags.any() || found;
     st.stage = Stage::unscaled;
   }
 
@@ -217,9 +251,10 @@ class GradScaler {
                 "not empty");
     if (!enabled_) return;
     EMBER_CHECK(!sd.empty(), "amp::GradScaler::load_state_dict: the state is empty (saved from a disabled scaler?)");
-    const double s = detail::read_state(sd, "scale"), gf = detail::read_state(sd, "growth_factor"),
-                 bf = detail::read_state(sd, "backoff_factor"), gi = detail::read_state(sd, "growth_interval"),
-                 gt = detail::read_state(sd, "_growth_tracker");
+    constexpr const char* kName = "amp::GradScaler";
+    const double s = read_scalar(sd, "scale", kName), gf = read_scalar(sd, "growth_factor", kName),
+                 bf = read_scalar(sd, "backoff_factor", kName), gi = read_scalar(sd, "growth_interval", kName),
+                 gt = read_scalar(sd, "_growth_tracker", kName);
     EMBER_CHECK(std::isfinite(s) && s > 0 && gf > 1 && bf > 0 && bf < 1 && gi >= 1 && gi < 9.0e15 && gt >= 0 &&
                     gt < gi && gi == std::floor(gi) && gt == std::floor(gt),
                 "amp::GradScaler::load_state_dict: inconsistent state (scale ", s, ", growth_factor ", gf,

@@ -28,4 +28,15 @@ inline std::string describe(const StateTensor& t) {
       t);
 }
 
+/// The value of a one-element float64 entry (how optimizers and the loss scaler save their scalars); a missing
+/// key or another dtype or size is an error naming `op` (e.g. "optim::SGD") and the key.
+inline double read_scalar(const StateDict& sd, const std::string& key, const char* op) {
+  const auto it = sd.find(key);
+  EMBER_CHECK(it != sd.end(), op, "::load_state_dict: missing key '", key, "'");
+  const auto* t = std::get_if<Tensor<double>>(&it->second);
+  EMBER_CHECK(t && t->numel() == 1, op, "::load_state_dict: '", key, "' must be a one-element float64 tensor, got ",
+              describe(it->second));
+  return t->item();
+}
+
 }  // namespace ember

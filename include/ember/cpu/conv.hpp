@@ -215,8 +215,7 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
                      acols + gi * Kg * L, L, false);
         std::fill(img, img + g.c * HW, A(0));
         detail::col2im(g, acols, img);
-        if constexpr (!wide)
-          for (std::int64_t e = 0; e < g.c * HW; ++e) gxi[e] = T(img[e]);
+        if constexpr (!wide) detail::gemm::store_run(gxi, img, g.c * HW, false);
       }
     }
   });
@@ -235,10 +234,8 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
       const A* p = part.data() + t * (wn + g.o);
       for (std::int64_t k = 0; k < wn + g.o; ++k) p0[k] += p[k];
     }
-    if (gw)
-      for (std::int64_t k = 0; k < wn; ++k) gw[k] = T(p0[k]);
-    if (gb)
-      for (std::int64_t k = 0; k < g.o; ++k) gb[k] = T(p0[wn + k]);
+    if (gw) detail::gemm::store_run(gw, p0, wn, false);
+    if (gb) detail::gemm::store_run(gb, p0 + wn, g.o, false);
   }
 }
 

@@ -10,7 +10,8 @@
 /// | a value (regression)         | `mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`                    |
 ///
 /// cross_entropy = nll_loss(log_softmax(logits, 1)), fused: one pass forward, one backward (softmax - smoothed
-/// one-hot), stable for logits of any scale. nll_loss checks, in builds without NDEBUG (or with
+/// one-hot), stable for logits of any scale. Their kernels are ops/loss.hpp's, on the CPU and on CUDA (in a
+/// translation unit compiled by nvcc), computing in fp32 inside for bf16/fp16 inputs. nll_loss checks, in builds without NDEBUG (or with
 /// EMBER_DEBUG_CHECKS=1, or after nn::set_debug_checks(true)), that its input really holds log-probabilities: no
 /// entry above 0 and exp of each row summing to 1; raw logits or probabilities passed by mistake then fail loudly
 /// instead of training badly. Target classes outside [0, C) (other than ignore_index) are always an error.
@@ -39,6 +40,7 @@
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/detail/fastmath.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/ops/loss.hpp"
 #include "ember/ops/softmax.hpp"
 
 /// EMBER_DEBUG_CHECKS: 1 turns on the debug checks of the losses (nll_loss's log-probability check); the default
@@ -55,7 +57,7 @@
 namespace ember::nn {
 
 /// How a loss reduces its per-element values: keep them (None), average (Mean) or add (Sum).
-enum class Reduction { None, Mean, Sum };
+using Reduction = ops::Reduction;
 
 /// Options of cross_entropy (F.cross_entropy).
 template <class T>
@@ -94,9 +96,7 @@ namespace detail {
 
 using i64 = std::int64_t;
 
-inline const char* reduction_name(Reduction r) {
-  return r == Reduction::None ? "none" : r == Reduction::Sum ? "sum" : "mean";
-}
+using ops::reduction_name;
 
 // ---- element-wise loss rows of the op table (forward + derivative, host and device) ---------------------------
 
@@ -167,220 +167,56 @@ void check_same_shape(const Tensor<T>& input, const Tensor<T>& target, const cha
               " (broadcasting a loss silently is a common bug: reshape one of them)");
 }
 
-// ---- class-indexed losses -----------------------------------------------------------------------------------
-
-/// input (N, C, d...) or (C), target (N, d...) or (): N positions per d-block, D = prod(d...).
-struct ClassGeom {
-  i64 N = 1, C = 1, D = 1;
-  Shape in, out;  // input shape; shape of the unreduced loss (= target's)
-  std::vector<i64> target;  // (N * D) in (n, d...) order
-};
+// ---- class-indexed losses: the kernels are ops/loss.hpp's; these nodes put them on the graph ----------------
 
 template <class T>
-ClassGeom class_geom(const Tensor<T>& input, const Tensor<i64>& target, const Tensor<T>& weight, i64 ignore_index,
-                     const char* op) {
-  EMBER_CHECK(input.defined() && target.defined(), op, ": input and target must be defined");
-  input.check_cpu(op);
-  target.check_cpu(op);
-  const Shape& is = input.shape();
-  ClassGeom g;
-  g.in = is;
-  EMBER_CHECK(is.n >= 1, op, ": expected an input of shape (N, C), (N, C, d1, ...) or (C), got a 0-d tensor");
-  Shape expect;
-  if (is.n == 1) {
-    g.C = is[0];
-  } else {
-    g.N = is[0];
-    g.C = is[1];
-    expect.push_back(is[0]);
-    for (int i = 2; i < is.n; ++i) {
-      expect.push_back(is[i]);
-      g.D *= is[i];
-    }
+struct ClassLossNode final : autograd::TypedNode<T> {
+  bool ce = true;                // cross_entropy, else nll_loss
+  autograd::Saved<T> input;      // cross_entropy: the scores as its kernel read them (version-checked)
+  ops::ClassLossSaved<T> saved;  // the rest (saved.input is moved into `input`)
+  ops::ClassLossOptions options;
+  const char* name() const override { return ce ? "CrossEntropyBackward" : "NllLossBackward"; }
+  void release() override {
+    input = autograd::Saved<T>();
+    saved = ops::ClassLossSaved<T>();
   }
-  EMBER_CHECK(target.shape() == expect, op, ": target of shape ", target.shape().str(), " does not match the input of shape ",
-              is.str(), " (expected a target of shape ", expect.str(),
-              is.n >= 2 ? ": the input without its class dim 1)" : ": a 0-d class index for a (C) input)");
-  EMBER_CHECK(!weight.defined() || (weight.dim() == 1 && weight.numel() == g.C), op, ": weight of shape ",
-              weight.shape().str(), " does not match ", g.C, " classes (input of shape ", is.str(),
-              "; expected weight of shape [", g.C, "])");
-  g.out = expect;
-  const Tensor<i64> tc = target.contiguous();
-  g.target.assign(tc.data(), tc.data() + tc.numel());
-  for (std::size_t p = 0; p < g.target.size(); ++p) {
-    const i64 t = g.target[p];
-    EMBER_CHECK(t == ignore_index || (t >= 0 && t < g.C), op, ": target ", t, " at position ", p,
-                " is out of range for ", g.C, " classes (expected a class index in [0, ", g.C,
-                ") or ignore_index ", ignore_index, "; input shape ", is.str(), ")");
-  }
-  return g;
-}
-
-template <class T>
-std::vector<compute_t<T>> weight_values(const Tensor<T>& w) {
-  std::vector<compute_t<T>> v;
-  if (!w.defined()) return v;
-  w.check_cpu("loss weight");
-  for (i64 i = 0; i < w.numel(); ++i) v.push_back(static_cast<compute_t<T>>(w.data()[i * w.strides()[0]]));
-  return v;
-}
-
-/// The per-row scale of a class loss's backward: grad (None) or grad / total weight (Mean) or grad (Sum).
-template <class T>
-struct GradScale {
-  const T* g = nullptr;  // None: one per position
-  double s = 1;          // Mean / Sum: one for all
-  double at(i64 p) const { return g ? double(static_cast<compute_t<T>>(g[p])) : s; }
-};
-
-template <class T>
-GradScale<T> grad_scale(const Tensor<T>& grad, Reduction r, double total_weight, Tensor<T>& keep) {
-  GradScale<T> gs;
-  if (r == Reduction::None) {
-    keep = grad.contiguous();
-    gs.g = keep.data();
-  } else {
-    const double g0 = double(static_cast<compute_t<T>>(grad.contiguous().data()[0]));
-    gs.s = r == Reduction::Mean ? g0 / total_weight : g0;
-  }
-  return gs;
-}
-
-/// Reduces per-position losses (double, position order) into the result tensor.
-template <class T>
-Tensor<T> finish_class_loss(const std::vector<double>& li, double total_weight, Reduction r, const Shape& out) {
-  if (r == Reduction::None) {
-    Tensor<T> t = empty<T>(out);
-    for (std::size_t p = 0; p < li.size(); ++p) t.data()[p] = convert<T>(li[p]);
-    return t;
-  }
-  double s = 0;
-  for (double v : li) s += v;
-  if (r == Reduction::Mean) s /= total_weight;  // 0 / 0 = NaN when every target is ignored, as in PyTorch
-  return full<T>(Shape{}, convert<T>(s));
-}
-
-// Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights). The
-// weighted and unweighted loops are separate functions: a `w ? w[j] : 1` inside the loop would not vectorise.
-template <bool HasW, class T>
-EMBER_VECTORIZE double row_shifted_sum_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, i64 n,
-                                        compute_t<T> mx) {
-  using C = compute_t<T>;
-  C s[8] = {};
-  i64 j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) {
-      if constexpr (HasW) s[l] += w[j + l] * (static_cast<C>(x[j + l]) - mx);
-      else s[l] += static_cast<C>(x[j + l]) - mx;
-    }
-  double r = 0;
-  for (int l = 0; l < 8; ++l) r += double(s[l]);
-  for (; j < n; ++j) r += double((HasW ? w[j] : C(1)) * (static_cast<C>(x[j]) - mx));
-  return r;
-}
-template <class T>
-double row_shifted_sum(const T* x, const compute_t<T>* w, i64 n, compute_t<T> mx) {
-  return w ? row_shifted_sum_<true>(x, w, n, mx) : row_shifted_sum_<false>(x, w, n, mx);
-}
-
-// dx_j = exp(x_j - mx - ls) * a - b * w_j (b alone without weights).
-template <bool HasW, class T>
-EMBER_VECTORIZE void ce_grad_row_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, T* EMBER_RESTRICT dx,
-                                  i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a, compute_t<T> b) {
-  using C = compute_t<T>;
-  namespace fm = ::ember::detail::fm;
-  for (i64 j = 0; j < n; ++j) {
-    const C e = fm::exp((static_cast<C>(x[j]) - mx) - ls) * a;
-    if constexpr (HasW) dx[j] = convert<T>(e - b * w[j]);
-    else dx[j] = convert<T>(e - b);
-  }
-}
-template <class T>
-void ce_grad_row(const T* x, const compute_t<T>* w, T* dx, i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a,
-                 compute_t<T> b) {
-  if (w) ce_grad_row_<true>(x, w, dx, n, mx, ls, a, b);
-  else ce_grad_row_<false>(x, w, dx, n, mx, ls, a, b);
-}
-
-/// cross_entropy's backward: the logits as (P, C) rows, per-row max and log Σ exp, the targets and the options.
-template <class T>
-struct CrossEntropyNode final : autograd::TypedNode<T> {
-  autograd::Saved<T> rows;  // (P, C) contiguous logits
-  ClassGeom geom;
-  std::vector<compute_t<T>> w, mx, ls;  // weights (C) or empty; per row max and log Σ exp(x - max)
-  double smoothing = 0, total_weight = 0, wsum = 0;
-  i64 ignore_index = -100;
-  Reduction reduction = Reduction::Mean;
-
-  const char* name() const override { return "CrossEntropyBackward"; }
-  void release() override { rows = autograd::Saved<T>(); }
   void backward() override {
-    using C = compute_t<T>;
-    const Tensor<T>& x = rows.get(name());
-    Tensor<T> keep;
-    const GradScale<T> gs = grad_scale(this->grad, reduction, total_weight, keep);
-    const i64 P = x.size(0), Cn = x.size(1);
-    Tensor<T> dx = empty<T>(x.shape());
-    const T* xp = x.data();
-    T* dp = dx.data();
-    const C* wp = w.empty() ? nullptr : w.data();
-    const double eps = smoothing, uni = smoothing / double(Cn);
-    const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
-    cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
-      for (i64 p = p0; p < p1; ++p) {
-        T* d = dp + p * Cn;
-        const i64 t = geom.target[std::size_t(p)];
-        if (t == ignore_index) {
-          for (i64 j = 0; j < Cn; ++j) d[j] = T(0);
-          continue;
-        }
-        const double s = gs.at(p), wt = wp ? double(wp[t]) : 1.0;
-        const double a = s * ((1 - eps) * wt + uni * wsum);
-        ce_grad_row(xp + p * Cn, wp, d, Cn, mx[std::size_t(p)], ls[std::size_t(p)], C(a), C(s * uni));
-        d[t] = convert<T>(double(static_cast<C>(d[t])) - s * (1 - eps) * wt);
-      }
-    });
-    this->template deliver<T>(0, geom.D == 1 ? dx.view(geom.in)
-                                             : dx.view({geom.N, geom.D, Cn}).transpose(1, 2).reshape(geom.in));
+    if (!ce) {
+      this->template deliver<T>(0, ops::nll_loss_backward(this->grad, saved, options));
+      return;
+    }
+    ops::ClassLossSaved<T> s = saved;
+    s.input = input.get(name());
+    this->template deliver<T>(0, ops::cross_entropy_backward(this->grad, s, options));
   }
 };
 
-/// nll_loss's backward: -scale * w[t] at each target position, zero elsewhere.
 template <class T>
-struct NllLossNode final : autograd::TypedNode<T> {
-  ClassGeom geom;
-  std::vector<compute_t<T>> w;
-  double total_weight = 0;
-  i64 ignore_index = -100;
-  Reduction reduction = Reduction::Mean;
-  const char* name() const override { return "NllLossBackward"; }
-  void backward() override {
-    Tensor<T> keep;
-    const GradScale<T> gs = grad_scale(this->grad, reduction, total_weight, keep);
-    Tensor<T> dx = zeros<T>(geom.in);
-    T* dp = dx.data();
-    const i64 P = i64(geom.target.size());
-    for (i64 p = 0; p < P; ++p) {
-      const i64 t = geom.target[std::size_t(p)];
-      if (t == ignore_index) continue;
-      const i64 n = p / geom.D, k = p % geom.D;
-      const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
-      dp[(n * geom.C + t) * geom.D + k] = convert<T>(-gs.at(p) * wt);
-    }
-    this->template deliver<T>(0, std::move(dx));
-  }
-};
+Tensor<T> class_loss_graph(ops::ClassLossResult<T> r, const Tensor<T>& input, bool ce,
+                           const ops::ClassLossOptions& o) {
+  if (!(is_grad_enabled() && input.requires_grad())) return std::move(r.loss);
+  auto node = std::make_shared<ClassLossNode<T>>();
+  node->next = {autograd::gradient_edge(input)};
+  node->ce = ce;
+  if (ce) node->input = autograd::Saved<T>(r.saved.input);
+  r.saved.input = Tensor<T>();
+  node->saved = std::move(r.saved);
+  node->options = o;
+  node->output = r.loss.impl_ptr();
+  autograd::set_history<T>(r.loss, node);
+  return std::move(r.loss);
+}
 
 /// The debug check of nll_loss: every non-ignored position's C entries are <= 0 and their exps sum to 1.
 template <class T>
-void check_log_probs(const T* x, const ClassGeom& g, i64 ignore_index) {
+void check_log_probs(const T* x, const i64* target, const ops::ClassGeom& g, i64 ignore_index) {
   const double tol_sum = std::is_same_v<compute_t<T>, T> ? 1e-3 : 2e-2;
   const double tol_pos = std::is_same_v<compute_t<T>, T> ? 1e-5 : 1e-2;
   const char* hint = " (nll_loss expects log-probabilities, the output of log_softmax(x, 1); pass raw logits to "
                      "cross_entropy instead. This check runs in builds without NDEBUG or with EMBER_DEBUG_CHECKS=1)";
-  for (std::size_t p = 0; p < g.target.size(); ++p) {
-    if (g.target[p] == ignore_index) continue;
-    const i64 n = i64(p) / g.D, k = i64(p) % g.D;
+  for (i64 p = 0; p < g.positions(); ++p) {
+    if (target[p] == ignore_index) continue;
+    const i64 n = p / g.D, k = p % g.D;
     double s = 0;
     for (i64 c = 0; c < g.C; ++c) {
       const double v = double(static_cast<compute_t<T>>(x[(n * g.C + c) * g.D + k]));
@@ -406,70 +242,8 @@ void check_log_probs(const T* x, const ClassGeom& g, i64 ignore_index) {
 template <class T>
 Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<std::int64_t>& target,
                         const CrossEntropyOptions<std::type_identity_t<T>>& o = {}) {
-  static_assert(is_floating_v<T>, "cross_entropy: logits must be floating-point");
-  using C = compute_t<T>;
-  using detail::i64;
-  EMBER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], "
-              "got ", o.label_smoothing);
-  detail::ClassGeom g = detail::class_geom(logits, target, o.weight, o.ignore_index, "cross_entropy");
-  const i64 P = g.N * g.D, Cn = g.C;
-  // Rows of C class scores, one per position.
-  const Tensor<T> rows = g.D == 1 ? logits.detach().reshape({P, Cn})
-                                  : logits.detach().reshape({g.N, Cn, g.D}).transpose(1, 2).contiguous().view({P, Cn});
-  const Tensor<T> rc = rows.contiguous();
-  const std::vector<C> w = detail::weight_values(o.weight);
-  const C* wp = w.empty() ? nullptr : w.data();
-  double wsum = double(Cn);
-  if (wp) {
-    wsum = 0;
-    for (C v : w) wsum += double(v);
-  }
-  std::vector<C> mx(static_cast<std::size_t>(P)), ls(static_cast<std::size_t>(P));
-  std::vector<double> li(static_cast<std::size_t>(P)), wt(static_cast<std::size_t>(P));
-  const double eps = o.label_smoothing, uni = eps / double(Cn);
-  const T* xp = rc.data();
-  const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
-  cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
-    for (i64 p = p0; p < p1; ++p) {
-      const std::size_t ps = std::size_t(p);
-      const T* x = xp + p * Cn;
-      const i64 t = g.target[ps];
-      if (t == o.ignore_index || Cn == 0) {
-        li[ps] = wt[ps] = 0;
-        continue;
-      }
-      const C m = ops::detail::row_max(x, Cn);
-      const C l = ::ember::detail::fm::log(ops::detail::row_expsum<false>(x, static_cast<T*>(nullptr), Cn, m));
-      mx[ps] = m;
-      ls[ps] = l;
-      const double w_t = wp ? double(wp[t]) : 1.0;
-      const double logp_t = double((static_cast<C>(x[t]) - m) - l);
-      double loss = -(1 - eps) * w_t * logp_t;
-      if (eps > 0) loss -= uni * (detail::row_shifted_sum(x, wp, Cn, m) - wsum * double(l));
-      li[ps] = loss;
-      wt[ps] = w_t;
-    }
-  });
-  double total_weight = 0;
-  for (double v : wt) total_weight += v;
-  Tensor<T> out = detail::finish_class_loss<T>(li, total_weight, o.reduction, g.out);
-  if (is_grad_enabled() && logits.requires_grad()) {
-    auto node = std::make_shared<detail::CrossEntropyNode<T>>();
-    node->next = {autograd::gradient_edge(logits)};
-    node->rows = autograd::Saved<T>(rc);
-    node->geom = std::move(g);
-    node->w = w;
-    node->mx = std::move(mx);
-    node->ls = std::move(ls);
-    node->smoothing = eps;
-    node->total_weight = total_weight;
-    node->wsum = wsum;
-    node->ignore_index = o.ignore_index;
-    node->reduction = o.reduction;
-    node->output = out.impl_ptr();
-    autograd::set_history<T>(out, node);
-  }
-  return out;
+  const ops::ClassLossOptions so{o.ignore_index, o.label_smoothing, o.reduction};
+  return detail::class_loss_graph(ops::cross_entropy_forward(logits, target, o.weight, so), logits, true, so);
 }
 
 /// F.cross_entropy with class-probability targets ("soft labels"): target has the input's shape and holds, along
@@ -533,40 +307,15 @@ Tensor<T> cross_entropy(const Tensor<T>& logits, const Tensor<T>& target,
 template <class T, bool DebugChecks = (EMBER_DEBUG_CHECKS != 0)>
 Tensor<T> nll_loss(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target,
                    const NllLossOptions<std::type_identity_t<T>>& o = {}) {
-  static_assert(is_floating_v<T>, "nll_loss: log_probs must be floating-point");
-  using detail::i64;
-  detail::ClassGeom g = detail::class_geom(log_probs, target, o.weight, o.ignore_index, "nll_loss");
-  const Tensor<T> xc = log_probs.contiguous();
-  if (DebugChecks || debug_checks_flag().load(std::memory_order_relaxed))
-    detail::check_log_probs(xc.data(), g, o.ignore_index);
-  const std::vector<compute_t<T>> w = detail::weight_values(o.weight);
-  const i64 P = i64(g.target.size());
-  std::vector<double> li(static_cast<std::size_t>(P));
-  double total_weight = 0;
-  for (i64 p = 0; p < P; ++p) {
-    const i64 t = g.target[std::size_t(p)];
-    if (t == o.ignore_index) {
-      li[std::size_t(p)] = 0;
-      continue;
-    }
-    const i64 n = p / g.D, k = p % g.D;
-    const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
-    li[std::size_t(p)] = -wt * double(static_cast<compute_t<T>>(xc.data()[(n * g.C + t) * g.D + k]));
-    total_weight += wt;
+  const ops::ClassLossOptions so{o.ignore_index, 0.0, o.reduction};
+  ops::ClassLossResult<T> r = ops::nll_loss_forward(log_probs, target, o.weight, so);
+  if (DebugChecks || debug_checks_flag().load(std::memory_order_relaxed)) {
+    // On the host: a debug build pays a copy of a CUDA input here.
+    const Tensor<T> x = log_probs.detach().contiguous().cpu();
+    const Tensor<std::int64_t> t = r.saved.target.cpu();
+    detail::check_log_probs(x.data(), t.data(), r.saved.geom, o.ignore_index);
   }
-  Tensor<T> out = detail::finish_class_loss<T>(li, total_weight, o.reduction, g.out);
-  if (is_grad_enabled() && log_probs.requires_grad()) {
-    auto node = std::make_shared<detail::NllLossNode<T>>();
-    node->next = {autograd::gradient_edge(log_probs)};
-    node->geom = std::move(g);
-    node->w = w;
-    node->total_weight = total_weight;
-    node->ignore_index = o.ignore_index;
-    node->reduction = o.reduction;
-    node->output = out.impl_ptr();
-    autograd::set_history<T>(out, node);
-  }
-  return out;
+  return detail::class_loss_graph(std::move(r), log_probs, false, so);
 }
 
 // ---- element-wise losses: fused expressions (one pass forward, one fused backward) -----------------------------

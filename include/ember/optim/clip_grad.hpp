@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -11,12 +12,34 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/expr/reducer.hpp"
+#include "ember/ops/elementwise.hpp"
 
 namespace ember::optim {
 
+namespace detail {
+/// The norm_type-th power of a CUDA gradient's norm (its max |g| for infinity) as a 0-d double on its device,
+/// reduced on the device (needs an nvcc translation unit, like every element-wise op on CUDA tensors).
+template <class T>
+Tensor<double> grad_norm_power_device(const Tensor<T>& g, double norm_type) {
+  constexpr const char* op = "clip_grad_norm_";
+  if constexpr (!EMBER_CUDA_EXECUTOR) ops::detail::no_cuda_executor(op, g.device());
+  Shape ones;
+  for (int d = 0; d < g.dim(); ++d) ones.push_back(1);
+  Tensor<double> out = empty<double>(ones, g.device());
+  if (std::isinf(norm_type)) ops::reduce<expr::ExtremumR<double, false>>(out, abs(g), op);
+  else if (norm_type == 2.0) ops::reduce<expr::SumR<double>>(out, g * g, op);
+  else if (norm_type == 1.0) ops::reduce<expr::SumR<double>>(out, abs(g), op);
+  else ops::reduce<expr::SumR<double>>(out, pow(abs(g), T(norm_type)), op);
+  return out.view(Shape{});
+}
+}  // namespace detail
+
 /// Scales all gradients together so that their joint norm (the norm of the per-parameter norms; norm_type may be
 /// infinity) is at most max_norm, and returns the norm before clipping. A non-finite norm is an error when
-/// error_if_nonfinite, else the gradients are scaled by it as PyTorch does (and become NaN).
+/// error_if_nonfinite, else the gradients are scaled by it as PyTorch does (and become NaN). CPU gradients are
+/// summed in double on the host; CUDA gradients are reduced on their device (one small copy back per gradient)
+/// and scaled there, which needs the calling translation unit to be compiled by nvcc.
 template <class T>
 double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false) {
@@ -24,9 +47,13 @@ double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, do
   const bool inf = std::isinf(norm_type);
   double total = 0;
   bool nan = false;
+  std::vector<Tensor<double>> on_device;  // 0-d partial results of CUDA gradients, read once all are queued
   for (const Tensor<T>& p : params) {
     if (!p.has_meta() || !p.grad().defined()) continue;
-    p.grad().check_cpu("clip_grad_norm_");
+    if (!p.grad().device().is_cpu()) {
+      on_device.push_back(detail::grad_norm_power_device(p.grad(), norm_type));
+      continue;
+    }
     const Tensor<T> g = p.grad().contiguous();
     const T* d = g.data();
     const std::int64_t n = g.numel();
@@ -36,6 +63,11 @@ double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, do
       if (inf) total = std::max(total, a);
       else total += norm_type == 2.0 ? a * a : std::pow(a, norm_type);
     }
+  }
+  for (const Tensor<double>& t : on_device) {
+    const double v = t.item();
+    nan = nan || std::isnan(v);
+    total = inf ? std::max(total, v) : total + v;
   }
   if (!inf) total = norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
   if (nan) total = std::numeric_limits<double>::quiet_NaN();

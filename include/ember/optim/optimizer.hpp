@@ -77,14 +77,7 @@ void zero_grads(const std::vector<Tensor<T>>& params, bool set_to_none) {
 }
 
 inline Tensor<double> scalar(double v) { return full<double>(Shape{}, v); }
-inline double read_scalar(const nn::StateDict& sd, const std::string& key, const char* op) {
-  auto it = sd.find(key);
-  EMBER_CHECK(it != sd.end(), op, "::load_state_dict: missing key '", key, "'");
-  const auto* t = std::get_if<Tensor<double>>(&it->second);
-  EMBER_CHECK(t && t->numel() == 1, op, "::load_state_dict: '", key, "' must be a one-element float64 tensor, got ",
-              nn::describe(it->second));
-  return t->item();
-}
+using ::ember::read_scalar;
 /// Copies a saved state tensor into (or creates) a buffer of the parameter's shape.
 template <class T>
 void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,

@@ -1,0 +1,510 @@
+// ember — the kernels of the class-index losses, forward and backward, without autograd (nn/loss.hpp adds the
+// graph): cross_entropy (log_softmax and the negative log-likelihood fused, with class weights, ignore_index and
+// label smoothing) and nll_loss. One dispatch per call: CPU tensors run the threaded row kernels below; CUDA
+// tensors run cuda/loss.cuh when the translation unit is compiled by nvcc (like the element-wise executor).
+//
+// Every input type computes in fp32 inside (double for double): per-position max and log Σ exp in compute_t<T>,
+// per-position losses and their reduction in double on the CPU, in compute_t<T> with a double block sum on CUDA;
+// the result is rounded once into T. A target outside [0, C) that is not ignore_index is an ember::Error naming
+// the position on both devices (on CUDA it costs one 8-byte copy to the host per forward).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/thread_pool.hpp"
+#include "ember/expr/detail/fastmath.hpp"
+#include "ember/ops/softmax.hpp"
+
+#if EMBER_WITH_CUDA && defined(__CUDACC__)
+#include "ember/cuda/loss.cuh"
+#define EMBER_CUDA_LOSS 1
+#else
+#define EMBER_CUDA_LOSS 0
+#endif
+
+namespace ember::ops {
+
+/// How a loss reduces its per-element values: keep them (None), average (Mean) or add (Sum).
+enum class Reduction { None, Mean, Sum };
+
+inline const char* reduction_name(Reduction r) {
+  return r == Reduction::None ? "none" : r == Reduction::Sum ? "sum" : "mean";
+}
+
+/// The scalar options of a class-index loss (the class weights are a tensor argument).
+struct ClassLossOptions {
+  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing
+  double label_smoothing = 0.0;      ///< cross_entropy only: in [0, 1]
+  Reduction reduction = Reduction::Mean;
+};
+
+/// input (N, C, d1, ...) or (C), target (N, d1, ...) or (): P = N * D positions, D = d1 * ...; the score of class
+/// c at position (n, k) is element (n * C + c) * D + k of the contiguous input.
+struct ClassGeom {
+  std::int64_t N = 1, C = 1, D = 1;
+  Shape in, out;  // the input's shape; the unreduced loss's (= the target's)
+  std::int64_t positions() const { return N * D; }
+};
+
+/// What a forward keeps for its backward.
+template <class T>
+struct ClassLossSaved {
+  using C = compute_t<T>;
+  ClassGeom geom;
+  Tensor<T> input;           ///< cross_entropy: the scores as the kernel read them ((P, C) rows on the CPU,
+                             ///< the contiguous input on CUDA); undefined for nll_loss
+  Tensor<std::int64_t> target;  ///< contiguous
+  Tensor<T> weight;          ///< contiguous (C), or undefined
+  Tensor<C> stats;           ///< cross_entropy: (P, 2) per position max and log Σ exp(x - max)
+  Tensor<C> total_weight;    ///< 0-d: Σ w[t] over the non-ignored positions (the divisor of Mean)
+  Device device() const { return target.device(); }
+};
+
+template <class T>
+struct ClassLossResult {
+  Tensor<T> loss;  ///< reduced (0-d) or per position (the target's shape)
+  ClassLossSaved<T> saved;
+};
+
+namespace detail {
+
+using i64 = std::int64_t;
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void no_cuda_loss(const char* op, Device d) {
+  throw Error(::ember::detail::concat(
+      op, ": got tensors on ", d.str(), ", but this translation unit was not compiled by nvcc; the loss kernels "
+      "for CUDA tensors are instantiated in the user's own translation unit, so compile it with nvcc (a .cu file) "
+      "and link ember::cuda"));
+}
+
+template <class T>
+ClassGeom class_geom(const Tensor<T>& input, const Tensor<i64>& target, const Tensor<T>& weight, const char* op) {
+  EMBER_CHECK(input.defined() && target.defined(), op, ": input and target must be defined");
+  EMBER_CHECK(target.device() == input.device(), op, ": the target is on ", target.device().str(),
+              " but the input is on ", input.device().str(), " (move both to one device)");
+  EMBER_CHECK(!weight.defined() || weight.device() == input.device(), op, ": the class weights are on ",
+              weight.device().str(), " but the input is on ", input.device().str());
+  const Shape& is = input.shape();
+  ClassGeom g;
+  g.in = is;
+  EMBER_CHECK(is.n >= 1, op, ": expected an input of shape (N, C), (N, C, d1, ...) or (C), got a 0-d tensor");
+  Shape expect;
+  if (is.n == 1) {
+    g.C = is[0];
+  } else {
+    g.N = is[0];
+    g.C = is[1];
+    expect.push_back(is[0]);
+    for (int i = 2; i < is.n; ++i) {
+      expect.push_back(is[i]);
+      g.D *= is[i];
+    }
+  }
+  EMBER_CHECK(target.shape() == expect, op, ": target of shape ", target.shape().str(),
+              " does not match the input of shape ", is.str(), " (expected a target of shape ", expect.str(),
+              is.n >= 2 ? ": the input without its class dim 1)" : ": a 0-d class index for a (C) input)");
+  EMBER_CHECK(!weight.defined() || (weight.dim() == 1 && weight.numel() == g.C), op, ": weight of shape ",
+              weight.shape().str(), " does not match ", g.C, " classes (input of shape ", is.str(),
+              "; expected weight of shape [", g.C, "])");
+  g.out = expect;
+  return g;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void bad_target(const char* op, i64 t, i64 p, const ClassGeom& g,
+                                                             i64 ignore_index) {
+  throw Error(::ember::detail::concat(op, ": target ", t, " at position ", p, " is out of range for ", g.C,
+                                      " classes (expected a class index in [0, ", g.C, ") or ignore_index ",
+                                      ignore_index, "; input shape ", g.in.str(), ")"));
+}
+
+inline void check_targets_cpu(const i64* t, const ClassGeom& g, i64 ignore_index, const char* op) {
+  for (i64 p = 0; p < g.positions(); ++p)
+    if (t[p] != ignore_index && (t[p] < 0 || t[p] >= g.C)) bad_target(op, t[p], p, g, ignore_index);
+}
+
+template <class T>
+std::vector<compute_t<T>> weight_values(const Tensor<T>& w) {
+  std::vector<compute_t<T>> v;
+  if (!w.defined()) return v;
+  const T* d = w.data();
+  for (i64 i = 0; i < w.numel(); ++i) v.push_back(static_cast<compute_t<T>>(d[i]));
+  return v;
+}
+
+/// The per-position scale of a class loss's backward: grad[p] (None), grad / total weight (Mean) or grad (Sum).
+template <class T>
+struct GradScale {
+  const T* g = nullptr;  // None: one per position
+  double s = 1;          // Mean / Sum: one for all
+  double at(i64 p) const { return g ? double(static_cast<compute_t<T>>(g[p])) : s; }
+};
+
+template <class T>
+GradScale<T> grad_scale(const Tensor<T>& grad, Reduction r, double total_weight) {
+  GradScale<T> gs;
+  if (r == Reduction::None) {
+    gs.g = grad.data();
+  } else {
+    const double g0 = double(static_cast<compute_t<T>>(grad.data()[0]));
+    gs.s = r == Reduction::Mean ? g0 / total_weight : g0;
+  }
+  return gs;
+}
+
+/// Reduces per-position losses (double, position order) into the result tensor.
+template <class T>
+Tensor<T> finish_class_loss(const std::vector<double>& li, double total_weight, Reduction r, const Shape& out) {
+  if (r == Reduction::None) {
+    Tensor<T> t = empty<T>(out);
+    for (std::size_t p = 0; p < li.size(); ++p) t.data()[p] = convert<T>(li[p]);
+    return t;
+  }
+  double s = 0;
+  for (double v : li) s += v;
+  if (r == Reduction::Mean) s /= total_weight;  // 0 / 0 = NaN when every target is ignored, as in PyTorch
+  return full<T>(Shape{}, convert<T>(s));
+}
+
+// Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights). The
+// weighted and unweighted loops are separate functions: a `w ? w[j] : 1` inside the loop would not vectorise.
+template <bool HasW, class T>
+EMBER_VECTORIZE double row_shifted_sum_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, i64 n,
+                                        compute_t<T> mx) {
+  using C = compute_t<T>;
+  C s[8] = {};
+  i64 j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      if constexpr (HasW) s[l] += w[j + l] * (static_cast<C>(x[j + l]) - mx);
+      else s[l] += static_cast<C>(x[j + l]) - mx;
+    }
+  double r = 0;
+  for (int l = 0; l < 8; ++l) r += double(s[l]);
+  for (; j < n; ++j) r += double((HasW ? w[j] : C(1)) * (static_cast<C>(x[j]) - mx));
+  return r;
+}
+template <class T>
+double row_shifted_sum(const T* x, const compute_t<T>* w, i64 n, compute_t<T> mx) {
+  return w ? row_shifted_sum_<true>(x, w, n, mx) : row_shifted_sum_<false>(x, w, n, mx);
+}
+
+// dx_j = exp(x_j - mx - ls) * a - b * w_j (b alone without weights).
+template <bool HasW, class T>
+EMBER_VECTORIZE void ce_grad_row_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, T* EMBER_RESTRICT dx,
+                                  i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a, compute_t<T> b) {
+  using C = compute_t<T>;
+  namespace fm = ::ember::detail::fm;
+  for (i64 j = 0; j < n; ++j) {
+    const C e = fm::exp((static_cast<C>(x[j]) - mx) - ls) * a;
+    if constexpr (HasW) dx[j] = convert<T>(e - b * w[j]);
+    else dx[j] = convert<T>(e - b);
+  }
+}
+template <class T>
+void ce_grad_row(const T* x, const compute_t<T>* w, T* dx, i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a,
+                 compute_t<T> b) {
+  if (w) ce_grad_row_<true>(x, w, dx, n, mx, ls, a, b);
+  else ce_grad_row_<false>(x, w, dx, n, mx, ls, a, b);
+}
+
+template <class T>
+ClassLossResult<T> cross_entropy_cpu(ClassLossSaved<T> s, const ClassLossOptions& o) {
+  using C = compute_t<T>;
+  const ClassGeom& g = s.geom;
+  const i64 P = g.positions(), Cn = g.C;
+  const i64* tp = s.target.data();
+  const std::vector<C> w = weight_values(s.weight);
+  const C* wp = w.empty() ? nullptr : w.data();
+  double wsum = double(Cn);
+  if (wp) {
+    wsum = 0;
+    for (C v : w) wsum += double(v);
+  }
+  s.stats = empty<C>(Shape{P, 2});
+  C* st = s.stats.data();
+  std::vector<double> li(static_cast<std::size_t>(P)), wt(static_cast<std::size_t>(P));
+  const double eps = o.label_smoothing, uni = eps / double(Cn);
+  const T* xp = s.input.data();
+  const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
+  cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
+    for (i64 p = p0; p < p1; ++p) {
+      const std::size_t ps = std::size_t(p);
+      const T* x = xp + p * Cn;
+      const i64 t = tp[p];
+      if (t == o.ignore_index || Cn == 0) {
+        li[ps] = wt[ps] = 0;
+        st[2 * p] = st[2 * p + 1] = C(0);
+        continue;
+      }
+      const C m = row_max(x, Cn);
+      const C l = ::ember::detail::fm::log(row_expsum<false>(x, static_cast<T*>(nullptr), Cn, m));
+      st[2 * p] = m;
+      st[2 * p + 1] = l;
+      const double w_t = wp ? double(wp[t]) : 1.0;
+      const double logp_t = double((static_cast<C>(x[t]) - m) - l);
+      double loss = -(1 - eps) * w_t * logp_t;
+      if (eps > 0) loss -= uni * (row_shifted_sum(x, wp, Cn, m) - wsum * double(l));
+      li[ps] = loss;
+      wt[ps] = w_t;
+    }
+  });
+  double total_weight = 0;
+  for (double v : wt) total_weight += v;
+  s.total_weight = full<C>(Shape{}, C(total_weight));
+  Tensor<T> out = finish_class_loss<T>(li, total_weight, o.reduction, g.out);
+  return {std::move(out), std::move(s)};
+}
+
+template <class T>
+Tensor<T> cross_entropy_backward_cpu(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  using C = compute_t<T>;
+  const ClassGeom& g = s.geom;
+  const Tensor<T>& x = s.input;
+  const Tensor<T> gc = grad.contiguous();
+  const GradScale<T> gs = grad_scale(gc, o.reduction, double(s.total_weight.item()));
+  const i64 P = g.positions(), Cn = g.C;
+  const std::vector<C> w = weight_values(s.weight);
+  const C* wp = w.empty() ? nullptr : w.data();
+  double wsum = double(Cn);
+  if (wp) {
+    wsum = 0;
+    for (C v : w) wsum += double(v);
+  }
+  Tensor<T> dx = empty<T>(Shape{P, Cn});
+  const T* xp = x.data();
+  const i64* tp = s.target.data();
+  const C* st = s.stats.data();
+  T* dp = dx.data();
+  const double eps = o.label_smoothing, uni = eps / double(Cn);
+  const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
+  cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
+    for (i64 p = p0; p < p1; ++p) {
+      T* d = dp + p * Cn;
+      const i64 t = tp[p];
+      if (t == o.ignore_index) {
+        for (i64 j = 0; j < Cn; ++j) d[j] = T(0);
+        continue;
+      }
+      const double sc = gs.at(p), wt = wp ? double(wp[t]) : 1.0;
+      const double a = sc * ((1 - eps) * wt + uni * wsum);
+      ce_grad_row(xp + p * Cn, wp, d, Cn, st[2 * p], st[2 * p + 1], C(a), C(sc * uni));
+      d[t] = convert<T>(double(static_cast<C>(d[t])) - sc * (1 - eps) * wt);
+    }
+  });
+  return g.D == 1 ? dx.view(g.in) : dx.view({g.N, g.D, Cn}).transpose(1, 2).reshape(g.in);
+}
+
+template <class T>
+ClassLossResult<T> nll_loss_cpu(const Tensor<T>& xc, ClassLossSaved<T> s, const ClassLossOptions& o) {
+  const ClassGeom& g = s.geom;
+  const std::vector<compute_t<T>> w = weight_values(s.weight);
+  const i64 P = g.positions();
+  const i64* tp = s.target.data();
+  std::vector<double> li(static_cast<std::size_t>(P));
+  double total_weight = 0;
+  for (i64 p = 0; p < P; ++p) {
+    const i64 t = tp[p];
+    if (t == o.ignore_index) {
+      li[std::size_t(p)] = 0;
+      continue;
+    }
+    const i64 n = p / g.D, k = p % g.D;
+    const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
+    li[std::size_t(p)] = -wt * double(static_cast<compute_t<T>>(xc.data()[(n * g.C + t) * g.D + k]));
+    total_weight += wt;
+  }
+  s.total_weight = full<compute_t<T>>(Shape{}, compute_t<T>(total_weight));
+  Tensor<T> out = finish_class_loss<T>(li, total_weight, o.reduction, g.out);
+  return {std::move(out), std::move(s)};
+}
+
+template <class T>
+Tensor<T> nll_loss_backward_cpu(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  const ClassGeom& g = s.geom;
+  const Tensor<T> gc = grad.contiguous();
+  const GradScale<T> gs = grad_scale(gc, o.reduction, double(s.total_weight.item()));
+  const std::vector<compute_t<T>> w = weight_values(s.weight);
+  Tensor<T> dx = zeros<T>(g.in);
+  T* dp = dx.data();
+  const i64* tp = s.target.data();
+  for (i64 p = 0; p < g.positions(); ++p) {
+    const i64 t = tp[p];
+    if (t == o.ignore_index) continue;
+    const i64 n = p / g.D, k = p % g.D;
+    const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
+    dp[(n * g.C + t) * g.D + k] = convert<T>(-gs.at(p) * wt);
+  }
+  return dx;
+}
+
+template <class T>
+ClassLossSaved<T> class_loss_saved(const Tensor<T>& input, const Tensor<i64>& target, const Tensor<T>& weight,
+                                   const ClassLossOptions& o, const char* op) {
+  ClassLossSaved<T> s;
+  s.geom = class_geom(input, target, weight, op);
+  s.target = target.contiguous();
+  if (weight.defined()) s.weight = weight.detach().contiguous();
+  if (input.device().is_cpu()) check_targets_cpu(s.target.data(), s.geom, o.ignore_index, op);
+  return s;
+}
+
+#if EMBER_CUDA_LOSS
+inline cuda::ClassLossDims cuda_dims(const ClassGeom& g, const ClassLossOptions& o) {
+  cuda::ClassLossDims d;
+  d.P = g.positions();
+  d.C = g.C;
+  d.D = g.D;
+  d.ignore_index = o.ignore_index;
+  d.smoothing = o.label_smoothing;
+  d.reduction = o.reduction == Reduction::None ? 0 : o.reduction == Reduction::Sum ? 2 : 1;
+  return d;
+}
+
+/// Reads the smallest bad target position back (one 8-byte copy) and raises the error it names.
+template <class T>
+void check_targets_cuda(const Tensor<i64>& bad, const ClassLossSaved<T>& s, i64 ignore_index, const char* op) {
+  const i64 p = bad.item();
+  if (p < 0 || p >= s.geom.positions()) return;  // all ones: none
+  bad_target(op, s.target.view({s.geom.positions()}).slice(0, p, p + 1).item(), p, s.geom, ignore_index);
+}
+
+template <class T, bool Ce>
+ClassLossResult<T> class_loss_cuda(const Tensor<T>& xc, ClassLossSaved<T> s, const ClassLossOptions& o,
+                                   const char* op) {
+  using C = compute_t<T>;
+  const Device dev = xc.device();
+  cuda::DeviceGuard guard(dev);
+  const ClassGeom& g = s.geom;
+  const i64 P = g.positions();
+  const cuda::ClassLossDims d = cuda_dims(g, o);
+  Tensor<T> out = o.reduction == Reduction::None ? empty<T>(g.out, dev) : empty<T>(Shape{}, dev);
+  Tensor<C> li = empty<C>(Shape{P}, dev), wt = empty<C>(Shape{P}, dev);
+  s.total_weight = empty<C>(Shape{}, dev);
+  Tensor<i64> bad = empty<i64>(Shape{1}, dev);
+  auto* badp = reinterpret_cast<unsigned long long*>(bad.data());
+  const T* wp = s.weight.defined() ? s.weight.data() : nullptr;
+  if constexpr (Ce) {
+    s.stats = empty<C>(Shape{P, 2}, dev);
+    cuda::cross_entropy_forward<T, C>(xc.data(), wp, s.target.data(), d, s.stats.data(), li.data(), wt.data(),
+                                      out.data(), s.total_weight.data(), badp, dev.index);
+  } else {
+    cuda::nll_loss_forward<T, C>(xc.data(), wp, s.target.data(), d, li.data(), wt.data(), out.data(),
+                                 s.total_weight.data(), badp, dev.index);
+  }
+  check_targets_cuda(bad, s, o.ignore_index, op);
+  return {std::move(out), std::move(s)};
+}
+
+template <class T>
+Tensor<T> cross_entropy_backward_cuda(const Tensor<T>& gc, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  const Device dev = s.device();
+  cuda::DeviceGuard guard(dev);
+  Tensor<T> dx = empty<T>(s.geom.in, dev);
+  if (dx.numel() == 0) return dx;
+  cuda::cross_entropy_backward<T, compute_t<T>>(s.input.data(), s.weight.defined() ? s.weight.data() : nullptr,
+                                                s.target.data(), s.stats.data(), gc.data(), s.total_weight.data(),
+                                                cuda_dims(s.geom, o), dx.data(), dev.index);
+  return dx;
+}
+
+template <class T>
+Tensor<T> nll_loss_backward_cuda(const Tensor<T>& gc, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  const Device dev = s.device();
+  cuda::DeviceGuard guard(dev);
+  Tensor<T> dx = zeros<T>(s.geom.in, dev);
+  if (s.geom.positions() == 0) return dx;
+  cuda::nll_loss_backward<T, compute_t<T>>(s.weight.defined() ? s.weight.data() : nullptr, s.target.data(),
+                                           gc.data(), s.total_weight.data(), cuda_dims(s.geom, o), dx.data(),
+                                           dev.index);
+  return dx;
+}
+#endif  // EMBER_CUDA_LOSS
+
+}  // namespace detail
+
+/// cross_entropy with class-index targets (F.cross_entropy's semantics; see nn/loss.hpp): the loss, reduced by
+/// o.reduction, and what the backward needs. logits (N, C), (N, C, d1, ...) or (C); target (N), (N, d1, ...) or
+/// () int64 class indices on the same device; weight (C) or undefined.
+template <class T>
+ClassLossResult<T> cross_entropy_forward(const Tensor<T>& logits, const Tensor<std::int64_t>& target,
+                                         const Tensor<T>& weight, const ClassLossOptions& o) {
+  static_assert(is_floating_v<T>, "cross_entropy: logits must be floating-point");
+  constexpr const char* op = "cross_entropy";
+  EMBER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, op, ": label_smoothing must be in [0, 1], got ",
+              o.label_smoothing);
+  ClassLossSaved<T> s = detail::class_loss_saved(logits, target, weight, o, op);
+  const ClassGeom& g = s.geom;
+  if (logits.device().is_cuda()) {
+#if EMBER_CUDA_LOSS
+    const Tensor<T> xc = logits.detach().contiguous();
+    s.input = xc;
+    return detail::class_loss_cuda<T, true>(xc, std::move(s), o, op);
+#else
+    detail::no_cuda_loss(op, logits.device());
+#endif
+  }
+  // Rows of C class scores, one per position.
+  const std::int64_t P = g.positions();
+  s.input = g.D == 1 ? logits.detach().reshape({P, g.C}).contiguous()
+                     : logits.detach().reshape({g.N, g.C, g.D}).transpose(1, 2).contiguous().view({P, g.C});
+  return detail::cross_entropy_cpu(std::move(s), o);
+}
+
+/// The gradient of cross_entropy_forward's loss with respect to the logits (the logits' shape), from the loss's
+/// gradient `grad` (0-d when reduced, else the target's shape).
+template <class T>
+Tensor<T> cross_entropy_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  EMBER_CHECK(grad.device() == s.device(), "cross_entropy_backward: the gradient is on ", grad.device().str(),
+              " but the loss was computed on ", s.device().str());
+  if (s.device().is_cuda()) {
+#if EMBER_CUDA_LOSS
+    return detail::cross_entropy_backward_cuda(grad.contiguous(), s, o);
+#else
+    detail::no_cuda_loss("cross_entropy_backward", s.device());
+#endif
+  }
+  return detail::cross_entropy_backward_cpu(grad, s, o);
+}
+
+/// nll_loss (F.nll_loss's semantics): -w[t] log_probs[t] per position, reduced by o.reduction.
+template <class T>
+ClassLossResult<T> nll_loss_forward(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target,
+                                    const Tensor<T>& weight, const ClassLossOptions& o) {
+  static_assert(is_floating_v<T>, "nll_loss: log_probs must be floating-point");
+  ClassLossSaved<T> s = detail::class_loss_saved(log_probs, target, weight, o, "nll_loss");
+  const Tensor<T> xc = log_probs.detach().contiguous();
+  if (log_probs.device().is_cuda()) {
+#if EMBER_CUDA_LOSS
+    return detail::class_loss_cuda<T, false>(xc, std::move(s), o, "nll_loss");
+#else
+    detail::no_cuda_loss("nll_loss", log_probs.device());
+#endif
+  }
+  return detail::nll_loss_cpu(xc, std::move(s), o);
+}
+
+/// The gradient of nll_loss_forward's loss with respect to log_probs.
+template <class T>
+Tensor<T> nll_loss_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  EMBER_CHECK(grad.device() == s.device(), "nll_loss_backward: the gradient is on ", grad.device().str(),
+              " but the loss was computed on ", s.device().str());
+  if (s.device().is_cuda()) {
+#if EMBER_CUDA_LOSS
+    return detail::nll_loss_backward_cuda(grad.contiguous(), s, o);
+#else
+    detail::no_cuda_loss("nll_loss_backward", s.device());
+#endif
+  }
+  return detail::nll_loss_backward_cpu(grad, s, o);
+}
+
+}  // namespace ember::ops
