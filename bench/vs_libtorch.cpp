@@ -32,10 +32,16 @@
 // timed epoch each (ember first), then `ember_acc` / `libtorch_acc`: each model's test accuracy after that epoch.
 // Unit: training images/s. --quick trains 60 batches instead of an epoch.
 //
-// Usage: vs_libtorch [--quick] [--case=NAME]   (NAME one of the case names above, or membw)
+// --precision=bf16 runs matmul_* and *_train in bfloat16: ember's tensors in bf16 and its models under
+// amp::bf16_mixed against LibTorch's bf16 torch::mm and its CPU autocast to bf16 around forward and loss (what
+// `torch.autocast("cpu", dtype=torch.bfloat16)` does; bench/torch_autocast_peer.py is the Python check of it).
+//
+// Usage: vs_libtorch [--quick] [--case=NAME] [--precision=fp32|bf16]   (NAME one of the case names above, or membw)
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <functional>
 #include <memory>
 #include <random>
@@ -69,6 +76,7 @@ inline void keep(const X& x) {
 
 struct Options {
   bool quick = false;
+  bool bf16 = false;  // --precision=bf16: the matmul and training cases in bfloat16 (ember bf16_mixed, LibTorch autocast)
   std::string only;
   double target_s() const { return quick ? 0.03 : 0.3; }
   int measurements() const { return quick ? 3 : 7; }
@@ -130,6 +138,54 @@ torch::Tensor to_torch(const Tensor<float>& t) {
   std::vector<int64_t> sizes(c.shape().begin(), c.shape().end());
   return torch::from_blob(c.data(), sizes, torch::kFloat32).clone();
 }
+template <class C>
+Tensor<C> to_c(const Tensor<float>& x) {
+  if constexpr (std::is_same_v<C, float>) return x;
+  else return Tensor<C>(cast<C>(x));
+}
+template <class C>
+Tensor<float> to_f(const Tensor<C>& y) {
+  if constexpr (std::is_same_v<C, float>) return y;
+  else return Tensor<float>(cast<float>(y));
+}
+
+
+// LibTorch's CPU autocast to bf16 while in scope (what `with torch.autocast("cpu", dtype=torch.bfloat16):` does):
+// matmuls and convolutions run in bf16, other ops per autocast's lists; leaving the outermost scope clears the
+// cache of cast weights, as the Python context manager does. A no-op when `on` is false.
+// The per-device autocast calls used here are LibTorch 2.4's; older LibTorch (Debian's 1.13) refuses the flag.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define VS_AUTOCAST 1
+#else
+#define VS_AUTOCAST 0
+#endif
+struct AutocastBf16 {
+  bool on, prev_enabled = false;
+  at::ScalarType prev_dtype = at::kFloat;
+  explicit AutocastBf16(bool enable) : on(enable) {
+    if (!on) return;
+#if VS_AUTOCAST
+    prev_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+    prev_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::increment_nesting();
+#else
+    throw std::runtime_error("--precision=bf16 needs LibTorch 2.4 or later (the PyPI wheel) for its autocast");
+#endif
+  }
+  ~AutocastBf16() {
+    if (!on) return;
+#if VS_AUTOCAST
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, prev_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, prev_dtype);
+#endif
+  }
+  AutocastBf16(const AutocastBf16&) = delete;
+  AutocastBf16& operator=(const AutocastBf16&) = delete;
+};
+
 
 bool g_failed = false;
 
@@ -354,18 +410,24 @@ void sum_sq(const Options& o) {
   print_time("sum_sq_16M", t, 1e3, "ms");
 }
 
-void matmul(const Options& o, std::int64_t n, const char* name) {
-  Tensor<float> a = ember::randn<float>({n, n}), b = ember::randn<float>({n, n});
-  torch::Tensor ta = to_torch(a), tb = to_torch(b);
-  {
+template <class E>
+void matmul_as(const Options& o, std::int64_t n, const char* name, torch::ScalarType tt) {
+  const Tensor<float> a32 = ember::randn<float>({n, n}), b32 = ember::randn<float>({n, n});
+  const Tensor<E> a = to_c<E>(a32), b = to_c<E>(b32);
+  torch::Tensor ta = to_torch(a32).to(tt), tb = to_torch(b32).to(tt);
+  if constexpr (std::is_same_v<E, float>) {
     Tensor<float> c = ember::matmul(a, b);
     // Entries are sums of n products of N(0,1) values (size ~sqrt(n)); fp32 rounding differs by summation order.
     check(name, "c", c, torch::mm(ta, tb), 1e-4 * std::sqrt(double(n)), 1e-4);
+  } else {
+    // Both round each fp32-accumulated entry once to bf16: within a few bf16 ulps of each other.
+    Tensor<float> c = to_f(Tensor<E>(ember::matmul(a, b)));
+    check(name, "c", c, torch::mm(ta, tb).to(torch::kFloat32), 2e-2 * std::sqrt(double(n)), 2e-2);
   }
   auto t = compare(
       o,
       [&] {
-        Tensor<float> c = ember::matmul(a, b);
+        Tensor<E> c = ember::matmul(a, b);
         keep(c);
       },
       [&] {
@@ -377,11 +439,15 @@ void matmul(const Options& o, std::int64_t n, const char* name) {
     std::fprintf(stderr, "note: %s: LibTorch's GEMM runs at %.1f GFLOP/s: it is using the reference BLAS (Debian's "
                  "default libblas3). For an optimised BLAS, install libopenblas0-openmp, or run with "
                  "LD_LIBRARY_PATH=<dir holding openblas-openmp's libblas.so.3>\n", name, flop / t.torch_s / 1e9);
-  std::printf("case=%s ember=%.1fGFLOP/s libtorch=%.1fGFLOP/s speedup=%.2f\n", name, flop / t.ember_s / 1e9,
-              flop / t.torch_s / 1e9, t.torch_s / t.ember_s);
+  std::printf("case=%s%s ember=%.1fGFLOP/s libtorch=%.1fGFLOP/s speedup=%.2f\n", name,
+              std::is_same_v<E, float> ? "" : "_bf16", flop / t.ember_s / 1e9, flop / t.torch_s / 1e9,
+              t.torch_s / t.ember_s);
   std::fflush(stdout);
 }
-
+void matmul(const Options& o, std::int64_t n, const char* name) {
+  if (o.bf16) matmul_as<bfloat16>(o, n, name, torch::kBFloat16);
+  else matmul_as<float>(o, n, name, torch::kFloat32);
+}
 
 // ---- loader ------------------------------------------------------------------------------------------------
 
@@ -468,26 +534,31 @@ void loader(const Options& o) {
 }
 // ---- training: one epoch of the examples' models ------------------------------------------------------------
 
+// The examples' models, under a precision policy (fp32 masters; bf16_mixed computes in bf16).
+template <class P>
 struct EmberMlp : nn::Module {
-  nn::Linear fc1{784, 256}, fc2{256, 128}, fc3{128, 10};
+  using C = typename P::compute_t;
+  nn::LinearT<P> fc1{784, 256}, fc2{256, 128}, fc3{128, 10};
   EmberMlp() {
     register_module("fc1", fc1);
     register_module("fc2", fc2);
     register_module("fc3", fc3);
   }
   Tensor<float> forward(const Tensor<float>& x) const {
-    const Tensor<float> h1 = relu(fc1(x.flatten(1)));
-    const Tensor<float> h2 = relu(fc2(h1));
-    return fc3(h2);
+    const Tensor<C> h1 = relu(fc1(to_c<C>(x.flatten(1))));
+    const Tensor<C> h2 = relu(fc2(h1));
+    return to_f(fc3(h2));
   }
 };
 
+template <class P>
 struct EmberCnn : nn::Module {
-  nn::Conv2d conv1{1, 32, 3, {.padding = 1, .bias = false}};
-  nn::BatchNorm2d bn1{32};
-  nn::Conv2d conv2{32, 64, 3, {.padding = 1, .bias = false}};
-  nn::BatchNorm2d bn2{64};
-  nn::Linear fc{64 * 7 * 7, 10};
+  using C = typename P::compute_t;
+  nn::Conv2dT<P> conv1{1, 32, 3, {.padding = 1, .bias = false}};
+  nn::BatchNormT<2, P> bn1{32};
+  nn::Conv2dT<P> conv2{32, 64, 3, {.padding = 1, .bias = false}};
+  nn::BatchNormT<2, P> bn2{64};
+  nn::LinearT<P> fc{64 * 7 * 7, 10};
   EmberCnn() {
     register_module("conv1", conv1);
     register_module("bn1", bn1);
@@ -496,9 +567,9 @@ struct EmberCnn : nn::Module {
     register_module("fc", fc);
   }
   Tensor<float> forward(const Tensor<float>& x) const {
-    Tensor<float> h = max_pool2d(Tensor<float>(relu(bn1(conv1(x)))), 2);
-    h = max_pool2d(Tensor<float>(relu(bn2(conv2(h)))), 2);
-    return fc(h.flatten(1));
+    Tensor<C> h = max_pool2d(Tensor<C>(relu(bn1(conv1(to_c<C>(x))))), 2);
+    h = max_pool2d(Tensor<C>(relu(bn2(conv2(h)))), 2);
+    return to_f(fc(h.flatten(1)));
   }
 };
 
@@ -538,6 +609,7 @@ Split load_split(data::Split which, bool shuffle) {
 
 // One epoch (or `steps` batches) of SGD (lr 0.05, momentum 0.9, Nesterov) at batch 128 in each library, timed
 // alternately (ember, libtorch; one run each), then the test accuracy each model reached.
+template <class P>
 void train_case(const Options& o, bool cnn, const char* name) {
   Split tr, te;
   try {
@@ -556,10 +628,10 @@ void train_case(const Options& o, bool cnn, const char* name) {
 
   manual_seed(0);
   torch::manual_seed(0);
-  std::unique_ptr<EmberMlp> em;
-  std::unique_ptr<EmberCnn> ec;
-  if (cnn) ec = std::make_unique<EmberCnn>();
-  else em = std::make_unique<EmberMlp>();
+  std::unique_ptr<EmberMlp<P>> em;
+  std::unique_ptr<EmberCnn<P>> ec;
+  if (cnn) ec = std::make_unique<EmberCnn<P>>();
+  else em = std::make_unique<EmberMlp<P>>();
   nn::Module& emod = cnn ? static_cast<nn::Module&>(*ec) : static_cast<nn::Module&>(*em);
   auto eforward = [&](const Tensor<float>& x) { return cnn ? ec->forward(x) : em->forward(x); };
   optim::SGD eopt(emod.parameters(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
@@ -580,8 +652,11 @@ void train_case(const Options& o, bool cnn, const char* name) {
     tm->train();
     for (std::int64_t s = 0; s < steps; ++s) {
       const std::int64_t b0 = s * bs, b = std::min(bs, n - b0);
-      torch::Tensor loss = torch::nn::functional::cross_entropy(tm->forward(txtr.narrow(0, b0, b)),
-                                                                tytr.narrow(0, b0, b));
+      torch::Tensor loss;
+      {
+        AutocastBf16 autocast(o.bf16);  // forward and loss under autocast, backward outside (as in PyTorch's recipe)
+        loss = torch::nn::functional::cross_entropy(tm->forward(txtr.narrow(0, b0, b)), tytr.narrow(0, b0, b));
+      }
       topt.zero_grad();
       loss.backward();
       topt.step();
@@ -609,11 +684,13 @@ void train_case(const Options& o, bool cnn, const char* name) {
     tm->eval();
     torch::NoGradGuard ng;
     const torch::Tensor tx = to_t(te.x), ty = torch::from_blob(te.y.data(), {nt}, torch::kInt64);
+    AutocastBf16 autocast(o.bf16);
     ct = tm->forward(tx).argmax(1).eq(ty).sum().item<std::int64_t>();
   }
   const double imgs = double(std::min(n, steps * bs));
-  std::printf("case=%s ember=%.0fimages/s libtorch=%.0fimages/s speedup=%.2f ember_acc=%.4f libtorch_acc=%.4f\n", name,
-              imgs / te_s, imgs / tt_s, tt_s / te_s, double(ce) / double(nt), double(ct) / double(nt));
+  std::printf("case=%s%s ember=%.0fimages/s libtorch=%.0fimages/s speedup=%.2f ember_acc=%.4f libtorch_acc=%.4f\n",
+              name, o.bf16 ? "_bf16" : "", imgs / te_s, imgs / tt_s, tt_s / te_s, double(ce) / double(nt),
+              double(ct) / double(nt));
   std::fflush(stdout);
 }
 }  // namespace
@@ -624,8 +701,10 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--quick") o.quick = true;
     else if (arg.rfind("--case=", 0) == 0) o.only = arg.substr(7);
+    else if (arg == "--precision=bf16") o.bf16 = true;
+    else if (arg == "--precision=fp32") o.bf16 = false;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--case=NAME]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--case=NAME] [--precision=fp32|bf16]\n", argv[0]);
       return 2;
     }
   }
@@ -666,8 +745,10 @@ int main(int argc, char** argv) {
     if (o.wants("matmul_1024")) matmul(o, 1024, "matmul_1024");
     if (o.wants("matmul_2048")) matmul(o, 2048, "matmul_2048");
     if (o.wants("loader")) loader(o);
-    if (o.wants("mlp_train")) train_case(o, false, "mlp_train");
-    if (o.wants("cnn_train")) train_case(o, true, "cnn_train");
+    if (o.wants("mlp_train"))
+      o.bf16 ? train_case<amp::bf16_mixed>(o, false, "mlp_train") : train_case<amp::fp32>(o, false, "mlp_train");
+    if (o.wants("cnn_train"))
+      o.bf16 ? train_case<amp::bf16_mixed>(o, true, "cnn_train") : train_case<amp::fp32>(o, true, "cnn_train");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
