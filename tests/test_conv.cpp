@@ -327,6 +327,42 @@ TEST_CASE_TEMPLATE("conv2d in half and bfloat16: fp32 accumulation, one rounding
   }
 }
 
+// Pooling in half and bfloat16 reads and writes the 16-bit planes in place and computes in fp32: averages sum in
+// fp32, and the gradients that overlapping windows send onto one input element add up in an fp32 plane, each
+// rounded once. So every element is within one rounding of the double result on the same 16-bit inputs (rounding
+// the running sums in the 16-bit type, as a 16-bit accumulator would, fails the backward checks).
+TEST_CASE_TEMPLATE("pooling in half and bfloat16: fp32 inside, one rounding, forward and backward", H, half, bfloat16) {
+  ThreadsGuard guard;
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    const Tensor<H> x = cast<H>(normal({2, 3, 9, 7}, 61));
+    const TD xd = cast<double>(x), xa = abs(xd);
+    const Shape is = x.shape();
+    // avg: 3x3 windows at stride 1 with padding overlap 9 deep; adaptive 9x7 -> 4x3 bins overlap too.
+    const Pool2dOptions ao{.stride = 1, .padding = 1};
+    const Tensor<H> ya = ops::avg_pool2d(x, 3, ao);
+    CHECK(out_of_bound(ya, ops::avg_pool2d(xd, 3, ao), ops::avg_pool2d(xa, 3, ao), 9) == 0);
+    const Tensor<H> gy = cast<H>(normal(ya.shape(), 62));
+    const TD gyd = cast<double>(gy), gya = abs(gyd);
+    CHECK(out_of_bound(ops::avg_pool2d_backward(gy, is, 3, ao), ops::avg_pool2d_backward(gyd, is, 3, ao),
+                       ops::avg_pool2d_backward(gya, is, 3, ao), 9) == 0);
+    const Tensor<H> yd = ops::adaptive_avg_pool2d(x, Size2(4, 3));
+    CHECK(out_of_bound(yd, ops::adaptive_avg_pool2d(xd, Size2(4, 3)), ops::adaptive_avg_pool2d(xa, Size2(4, 3)), 9) ==
+          0);
+    const Tensor<H> gq = cast<H>(normal(yd.shape(), 63));
+    const TD gqd = cast<double>(gq), gqa = abs(gqd);
+    CHECK(out_of_bound(ops::adaptive_avg_pool2d_backward(gq, is), ops::adaptive_avg_pool2d_backward(gqd, is),
+                       ops::adaptive_avg_pool2d_backward(gqa, is), 9) == 0);
+    // max: the values are copied exactly; overlapping 3x3 windows at stride 1 send several gradients to one input.
+    const auto [ym, idx] = ops::max_pool2d_with_indices(x, 3, {.stride = 1}, true);
+    CHECK(max_diff(ym, std::get<0>(ops::max_pool2d_with_indices(xd, 3, {.stride = 1}, false))) == 0);
+    const Tensor<H> gm = cast<H>(normal(ym.shape(), 64));
+    const TD gmd = cast<double>(gm), gma = abs(gmd);
+    CHECK(out_of_bound(ops::max_pool2d_backward(gm, idx, is), ops::max_pool2d_backward(gmd, idx, is),
+                       ops::max_pool2d_backward(gma, idx, is), 9) == 0);
+  }
+}
+
 TEST_CASE("pooling in half and bfloat16 compute in fp32") {
   TD x = normal({2, 3, 6, 6}, 41), w = normal({4, 3, 3, 3}, 42);
   auto check16 = [&](auto tag) {

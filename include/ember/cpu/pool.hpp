@@ -4,14 +4,19 @@
 // window that only covers padding gives -inf and index -1, which backward skips; PyTorch records an index outside
 // the plane there); average pool divides by divisor_override when set, else by the window clipped to the padded
 // input (count_include_pad) or to the input; adaptive pool bin i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
+// bf16/fp16 planes are read and written in place and computed in fp32 (compute_t<T>): sums, and the gradients that
+// overlapping windows add onto one input element, accumulate in an fp32 plane and are rounded once.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "ember/config.hpp"
+#include "ember/core/dtype.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
 namespace ember::cpu {
@@ -35,6 +40,27 @@ template <class T>
 inline bool greater_or_nan(T v, T m) {
   return v > m || v != v;  // v != v: NaN
 }
+
+/// The plane a backward pass adds into: gx itself for float/double, else an fp32 plane that finish() rounds into
+/// gx once. One per parallel chunk.
+template <class T>
+struct GradPlane {
+  using C = compute_t<T>;
+  static constexpr bool wide = std::is_same_v<C, T>;
+  std::vector<C> buf;
+  explicit GradPlane(std::int64_t hw) {
+    if constexpr (!wide) buf.resize(static_cast<std::size_t>(hw));
+  }
+  C* start(T* gp, std::int64_t hw) {
+    C* a = wide ? reinterpret_cast<C*>(gp) : buf.data();
+    std::fill(a, a + hw, C(0));
+    return a;
+  }
+  void finish(T* gp, std::int64_t hw) const {
+    if constexpr (!wide)
+      for (std::int64_t k = 0; k < hw; ++k) gp[k] = convert<T>(buf[static_cast<std::size_t>(k)]);
+  }
+};
 }  // namespace detail
 
 namespace detail {
@@ -43,6 +69,7 @@ namespace detail {
 template <class T, bool Idx>
 void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
                     std::int64_t* EMBER_RESTRICT ip) {
+  using C = compute_t<T>;
   for (std::int64_t oy = 0; oy < g.oh; ++oy) {
     std::int64_t y0 = oy * g.sh - g.ph;
     const std::int64_t y1 = std::min(y0 + (g.kh - 1) * g.dh + 1, g.h);
@@ -53,16 +80,16 @@ void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_
       while (x0 < 0) x0 += g.dw;
       // A window with no element (dilation steps over the input) keeps -inf and index -1.
       std::int64_t best = y0 < y1 && x0 < x1 ? y0 * g.w + x0 : -1;
-      T m = -std::numeric_limits<T>::infinity();
+      C m = -std::numeric_limits<C>::infinity();
       for (std::int64_t iy = y0; iy < y1; iy += g.dh)
         for (std::int64_t ix = x0; ix < x1; ix += g.dw) {
-          const T v = xp[iy * g.w + ix];
+          const C v = static_cast<C>(xp[iy * g.w + ix]);
           if (greater_or_nan(v, m)) {
             m = v;
             best = iy * g.w + ix;
           }
         }
-      yp[oy * g.ow + ox] = m;
+      yp[oy * g.ow + ox] = convert<T>(m);  // one of the inputs (or -inf): exact
       if constexpr (Idx) ip[oy * g.ow + ox] = best;
     }
   }
@@ -74,6 +101,7 @@ void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_
 template <class T, bool Idx>
 EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
                         std::int64_t* EMBER_RESTRICT ip) {
+  using C = compute_t<T>;
   const std::int64_t W = g.w, oh = g.oh, ow = g.ow;
   for (std::int64_t oy = 0; oy < oh; ++oy) {
     const T* EMBER_RESTRICT r0 = xp + 2 * oy * W;
@@ -83,9 +111,10 @@ EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RE
     const std::int64_t base = 2 * oy * W;
     for (std::int64_t ox = 0; ox < ow; ++ox) {
       const std::int64_t c = 2 * ox;
-      const T a = r0[c], b = r0[c + 1], d = r1[c], e = r1[c + 1];
+      const C a = static_cast<C>(r0[c]), b = static_cast<C>(r0[c + 1]), d = static_cast<C>(r1[c]),
+              e = static_cast<C>(r1[c + 1]);
       const bool tb = b > a || b != b;
-      T m = tb ? b : a;
+      C m = tb ? b : a;
       std::int64_t k = tb ? c + 1 : c;
       const bool td = d > m || d != d;
       m = td ? d : m;
@@ -93,7 +122,7 @@ EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RE
       const bool te = e > m || e != e;
       m = te ? e : m;
       k = te ? W + c + 1 : k;
-      yr[ox] = m;
+      yr[ox] = convert<T>(m);
       if constexpr (Idx) ir[ox] = base + k;
     }
   }
@@ -127,14 +156,16 @@ void max_pool2d_forward(const PoolGeometry& g, const T* x, T* y, std::int64_t* i
 template <class T>
 void max_pool2d_backward(const PoolGeometry& g, const T* gy, const std::int64_t* idx, T* gx) {
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
+  using C = compute_t<T>;
   parallel_for(0, g.planes, detail::plane_grain(HW + L), [&](std::int64_t p0, std::int64_t p1) {
+    detail::GradPlane<T> plane(HW);
     for (std::int64_t p = p0; p < p1; ++p) {
-      T* gp = gx + p * HW;
-      std::fill(gp, gp + HW, T(0));
+      C* ap = plane.start(gx + p * HW, HW);
       const T* gyp = gy + p * L;
       const std::int64_t* ip = idx + p * L;
       for (std::int64_t k = 0; k < L; ++k)
-        if (ip[k] >= 0) gp[ip[k]] += gyp[k];
+        if (ip[k] >= 0) ap[ip[k]] += static_cast<C>(gyp[k]);
+      plane.finish(gx + p * HW, HW);
     }
   });
 }
@@ -160,6 +191,7 @@ inline AvgWindow avg_window(const PoolGeometry& g, std::int64_t oy, std::int64_t
 /// y (planes, oh, ow) = mean over each window of x (planes, h, w); a window entirely in the padding gives 0.
 template <class T>
 void avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
+  using C = compute_t<T>;
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
   parallel_for(0, g.planes, detail::plane_grain(L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
@@ -172,10 +204,10 @@ void avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
             yp[oy * g.ow + ox] = T(0);
             continue;
           }
-          T s = 0;
+          C s = 0;
           for (std::int64_t iy = win.y0; iy < win.y1; ++iy)
-            for (std::int64_t ix = win.x0; ix < win.x1; ++ix) s += xp[iy * g.w + ix];
-          yp[oy * g.ow + ox] = s / T(win.divisor);
+            for (std::int64_t ix = win.x0; ix < win.x1; ++ix) s += static_cast<C>(xp[iy * g.w + ix]);
+          yp[oy * g.ow + ox] = convert<T>(s / C(win.divisor));
         }
     }
   });
@@ -184,20 +216,22 @@ void avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
 /// gx (planes, h, w) = the adjoint of avg_pool2d_forward applied to gy (overwrites gx).
 template <class T>
 void avg_pool2d_backward(const PoolGeometry& g, const T* gy, T* gx) {
+  using C = compute_t<T>;
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
   parallel_for(0, g.planes, detail::plane_grain(HW + L * g.kh * g.kw), [&](std::int64_t p0, std::int64_t p1) {
+    detail::GradPlane<T> plane(HW);
     for (std::int64_t p = p0; p < p1; ++p) {
-      T* gp = gx + p * HW;
-      std::fill(gp, gp + HW, T(0));
+      C* gp = plane.start(gx + p * HW, HW);
       const T* gyp = gy + p * L;
       for (std::int64_t oy = 0; oy < g.oh; ++oy)
         for (std::int64_t ox = 0; ox < g.ow; ++ox) {
           const auto win = detail::avg_window(g, oy, ox);
           if (win.y0 >= win.y1 || win.x0 >= win.x1) continue;
-          const T v = gyp[oy * g.ow + ox] / T(win.divisor);
+          const C v = static_cast<C>(gyp[oy * g.ow + ox]) / C(win.divisor);
           for (std::int64_t iy = win.y0; iy < win.y1; ++iy)
             for (std::int64_t ix = win.x0; ix < win.x1; ++ix) gp[iy * g.w + ix] += v;
         }
+      plane.finish(gx + p * HW, HW);
     }
   });
 }
@@ -212,6 +246,7 @@ inline std::int64_t adaptive_end(std::int64_t i, std::int64_t in, std::int64_t o
 /// y (planes, oh, ow): the mean of x (planes, h, w) over each adaptive bin.
 template <class T>
 void adaptive_avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
+  using C = compute_t<T>;
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
   parallel_for(0, g.planes, detail::plane_grain(HW + L), [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
@@ -221,10 +256,10 @@ void adaptive_avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
         const std::int64_t y0 = detail::adaptive_start(oy, g.h, g.oh), y1 = detail::adaptive_end(oy, g.h, g.oh);
         for (std::int64_t ox = 0; ox < g.ow; ++ox) {
           const std::int64_t x0 = detail::adaptive_start(ox, g.w, g.ow), x1 = detail::adaptive_end(ox, g.w, g.ow);
-          T s = 0;
+          C s = 0;
           for (std::int64_t iy = y0; iy < y1; ++iy)
-            for (std::int64_t ix = x0; ix < x1; ++ix) s += xp[iy * g.w + ix];
-          yp[oy * g.ow + ox] = s / T((y1 - y0) * (x1 - x0));
+            for (std::int64_t ix = x0; ix < x1; ++ix) s += static_cast<C>(xp[iy * g.w + ix]);
+          yp[oy * g.ow + ox] = convert<T>(s / C((y1 - y0) * (x1 - x0)));
         }
       }
     }
@@ -234,21 +269,23 @@ void adaptive_avg_pool2d_forward(const PoolGeometry& g, const T* x, T* y) {
 /// gx (planes, h, w) = the adjoint of adaptive_avg_pool2d_forward applied to gy (overwrites gx).
 template <class T>
 void adaptive_avg_pool2d_backward(const PoolGeometry& g, const T* gy, T* gx) {
+  using C = compute_t<T>;
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow;
   parallel_for(0, g.planes, detail::plane_grain(HW + L), [&](std::int64_t p0, std::int64_t p1) {
+    detail::GradPlane<T> plane(HW);
     for (std::int64_t p = p0; p < p1; ++p) {
-      T* gp = gx + p * HW;
-      std::fill(gp, gp + HW, T(0));
+      C* gp = plane.start(gx + p * HW, HW);
       const T* gyp = gy + p * L;
       for (std::int64_t oy = 0; oy < g.oh; ++oy) {
         const std::int64_t y0 = detail::adaptive_start(oy, g.h, g.oh), y1 = detail::adaptive_end(oy, g.h, g.oh);
         for (std::int64_t ox = 0; ox < g.ow; ++ox) {
           const std::int64_t x0 = detail::adaptive_start(ox, g.w, g.ow), x1 = detail::adaptive_end(ox, g.w, g.ow);
-          const T v = gyp[oy * g.ow + ox] / T((y1 - y0) * (x1 - x0));
+          const C v = static_cast<C>(gyp[oy * g.ow + ox]) / C((y1 - y0) * (x1 - x0));
           for (std::int64_t iy = y0; iy < y1; ++iy)
             for (std::int64_t ix = x0; ix < x1; ++ix) gp[iy * g.w + ix] += v;
         }
       }
+      plane.finish(gx + p * HW, HW);
     }
   });
 }

@@ -30,21 +30,6 @@ Tensor<T> dense(const Tensor<T>& t) {
   return c;
 }
 
-/// A float copy of a 16-bit tensor (contiguous); the pooling ops' 16-bit path.
-template <class T>
-Tensor<float> to_float(const Tensor<T>& t) {
-  Tensor<float> c = empty<float>(t.shape(), t.device());
-  cpu::assign(c, expr::CastExpr<float, expr::TensorLeaf<T, false>>{{&t}}, "cast");
-  return c;
-}
-/// t (float) rounded to T.
-template <class T>
-Tensor<T> from_float(const Tensor<float>& t) {
-  Tensor<T> c = empty<T>(t.shape(), t.device());
-  cpu::assign(c, expr::CastExpr<T, expr::TensorLeaf<float, false>>{{&t}}, "cast");
-  return c;
-}
-
 inline void check_window_arg(const char* op, const char* what, Size2 v, std::int64_t min) {
   EMBER_CHECK(v.h >= min && v.w >= min, op, ": ", what, " must be ", min == 0 ? "non-negative" : "positive",
               ", got ", v.str());

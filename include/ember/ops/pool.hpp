@@ -84,9 +84,6 @@ void check_pool_grad(const char* op, const Tensor<T>& gy, const Shape& expect) {
               expect.str());
 }
 
-template <class T>
-constexpr bool native_float = std::is_same_v<T, float> || std::is_same_v<T, double>;
-
 #if EMBER_USE_CUDNN
 /// The cuDNN window of a max/avg pool geometry; cuDNN has no dilation and no ceil_mode, so those are errors unless
 /// they change nothing.
@@ -143,16 +140,11 @@ std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<
     return {y, Tensor<std::int64_t>()};
 #endif
   }
-  if constexpr (detail::native_float<T>) {
-    Tensor<std::int64_t> idx = with_indices ? empty<std::int64_t>(os, x.device()) : Tensor<std::int64_t>();
-    const Tensor<T> xc = detail::dense(x);
-    Tensor<T> y = empty<T>(os, x.device());
-    cpu::max_pool2d_forward<T>(g, xc.data(), y.data(), with_indices ? idx.data() : nullptr);
-    return {y, idx};
-  } else {
-    auto [yf, i] = ops::max_pool2d_with_indices<float>(detail::to_float(x), kernel, o, with_indices);
-    return {detail::from_float<T>(yf), i};
-  }
+  Tensor<std::int64_t> idx = with_indices ? empty<std::int64_t>(os, x.device()) : Tensor<std::int64_t>();
+  const Tensor<T> xc = detail::dense(x);
+  Tensor<T> y = empty<T>(os, x.device());
+  cpu::max_pool2d_forward<T>(g, xc.data(), y.data(), with_indices ? idx.data() : nullptr);
+  return {y, idx};
 }
 
 /// The input gradient (shape `input_shape`) of max pooling from gy (N, C, oh, ow) and the recorded indices.
@@ -166,26 +158,22 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
                   input_shape[1] == indices.size(1),
               "max_pool2d_backward: indices of shape ", indices.shape().str(), " do not match input shape ",
               input_shape.str());
-  if constexpr (detail::native_float<T>) {
-    const Tensor<std::int64_t> ic = detail::dense(indices);
-    const std::int64_t HW = input_shape[2] * input_shape[3];
-    for (std::int64_t k = 0; k < ic.numel(); ++k)
-      EMBER_CHECK(ic.data()[k] >= -1 && ic.data()[k] < HW, "max_pool2d_backward: index ", ic.data()[k],
-                  " at position ", k, " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ",
-                  HW, "), -1 for an empty window)");
-    cpu::PoolGeometry g;
-    g.planes = input_shape[0] * input_shape[1];
-    g.h = input_shape[2];
-    g.w = input_shape[3];
-    g.oh = gy.size(2);
-    g.ow = gy.size(3);
-    const Tensor<T> gyc = detail::dense(gy);
-    Tensor<T> gx = empty<T>(input_shape, gy.device());
-    cpu::max_pool2d_backward<T>(g, gyc.data(), ic.data(), gx.data());
-    return gx;
-  } else {
-    return detail::from_float<T>(ops::max_pool2d_backward<float>(detail::to_float(gy), indices, input_shape));
-  }
+  const Tensor<std::int64_t> ic = detail::dense(indices);
+  const std::int64_t HW = input_shape[2] * input_shape[3];
+  for (std::int64_t k = 0; k < ic.numel(); ++k)
+    EMBER_CHECK(ic.data()[k] >= -1 && ic.data()[k] < HW, "max_pool2d_backward: index ", ic.data()[k],
+                " at position ", k, " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ",
+                HW, "), -1 for an empty window)");
+  cpu::PoolGeometry g;
+  g.planes = input_shape[0] * input_shape[1];
+  g.h = input_shape[2];
+  g.w = input_shape[3];
+  g.oh = gy.size(2);
+  g.ow = gy.size(3);
+  const Tensor<T> gyc = detail::dense(gy);
+  Tensor<T> gx = empty<T>(input_shape, gy.device());
+  cpu::max_pool2d_backward<T>(g, gyc.data(), ic.data(), gx.data());
+  return gx;
 }
 
 /// The input gradient of max pooling from gy (N, C, oh, ow), the forward's input x (N, C, H, W) and output y: the
@@ -231,14 +219,10 @@ Tensor<T> avg_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = 
     return y;
 #endif
   }
-  if constexpr (detail::native_float<T>) {
-    const Tensor<T> xc = detail::dense(x);
-    Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
-    cpu::avg_pool2d_forward<T>(g, xc.data(), y.data());
-    return y;
-  } else {
-    return detail::from_float<T>(ops::avg_pool2d<float>(detail::to_float(x), kernel, o));
-  }
+  const Tensor<T> xc = detail::dense(x);
+  Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
+  cpu::avg_pool2d_forward<T>(g, xc.data(), y.data());
+  return y;
 }
 
 /// The input gradient (shape `input_shape`, (N, C, H, W)) of avg_pool2d(x, kernel, o) from gy (N, C, oh, ow).
@@ -262,14 +246,10 @@ Tensor<T> avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_shape, Siz
     return gx;
 #endif
   }
-  if constexpr (detail::native_float<T>) {
-    const Tensor<T> gyc = detail::dense(gy);
-    Tensor<T> gx = empty<T>(input_shape, gy.device());
-    cpu::avg_pool2d_backward<T>(g, gyc.data(), gx.data());
-    return gx;
-  } else {
-    return detail::from_float<T>(ops::avg_pool2d_backward<float>(detail::to_float(gy), input_shape, kernel, o));
-  }
+  const Tensor<T> gyc = detail::dense(gy);
+  Tensor<T> gx = empty<T>(input_shape, gy.device());
+  cpu::avg_pool2d_backward<T>(g, gyc.data(), gx.data());
+  return gx;
 }
 
 namespace detail {
@@ -301,14 +281,10 @@ Tensor<T> adaptive_avg_pool2d(const Tensor<T>& x, Size2 output_size) {
   static_assert(is_floating_v<T>, "adaptive_avg_pool2d: floating-point tensors only");
   const cpu::PoolGeometry g = detail::adaptive_geometry(x.shape(), x.device(), output_size);
   if (x.device().is_cuda()) return ops::avg_pool2d(x, detail::adaptive_as_avg(g, x.shape()), Pool2dOptions{});
-  if constexpr (detail::native_float<T>) {
-    const Tensor<T> xc = detail::dense(x);
-    Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
-    cpu::adaptive_avg_pool2d_forward<T>(g, xc.data(), y.data());
-    return y;
-  } else {
-    return detail::from_float<T>(ops::adaptive_avg_pool2d<float>(detail::to_float(x), output_size));
-  }
+  const Tensor<T> xc = detail::dense(x);
+  Tensor<T> y = empty<T>(detail::pool_out_shape(x.shape(), g), x.device());
+  cpu::adaptive_avg_pool2d_forward<T>(g, xc.data(), y.data());
+  return y;
 }
 
 /// The input gradient (shape `input_shape`, (N, C, H, W)) of adaptive_avg_pool2d from gy (N, C, oh, ow).
@@ -319,14 +295,10 @@ Tensor<T> adaptive_avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_s
   detail::check_pool_grad("adaptive_avg_pool2d_backward", gy, detail::pool_out_shape(input_shape, g));
   if (gy.device().is_cuda())
     return ops::avg_pool2d_backward(gy, input_shape, detail::adaptive_as_avg(g, input_shape), Pool2dOptions{});
-  if constexpr (detail::native_float<T>) {
-    const Tensor<T> gyc = detail::dense(gy);
-    Tensor<T> gx = empty<T>(input_shape, gy.device());
-    cpu::adaptive_avg_pool2d_backward<T>(g, gyc.data(), gx.data());
-    return gx;
-  } else {
-    return detail::from_float<T>(ops::adaptive_avg_pool2d_backward<float>(detail::to_float(gy), input_shape));
-  }
+  const Tensor<T> gyc = detail::dense(gy);
+  Tensor<T> gx = empty<T>(input_shape, gy.device());
+  cpu::adaptive_avg_pool2d_backward<T>(g, gyc.data(), gx.data());
+  return gx;
 }
 
 }  // namespace ember::ops
