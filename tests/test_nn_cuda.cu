@@ -551,8 +551,10 @@ TEST_CASE_TEMPLATE("cuda cross_entropy and nll_loss equal the CPU: weights, igno
           CAPTURE(weighted);
           CAPTURE(eps);
           CAPTURE(int(r));
-          nn::CrossEntropyOptions<double> od{.ignore_index = -100, .label_smoothing = eps, .reduction = r};
-          nn::CrossEntropyOptions<T> o{.ignore_index = -100, .label_smoothing = eps, .reduction = r};
+          nn::CrossEntropyOptions<double> od;
+          nn::CrossEntropyOptions<T> o;
+          od.label_smoothing = o.label_smoothing = eps;
+          od.reduction = o.reduction = r;
           if (weighted) {
             od.weight = wd;
             o.weight = to_dev(w);
@@ -572,8 +574,9 @@ TEST_CASE_TEMPLATE("cuda cross_entropy and nll_loss equal the CPU: weights, igno
           // nll_loss on log-probabilities (the CPU's own log_softmax, rounded to T).
           const int cdim = s.n == 1 ? 0 : 1;
           const Tensor<T> lp = cast<T>(ops::log_softmax(xd, cdim));
-          nn::NllLossOptions<double> nd{.ignore_index = -100, .reduction = r};
-          nn::NllLossOptions<T> n{.ignore_index = -100, .reduction = r};
+          nn::NllLossOptions<double> nd;
+          nn::NllLossOptions<T> n;
+          nd.reduction = n.reduction = r;
           if (weighted) {
             nd.weight = wd;
             n.weight = to_dev(w);

@@ -75,6 +75,7 @@ struct DeviceFlags {
 template <class T>
 void unscale_device(Tensor<T>& grad, double inv_scale, DeviceFlags& flags, const char* op) {
 #if EMBER_CUDA_UNSCALE
+  (void)op;
   if (!grad.is_contiguous()) grad = grad.contiguous();
   cuda::DeviceGuard guard(grad.device());
   cuda::unscale_and_check(grad.data(), grad.numel(), inv_scale, flags.flag_for(grad.device()),

@@ -8,8 +8,8 @@
 // code. Nothing here is named like, or includes, CUDA's own `__half` / `__nv_bfloat16`; the CUDA layer converts
 // between the two by bit pattern.
 //
-// On an x86 host compiled with F16C (`-mf16c`, implied by `-march=native` on any AVX2 machine) float <-> half uses
-// the hardware instructions; everywhere else (and in device code) the bit algorithm in ember::detail::f16.
+// The conversions are branch-free integer code (ember::detail::f16), the same on every host and in device code, so
+// that element-wise loops over half vectorise; the GEMM converts whole runs with F16C/AVX-512 instructions itself.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +19,8 @@
 
 #include "ember/config.hpp"
 
+// Whether the host compiler targets F16C (the GEMM's packing uses its vector conversions).
 #if defined(__F16C__) && !defined(__CUDA_ARCH__)
-#include <immintrin.h>
 #define EMBER_HAS_F16C 1
 #else
 #define EMBER_HAS_F16C 0
@@ -58,53 +58,45 @@ EMBER_HOST_DEVICE constexpr float bits_float(std::uint32_t u) noexcept {
 }
 #undef EMBER_F16_BUILTIN_BIT_CAST
 
-/// float -> binary16 bits, round to nearest even, in integer arithmetic only (the portable/device path).
+/// c ? a : b without a branch (an all-ones or all-zeros mask): the conversions below are straight-line code, so a
+/// loop over them vectorises. With a ternary, GCC keeps the float operation of one arm behind a branch (it may not
+/// speculate it under -ftrapping-math) and the loop stays scalar.
+EMBER_HOST_DEVICE constexpr std::uint32_t pick(bool c, std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+
+/// float -> binary16 bits, round to nearest even. Every case is computed and the right one picked:
+/// - NaN: quieted, the top 9 payload bits kept (what F16C does);
+/// - |f| >= 65520 (halfway between 65504 and 2^16, ties to the "even" 2^16): overflow to inf, and inf itself;
+/// - a normal half: rebias the exponent, round the 13 dropped bits to nearest even (a carry out of the mantissa
+///   bumps the exponent, up to 0x7bff at most under the threshold above);
+/// - subnormal or zero: |f| + 0.5 puts |f| rounded to a multiple of 2^-24 (the ulp of 0.5, the subnormal step)
+///   into the low mantissa bits, rounded to nearest even by the FPU; 1024 units is the smallest normal, 0x0400.
 EMBER_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t ax = x & 0x7fffffffu;
-  std::uint32_t h;
-  if (ax > 0x7f800000u) {
-    // NaN: quiet it, keep the top 9 payload bits (what F16C does).
-    h = 0x7e00u | ((ax >> 13) & 0x03ffu);
-  } else if (ax >= 0x477ff000u) {
-    // |f| >= 65520 (halfway between 65504 and 2^16, ties to the "even" 2^16): overflow; also +inf itself.
-    h = 0x7c00u;
-  } else if (ax >= 0x38800000u) {
-    // Normal half: rebias the exponent, then round the 13 dropped bits to nearest even. A carry out of the
-    // mantissa correctly bumps the exponent (up to 0x7bff at most here, by the threshold above).
-    const std::uint32_t r = ax - ((127u - 15u) << 23);
-    h = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
-  } else if (ax > 0x33000000u) {
-    // Subnormal half: value = m * 2^(e-150) = (m >> s) * 2^-24 with s = 126 - e in [14, 24].
-    const std::uint32_t e = ax >> 23;
-    const std::uint32_t m = (ax & 0x007fffffu) | 0x00800000u;
-    const std::uint32_t s = 126u - e;
-    const std::uint32_t q = m >> s;
-    const std::uint32_t rem = m & ((1u << s) - 1u);
-    const std::uint32_t halfway = 1u << (s - 1u);
-    h = q + ((rem > halfway || (rem == halfway && (q & 1u))) ? 1u : 0u);  // q+1 == 0x400 is the min normal
-  } else {
-    // |f| <= 2^-25 (exactly 2^-25 is a tie, which goes to the even 0): ±0.
-    h = 0;
-  }
+  const std::uint32_t r = ax - ((127u - 15u) << 23);
+  const std::uint32_t normal = (r + 0x0fffu + ((r >> 13) & 1u)) >> 13;
+  const std::uint32_t sub = float_bits(bits_float(ax) + 0.5f) - 0x3f000000u;
+  const std::uint32_t nan = 0x7e00u | ((ax >> 13) & 0x03ffu);
+  const std::uint32_t h =
+      pick(ax > 0x7f800000u, nan, pick(ax >= 0x477ff000u, 0x7c00u, pick(ax >= 0x38800000u, normal, sub)));
   return static_cast<std::uint16_t>(sign | h);
 }
 
-/// binary16 bits -> float (exact), the portable/device path. NaNs come back quiet with their payload.
+/// binary16 bits -> float (exact). Normal: rebias the exponent; zero or subnormal: m * 2^-24 (exact in float,
+/// computed from an integer so no float subnormal is involved, whatever the FTZ/DAZ mode); inf, or a NaN that comes
+/// back quiet with its payload ((m + 0x3ff) >> 10 is 1 exactly when the payload m is not 0).
 EMBER_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t em = h & 0x7fffu;
-  std::uint32_t out;
-  if (em >= 0x7c00u) {
-    out = 0x7f800000u | ((em & 0x03ffu) << 13) | ((em & 0x03ffu) ? 0x00400000u : 0u);  // inf, or quiet NaN
-  } else if (em >= 0x0400u) {
-    out = (em << 13) + ((127u - 15u) << 23);  // normal: rebias
-  } else {
-    // zero / subnormal: em * 2^-24, exact in float (em < 2^10), a normal float unless zero.
-    out = float_bits(static_cast<float>(static_cast<int>(em)) * 5.9604644775390625e-8f);
-  }
-  return bits_float(sign | out);
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t normal = (em << 13) + ((127u - 15u) << 23);
+  const std::uint32_t sub = float_bits(static_cast<float>(static_cast<std::int32_t>(em)) * 5.9604644775390625e-8f);
+  const std::uint32_t m = em & 0x03ffu;
+  const std::uint32_t special = 0x7f800000u | (m << 13) | (((m + 0x03ffu) >> 10) << 22);
+  return bits_float(sign | pick(em >= 0x7c00u, special, pick(em >= 0x0400u, normal, sub)));
 }
 
 /// float -> bfloat16 bits, round to nearest even. NaN stays NaN (quiet bit forced, sign kept) even when its
@@ -121,23 +113,11 @@ EMBER_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t b) noexce
   return bits_float(static_cast<std::uint32_t>(b) << 16);
 }
 
-/// Fast host path where available, bit algorithm otherwise (and during constant evaluation).
-EMBER_HOST_DEVICE constexpr std::uint16_t to_half_bits(float f) noexcept {
-#if EMBER_HAS_F16C
-  if (!__builtin_is_constant_evaluated())
-    // _mm_cvtps_ph rather than _cvtss_sh: clang's _cvtss_sh macro is a compound literal, a -Wpedantic warning.
-    return static_cast<std::uint16_t>(
-        _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0));
-#endif
-  return float_to_half_bits(f);
-}
-
-EMBER_HOST_DEVICE constexpr float from_half_bits(std::uint16_t h) noexcept {
-#if EMBER_HAS_F16C
-  if (!__builtin_is_constant_evaluated()) return _cvtsh_ss(h);
-#endif
-  return half_bits_to_float(h);
-}
+/// The conversions half uses, on the host and the device alike. Not F16C's scalar instructions: a scalar
+/// intrinsic per element keeps a loop from vectorising, while the straight-line integer code above vectorises
+/// (16 lanes with AVX-512) and gives the same bits (tests/test_numerics.cpp checks both against F16C).
+EMBER_HOST_DEVICE constexpr std::uint16_t to_half_bits(float f) noexcept { return float_to_half_bits(f); }
+EMBER_HOST_DEVICE constexpr float from_half_bits(std::uint16_t h) noexcept { return half_bits_to_float(h); }
 
 template <class T>
 inline constexpr bool is_arith_v = std::is_arithmetic_v<T>;
