@@ -242,6 +242,32 @@ TEST_CASE("cross_entropy equals nll_loss of log_softmax, in float") {
   for (std::size_t i = 0; i < ga.size(); ++i) CHECK(ga[i] == doctest::Approx(gb[i]).epsilon(1e-5));
 }
 
+TEST_CASE("class losses: writing into the target or the weights after the forward does not change the backward") {
+  const TD x = normal({6, 5}, 151, 2);
+  TI t = empty<std::int64_t>(Shape{6});
+  for (std::int64_t i = 0; i < 6; ++i) t.data()[i] = (i * 3) % 5;
+  TD w = full<double>({5}, 1.0);
+  w.data()[2] = 3.0;
+  for (const bool ce : {true, false}) {
+    CAPTURE(ce);
+    auto loss = [&](const TD& v, const TI& tt, const TD& ww) {
+      if (ce) return nn::cross_entropy(v, tt, {.weight = ww, .label_smoothing = 0.1});
+      return nn::nll_loss<double, false>(log_softmax(v, 1), tt, {.weight = ww});
+    };
+    TD a = x.clone(), b = x.clone();
+    a.requires_grad_(true);
+    b.requires_grad_(true);
+    TI t2 = t.clone();
+    TD w2 = w.clone();
+    TD la = loss(a, t2, w2), lb = loss(b, t, w);
+    t2.data()[1] = 4;  // after the forward, before the backward
+    w2.data()[2] = 0.5;
+    la.backward();
+    lb.backward();
+    CHECK(a.grad().to_vector() == b.grad().to_vector());
+  }
+}
+
 // ========================================================================================= element-wise losses
 
 TEST_CASE("mse, l1, smooth_l1 and huber match PyTorch for every reduction, values and both gradients") {

@@ -348,13 +348,28 @@ Tensor<T> nll_loss_backward_cpu(const Tensor<T>& grad, const ClassLossSaved<T>& 
 
 template <class T>
 ClassLossSaved<T> class_loss_saved(const Tensor<T>& input, const Tensor<i64>& target, const Tensor<T>& weight,
-                                   const ClassLossOptions& o, const char* op) {
+                                   const char* op) {
   ClassLossSaved<T> s;
   s.geom = class_geom(input, target, weight, op);
-  s.target = target.contiguous();
-  if (weight.defined()) s.weight = weight.detach().contiguous();
-  if (input.device().is_cpu()) check_targets_cpu(s.target.data(), s.geom, o.ignore_index, op);
+  s.target = target;
+  if (weight.defined()) s.weight = weight.detach();
   return s;
+}
+
+/// A dense copy that nothing else holds: what the backward reads does not change if the caller later writes into
+/// the target or the weights (P int64s and C values; the copy runs on the tensor's device).
+template <class U>
+Tensor<U> snapshot(const Tensor<U>& t) {
+  if (!t.defined()) return t;
+  return t.is_contiguous() ? t.clone() : t.contiguous();
+}
+
+/// The CPU path's copies and target check.
+template <class T>
+void prepare_cpu(ClassLossSaved<T>& s, const ClassLossOptions& o, const char* op) {
+  s.target = snapshot(s.target);
+  s.weight = snapshot(s.weight);
+  check_targets_cpu(s.target.data(), s.geom, o.ignore_index, op);
 }
 
 #if EMBER_CUDA_LOSS
@@ -383,6 +398,8 @@ ClassLossResult<T> class_loss_cuda(const Tensor<T>& xc, ClassLossSaved<T> s, con
   using C = compute_t<T>;
   const Device dev = xc.device();
   cuda::DeviceGuard guard(dev);
+  s.target = snapshot(s.target);
+  s.weight = snapshot(s.weight);
   const ClassGeom& g = s.geom;
   const i64 P = g.positions();
   const cuda::ClassLossDims d = cuda_dims(g, o);
@@ -441,7 +458,7 @@ ClassLossResult<T> cross_entropy_forward(const Tensor<T>& logits, const Tensor<s
   constexpr const char* op = "cross_entropy";
   EMBER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, op, ": label_smoothing must be in [0, 1], got ",
               o.label_smoothing);
-  ClassLossSaved<T> s = detail::class_loss_saved(logits, target, weight, o, op);
+  ClassLossSaved<T> s = detail::class_loss_saved(logits, target, weight, op);
   const ClassGeom& g = s.geom;
   if (logits.device().is_cuda()) {
 #if EMBER_CUDA_LOSS
@@ -452,6 +469,7 @@ ClassLossResult<T> cross_entropy_forward(const Tensor<T>& logits, const Tensor<s
     detail::no_cuda_loss(op, logits.device());
 #endif
   }
+  detail::prepare_cpu(s, o, op);
   // Rows of C class scores, one per position.
   const std::int64_t P = g.positions();
   s.input = g.D == 1 ? logits.detach().reshape({P, g.C}).contiguous()
@@ -480,7 +498,7 @@ template <class T>
 ClassLossResult<T> nll_loss_forward(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target,
                                     const Tensor<T>& weight, const ClassLossOptions& o) {
   static_assert(is_floating_v<T>, "nll_loss: log_probs must be floating-point");
-  ClassLossSaved<T> s = detail::class_loss_saved(log_probs, target, weight, o, "nll_loss");
+  ClassLossSaved<T> s = detail::class_loss_saved(log_probs, target, weight, "nll_loss");
   const Tensor<T> xc = log_probs.detach().contiguous();
   if (log_probs.device().is_cuda()) {
 #if EMBER_CUDA_LOSS
@@ -489,6 +507,7 @@ ClassLossResult<T> nll_loss_forward(const Tensor<T>& log_probs, const Tensor<std
     detail::no_cuda_loss("nll_loss", log_probs.device());
 #endif
   }
+  detail::prepare_cpu(s, o, "nll_loss");
   return detail::nll_loss_cpu(xc, std::move(s), o);
 }
 
