@@ -446,6 +446,24 @@ Tensor<T> nll_loss_backward_cuda(const Tensor<T>& gc, const ClassLossSaved<T>& s
 }
 #endif  // EMBER_CUDA_LOSS
 
+/// Both backward passes: the device check, then the CUDA or the CPU kernel (Ce: cross_entropy, else nll_loss).
+template <bool Ce, class T>
+Tensor<T> class_loss_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o,
+                              const char* op) {
+  EMBER_CHECK(grad.device() == s.device(), op, ": the gradient is on ", grad.device().str(),
+              " but the loss was computed on ", s.device().str());
+  if (s.device().is_cuda()) {
+#if EMBER_CUDA_LOSS
+    if constexpr (Ce) return cross_entropy_backward_cuda(grad.contiguous(), s, o);
+    else return nll_loss_backward_cuda(grad.contiguous(), s, o);
+#else
+    no_cuda_loss(op, s.device());
+#endif
+  }
+  if constexpr (Ce) return cross_entropy_backward_cpu(grad, s, o);
+  else return nll_loss_backward_cpu(grad, s, o);
+}
+
 }  // namespace detail
 
 /// cross_entropy with class-index targets (F.cross_entropy's semantics; see nn/loss.hpp): the loss, reduced by
@@ -481,16 +499,7 @@ ClassLossResult<T> cross_entropy_forward(const Tensor<T>& logits, const Tensor<s
 /// gradient `grad` (0-d when reduced, else the target's shape).
 template <class T>
 Tensor<T> cross_entropy_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
-  EMBER_CHECK(grad.device() == s.device(), "cross_entropy_backward: the gradient is on ", grad.device().str(),
-              " but the loss was computed on ", s.device().str());
-  if (s.device().is_cuda()) {
-#if EMBER_CUDA_LOSS
-    return detail::cross_entropy_backward_cuda(grad.contiguous(), s, o);
-#else
-    detail::no_cuda_loss("cross_entropy_backward", s.device());
-#endif
-  }
-  return detail::cross_entropy_backward_cpu(grad, s, o);
+  return detail::class_loss_backward<true>(grad, s, o, "cross_entropy_backward");
 }
 
 /// nll_loss (F.nll_loss's semantics): -w[t] log_probs[t] per position, reduced by o.reduction.
@@ -514,16 +523,7 @@ ClassLossResult<T> nll_loss_forward(const Tensor<T>& log_probs, const Tensor<std
 /// The gradient of nll_loss_forward's loss with respect to log_probs.
 template <class T>
 Tensor<T> nll_loss_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
-  EMBER_CHECK(grad.device() == s.device(), "nll_loss_backward: the gradient is on ", grad.device().str(),
-              " but the loss was computed on ", s.device().str());
-  if (s.device().is_cuda()) {
-#if EMBER_CUDA_LOSS
-    return detail::nll_loss_backward_cuda(grad.contiguous(), s, o);
-#else
-    detail::no_cuda_loss("nll_loss_backward", s.device());
-#endif
-  }
-  return detail::nll_loss_backward_cpu(grad, s, o);
+  return detail::class_loss_backward<false>(grad, s, o, "nll_loss_backward");
 }
 
 }  // namespace ember::ops
