@@ -78,6 +78,28 @@ void BM_MaxPool2dTrain(benchmark::State& state) {
   state.counters["bytes/s"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// Inference with the Fashion-MNIST CNN of examples/04 (conv-BN-ReLU-pool twice, then Linear), in eval mode under
+// InferenceMode, as images/s. range(0): 0 evaluates the model as trained, 1 after nn::fuse_conv_bn folded its two
+// BatchNorms into the convolutions; range(1): the batch size. The two variants run side by side in one process.
+void BM_CnnInference(benchmark::State& state) {
+  const bool fold = state.range(0) != 0;
+  const std::int64_t n = state.range(1);
+  manual_seed(3);
+  nn::Sequential model(nn::Conv2d(1, 32, 3, {.padding = 1, .bias = false}), nn::BatchNorm2d(32), nn::ReLU(),
+                       nn::MaxPool2d(2), nn::Conv2d(32, 64, 3, {.padding = 1, .bias = false}), nn::BatchNorm2d(64),
+                       nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(64 * 7 * 7, 10));
+  model.eval();
+  if (fold) nn::fuse_conv_bn(model);
+  const Tensor<float> x = randn<float>({n, 1, 28, 28});
+  for (auto _ : state) {
+    InferenceMode im;
+    Tensor<float> y = model(x);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["images/s"] = benchmark::Counter(double(n * state.iterations()), benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);

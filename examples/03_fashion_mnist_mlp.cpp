@@ -90,7 +90,7 @@ void train_and_evaluate(const Args& a) {
     const double waited = train.stats().wait_fraction();
 
     model.eval();
-    NoGradGuard no_grad;
+    InferenceMode inference;  // no graph, no saved tensors, no version counters
     std::int64_t correct = 0;
     for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model.forward(b.data), 1) == b.target)).item();
     std::printf("epoch %d  %5.1f s  %6.0f images/s  train loss %.4f  test accuracy %.2f%%  waiting for data %.1f%%",

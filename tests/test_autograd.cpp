@@ -700,6 +700,79 @@ TEST_CASE("NoGradGuard and GradModeGuard") {
   CHECK(y.grad_fn() != nullptr);
 }
 
+TEST_CASE("InferenceMode: no nodes, no version counter, and its tensors refuse autograd outside it") {
+  nn::Linear fc(3, 2);
+  const Tensor<float> x = ones<float>(Shape{4, 3});
+  // Outside: a forward records nodes (so the counter below can fail).
+  std::uint64_t n0 = autograd::nodes_created();
+  Tensor<float> y_grad = sum(relu(fc(x)));
+  CHECK(autograd::nodes_created() > n0);
+  CHECK(y_grad.requires_grad());
+
+  Tensor<float> y, buf;
+  n0 = autograd::nodes_created();
+  {
+    InferenceMode im;
+    CHECK(InferenceMode::is_enabled());
+    CHECK_FALSE(is_grad_enabled());
+    y = relu(fc(x));
+    Tensor<float> s = sum(y * y);
+    CHECK_FALSE(y.requires_grad());
+    CHECK_FALSE(s.requires_grad());
+    CHECK(y.is_inference());
+    CHECK(s.is_inference());
+    CHECK(y.slice(0, 0, 2).is_inference());  // a view of an inference tensor is one too
+    // No version counter: in-place writes to an inference tensor leave it at 0.
+    buf = zeros<float>(Shape{3});
+    buf += ones<float>(Shape{3});
+    buf.fill_(2.f);
+    CHECK(buf.version() == 0);
+    {
+      InferenceMode off(false);  // a nested guard can switch it off
+      CHECK_FALSE(is_inference_mode_enabled());
+      CHECK_FALSE(zeros<float>(Shape{1}).is_inference());
+    }
+    CHECK(is_inference_mode_enabled());
+  }
+  CHECK(autograd::nodes_created() == n0);  // nothing was recorded, not even gradient sinks
+  CHECK_FALSE(is_inference_mode_enabled());
+  CHECK(is_grad_enabled());
+  CHECK(buf.to_vector() == std::vector<float>{2.f, 2.f, 2.f});
+  // A normal tensor still counts versions; one created outside the guard is not an inference tensor.
+  Tensor<float> normal = zeros<float>(Shape{3});
+  normal += ones<float>(Shape{3});
+  CHECK(normal.version() == 1);
+  CHECK_FALSE(normal.is_inference());
+
+  // Outside the guard, an inference tensor cannot enter autograd: saved by an expression, by a matmul, or
+  // made to require gradients.
+  Tensor<float> w = ones<float>(Shape{2, 2}).requires_grad_(), v = ones<float>(Shape{2}).requires_grad_();
+  CHECK_THROWS_WITH_AS(Tensor<float>(y * v), doctest::Contains("created under InferenceMode cannot be saved for "
+                                                               "backward"),
+                       Error);
+  CHECK_THROWS_WITH_AS(matmul(y, w), doctest::Contains("a tensor of shape [4, 2] (float32) created under "
+                                                       "InferenceMode"),
+                       Error);
+  CHECK_THROWS_WITH_AS(y.detach().requires_grad_(), doctest::Contains("created under InferenceMode and cannot "
+                                                                      "require gradients outside it"),
+                       Error);
+  // Without a tensor that requires grad nothing is saved, so plain use is fine; clone() gives a normal tensor.
+  CHECK(Tensor<float>(y * 2.f).to_vector().size() == 8);
+  Tensor<float> yc = y.clone();
+  CHECK_FALSE(yc.is_inference());
+  Tensor<float> loss = sum(matmul(yc, w));
+  loss.backward();
+  CHECK(w.grad().defined());
+  // Unwinding restores both flags.
+  try {
+    InferenceMode im;
+    throw 1;
+  } catch (int) {
+  }
+  CHECK(is_grad_enabled());
+  CHECK_FALSE(is_inference_mode_enabled());
+}
+
 TEST_CASE("detach cuts the graph and shares storage") {
   const TD x = leaf(vals({1, 2, 3}, {3}));
   TD y = x * x;

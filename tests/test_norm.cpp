@@ -411,3 +411,180 @@ TEST_CASE("BatchNorm1d / BatchNorm2d with momentum None keep the cumulative aver
              },
              {normal({3, 2, 2, 2}, 31), normal({2}, 32), normal({2}, 33)});
 }
+
+// ================================================================================ folding (nn::fuse_conv_bn)
+
+namespace {
+
+/// Running statistics and affine parameters far from their defaults, so a fold that ignored any of them fails.
+template <class BN>
+void randomise_bn(BN& bn, std::uint64_t seed) {
+  using P = typename BN::param_t;
+  const std::int64_t C = bn.num_features;
+  const TD m = normal({C}, seed), v = normal({C}, seed + 1), g = normal({C}, seed + 2), b = normal({C}, seed + 3);
+  for (std::int64_t c = 0; c < C; ++c) {
+    bn.running_mean.data()[c] = P(m.data()[c]);
+    bn.running_var.data()[c] = P(0.2 + v.data()[c] * v.data()[c]);
+    if (bn.options.affine) {
+      bn.weight.data()[c] = P(1.0 + 0.5 * g.data()[c]);
+      bn.bias.data()[c] = P(b.data()[c]);
+    }
+  }
+}
+
+/// max |a - b| / max |b|
+double rel_diff(const TF& a, const TF& b) {
+  double d = 0, m = 0;
+  const TF ac = a.contiguous(), bc = b.contiguous();
+  REQUIRE(a.shape() == b.shape());
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    d = std::max(d, std::abs(double(ac.data()[i]) - double(bc.data()[i])));
+    m = std::max(m, std::abs(double(bc.data()[i])));
+  }
+  return d / m;
+}
+
+struct ConvNet : nn::Module {
+  nn::Conv2d conv1{3, 8, 3, {.padding = 1, .bias = false}};
+  nn::BatchNorm2d bn1{8, {.eps = 1e-3}};
+  nn::Conv2d conv2{8, 6, 3, {.stride = 2, .groups = 2}};
+  nn::BatchNorm2d bn2{6, {.affine = false}};
+  nn::Linear fc{6 * 3 * 3, 5, false};
+  nn::BatchNorm1d bn3{5, {.eps = 0.1}};
+  ConvNet() : nn::Module("ConvNet") {
+    register_module("conv1", conv1);
+    register_module("bn1", bn1);
+    register_module("conv2", conv2);
+    register_module("bn2", bn2);
+    register_module("fc", fc);
+    register_module("bn3", bn3);
+  }
+  TF forward(const TF& x) const {
+    TF h = relu(bn1(conv1(x)));
+    h = bn2(conv2(h));
+    return bn3(fc(h.reshape({h.size(0), -1})));
+  }
+  TF operator()(const TF& x) const { return forward(x); }
+};
+
+}  // namespace
+
+TEST_CASE("fuse_conv_bn on a Sequential: folded eval equals unfolded eval, groups, bias or not, eps, affine") {
+  nn::Sequential model(nn::Conv2d(3, 8, 3, {.padding = 1}), nn::BatchNorm2d(8, {.eps = 1e-2}), nn::ReLU(),
+                       nn::Conv2d(8, 6, 3, {.groups = 2, .bias = false}), nn::BatchNorm2d(6, {.affine = false}),
+                       nn::ReLU(), nn::Conv2d(6, 4, 1), nn::Conv2d(4, 4, 1),  // a conv without a BN after it stays
+                       nn::BatchNorm2d(4));
+  auto& s = model;
+  const auto params = s.named_parameters();
+  // Set the statistics through the state_dict (the Sequential holds its own handles of the layers).
+  auto sd = s.state_dict();
+  for (auto& [name, t] : sd) {
+    if (name.find("running_mean") != std::string::npos || name.find(".weight") != std::string::npos ||
+        name.find(".bias") != std::string::npos || name.find("running_var") != std::string::npos) {
+      auto f = std::get<TF>(t);
+      const TD r = normal({f.numel()}, std::uint64_t(name.size()) * 7 + 1);
+      for (std::int64_t i = 0; i < f.numel(); ++i)
+        f.data()[i] = float(name.find("running_var") != std::string::npos ? 0.3 + r.data()[i] * r.data()[i]
+                                                                         : r.data()[i] * 0.5);
+    }
+  }
+  const TF x = to_float(normal({2, 3, 9, 7}, 5));
+  model.train();
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(model), doctest::Contains("the model is in training mode; call eval()"),
+                       Error);
+  model.eval();
+  const TF ref = model(x);
+  CHECK(nn::fuse_conv_bn(model) == 3);
+  const TF got = model(x);
+  CHECK(rel_diff(got, ref) < 1e-5);
+  // The folded BatchNorms are identities without state; the bias-free conv gained a bias.
+  const auto after = model.state_dict();
+  CHECK(after.count("1.running_mean") == 0);
+  CHECK(after.count("1.weight") == 0);
+  CHECK(after.count("3.bias") == 1);
+  CHECK(after.count("6.bias") == 1);
+  CHECK(after.count("7.bias") == 1);
+  CHECK(after.count("8.num_batches_tracked") == 0);
+  std::ostringstream os;
+  os << model;
+  CHECK(os.str().find("(1): Identity()") != std::string::npos);
+  CHECK(os.str().find("BatchNorm") == std::string::npos);
+  CHECK(nn::fuse_conv_bn(model) == 0);  // nothing left to fold
+  (void)params;
+
+  // The folded state loads back into a model folded the same way (with other statistics before folding).
+  nn::Sequential other(nn::Conv2d(3, 8, 3, {.padding = 1}), nn::BatchNorm2d(8, {.eps = 1e-2}), nn::ReLU(),
+                       nn::Conv2d(8, 6, 3, {.groups = 2, .bias = false}), nn::BatchNorm2d(6, {.affine = false}),
+                       nn::ReLU(), nn::Conv2d(6, 4, 1), nn::Conv2d(4, 4, 1), nn::BatchNorm2d(4));
+  other.eval();
+  nn::fuse_conv_bn(other);
+  other.load_state_dict(after);
+  CHECK(rel_diff(other(x), got) == 0);
+}
+
+TEST_CASE("fuse_conv_bn with named pairs: Conv2d + BatchNorm2d and Linear + BatchNorm1d in a plain module") {
+  ConvNet net;
+  randomise_bn(net.bn1, 11);
+  randomise_bn(net.bn2, 21);
+  randomise_bn(net.bn3, 31);
+  net.eval();
+  const TF x = to_float(normal({4, 3, 8, 8}, 6));
+  const TF ref = net(x);
+  const TF w1 = net.conv1.weight.clone();
+  // Errors leave the model as it was: every pair is checked before anything is written.
+  const TF wfc = net.fc.weight.clone();
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"fc", "bn3"}, {"conv1", "bn2"}}),
+                       doctest::Contains("cannot fold 'bn2' (BatchNorm2d) into 'conv1' (Conv2d): the layer's weight "
+                                         "[8, 3, 3, 3] has 8 output channels, the BatchNorm normalises 6"),
+                       Error);
+  CHECK(rel_diff(net.conv1.weight, w1) == 0);
+  CHECK(rel_diff(net.fc.weight, wfc) == 0);
+  CHECK(!net.bn3.folded());
+  CHECK(rel_diff(net(x), ref) == 0);
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"fc", "bn1"}}),
+                       doctest::Contains("expected a Conv2d followed by a BatchNorm2d, or a Linear followed by a "
+                                         "BatchNorm1d"),
+                       Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"conv1", "bn9"}}),
+                       doctest::Contains("fuse_conv_bn: ConvNet has no submodule 'bn9'"), Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"conv1", "bn1"}, {"conv1", "bn1"}}),
+                       doctest::Contains("appears in two pairs"), Error);
+  CHECK(rel_diff(net(x), ref) == 0);
+
+  nn::fuse_conv_bn(net, {{"conv1", "bn1"}, {"conv2", "bn2"}, {"fc", "bn3"}});
+  CHECK(net.bn1.folded());
+  CHECK(rel_diff(net(x), ref) < 1e-5);
+  // Every handle of the conv sees the folded weight and the gained bias.
+  nn::Conv2d handle = net.conv1;
+  CHECK(rel_diff(handle(x), net.conv1(x)) == 0);
+  CHECK(net.conv1.own_parameter<float>("bias").requires_grad());
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"conv1", "bn1"}}), doctest::Contains("already folded"), Error);
+}
+
+TEST_CASE("fuse_conv_bn in double matches to rounding; errors for statistics, order and channel mismatches") {
+  nn::Conv2dT<amp::fp64> conv(2, 4, 3, {.padding = 1});
+  nn::BatchNormT<2, amp::fp64> bn(4, {.eps = 1e-4});
+  randomise_bn(bn, 41);
+  nn::Sequential seq(conv, bn);
+  seq.eval();
+  const TD x = normal({3, 2, 5, 5}, 7);
+  const TD ref = seq(x);
+  nn::fuse_conv_bn(seq);
+  check_close(seq(x), ref, 1e-12, 1e-12);
+
+  nn::Sequential no_stats(nn::Conv2d(2, 4, 3), nn::BatchNorm2d(4, {.track_running_stats = false}));
+  no_stats.eval();
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(no_stats), doctest::Contains("has no running statistics"), Error);
+  nn::Sequential gap(nn::Conv2d(2, 4, 3), nn::ReLU(), nn::BatchNorm2d(4));
+  gap.eval();
+  CHECK(nn::fuse_conv_bn(gap) == 0);  // not adjacent: not a pair
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(gap, {{"0", "2"}}),
+                       doctest::Contains("in an nn::Sequential the BatchNorm must come directly after the layer"),
+                       Error);
+  nn::Sequential mismatch(nn::Linear(3, 5), nn::BatchNorm1d(4));
+  mismatch.eval();
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(mismatch),
+                       doctest::Contains("cannot fold '1' (BatchNorm1d) into '0' (Linear): the layer's weight [5, 3] "
+                                         "has 5 output channels, the BatchNorm normalises 4"),
+                       Error);
+}

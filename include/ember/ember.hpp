@@ -70,6 +70,7 @@
 #include "ember/nn/conv.hpp"
 #include "ember/nn/pooling.hpp"
 #include "ember/nn/normalization.hpp"
+#include "ember/nn/fuse.hpp"
 
 // ---- opt-in precompilation ------------------------------------------------------------------------------------
 // ember stays header-only. A user who links the CMake target ember::precompiled gets EMBER_PRECOMPILED defined, and

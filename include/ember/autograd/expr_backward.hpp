@@ -115,6 +115,7 @@ struct SavedExpr {
     e.emplace(expr::make_owned(ex));
     int k = 0;
     expr::visit_leaves(ex, [&](const auto& leaf) {
+      check_not_inference(leaf.tensor(), "autograd");
       versions[k] = leaf.tensor().version();
       node.next.push_back(detail::paths<E>[k] ? gradient_edge(leaf.tensor()) : nullptr);
       ++k;

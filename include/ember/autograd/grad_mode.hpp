@@ -1,6 +1,8 @@
 // ember — grad mode: whether operations record autograd nodes on this thread.
 #pragma once
 
+#include "ember/core/storage.hpp"
+
 namespace ember {
 
 namespace autograd {
@@ -35,5 +37,33 @@ class GradModeGuard {
  private:
   bool prev_;
 };
+
+/// Evaluation without autograd, cheaper and stricter than NoGradGuard (torch.inference_mode): while alive, nothing
+/// is recorded and nothing is saved for backward on this thread, and every tensor allocated is an *inference
+/// tensor*: it has no version counter (in-place writes to it cost nothing extra), and outside the guard autograd
+/// refuses it (an op that would save it for backward, or requires_grad_(true), is an error naming the tensor).
+/// clone() an inference tensor outside the guard to get a normal one. The documented way to evaluate a model:
+///   model.eval();
+///   { InferenceMode im; auto logits = model(x); ... }
+class InferenceMode {
+ public:
+  explicit InferenceMode(bool on = true)
+      : prev_inference_(detail::inference_mode_flag()), prev_grad_(autograd::grad_mode_flag()) {
+    detail::inference_mode_flag() = on;
+    if (on) autograd::grad_mode_flag() = false;
+  }
+  ~InferenceMode() {
+    detail::inference_mode_flag() = prev_inference_;
+    autograd::grad_mode_flag() = prev_grad_;
+  }
+  InferenceMode(const InferenceMode&) = delete;
+  InferenceMode& operator=(const InferenceMode&) = delete;
+  static bool is_enabled() { return detail::inference_mode_flag(); }
+
+ private:
+  bool prev_inference_, prev_grad_;
+};
+
+inline bool is_inference_mode_enabled() { return detail::inference_mode_flag(); }
 
 }  // namespace ember

@@ -19,9 +19,20 @@
 
 namespace ember::autograd {
 
-inline std::uint64_t next_sequence_number() {
+inline std::uint64_t& sequence_counter() {
   thread_local std::uint64_t seq = 0;
-  return ++seq;
+  return seq;
+}
+inline std::uint64_t next_sequence_number() { return ++sequence_counter(); }
+/// How many autograd nodes (tape entries and gradient sinks) this thread has created so far.
+inline std::uint64_t nodes_created() { return sequence_counter(); }
+
+/// Refuses an inference tensor (InferenceMode) that an op is about to save for backward or differentiate.
+template <class T>
+void check_not_inference(const Tensor<T>& t, const char* what) {
+  EMBER_CHECK(!t.defined() || !t.is_inference(), what, ": a tensor of shape ", t.shape().str(), " (", dtype_name<T>(),
+              ") created under InferenceMode cannot be saved for backward or differentiated; clone() it outside "
+              "InferenceMode to get a normal tensor, or run the whole computation under InferenceMode");
 }
 
 struct Node : std::enable_shared_from_this<Node> {
@@ -106,6 +117,7 @@ struct AccumulateGrad final : TypedNode<T> {
 template <class T>
 std::shared_ptr<Node> gradient_edge(const Tensor<T>& t) {
   if (!t.requires_grad()) return nullptr;
+  check_not_inference(t, "autograd");
   AutogradMeta<T>& m = t.meta();
   if (m.grad_fn) return m.grad_fn;
   if (auto acc = m.accumulator.lock()) return acc;
@@ -128,7 +140,9 @@ struct Saved {
   Tensor<T> t;
   std::uint64_t version = 0;
   Saved() = default;
-  explicit Saved(const Tensor<T>& x) : t(x), version(x.defined() ? x.version() : 0) {}
+  explicit Saved(const Tensor<T>& x) : t(x), version(x.defined() ? x.version() : 0) {
+    check_not_inference(x, "autograd");
+  }
   const Tensor<T>& get(const char* op) const {
     EMBER_CHECK(!t.defined() || t.version() == version, op,
                 ": a tensor needed for gradient computation (shape ", t.shape().str(),

@@ -15,6 +15,14 @@
 
 namespace ember {
 
+namespace detail {
+/// Whether an InferenceMode guard (autograd/grad_mode.hpp) is alive on this thread.
+inline bool& inference_mode_flag() {
+  thread_local bool on = false;
+  return on;
+}
+}  // namespace detail
+
 struct StorageImpl {
   void* data = nullptr;
   std::size_t nbytes = 0;
@@ -22,6 +30,8 @@ struct StorageImpl {
   Allocator* allocator = nullptr;             // null for memory ember does not own
   std::function<void(void*)> deleter;         // from_blob's optional deleter
   std::atomic<std::uint64_t> version{0};      // bumped by every in-place write
+  /// Allocated under InferenceMode: no version counter, and autograd refuses to save or differentiate it.
+  const bool inference = detail::inference_mode_flag();
 
   StorageImpl(std::size_t n, Allocator& a) : data(a.allocate(n)), nbytes(n), device(a.device()), allocator(&a) {}
   StorageImpl(void* p, std::size_t n, Device d, std::function<void(void*)> del)

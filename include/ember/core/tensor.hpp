@@ -138,9 +138,14 @@ class Tensor {
   const Storage& storage() const { return impl().storage; }
   /// Pointer to element (0, ..., 0).
   T* data() const { return static_cast<T*>(impl().storage->data) + impl().offset; }
-  /// Bumped by every in-place write to the storage; autograd checks it.
+  /// Bumped by every in-place write to the storage; autograd checks it. Inference tensors have no version counter
+  /// (it stays 0), as in PyTorch.
   std::uint64_t version() const { return impl().storage->version.load(std::memory_order_relaxed); }
-  void bump_version() const { impl().storage->version.fetch_add(1, std::memory_order_relaxed); }
+  void bump_version() const {
+    if (!impl().storage->inference) impl().storage->version.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// Whether the memory was allocated under InferenceMode (views of such a tensor are inference tensors too).
+  bool is_inference() const { return impl().storage->inference; }
   bool same_impl(const Tensor& o) const { return impl_ == o.impl_; }
   /// True when no other handle, view or autograd record shares this tensor's memory, so writing it in place is
   /// invisible to everyone else (data transforms use it to skip a copy).
@@ -409,6 +414,9 @@ class Tensor {
     }
     EMBER_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad; use detach() to get a "
                            "leaf from the result of an operation");
+    EMBER_CHECK(!on || !is_inference() || detail::inference_mode_flag(),
+                "requires_grad_: this tensor (shape ", shape().str(), ") was created under InferenceMode and cannot "
+                "require gradients outside it; clone() it outside InferenceMode to get a normal tensor");
     meta().requires_grad = on;
     return *this;
   }

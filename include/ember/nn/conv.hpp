@@ -56,7 +56,9 @@ class Conv2dT : public Module {
 
   /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out)
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
-    return ember::conv2d(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(bias),
+    // A conv built without bias has one after nn::fuse_conv_bn folded a BatchNorm into it.
+    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+    return ember::conv2d(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b),
                          ember::Conv2dOptions{options.stride, options.padding, options.dilation, options.groups});
   }
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }

@@ -37,7 +37,9 @@ class LinearT : public Module {
 
   /// x (..., in_features) -> (..., out_features)
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
-    return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(bias));
+    // A layer built without bias has one after nn::fuse_conv_bn folded a BatchNorm1d into it.
+    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+    return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b));
   }
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 

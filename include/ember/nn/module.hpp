@@ -44,6 +44,7 @@ using ember::describe;
 class Module;
 
 namespace detail {
+struct ModuleAccess;
 using TensorSlot = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
 
 struct ModuleState {
@@ -52,6 +53,10 @@ struct ModuleState {
   std::vector<std::pair<std::string, std::shared_ptr<ModuleState>>> children;
   std::function<std::string()> extra_repr;  // "784, 256, bias=True" for printing
   bool training = true;
+  /// Numeric settings that code working on the module tree reads by name (BatchNorm's "eps", for folding).
+  std::vector<std::pair<std::string, double>> settings;
+  /// Folded into the layer before it (nn::fuse_conv_bn): the module passes its input through, as nn.Identity.
+  bool folded = false;
 };
 
 /// Storage offsets of t's elements in row-major order. Module state is copied element by element through these
@@ -156,6 +161,17 @@ class Module {
   /// Number of parameter elements (all dtypes), as sum(p.numel() for p in model.parameters()).
   EMBER_HEADER_INLINE std::int64_t num_parameters() const;
   const std::string& type_name() const { return s_->type_name; }
+  /// Whether nn::fuse_conv_bn folded this module into the layer before it (its forward is then the identity).
+  bool folded() const { return s_->folded; }
+  /// This module's own parameter `name` of dtype T (undefined when there is none): a layer built without a bias
+  /// finds here the one nn::fuse_conv_bn gave it, in every handle of the module.
+  template <class T>
+  Tensor<T> own_parameter(const std::string& name) const {
+    for (const auto& [n, t] : s_->params)
+      if (n == name)
+        if (auto* p = std::get_if<Tensor<T>>(&t)) return *p;
+    return Tensor<T>();
+  }
 
   // ---- modes ---------------------------------------------------------------------------------------------
   /// Training mode (dropout active, batch norm uses and updates batch statistics) for this module and its children.
@@ -334,6 +350,8 @@ class Module {
   }
   /// What the module prints inside its parentheses ("784, 256, bias=True").
   void set_extra_repr(std::function<std::string()> f) { s_->extra_repr = std::move(f); }
+  /// Records a numeric setting that code walking the module tree can read (nn::fuse_conv_bn reads "eps").
+  void set_setting(const std::string& name, double v) { s_->settings.emplace_back(name, v); }
 
  private:
   EMBER_HEADER_INLINE void check_name(const std::string& name) const;
@@ -353,7 +371,15 @@ class Module {
   EMBER_HEADER_INLINE static void print(std::ostream& os, const detail::ModuleState& s, int indent);
 
   std::shared_ptr<detail::ModuleState> s_;
+  friend struct detail::ModuleAccess;
 };
+
+namespace detail {
+/// The registry behind a module handle, for code that rewrites the module tree (nn/fuse.hpp).
+struct ModuleAccess {
+  static ModuleState& state(const Module& m) { return *m.s_; }
+};
+}  // namespace detail
 
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> Module::named_parameters_any(bool recurse) const {

@@ -36,6 +36,7 @@ class BatchNormT : public Module {
   explicit BatchNormT(std::int64_t num_features, const BatchNormOptions& o = {})
       : Module(Rank == 2 ? "BatchNorm2d" : "BatchNorm1d"), num_features(num_features), options(o) {
     EMBER_CHECK(num_features > 0, type_name(), ": num_features must be positive, got ", num_features);
+    set_setting("eps", o.eps);
     if (o.affine) {
       weight = ones<param_t>(Shape{num_features});
       bias = zeros<param_t>(Shape{num_features});
@@ -59,6 +60,7 @@ class BatchNormT : public Module {
   }
 
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    if (folded()) return x;  // nn::fuse_conv_bn moved this normalisation into the layer before it
     if constexpr (Rank == 2) {
       EMBER_CHECK(x.dim() == 4, "BatchNorm2d: expected a 4-D input (N, C, H, W), got shape ", x.shape().str());
     } else {
