@@ -80,16 +80,17 @@ void BM_MaxPool2dTrain(benchmark::State& state) {
 
 // Inference with the Fashion-MNIST CNN of examples/04 (conv-BN-ReLU-pool twice, then Linear), in eval mode under
 // InferenceMode, as images/s. range(0): 0 evaluates the model as trained, 1 after nn::fuse_conv_bn folded its two
-// BatchNorms into the convolutions; range(1): the batch size. The two variants run side by side in one process.
+// BatchNorms into the convolutions, 2 with the ReLUs moved into the convolutions' epilogues too; range(1): the
+// batch size. The variants run side by side in one process.
 void BM_CnnInference(benchmark::State& state) {
-  const bool fold = state.range(0) != 0;
+  const std::int64_t variant = state.range(0);
   const std::int64_t n = state.range(1);
   manual_seed(3);
   nn::Sequential model(nn::Conv2d(1, 32, 3, {.padding = 1, .bias = false}), nn::BatchNorm2d(32), nn::ReLU(),
                        nn::MaxPool2d(2), nn::Conv2d(32, 64, 3, {.padding = 1, .bias = false}), nn::BatchNorm2d(64),
                        nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(64 * 7 * 7, 10));
   model.eval();
-  if (fold) nn::fuse_conv_bn(model);
+  if (variant > 0) nn::fuse_conv_bn(model, {.activations = variant > 1});
   const Tensor<float> x = randn<float>({n, 1, 28, 28});
   for (auto _ : state) {
     InferenceMode im;
@@ -99,7 +100,7 @@ void BM_CnnInference(benchmark::State& state) {
   state.counters["images/s"] = benchmark::Counter(double(n * state.iterations()), benchmark::Counter::kIsRate);
 }
 
-BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1, 2}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);

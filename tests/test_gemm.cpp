@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -267,4 +268,43 @@ TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity"
   cpu::gemm<half>(1, 1, 2, {ha, 2, 1}, {hd, 1, 1}, hc, 1, false);
   CHECK(std::isinf(float(hc[0])));
   CHECK(float(hc[0]) > 0);
+}
+
+// A packed once (a convolution's weights reused over a batch) gives what gemm gives, bit for bit: every k panel,
+// row blocks past mc, thread splits by rows and by columns, transposed A, accumulation, 16-bit operands and outputs.
+TEST_CASE_TEMPLATE("PackedA: GEMMs with A packed once equal gemm bit for bit", T, float, double, bfloat16) {
+  ThreadsGuard guard;
+  std::uint32_t seed = 900;
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    for (const Case& c : {Case{64, 196, 288, false, false, false, 0}, Case{300, 70, 1100, true, false, true, 1},
+                          Case{13, 4200, 40, false, true, true, 2}, Case{7, 5, 3, false, false, false, 0},
+                          Case{1000, 30, 513, false, true, false, 1}}) {
+      CAPTURE(threads);
+      CAPTURE(c.m);
+      CAPTURE(c.n);
+      CAPTURE(c.k);
+      std::mt19937 g(seed++);
+      Mat<T> a(c.m, c.k, c.ta, c.pad), b(c.k, c.n, c.tb, c.pad);
+      Mat<T> want(c.m, c.n, false, c.pad);
+      fill(a, g, false);
+      fill(b, g, false);
+      fill(want, g, false);
+      Mat<T> got = want;
+      cpu::gemm<T>(c.m, c.n, c.k, a.view(), b.view(), want.v.data(), want.ld, c.accumulate);
+      const cpu::PackedA<T> pa(c.m, c.k, a.view());
+      pa.gemm(c.n, b.view(), got.v.data(), got.ld, c.accumulate);
+      int diff = 0;  // bit patterns (NaN-free data; -0 and +0 would differ)
+      for (std::size_t i = 0; i < got.v.size(); ++i)
+        diff += std::memcmp(&got.v[i], &want.v[i], sizeof(T)) != 0;
+      CHECK(diff == 0);
+      // The same packed A serves another right-hand side (it is not consumed).
+      if constexpr (sizeof(T) == 2) {
+        Mat<float> w32(c.m, c.n, false, 0), g32(c.m, c.n, false, 0);
+        cpu::gemm<T, float>(c.m, c.n, c.k, a.view(), b.view(), w32.v.data(), w32.ld, false);
+        pa.gemm(c.n, b.view(), g32.v.data(), g32.ld, false);
+        CHECK(w32.v == g32.v);
+      }
+    }
+  }
 }

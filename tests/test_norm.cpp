@@ -522,7 +522,7 @@ TEST_CASE("fuse_conv_bn on a Sequential: folded eval equals unfolded eval, group
   CHECK(rel_diff(other(x), got) == 0);
 }
 
-TEST_CASE("fuse_conv_bn with named pairs: Conv2d + BatchNorm2d and Linear + BatchNorm1d in a plain module") {
+TEST_CASE("fuse_modules with named pairs: Conv2d + BatchNorm2d and Linear + BatchNorm1d in a plain module") {
   ConvNet net;
   randomise_bn(net.bn1, 11);
   randomise_bn(net.bn2, 21);
@@ -533,7 +533,7 @@ TEST_CASE("fuse_conv_bn with named pairs: Conv2d + BatchNorm2d and Linear + Batc
   const TF w1 = net.conv1.weight.clone();
   // Errors leave the model as it was: every pair is checked before anything is written.
   const TF wfc = net.fc.weight.clone();
-  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"fc", "bn3"}, {"conv1", "bn2"}}),
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "bn3"}, {"conv1", "bn2"}}),
                        doctest::Contains("cannot fold 'bn2' (BatchNorm2d) into 'conv1' (Conv2d): the layer's weight "
                                          "[8, 3, 3, 3] has 8 output channels, the BatchNorm normalises 6"),
                        Error);
@@ -541,24 +541,24 @@ TEST_CASE("fuse_conv_bn with named pairs: Conv2d + BatchNorm2d and Linear + Batc
   CHECK(rel_diff(net.fc.weight, wfc) == 0);
   CHECK(!net.bn3.folded());
   CHECK(rel_diff(net(x), ref) == 0);
-  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"fc", "bn1"}}),
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "bn1"}}),
                        doctest::Contains("expected a Conv2d followed by a BatchNorm2d, or a Linear followed by a "
                                          "BatchNorm1d"),
                        Error);
-  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"conv1", "bn9"}}),
-                       doctest::Contains("fuse_conv_bn: ConvNet has no submodule 'bn9'"), Error);
-  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"conv1", "bn1"}, {"conv1", "bn1"}}),
-                       doctest::Contains("appears in two pairs"), Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv1", "bn9"}}),
+                       doctest::Contains("fuse_modules: ConvNet has no submodule 'bn9'"), Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv1", "bn1"}, {"conv1", "bn1"}}),
+                       doctest::Contains("appears in two groups"), Error);
   CHECK(rel_diff(net(x), ref) == 0);
 
-  nn::fuse_conv_bn(net, {{"conv1", "bn1"}, {"conv2", "bn2"}, {"fc", "bn3"}});
+  nn::fuse_modules(net, {{"conv1", "bn1"}, {"conv2", "bn2"}, {"fc", "bn3"}});
   CHECK(net.bn1.folded());
   CHECK(rel_diff(net(x), ref) < 1e-5);
   // Every handle of the conv sees the folded weight and the gained bias.
   nn::Conv2d handle = net.conv1;
   CHECK(rel_diff(handle(x), net.conv1(x)) == 0);
   CHECK(net.conv1.own_parameter<float>("bias").requires_grad());
-  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(net, {{"conv1", "bn1"}}), doctest::Contains("already folded"), Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv1", "bn1"}}), doctest::Contains("'bn1' was already fused"), Error);
 }
 
 TEST_CASE("fuse_conv_bn in double matches to rounding; errors for statistics, order and channel mismatches") {
@@ -577,9 +577,9 @@ TEST_CASE("fuse_conv_bn in double matches to rounding; errors for statistics, or
   CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(no_stats), doctest::Contains("has no running statistics"), Error);
   nn::Sequential gap(nn::Conv2d(2, 4, 3), nn::ReLU(), nn::BatchNorm2d(4));
   gap.eval();
-  CHECK(nn::fuse_conv_bn(gap) == 0);  // not adjacent: not a pair
-  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(gap, {{"0", "2"}}),
-                       doctest::Contains("in an nn::Sequential the BatchNorm must come directly after the layer"),
+  CHECK(nn::fuse_conv_bn(gap, {.activations = false}) == 0);  // not adjacent: not a pair
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(gap, {{"0", "2"}}),
+                       doctest::Contains("fuse_modules: cannot fuse '0', '2': in an nn::Sequential '2' must come directly after '0'"),
                        Error);
   nn::Sequential mismatch(nn::Linear(3, 5), nn::BatchNorm1d(4));
   mismatch.eval();
@@ -587,4 +587,123 @@ TEST_CASE("fuse_conv_bn in double matches to rounding; errors for statistics, or
                        doctest::Contains("cannot fold '1' (BatchNorm1d) into '0' (Linear): the layer's weight [5, 3] "
                                          "has 5 output channels, the BatchNorm normalises 4"),
                        Error);
+}
+
+TEST_CASE("fused activations: Conv2d/Linear epilogues equal the unfused ops bit for bit, and training stays exact") {
+  // ops level: every activation, float and bfloat16, conv (bias or not) and linear (bias or not, 3-D input).
+  const TF x = to_float(normal({3, 4, 7, 6}, 81)), w = to_float(normal({6, 4, 3, 3}, 82)), b = to_float(normal({6}, 83));
+  const TF xl = to_float(normal({2, 37, 19}, 84)), wl = to_float(normal({23, 19}, 85)), bl = to_float(normal({23}, 86));
+  const Conv2dOptions co{.padding = 1};
+  for (auto act : {cpu::Act::relu, cpu::Act::gelu, cpu::Act::gelu_tanh, cpu::Act::silu}) {
+    INFO("act " << std::string(cpu::act_name(act)));
+    NoGradGuard ng;
+    auto unfused = [&](const auto& y) {
+      using T = typename std::remove_cvref_t<decltype(y)>::value_type;
+      switch (act) {
+        case cpu::Act::relu: return Tensor<T>(relu(y));
+        case cpu::Act::gelu: return Tensor<T>(gelu(y));
+        case cpu::Act::gelu_tanh: return Tensor<T>(gelu_tanh(y));
+        default: return Tensor<T>(silu(y));
+      }
+    };
+    CHECK(rel_diff(ops::conv2d(x, w, b, co, act), unfused(ops::conv2d(x, w, b, co))) == 0);
+    CHECK(rel_diff(ops::conv2d(x, w, TF(), co, act), unfused(ops::conv2d(x, w, TF(), co))) == 0);
+    // The unfused reference of act(y + b): one element-wise pass after the GEMM (one rounding for 16-bit types).
+    auto bias_act = [&](auto y, const auto& bias) {
+      ops::detail::bias_act_(y, bias, act, [&](const auto& e) { cpu::assign(y, e, "reference"); });
+      return y;
+    };
+    CHECK(rel_diff(ops::linear(xl, wl, bl, act), bias_act(Tensor<float>(matmul(xl, wl.t())), bl)) == 0);
+    CHECK(rel_diff(ops::linear(xl, wl, TF(), act), unfused(matmul(xl, wl.t()))) == 0);
+    using B = bfloat16;
+    const Tensor<B> xb = cast<B>(x), wb = cast<B>(w), bb = cast<B>(b);
+    const Tensor<B> fused = ops::conv2d(xb, wb, bb, co, act), ref = unfused(ops::conv2d(xb, wb, bb, co));
+    CHECK(rel_diff(cast<float>(fused), cast<float>(ref)) == 0);
+    const Tensor<B> xlb = cast<B>(xl), wlb = cast<B>(wl), blb = cast<B>(bl);
+    CHECK(rel_diff(cast<float>(ops::linear(xlb, wlb, blb, act)),
+                   cast<float>(bias_act(Tensor<B>(matmul(xlb, wlb.t())), blb))) == 0);
+  }
+  // Without an activation, linear's bias in the epilogue equals the GEMM followed by the bias add.
+  {
+    NoGradGuard ng;
+    CHECK(rel_diff(linear(xl, wl, bl), Tensor<float>(matmul(xl, wl.t()) + bl)) == 0);
+  }
+
+  // Module level: the activation modules of a Sequential move into the layers before them.
+  auto make = [] {
+    manual_seed(9);
+    return nn::Sequential(nn::Conv2d(2, 5, 3, {.padding = 1}), nn::ReLU(), nn::Conv2d(5, 4, 3, {.bias = false}),
+                          nn::GELU(true), nn::Flatten(), nn::Linear(4 * 4 * 4, 12), nn::SiLU(), nn::Linear(12, 3),
+                          nn::GELU());
+  };
+  nn::Sequential plain = make(), fused = make();
+  CHECK(nn::fuse_conv_bn(fused) == 4);  // activations need no eval mode
+  std::ostringstream os;
+  os << fused;
+  CHECK(os.str().find("ReLU") == std::string::npos);
+  CHECK(os.str().find("GELU") == std::string::npos);
+  CHECK(os.str().find("(8): Identity()") != std::string::npos);
+  const TF xin = to_float(normal({3, 2, 6, 6}, 87));
+  {
+    InferenceMode im;
+    CHECK(rel_diff(fused(xin), plain(xin)) == 0);
+  }
+  {
+    // An unbatched input (C, H, W) through a conv with a fused activation.
+    manual_seed(10);
+    nn::Sequential one(nn::Conv2d(2, 3, 3), nn::SiLU());
+    nn::Sequential two(nn::Conv2d(2, 3, 3), nn::SiLU());
+    two.load_state_dict(one.state_dict());
+    nn::fuse_conv_bn(two);
+    InferenceMode im;
+    const TF x3 = to_float(normal({2, 5, 5}, 88));
+    CHECK(rel_diff(two(x3), one(x3)) == 0);
+  }
+  // With gradients the activation is a separate differentiable op: the same loss and gradients as unfused.
+  const TF lp = sum(square(plain(xin))), lf = sum(square(fused(xin)));
+  lp.backward();
+  lf.backward();
+  CHECK(rel_diff(lf, lp) == 0);
+  const auto pp = plain.named_parameters(), pf = fused.named_parameters();
+  REQUIRE(pp.size() == pf.size());
+  for (std::size_t i = 0; i < pp.size(); ++i) {
+    INFO(pp[i].first);
+    CHECK(rel_diff(pf[i].second.grad(), pp[i].second.grad()) == 0);
+  }
+
+  // Named groups: {conv, bn, act} and {linear, act}; errors name the modules.
+  struct Net : nn::Module {
+    nn::Conv2d conv{2, 3, 3};
+    nn::BatchNorm2d bn{3};
+    nn::ReLU relu;
+    nn::Tanh tanh;
+    nn::Linear fc{3, 2};
+    nn::SiLU silu;
+    Net() : nn::Module("Net") {
+      register_module("conv", conv);
+      register_module("bn", bn);
+      register_module("relu", relu);
+      register_module("tanh", tanh);
+      register_module("fc", fc);
+      register_module("silu", silu);
+    }
+  } net;
+  net.eval();
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "tanh"}}),
+                       doctest::Contains("fuse_modules: cannot fold 'tanh' (Tanh) into 'fc' (Linear): expected a Conv2d "
+                                         "followed by a BatchNorm2d"),
+                       Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv", "bn", "tanh"}}),
+                       doctest::Contains("fuse_modules: cannot move 'tanh' (Tanh) into 'conv' (Conv2d): expected a "
+                                         "ReLU, GELU or SiLU module"),
+                       Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv", "bn", "relu", "fc"}}),
+                       doctest::Contains("a group names 2 or 3 modules (layer, batchnorm, activation), got 4"), Error);
+  nn::fuse_modules(net, {{"conv", "bn", "relu"}, {"fc", "silu"}});
+  CHECK(net.relu.folded());
+  CHECK(net.silu.folded());
+  CHECK(cpu::Act(net.conv.fused_activation()) == cpu::Act::relu);
+  CHECK(cpu::Act(net.fc.fused_activation()) == cpu::Act::silu);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "silu"}}),
+                       doctest::Contains("cannot fuse 'fc', 'silu': 'silu' was already fused into the layer before it"), Error);
 }

@@ -120,14 +120,14 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
 }
 
 /// y = x @ wᵀ + b, as torch.nn.functional.linear (w is (out_features, in_features); b may be undefined).
-/// On CUDA, when nothing needs a gradient, the bias is added in the GEMM's epilogue (ops::linear, cuBLASLt).
+/// When nothing needs a gradient, the bias is added in the GEMM's epilogue (ops::linear: cuBLASLt on CUDA, each
+/// block of rows while in cache on the CPU).
 template <class T>
 Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
               " does not match weight of shape ", w.shape().str(), " (expected last dim ", w.size(1), ")");
-  if (b.defined() && x.device().is_cuda() &&
-      !(is_grad_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad())))
+  if (b.defined() && !(is_grad_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad())))
     return ops::linear(x, w, b);
   Tensor<T> y = matmul(x, w.t());
   if (!b.defined()) return y;

@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/gemm.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
@@ -123,6 +125,12 @@ inline std::int64_t image_tasks(std::int64_t n, std::int64_t buffer_bytes) {
   return std::min<std::int64_t>(n, buffer_bytes <= (std::int64_t(1) << 20) ? 4 * nt : nt);
 }
 
+/// y[0, n) = v, vectorised (std::fill is not at -O2).
+template <class T>
+EMBER_VECTORIZE void fill_run(T* EMBER_RESTRICT y, std::int64_t n, T v) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = v;
+}
+
 // Runs body(task, first_image, end_image) for each of `tasks` runs of images.
 template <class F>
 void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
@@ -137,14 +145,22 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 
 }  // namespace detail
 
-/// y (N, O, oh, ow) = conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null). All contiguous.
+/// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null)). All contiguous.
+/// The activation is applied to each image's output right after its GEMMs, while it is in cache.
 template <class T>
-void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y) {
+void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
   Tensor<T> ws;
   if (!direct) ws = empty<T>(Shape{tasks, K * L});
+  // Each group's weights are packed for the GEMM once, not once per image.
+  std::vector<PackedA<T>> wp;
+  wp.reserve(std::size_t(g.groups));
+  for (std::int64_t gi = 0; gi < g.groups; ++gi) wp.emplace_back(Og, Kg, MatView<T>{w + gi * Og * Kg, Kg, 1});
+  // float and double add the bias after the GEMM, with the activation, in one pass over each image's output while
+  // it is in cache; 16-bit outputs start from the bias so that the fp32 sum is rounded once.
+  constexpr bool bias_first = sizeof(T) == 2;
   detail::for_image_runs(g.n, tasks, [&](std::int64_t t, std::int64_t i0, std::int64_t i1) {
     T* cols = direct ? nullptr : ws.data() + t * K * L;
     for (std::int64_t i = i0; i < i1; ++i) {
@@ -152,11 +168,15 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
       T* yi = y + i * g.o * L;
       if (!direct) detail::im2col(g, xi, cols);
       const T* src = direct ? xi : cols;
-      if (b)
-        for (std::int64_t oc = 0; oc < g.o; ++oc) std::fill(yi + oc * L, yi + (oc + 1) * L, b[oc]);
+      if (bias_first && b)
+        for (std::int64_t oc = 0; oc < g.o; ++oc) detail::fill_run(yi + oc * L, L, b[oc]);
       for (std::int64_t gi = 0; gi < g.groups; ++gi)
-        gemm<T>(Og, L, Kg, MatView<T>{w + gi * Og * Kg, Kg, 1}, MatView<T>{src + gi * Kg * L, L, 1},
-                yi + gi * Og * L, L, b != nullptr);
+        wp[std::size_t(gi)].gemm(L, MatView<T>{src + gi * Kg * L, L, 1}, yi + gi * Og * L, L, bias_first && b);
+      if (!bias_first && b) {
+        for (std::int64_t oc = 0; oc < g.o; ++oc) bias_act_(yi + oc * L, L, b[oc], act);
+      } else {
+        act_(yi, g.o * L, act);
+      }
     }
   });
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "ember/config.hpp"
 #include "ember/core/float16.hpp"
@@ -136,5 +137,63 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
     }
   });
 }
+
+/// A left operand A (m, k) packed once for many GEMMs (a convolution's weights, reused for every image of a
+/// batch): each GEMM then reads the packed panels instead of packing A again. Without ember's packed kernel it
+/// keeps the view, and each GEMM reads A in place as gemm does.
+template <class T>
+class PackedA {
+ public:
+  PackedA(std::int64_t m, std::int64_t k, MatView<T> a) : m_(m), k_(k), a_(a) {
+#if EMBER_GEMM_PACKED
+    if (m > 0 && k > 0) {
+      packed_.resize(std::size_t(detail::gemm::packed_rows(m) * k));
+      detail::gemm::pack_a_all(m, k, a.p, a.rs, a.cs, packed_.data());
+    }
+#endif
+  }
+
+  /// C (m, n; leading dim ldc) = A @ B (k, n), or += when accumulate; split across threads as gemm.
+  template <class TC = T>
+  void gemm(std::int64_t n, MatView<T> b, TC* c, std::int64_t ldc, bool accumulate = false) const {
+#if EMBER_GEMM_PACKED
+    const std::int64_t m = m_, k = k_;
+    if (m == 0 || n == 0 || k == 0) {
+      cpu::gemm<T, TC>(m, n, k, a_, b, c, ldc, accumulate);
+      return;
+    }
+    const std::int64_t rows = detail::gemm::packed_rows(m);
+    auto block = [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+      detail::gemm::gemm_packed<T, TC>(i1 - i0, j1 - j0, k, a_.p, a_.rs, a_.cs, b.p + j0 * b.cs, b.rs, b.cs,
+                                       c + i0 * ldc + j0, ldc, accumulate, packed_.data(), rows, i0);
+    };
+    const int nt = get_num_threads();
+    if (nt == 1 || 2.0 * double(m) * double(n) * double(k) < 4e6) {
+      block(0, m, 0, n);
+      return;
+    }
+    const bool split_rows = m * detail::kGemmColAlign<T> >= n * detail::kGemmRowAlign<T>;
+    const std::int64_t len = split_rows ? m : n;
+    const std::int64_t align = split_rows ? detail::kGemmRowAlign<T> : detail::kGemmColAlign<T>;
+    const std::int64_t step = ((len + nt - 1) / nt + align - 1) / align * align;
+    parallel_for(0, (len + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const std::int64_t i0 = p * step, i1 = std::min(len, i0 + step);
+        if (split_rows) block(i0, i1, 0, n);
+        else block(0, m, i0, i1);
+      }
+    });
+#else
+    cpu::gemm<T, TC>(m_, n, k_, a_, b, c, ldc, accumulate);
+#endif
+  }
+
+ private:
+  std::int64_t m_, k_;
+  MatView<T> a_;
+#if EMBER_GEMM_PACKED
+  std::vector<detail::gemm::compute_t<T>> packed_;
+#endif
+};
 
 }  // namespace ember::cpu

@@ -7,6 +7,7 @@
 
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/module.hpp"
 
 namespace ember::nn {
@@ -17,6 +18,7 @@ namespace ember::nn {
     Name() : Module(#Name) {}                                              \
     template <class T>                                                     \
     Tensor<T> forward(const Tensor<T>& x) const {                          \
+      if (folded() && detail::applied_by_layer(x)) return x; /* fused */   \
       return expr_of_x;                                                    \
     }                                                                      \
     template <class T>                                                     \
@@ -36,10 +38,12 @@ EMBER_NN_ACTIVATION(Identity, x)
 class GELU : public Module {
  public:
   explicit GELU(bool approximate = false) : Module("GELU"), approximate(approximate) {
+    set_setting("approximate", approximate ? 1.0 : 0.0);
     set_extra_repr([approximate] { return std::string("approximate='") + (approximate ? "tanh'" : "none'"); });
   }
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
+    if (folded() && detail::applied_by_layer(x)) return x;  // applied by the layer it was fused into
     return approximate ? Tensor<T>(gelu_tanh(x)) : Tensor<T>(gelu(x));
   }
   template <class T>

@@ -8,9 +8,11 @@
 #include "ember/amp/policy.hpp"
 #include "ember/autograd/conv.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
+#include "ember/ops/conv.hpp"
 #include "ember/ops/window.hpp"
 
 namespace ember::nn {
@@ -58,8 +60,16 @@ class Conv2dT : public Module {
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
     // A conv built without bias has one after nn::fuse_conv_bn folded a BatchNorm into it.
     const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
-    return ember::conv2d(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b),
-                         ember::Conv2dOptions{options.stride, options.padding, options.dilation, options.groups});
+    const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
+    const ember::Conv2dOptions co{options.stride, options.padding, options.dilation, options.groups};
+    // An activation moved into this layer runs in the convolution's epilogue when nothing needs a gradient (see
+    // nn/detail/fused_act.hpp for the other case).
+    const auto act = cpu::Act(fused_activation());
+    if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
+      if (x.dim() == 3) return ops::conv2d(x.unsqueeze(0), wc, bc, co, act).squeeze(0);  // unbatched
+      return ops::conv2d(x, wc, bc, co, act);
+    }
+    return ember::conv2d(x, wc, bc, co);
   }
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 

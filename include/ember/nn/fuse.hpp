@@ -1,20 +1,24 @@
-// ember — nn::fuse_conv_bn: folds an evaluation-mode BatchNorm into the layer before it, for inference.
+// ember — folding for inference: nn::fuse_conv_bn folds an evaluation-mode BatchNorm into the layer before it, and
+// moves an activation that follows into that layer's epilogue (PyTorch's fuse_modules, done by ember's layers).
 //
 // For each output channel c, with s_c = gamma_c / sqrt(var_c + eps) (gamma = 1 and beta = 0 without affine):
 //   W'[c, ...] = W[c, ...] * s_c        b'_c = (b_c - mean_c) * s_c + beta_c     (b_c = 0 for a layer without bias)
 // so conv(x, W', b') equals bn(conv(x, W, b)) with the running statistics, and the BatchNorm pass disappears.
 // Conv2d -> BatchNorm2d and Linear -> BatchNorm1d are folded (the Linear's input is (N, features), so its output
-// channels are BatchNorm1d's). The model is changed in place:
+// channels are BatchNorm1d's). A ReLU, GELU or SiLU module right after the layer (or after its BatchNorm) moves into
+// the layer: when nothing needs a gradient it is applied in the GEMM's epilogue (each image's or row block's output
+// while it is in cache), otherwise as a separate fused op, so training through a fused model stays exact.
+// The model is changed in place:
 //   - the layer's weight is rewritten in its own memory (every handle of the module sees it); a layer built without
 //     bias gains a registered parameter "bias" (its forward uses it, and state_dict() lists it);
-//   - the BatchNorm becomes an identity (it prints as Identity() and has no parameters or buffers left), as after
+//   - the BatchNorm and the activation become identities (they print as Identity() and hold no state), as after
 //     PyTorch's torch.ao.quantization.fuse_modules.
 // So the folded model's state_dict() loads back into a model that was folded the same way. To keep the unfolded
 // model, build a second instance, load_state_dict(model.state_dict()) into it and fold that one.
 //
 //   model.eval();
-//   nn::fuse_conv_bn(model);                                   // every pair adjacent in an nn::Sequential
-//   nn::fuse_conv_bn(net, {{"conv1", "bn1"}, {"conv2", "bn2"}}); // named pairs in any module ("a.b.conv", ...)
+//   nn::fuse_conv_bn(model);                                          // every group inside an nn::Sequential
+//   nn::fuse_modules(net, {{"conv1", "bn1", "relu1"}, {"fc", "act"}}); // named groups in any module
 #pragma once
 
 #include <algorithm>
@@ -30,38 +34,64 @@
 #include "ember/core/creation.hpp"
 #include "ember/core/device_copy.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/cpu/epilogue.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/nn/module.hpp"
 
 namespace ember::nn {
 
-/// Folds every Conv2d -> BatchNorm2d and Linear -> BatchNorm1d pair that follow each other in an nn::Sequential
-/// anywhere in `model` (nested Sequentials included). Returns the number of pairs folded. The model must be in
-/// evaluation mode.
-EMBER_HEADER_INLINE int fuse_conv_bn(Module& model);
+struct FuseOptions {
+  /// Also move a ReLU / GELU / SiLU module that follows a layer (or its BatchNorm) into the layer.
+  bool activations = true;
+};
 
-/// Folds the named (layer, BatchNorm) pairs, named by their dotted paths in `model` as in its state_dict
-/// ({"conv1", "bn1"}, {"layer1.0.conv", "layer1.0.bn"}). Every pair is checked before anything changes: the
-/// kinds (Conv2d with BatchNorm2d, Linear with BatchNorm1d), evaluation mode, running statistics, channel counts,
-/// and, inside an nn::Sequential, that the BatchNorm comes directly after the layer. In other modules the forward
-/// decides the order, which ember cannot see: as with PyTorch's fuse_modules, naming a pair asserts the BatchNorm
-/// is applied directly to the layer's output.
-EMBER_HEADER_INLINE void fuse_conv_bn(Module& model, const std::vector<std::pair<std::string, std::string>>& pairs);
+/// Folds every Conv2d -> BatchNorm2d and Linear -> BatchNorm1d pair that follow each other in an nn::Sequential
+/// anywhere in `model` (nested Sequentials included), and moves a ReLU / GELU / SiLU module that follows such a
+/// layer (with or without a BatchNorm between) into it. Returns the number of layers changed. Folding a BatchNorm
+/// needs evaluation mode.
+EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o = {});
+
+/// Fuses named groups, each by dotted paths in `model` as in its state_dict, as PyTorch's fuse_modules:
+/// {layer, batchnorm}, {layer, batchnorm, activation} or {layer, activation}, where the layer is a Conv2d (with a
+/// BatchNorm2d) or a Linear (with a BatchNorm1d) and the activation a ReLU, GELU or SiLU module. Every group is
+/// checked before anything changes: the kinds, evaluation mode, running statistics, channel counts, and, inside an
+/// nn::Sequential, that the group's modules follow each other. In other modules the forward decides the order,
+/// which ember cannot see: as with PyTorch, naming a group asserts each module is applied directly to the output
+/// of the one before it.
+EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vector<std::string>>& groups);
 
 namespace detail {
 
 struct FoldSite {
   ModuleState* layer = nullptr;
-  ModuleState* bn = nullptr;
-  std::string layer_name, bn_name;
+  ModuleState* bn = nullptr;   // null: no BatchNorm to fold
+  ModuleState* act = nullptr;  // null: no activation to move
+  std::string layer_name, bn_name, act_name;
 };
+
+/// The cpu::Act of an activation module's state, or none when it is not one ember can fuse.
+inline cpu::Act act_of(const ModuleState& s) {
+  if (s.folded) return cpu::Act::none;
+  if (s.type_name == "ReLU") return cpu::Act::relu;
+  if (s.type_name == "SiLU") return cpu::Act::silu;
+  if (s.type_name == "GELU") {
+    for (const auto& [n, v] : s.settings)
+      if (n == "approximate") return v != 0 ? cpu::Act::gelu_tanh : cpu::Act::gelu;
+  }
+  return cpu::Act::none;
+}
+inline bool is_fusable_layer(const ModuleState& s) { return s.type_name == "Conv2d" || s.type_name == "Linear"; }
+inline bool is_bn_for(const ModuleState& layer, const ModuleState& bn) {
+  return (layer.type_name == "Conv2d" && bn.type_name == "BatchNorm2d") ||
+         (layer.type_name == "Linear" && bn.type_name == "BatchNorm1d");
+}
 
 EMBER_HEADER_INLINE const TensorSlot* find_slot(const std::vector<std::pair<std::string, TensorSlot>>& v,
                                                 const std::string& name);
 EMBER_HEADER_INLINE Shape slot_shape(const TensorSlot& slot);
 EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot);
 EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vector<double>& v);
-EMBER_HEADER_INLINE void check_fold(const FoldSite& f);
+EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op);
 EMBER_HEADER_INLINE void fold(const FoldSite& f);
 
 #if EMBER_HEADER_BODIES
@@ -108,15 +138,25 @@ EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vect
       slot);
 }
 
-EMBER_HEADER_INLINE void check_fold(const FoldSite& f) {
-  const ModuleState &l = *f.layer, &b = *f.bn;
-  const std::string what = "fuse_conv_bn: cannot fold '" + f.bn_name + "' (" + b.type_name + ") into '" +
+EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op) {
+  const ModuleState& l = *f.layer;
+  if (f.act) {
+    const std::string what = std::string(op) + ": cannot move '" + f.act_name + "' (" + f.act->type_name + ") into '" +
+                             f.layer_name + "' (" + l.type_name + ")";
+    EMBER_CHECK(is_fusable_layer(l), what, ": expected a Conv2d or a Linear");
+    EMBER_CHECK(act_of(*f.act) != cpu::Act::none, what, ": expected a ReLU, GELU or SiLU module",
+                f.act->folded ? " (this one was already fused)" : "");
+    EMBER_CHECK(l.activation == 0, what, ": the layer already applies ", cpu::act_name(cpu::Act(l.activation)));
+  }
+  if (!f.bn) return;
+  const ModuleState& b = *f.bn;
+  const std::string what = std::string(op) + ": cannot fold '" + f.bn_name + "' (" + b.type_name + ") into '" +
                            f.layer_name + "' (" + l.type_name + ")";
-  const bool conv = l.type_name == "Conv2d" && b.type_name == "BatchNorm2d";
-  const bool linear = l.type_name == "Linear" && b.type_name == "BatchNorm1d";
   EMBER_CHECK(!b.folded, what, ": the BatchNorm was already folded");
-  EMBER_CHECK(conv || linear, what, ": expected a Conv2d followed by a BatchNorm2d, or a Linear followed by a "
+  EMBER_CHECK(is_bn_for(l, b), what, ": expected a Conv2d followed by a BatchNorm2d, or a Linear followed by a "
               "BatchNorm1d");
+  EMBER_CHECK(l.activation == 0, what, ": the layer already applies an activation, which the BatchNorm follows");
+  const bool conv = l.type_name == "Conv2d";
   EMBER_CHECK(!l.training && !b.training, what, ": the model is in training mode; call eval() first (folding uses "
               "the running statistics, which only evaluation mode uses)");
   const TensorSlot* w = find_slot(l.params, "weight");
@@ -138,8 +178,23 @@ EMBER_HEADER_INLINE void check_fold(const FoldSite& f) {
   }
 }
 
+/// Turns a fused module into a stateless identity.
+inline void make_identity(ModuleState& s) {
+  s.folded = true;
+  s.type_name = "Identity";
+  s.extra_repr = nullptr;
+  s.params.clear();
+  s.buffers.clear();
+}
+
 EMBER_HEADER_INLINE void fold(const FoldSite& f) {
-  ModuleState &l = *f.layer, &b = *f.bn;
+  ModuleState& l = *f.layer;
+  if (f.act) {
+    l.activation = static_cast<unsigned char>(act_of(*f.act));
+    make_identity(*f.act);
+  }
+  if (!f.bn) return;
+  ModuleState& b = *f.bn;
   const TensorSlot& w = *find_slot(l.params, "weight");
   const std::vector<double> mean = slot_values(*find_slot(b.buffers, "running_mean"));
   const std::vector<double> var = slot_values(*find_slot(b.buffers, "running_var"));
@@ -182,37 +237,44 @@ EMBER_HEADER_INLINE void fold(const FoldSite& f) {
     set_slot_values(gained, bv);
     l.params.emplace_back("bias", std::move(gained));
   }
-  b.folded = true;
-  b.type_name = "Identity";
-  b.extra_repr = nullptr;
-  b.params.clear();
-  b.buffers.clear();
+  make_identity(b);
 }
 #endif
 
 }  // namespace detail
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE int fuse_conv_bn(Module& model) {
+EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
   std::vector<detail::FoldSite> sites;
   auto collect = [&](auto& self, detail::ModuleState& s, const std::string& prefix) -> void {
     if (s.type_name == "Sequential") {
-      for (std::size_t i = 0; i + 1 < s.children.size(); ++i) {
-        detail::ModuleState &a = *s.children[i].second, &b = *s.children[i + 1].second;
-        if ((a.type_name == "Conv2d" && b.type_name == "BatchNorm2d") ||
-            (a.type_name == "Linear" && b.type_name == "BatchNorm1d"))
-          sites.push_back({&a, &b, prefix + s.children[i].first, prefix + s.children[i + 1].first});
+      const auto& ch = s.children;
+      for (std::size_t i = 0; i < ch.size(); ++i) {
+        detail::ModuleState& l = *ch[i].second;
+        if (!detail::is_fusable_layer(l)) continue;
+        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", ""};
+        std::size_t j = i + 1;
+        if (j < ch.size() && detail::is_bn_for(l, *ch[j].second) && !ch[j].second->folded) {
+          f.bn = ch[j].second.get();
+          f.bn_name = prefix + ch[j].first;
+          ++j;
+        }
+        if (o.activations && l.activation == 0 && j < ch.size() && detail::act_of(*ch[j].second) != cpu::Act::none) {
+          f.act = ch[j].second.get();
+          f.act_name = prefix + ch[j].first;
+        }
+        if (f.bn || f.act) sites.push_back(f);
       }
     }
     for (auto& [n, c] : s.children) self(self, *c, prefix + n + ".");
   };
   collect(collect, detail::ModuleAccess::state(model), "");
-  for (const auto& f : sites) detail::check_fold(f);
+  for (const auto& f : sites) detail::check_fold(f, "fuse_conv_bn");
   for (const auto& f : sites) detail::fold(f);
   return int(sites.size());
 }
 
-EMBER_HEADER_INLINE void fuse_conv_bn(Module& model, const std::vector<std::pair<std::string, std::string>>& pairs) {
+EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vector<std::string>>& groups) {
   struct Found {
     detail::ModuleState* s = nullptr;
     detail::ModuleState* parent = nullptr;
@@ -230,25 +292,49 @@ EMBER_HEADER_INLINE void fuse_conv_bn(Module& model, const std::vector<std::pair
         f = {f.s->children[i].second.get(), f.s, i};
         found = true;
       }
-      EMBER_CHECK(found, "fuse_conv_bn: ", detail::ModuleAccess::state(model).type_name, " has no submodule '", path,
+      EMBER_CHECK(found, "fuse_modules: ", detail::ModuleAccess::state(model).type_name, " has no submodule '", path,
                   "'");
       start = dot + 1;
     }
     return f;
   };
   std::vector<detail::FoldSite> sites;
-  for (const auto& [ln, bn] : pairs) {
-    const Found l = find(ln), b = find(bn);
-    const bool in_seq = (l.parent && l.parent->type_name == "Sequential") ||
-                        (b.parent && b.parent->type_name == "Sequential");
-    EMBER_CHECK(!in_seq || (l.parent == b.parent && b.index == l.index + 1), "fuse_conv_bn: cannot fold '", bn,
-                "' into '", ln, "': in an nn::Sequential the BatchNorm must come directly after the layer");
-    for (const auto& s : sites)
-      EMBER_CHECK(s.layer != l.s && s.bn != b.s && s.bn != l.s && s.layer != b.s, "fuse_conv_bn: '", ln, "' or '",
-                  bn, "' appears in two pairs");
-    sites.push_back({l.s, b.s, ln, bn});
+  std::vector<const detail::ModuleState*> used;
+  for (const auto& g : groups) {
+    std::string listed;
+    for (const auto& n : g) listed += (listed.empty() ? "'" : ", '") + n + "'";
+    EMBER_CHECK(g.size() == 2 || g.size() == 3, "fuse_modules: a group names 2 or 3 modules (layer, batchnorm, "
+                "activation), got ", g.size(), " (", listed, ")");
+    std::vector<Found> m;
+    for (const auto& n : g) m.push_back(find(n));
+    for (std::size_t i = 1; i < m.size(); ++i)
+      EMBER_CHECK(!m[i].s->folded, "fuse_modules: cannot fuse ", listed, ": '", g[i],
+                  "' was already fused into the layer before it");
+    for (std::size_t i = 1; i < m.size(); ++i) {
+      const bool in_seq = (m[i - 1].parent && m[i - 1].parent->type_name == "Sequential") ||
+                          (m[i].parent && m[i].parent->type_name == "Sequential");
+      EMBER_CHECK(!in_seq || (m[i - 1].parent == m[i].parent && m[i].index == m[i - 1].index + 1),
+                  "fuse_modules: cannot fuse ", listed, ": in an nn::Sequential '", g[i],
+                  "' must come directly after '", g[i - 1], "'");
+    }
+    for (const auto& x : m)
+      for (const auto* u : used)
+        EMBER_CHECK(u != x.s, "fuse_modules: a module of (", listed, ") appears in two groups");
+    for (const auto& x : m) used.push_back(x.s);
+    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", ""};
+    // {layer, bn, act}; {layer, x}: x is the BatchNorm unless it is an activation module.
+    const bool second_is_act = g.size() == 2 && detail::act_of(*m[1].s) != cpu::Act::none;
+    if (g.size() == 3 || !second_is_act) {
+      f.bn = m[1].s;
+      f.bn_name = g[1];
+    }
+    if (g.size() == 3 || second_is_act) {
+      f.act = m.back().s;
+      f.act_name = g.back();
+    }
+    sites.push_back(f);
   }
-  for (const auto& f : sites) detail::check_fold(f);
+  for (const auto& f : sites) detail::check_fold(f, "fuse_modules");
   for (const auto& f : sites) detail::fold(f);
 }
 #endif

@@ -7,6 +7,8 @@
 #include "ember/amp/policy.hpp"
 #include "ember/autograd/linalg.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/ops/matmul.hpp"
+#include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
@@ -39,7 +41,13 @@ class LinearT : public Module {
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
     // A layer built without bias has one after nn::fuse_conv_bn folded a BatchNorm1d into it.
     const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
-    return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b));
+    const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
+    // An activation moved into this layer runs in the GEMM's epilogue when nothing needs a gradient (see
+    // nn/detail/fused_act.hpp for the other case).
+    const auto act = cpu::Act(fused_activation());
+    if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
+      return ops::linear(x, wc, bc, act);
+    return ember::linear(x, wc, bc);
   }
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 

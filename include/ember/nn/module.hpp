@@ -57,6 +57,9 @@ struct ModuleState {
   std::vector<std::pair<std::string, double>> settings;
   /// Folded into the layer before it (nn::fuse_conv_bn): the module passes its input through, as nn.Identity.
   bool folded = false;
+  /// An activation (a cpu::Act) that nn::fuse_conv_bn moved into this layer's output: applied in the GEMM's
+  /// epilogue when nothing needs a gradient, as a separate fused op otherwise.
+  unsigned char activation = 0;
 };
 
 /// Storage offsets of t's elements in row-major order. Module state is copied element by element through these
@@ -163,6 +166,8 @@ class Module {
   const std::string& type_name() const { return s_->type_name; }
   /// Whether nn::fuse_conv_bn folded this module into the layer before it (its forward is then the identity).
   bool folded() const { return s_->folded; }
+  /// The activation nn::fuse_conv_bn moved into this layer (a cpu::Act; 0 for none).
+  unsigned char fused_activation() const { return s_->activation; }
   /// This module's own parameter `name` of dtype T (undefined when there is none): a layer built without a bias
   /// finds here the one nn::fuse_conv_bn gave it, in every handle of the module.
   template <class T>

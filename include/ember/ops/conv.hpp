@@ -11,6 +11,9 @@
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/executor.hpp"
 #include "ember/expr/nodes.hpp"
+#if defined(__CUDACC__)
+#include "ember/ops/elementwise.hpp"
+#endif
 #include "ember/ops/window.hpp"
 
 #include "ember/cuda/cudnn.hpp"
@@ -128,18 +131,36 @@ Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b
 }
 }  // namespace detail
 
-/// y (N, O, oh, ow) = conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined).
+/// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined)), without
+/// autograd. On the CPU the activation is applied to each image's output right after its GEMM, while it is in
+/// cache (no separate pass over y); on CUDA, one fused element-wise pass after cuDNN's convolution.
 template <class T>
 Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 const Conv2dOptions& o = {}) {
+                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none) {
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
-  if (x.device().is_cuda()) return detail::conv2d_cuda(x, w, b, g, o);
+  if (x.device().is_cuda()) {
+    Tensor<T> y = detail::conv2d_cuda(x, w, b, g, o);
+#if defined(__CUDACC__)
+    switch (act) {
+      case cpu::Act::relu: ops::assign(y, ember::relu(y), "conv2d"); break;
+      case cpu::Act::gelu: ops::assign(y, ember::gelu(y), "conv2d"); break;
+      case cpu::Act::gelu_tanh: ops::assign(y, ember::gelu_tanh(y), "conv2d"); break;
+      case cpu::Act::silu: ops::assign(y, ember::silu(y), "conv2d"); break;
+      default: break;
+    }
+#else
+    EMBER_CHECK(act == cpu::Act::none, "conv2d: a fused ", cpu::act_name(act), " on ", x.device().str(),
+                " tensors runs as a kernel, which needs a translation unit compiled by nvcc");
+#endif
+    return y;
+  }
   detail::check_conv_device(x);
   // half and bfloat16 run the same kernels: operands converted while the GEMM packs them, fp32 accumulation.
   const Tensor<T> xc = detail::dense(x), wc = detail::dense(w), bc = b.defined() ? detail::dense(b) : b;
   Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
-  if (y.numel() > 0) cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data());
+  if (y.numel() > 0)
+    cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data(), act);
   return y;
 }
 

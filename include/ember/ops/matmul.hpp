@@ -1,12 +1,14 @@
 // ember — matrix products without autograd: shape checks, then dispatch to the device's GEMM.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/gemm.hpp"
 #include "ember/expr/nodes.hpp"
@@ -134,22 +136,27 @@ Tensor<T> bmm(const Tensor<T>& a, const Tensor<T>& b) {
   return c;
 }
 
-/// The activation ops::linear applies to its output. gelu_tanh is GELU's tanh approximation (PyTorch's
-/// gelu(approximate='tanh')), the form cuBLASLt's epilogue computes.
-enum class LinearAct { none, relu, gelu_tanh };
+/// The activation ops::linear applies to its output (cpu::Act): none, relu, gelu (erf form), gelu_tanh (PyTorch's
+/// gelu(approximate='tanh'), the form cuBLASLt's epilogue computes), silu.
+using LinearAct = cpu::Act;
 
 namespace detail {
 /// y = act(y + b) (b broadcast along the rows of y; either may be absent) in one element-wise pass.
 template <class T, class Assign>
 void bias_act_(Tensor<T>& y, const Tensor<T>& b, LinearAct act, const Assign& assign) {
-  if (b.defined()) {
-    if (act == LinearAct::relu) assign(ember::relu(y + b));
-    else if (act == LinearAct::gelu_tanh) assign(ember::gelu_tanh(y + b));
-    else assign(y + b);
-  } else {
-    if (act == LinearAct::relu) assign(ember::relu(y));
-    else if (act == LinearAct::gelu_tanh) assign(ember::gelu_tanh(y));
-  }
+  auto with = [&](const auto& v) {
+    switch (act) {
+      case LinearAct::relu: assign(ember::relu(v)); break;
+      case LinearAct::gelu: assign(ember::gelu(v)); break;
+      case LinearAct::gelu_tanh: assign(ember::gelu_tanh(v)); break;
+      case LinearAct::silu: assign(ember::silu(v)); break;
+      default:  // only reached for y + b (without a bias and an activation there is nothing to do)
+        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(v)>, Tensor<T>>) assign(v);
+        break;
+    }
+  };
+  if (b.defined()) with(y + b);
+  else if (act != LinearAct::none) with(y);
 }
 }  // namespace detail
 
@@ -186,7 +193,9 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
       const cuda::Epilogue e = act == LinearAct::relu        ? cuda::Epilogue::bias_relu
                                : act == LinearAct::gelu_tanh ? cuda::Epilogue::bias_gelu_tanh
                                                              : cuda::Epilogue::bias;
-      if (cuda::linear_epilogue<T>(M, N, K, detail::blas_view(x2, kx), detail::blas_view(w, kw), bc.data(), y.data(),
+      // cuBLASLt has no epilogue for the erf GELU or SiLU: those take the GEMM + one fused pass below.
+      if ((act == LinearAct::none || act == LinearAct::relu || act == LinearAct::gelu_tanh) &&
+          cuda::linear_epilogue<T>(M, N, K, detail::blas_view(x2, kx), detail::blas_view(w, kw), bc.data(), y.data(),
                                    e, x.device()))
         return y.view(out);
     }
@@ -197,8 +206,20 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
     EMBER_CHECK(false, "linear: tensors on ", x.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
 #endif
   }
-  Tensor<T> y = ops::mm(x2, w.detach().t());
-  detail::bias_act_(y, bd, act, [&](const auto& e) { cpu::assign(y, e, "linear"); });
+  // CPU: the GEMM in blocks of rows, each block's bias and activation applied right after its GEMM, while the
+  // block (at most ~256 KiB) is in cache.
+  const std::int64_t M = x2.size(0);
+  Tensor<T> y = empty<T>(Shape{M, N}, x.device());
+  if (M == 0 || N == 0) return y.view(out);
+  Tensor<T> ka, kb;
+  const auto av = detail::mat_view(x2, ka), bv = detail::mat_view(Tensor<T>(w.detach().t()), kb);
+  const Tensor<T> bc = bd.defined() && !bd.is_contiguous() ? bd.contiguous() : bd;
+  const std::int64_t rows = std::max<std::int64_t>(16, (std::int64_t(256) << 10) / std::int64_t(sizeof(T) * N));
+  for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
+    const std::int64_t r = std::min(rows, M - r0);
+    cpu::gemm<T>(r, N, K, cpu::MatView<T>{av.p + r0 * av.rs, av.rs, av.cs}, bv, y.data() + r0 * N, N, false);
+    cpu::bias_act_rows_(y.data() + r0 * N, r, N, N, bc.defined() ? bc.data() : nullptr, act);
+  }
   return y.view(out);
 }
 

@@ -362,9 +362,26 @@ inline Scratch& scratch_c() {
 
 /// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread, for k within one
 /// panel or C of the compute type. See gemm_packed.
+/// Rows of A rounded up to whole micro-panels: the row count of a packed A.
+inline std::int64_t packed_rows(std::int64_t m) { return (m + kMR - 1) / kMR * kMR; }
+
+/// Packs all of A (m, k) once, in the order gemm_panels reads it: for each k panel pc (Blocking::kc wide), the
+/// micro-panels of every row, so row r (a multiple of kMR) of panel pc starts at pc * packed_rows(m) + r * kc.
+/// dst holds packed_rows(m) * k values of the compute type.
+template <class S>
+void pack_a_all(std::int64_t m, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs, compute_t<S>* dst) {
+  using Blk = Blocking<compute_t<S>>;
+  const std::int64_t mp = packed_rows(m);
+  for (std::int64_t pc = 0; pc < k; pc += Blk::kc) {
+    const std::int64_t kc = std::min(Blk::kc, k - pc);
+    pack_a(m, kc, a + pc * acs, ars, acs, dst + pc * mp);
+  }
+}
+
 template <class S, class TC>
 void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs,
-                 const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate) {
+                 const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate,
+                 const compute_t<S>* apre = nullptr, std::int64_t apre_rows = 0, std::int64_t apre_row0 = 0) {
   using T = compute_t<S>;
   using Blk = Blocking<T>;
   constexpr int NR = kNR<T>;
@@ -373,7 +390,7 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
   const std::int64_t nc_max = std::min(Blk::nc, (n + NR - 1) / NR * NR);
   const std::int64_t mc_max = std::min(Blk::mc, (m + kMR - 1) / kMR * kMR);
   T* bpack = scratch_b().get<T>(std::size_t(kc_max * nc_max));
-  T* apack = scratch_a().get<T>(std::size_t(kc_max * mc_max));
+  T* apack = apre ? nullptr : scratch_a().get<T>(std::size_t(kc_max * mc_max));
   alignas(64) T edge[kMR * NR];
   for (std::int64_t jc = 0; jc < n; jc += Blk::nc) {
     const std::int64_t nc = std::min(Blk::nc, n - jc);
@@ -383,13 +400,15 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
       pack_b(kc, nc, b + pc * brs + jc * bcs, brs, bcs, bpack);
       for (std::int64_t ic = 0; ic < m; ic += Blk::mc) {
         const std::int64_t mc = std::min(Blk::mc, m - ic);
-        pack_a(mc, kc, a + ic * ars + pc * acs, ars, acs, apack);
+        // A packed beforehand (pack_a_all, apre_rows rows) is read in place; otherwise this block is packed now.
+        const T* ablk = apre ? apre + pc * apre_rows + (apre_row0 + ic) * kc : apack;
+        if (!apre) pack_a(mc, kc, a + ic * ars + pc * acs, ars, acs, apack);
         for (std::int64_t jr = 0; jr < nc; jr += NR) {
           const int cols = int(std::min<std::int64_t>(NR, nc - jr));
           const T* bp = bpack + jr * kc;
           for (std::int64_t ir = 0; ir < mc; ir += kMR) {
             const int rows = int(std::min<std::int64_t>(kMR, mc - ir));
-            const T* ap = apack + ir * kc;
+            const T* ap = ablk + ir * kc;
             TC* cp = c + (ic + ir) * ldc + jc + jr;
             if (direct && rows == kMR && cols == NR) {
               micro_kernel<T>(kc, ap, bp, reinterpret_cast<T*>(cp), ldc, add);
@@ -407,12 +426,15 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
 /// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread. A's element (i, p)
 /// is a[i * ars + p * acs], B's (p, j) is b[p * brs + j * bcs]: any strides, read in place while packing. S is
 /// float, double, half or bfloat16 (computed in compute_t<S>); C is S or compute_t<S>.
+/// apre: A packed beforehand by pack_a_all (apre_rows = packed_rows of the whole A), of which these are the rows
+/// from apre_row0 (a multiple of kMR) on; a and its strides are then unused.
 template <class S, class TC = S>
 void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs,
-                 const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate) {
+                 const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate,
+                 const compute_t<S>* apre = nullptr, std::int64_t apre_rows = 0, std::int64_t apre_row0 = 0) {
   using T = compute_t<S>;
   if (std::is_same_v<TC, T> || k <= Blocking<T>::kc) {
-    gemm_panels<S, TC>(m, n, k, a, ars, acs, b, brs, bcs, c, ldc, accumulate);
+    gemm_panels<S, TC>(m, n, k, a, ars, acs, b, brs, bcs, c, ldc, accumulate, apre, apre_rows, apre_row0);
     return;
   }
   // A 16-bit C and several k panels: accumulate each block of nc columns in fp32, round it once.
@@ -422,7 +444,7 @@ void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
     const std::int64_t w = std::min(nb, n - j0);
     if (accumulate)
       for (std::int64_t i = 0; i < m; ++i) to_compute_run(c + i * ldc + j0, acc + i * w, w);
-    gemm_panels<S, T>(m, w, k, a, ars, acs, b + j0 * bcs, brs, bcs, acc, w, accumulate);
+    gemm_panels<S, T>(m, w, k, a, ars, acs, b + j0 * bcs, brs, bcs, acc, w, accumulate, apre, apre_rows, apre_row0);
     for (std::int64_t i = 0; i < m; ++i) store_run(c + i * ldc + j0, acc + i * w, w, false);
   }
 }

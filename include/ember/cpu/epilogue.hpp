@@ -1,0 +1,94 @@
+// ember — GEMM epilogues: an activation (and a bias) applied to a block of a GEMM's output right after the GEMM
+// wrote it, while the block is still in cache, instead of a separate element-wise pass over the whole tensor.
+// The math is the element-wise table's (expr/functors.hpp), in the same precision as the fused executor's
+// (16-bit values are computed in fp32 and rounded once), so a fused result equals the unfused one bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "ember/config.hpp"
+#include "ember/core/dtype.hpp"
+#include "ember/expr/functors.hpp"
+
+namespace ember::cpu {
+
+/// The activation a layer's epilogue applies: none, ReLU, GELU (erf form), GELU's tanh form, SiLU.
+enum class Act : unsigned char { none, relu, gelu, gelu_tanh, silu };
+
+inline const char* act_name(Act a) {
+  switch (a) {
+    case Act::relu: return "relu";
+    case Act::gelu: return "gelu";
+    case Act::gelu_tanh: return "gelu_tanh";
+    case Act::silu: return "silu";
+    default: return "none";
+  }
+}
+
+namespace detail {
+template <class T, class F>
+EMBER_VECTORIZE void act_run(T* EMBER_RESTRICT y, std::int64_t n, const T* bias_row, T bias, F f) {
+  using C = std::conditional_t<sizeof(T) == 2, float, T>;
+  if (bias_row) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = T(f(C(y[i]) + C(bias_row[i])));
+  } else {
+    const C b = C(bias);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = T(f(C(y[i]) + b));
+  }
+}
+template <class T, class F>
+EMBER_VECTORIZE void act_run_nobias(T* EMBER_RESTRICT y, std::int64_t n, F f) {
+  using C = std::conditional_t<sizeof(T) == 2, float, T>;
+  for (std::int64_t i = 0; i < n; ++i) y[i] = T(f(C(y[i])));
+}
+template <class T, class G>
+void dispatch_act(Act a, const G& g) {
+  switch (a) {
+    case Act::relu: g(ops_table::Relu{}); break;
+    case Act::gelu: g(ops_table::Gelu{}); break;
+    case Act::gelu_tanh: g(ops_table::GeluTanh{}); break;
+    case Act::silu: g(ops_table::Silu{}); break;
+    default: break;
+  }
+}
+}  // namespace detail
+
+/// y[0, n) = act(y) in place.
+template <class T>
+void act_(T* y, std::int64_t n, Act a) {
+  if (a == Act::none || n <= 0) return;
+  detail::dispatch_act<T>(a, [&](auto f) { detail::act_run_nobias(y, n, f); });
+}
+
+/// y[0, n) = act(y + bias) in place, one bias for the whole run (a channel of a convolution's output).
+template <class T>
+void bias_act_(T* y, std::int64_t n, T bias, Act a) {
+  if (n <= 0) return;
+  if (a == Act::none) {
+    detail::act_run(y, n, static_cast<const T*>(nullptr), bias, [](auto v) { return v; });
+    return;
+  }
+  detail::dispatch_act<T>(a, [&](auto f) { detail::act_run(y, n, static_cast<const T*>(nullptr), bias, f); });
+}
+
+/// Rows of y (rows x n, leading dim ld): y[r, j] = act(y[r, j] + bias[j]) (a bias per column, as linear's), or
+/// act(y) without a bias (bias null).
+template <class T>
+void bias_act_rows_(T* y, std::int64_t rows, std::int64_t n, std::int64_t ld, const T* bias, Act a) {
+  if (n <= 0) return;
+  if (a == Act::none) {
+    if (!bias) return;
+    for (std::int64_t r = 0; r < rows; ++r)
+      detail::act_run(y + r * ld, n, bias, T(0), [](auto v) { return v; });
+    return;
+  }
+  detail::dispatch_act<T>(a, [&](auto f) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (bias) detail::act_run(y + r * ld, n, bias, T(0), f);
+      else detail::act_run_nobias(y + r * ld, n, f);
+    }
+  });
+}
+
+}  // namespace ember::cpu
