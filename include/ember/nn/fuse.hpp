@@ -57,7 +57,8 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o = {});
 /// checked before anything changes: the kinds, evaluation mode, running statistics, channel counts, and, inside an
 /// nn::Sequential, that the group's modules follow each other. In other modules the forward decides the order,
 /// which ember cannot see: as with PyTorch, naming a group asserts each module is applied directly to the output
-/// of the one before it.
+/// of the one before it. An activation module used after several layers (one shared ReLU) must be named in the group
+/// of each of them: once fused it passes through whatever it is given outside autograd.
 EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vector<std::string>>& groups);
 
 namespace detail {
@@ -67,6 +68,7 @@ struct FoldSite {
   ModuleState* bn = nullptr;   // null: no BatchNorm to fold
   ModuleState* act = nullptr;  // null: no activation to move
   std::string layer_name, bn_name, act_name;
+  cpu::Act act_kind = cpu::Act::none;  // what act is, read before any group is folded (it may be shared)
 };
 
 /// The cpu::Act of an activation module's state, or none when it is not one ember can fuse.
@@ -190,7 +192,7 @@ inline void make_identity(ModuleState& s) {
 EMBER_HEADER_INLINE void fold(const FoldSite& f) {
   ModuleState& l = *f.layer;
   if (f.act) {
-    l.activation = static_cast<unsigned char>(act_of(*f.act));
+    l.activation = static_cast<unsigned char>(f.act_kind);
     make_identity(*f.act);
   }
   if (!f.bn) return;
@@ -252,7 +254,7 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
       for (std::size_t i = 0; i < ch.size(); ++i) {
         detail::ModuleState& l = *ch[i].second;
         if (!detail::is_fusable_layer(l)) continue;
-        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", ""};
+        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", "", cpu::Act::none};
         std::size_t j = i + 1;
         if (j < ch.size() && detail::is_bn_for(l, *ch[j].second) && !ch[j].second->folded) {
           f.bn = ch[j].second.get();
@@ -262,6 +264,7 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
         if (o.activations && l.activation == 0 && j < ch.size() && detail::act_of(*ch[j].second) != cpu::Act::none) {
           f.act = ch[j].second.get();
           f.act_name = prefix + ch[j].first;
+          f.act_kind = detail::act_of(*f.act);
         }
         if (f.bn || f.act) sites.push_back(f);
       }
@@ -317,13 +320,16 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
                   "fuse_modules: cannot fuse ", listed, ": in an nn::Sequential '", g[i],
                   "' must come directly after '", g[i - 1], "'");
     }
-    for (const auto& x : m)
-      for (const auto* u : used)
-        EMBER_CHECK(u != x.s, "fuse_modules: a module of (", listed, ") appears in two groups");
-    for (const auto& x : m) used.push_back(x.s);
-    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", ""};
     // {layer, bn, act}; {layer, x}: x is the BatchNorm unless it is an activation module.
     const bool second_is_act = g.size() == 2 && detail::act_of(*m[1].s) != cpu::Act::none;
+    // A layer or a BatchNorm belongs to one group; an activation module may follow several layers (one ReLU module
+    // used after each of them), and then every one of those layers must name it.
+    const std::size_t owned = g.size() == 3 || second_is_act ? m.size() - 1 : m.size();
+    for (std::size_t i = 0; i < owned; ++i)
+      for (const auto* u : used)
+        EMBER_CHECK(u != m[i].s, "fuse_modules: '", g[i], "' of (", listed, ") appears in two groups");
+    for (std::size_t i = 0; i < owned; ++i) used.push_back(m[i].s);
+    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", "", cpu::Act::none};
     if (g.size() == 3 || !second_is_act) {
       f.bn = m[1].s;
       f.bn_name = g[1];
@@ -331,6 +337,7 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
     if (g.size() == 3 || second_is_act) {
       f.act = m.back().s;
       f.act_name = g.back();
+      f.act_kind = detail::act_of(*f.act);
     }
     sites.push_back(f);
   }
