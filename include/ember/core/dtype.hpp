@@ -10,7 +10,7 @@
 namespace ember {
 
 /// Runtime tag of an element type; used for messages, printing and file formats, never for dispatch.
-enum class ScalarType : std::uint8_t { Float, Double, Int32, Int64, UInt8, Bool, Half, BFloat16 };
+enum class ScalarType : std::uint8_t { Float, Double, Int32, Int64, UInt8, Bool, Half, BFloat16, Int8 };
 
 template <class T>
 struct dtype_traits;  // only the types below are tensor element types
@@ -28,6 +28,7 @@ EMBER_DTYPE(double, Double, "float64", true, double)
 EMBER_DTYPE(std::int32_t, Int32, "int32", false, std::int32_t)
 EMBER_DTYPE(std::int64_t, Int64, "int64", false, std::int64_t)
 EMBER_DTYPE(std::uint8_t, UInt8, "uint8", false, std::uint8_t)
+EMBER_DTYPE(std::int8_t, Int8, "int8", false, std::int8_t)  // quantized weights (quant/)
 EMBER_DTYPE(bool, Bool, "bool", false, bool)
 EMBER_DTYPE(half, Half, "float16", true, float)
 EMBER_DTYPE(bfloat16, BFloat16, "bfloat16", true, float)
@@ -50,7 +51,7 @@ constexpr const char* dtype_name() {
 }
 
 inline const char* dtype_name(ScalarType s) {
-  constexpr const char* names[] = {"float32", "float64", "int32", "int64", "uint8", "bool", "float16", "bfloat16"};
+  constexpr const char* names[] = {"float32", "float64", "int32", "int64", "uint8", "bool", "float16", "bfloat16", "int8"};
   return names[static_cast<int>(s)];
 }
 

@@ -21,7 +21,7 @@ static_assert(std::endian::native == std::endian::little,
 
 /// A tensor of one of ember's dtypes, chosen at run time.
 using AnyTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int32_t>,
-                               Tensor<std::int64_t>, Tensor<std::uint8_t>, Tensor<bool>>;
+                               Tensor<std::int64_t>, Tensor<std::uint8_t>, Tensor<std::int8_t>, Tensor<bool>>;
 /// Tensors by name, sorted by name (so files written from it are reproducible).
 using TensorMap = std::map<std::string, AnyTensor>;
 /// String key/value pairs stored beside the tensors.

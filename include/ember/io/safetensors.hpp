@@ -65,6 +65,7 @@ inline const char* safetensors_dtype(ScalarType t) {
     case ScalarType::Int32: return "I32";
     case ScalarType::Int64: return "I64";
     case ScalarType::UInt8: return "U8";
+    case ScalarType::Int8: return "I8";
     case ScalarType::Bool: return "BOOL";
   }
   return "?";
@@ -74,13 +75,13 @@ inline std::size_t dtype_size(ScalarType t) {
     case ScalarType::Float: case ScalarType::Int32: return 4;
     case ScalarType::Double: case ScalarType::Int64: return 8;
     case ScalarType::Half: case ScalarType::BFloat16: return 2;
-    case ScalarType::UInt8: case ScalarType::Bool: return 1;
+    case ScalarType::UInt8: case ScalarType::Int8: case ScalarType::Bool: return 1;
   }
   return 0;
 }
 inline bool parse_safetensors_dtype(const std::string& s, ScalarType& out) {
   for (ScalarType t : {ScalarType::Float, ScalarType::Double, ScalarType::Half, ScalarType::BFloat16,
-                       ScalarType::Int32, ScalarType::Int64, ScalarType::UInt8, ScalarType::Bool})
+                       ScalarType::Int32, ScalarType::Int64, ScalarType::UInt8, ScalarType::Int8, ScalarType::Bool})
     if (s == safetensors_dtype(t)) {
       out = t;
       return true;
@@ -402,6 +403,7 @@ EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> fil
       case ScalarType::Int32: t = detail::make_tensor<std::int32_t>(e, p, name); break;
       case ScalarType::Int64: t = detail::make_tensor<std::int64_t>(e, p, name); break;
       case ScalarType::UInt8: t = detail::make_tensor<std::uint8_t>(e, p, name); break;
+      case ScalarType::Int8: t = detail::make_tensor<std::int8_t>(e, p, name); break;
       case ScalarType::Bool: t = detail::make_tensor<bool>(e, p, name); break;
     }
     out.tensors.emplace(std::move(e.name), std::move(t));

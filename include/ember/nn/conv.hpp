@@ -44,6 +44,14 @@ class Conv2dT : public Module {
     init::default_weight_and_bias_(weight, &bias);
     register_parameter("weight", weight);
     if (o.bias) register_parameter("bias", bias);
+    // Read by code that rebuilds the layer from the module tree (quant::convert).
+    set_setting("stride_h", double(o.stride.h));
+    set_setting("stride_w", double(o.stride.w));
+    set_setting("padding_h", double(o.padding.h));
+    set_setting("padding_w", double(o.padding.w));
+    set_setting("dilation_h", double(o.dilation.h));
+    set_setting("dilation_w", double(o.dilation.w));
+    set_setting("groups", double(o.groups));
     set_extra_repr([=] {
       auto pair = [](Size2 s) { return s.str(); };
       std::string r = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
@@ -58,6 +66,7 @@ class Conv2dT : public Module {
 
   /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out)
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    if (Tensor<compute_t> q; quant_forward(x, q)) return q;  // int8 after quant::convert
     // A conv built without bias has one after nn::fuse_conv_bn folded a BatchNorm into it.
     const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
     const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);

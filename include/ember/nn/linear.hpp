@@ -39,6 +39,7 @@ class LinearT : public Module {
 
   /// x (..., in_features) -> (..., out_features)
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
+    if (Tensor<compute_t> q; quant_forward(x, q)) return q;  // int8 after quant::convert
     // A layer built without bias has one after nn::fuse_conv_bn folded a BatchNorm1d into it.
     const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
     const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);

@@ -45,6 +45,17 @@ class Module;
 
 namespace detail {
 struct ModuleAccess;
+
+/// What quant/ attaches to a Linear or Conv2d: while calibrating it observes the layer's inputs; once converted it
+/// runs the layer in int8 (float input and output) instead of the float forward. Defined here so nn/ needs no part
+/// of quant/.
+struct QuantHook {
+  virtual ~QuantHook() = default;
+  virtual bool converted() const = 0;
+  virtual void observe(const Tensor<float>& x) = 0;
+  virtual Tensor<float> forward(const Tensor<float>& x) const = 0;
+};
+
 using TensorSlot = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
 
 struct ModuleState {
@@ -60,6 +71,8 @@ struct ModuleState {
   /// An activation (a cpu::Act) that nn::fuse_conv_bn moved into this layer's output: applied in the GEMM's
   /// epilogue when nothing needs a gradient, as a separate fused op otherwise.
   unsigned char activation = 0;
+  /// Set by quant::prepare (an observer) and quant::convert (the int8 layer).
+  std::shared_ptr<QuantHook> quant;
 };
 
 /// Storage offsets of t's elements in row-major order. Module state is copied element by element through these
@@ -328,6 +341,24 @@ class Module {
   }
 
  protected:
+  /// For a layer quant/ prepared or converted: observes x (calibration) and returns false, or writes the int8
+  /// layer's output to `out` and returns true. Returns false at once for every other module.
+  template <class T>
+  bool quant_forward(const Tensor<T>& x, Tensor<T>& out) const {
+    if (!s_->quant) return false;
+    if constexpr (std::is_same_v<T, float>) {
+      if (s_->quant->converted()) {
+        out = s_->quant->forward(x);
+        return true;
+      }
+      s_->quant->observe(x);
+      return false;
+    } else {
+      (void)out;
+      throw Error(type_name() + ": a layer prepared or converted by quant:: takes float32 input, got " +
+                  dtype_name<T>() + " " + x.shape().str());
+    }
+  }
   /// Registers a parameter (a leaf that requires grad) under `name`; returns it.
   template <class T>
   Tensor<T>& register_parameter(const std::string& name, Tensor<T>& t, bool requires_grad = true) {

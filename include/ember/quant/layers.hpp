@@ -1,0 +1,281 @@
+// ember — int8 Linear and Conv2d for post-training quantization (CPU): the layer's input is quantized per tensor
+// (affine, the calibrated scale and zero point), multiplied by per-output-channel symmetric int8 weights with int32
+// accumulation (cpu/qgemm.hpp), and written back as float in one pass over each block of the product:
+//   y[o] = (acc[o] - zp · Σ_k w[o][k]) · (s_x · s_w[o]) + bias[o], then the layer's fused activation (ReLU, GELU, SiLU)
+// Activations travel between layers in float32: each quantized layer quantizes its own input (fused with building
+// the convolution's columns). The zero-point term is folded into a per-channel constant computed at conversion.
+// Inputs are quantized as PyTorch does (q = clamp(round_half_even(x · (1/s)) + zp)); a NaN input is an error.
+// These layers compute no gradients: quantized models are for inference.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/conv.hpp"
+#include "ember/cpu/epilogue.hpp"
+#include "ember/cpu/qgemm.hpp"
+#include "ember/cpu/thread_pool.hpp"
+#include "ember/ops/window.hpp"
+#include "ember/quant/observer.hpp"
+
+namespace ember::quant {
+
+/// Largest GEMM depth whose int32 sums cannot overflow (255 · 128 per product).
+inline constexpr std::int64_t kMaxDepth = 2147483647LL / (255 * 128);
+
+/// A Linear or Conv2d converted to int8.
+struct QuantizedLayer {
+  bool conv = false;
+  std::string name;                  // for messages
+  Tensor<std::int8_t> weight;        // (O, I) or (O, C/groups, kh, kw): round(w / weight_scale[o]) in [-127, 127]
+  Tensor<float> weight_scale;        // (O)
+  Tensor<float> bias;                // (O), zeros for a layer without bias
+  QParams input;                     // the input's scale and zero point in input_dtype
+  QDtype input_dtype = QDtype::quint8;
+  cpu::Act act = cpu::Act::none;     // fused activation (nn::fuse_conv_bn)
+  Conv2dOptions conv_options;        // conv only
+
+  // Derived by prepare() for the kernels.
+  std::int64_t out = 0, depth = 0, kp = 0;  // output channels, GEMM depth (per group), depth padded to 4
+  std::int32_t zp_u8 = 0;                   // the input zero point as uint8 (qint8 values are stored + 128)
+  std::vector<float> out_scale;             // input.scale · weight_scale[o]
+  std::vector<std::int32_t> zp_offset;      // -zp_u8 · Σ_k weight[o][k]
+  cpu::q::PackedB<std::int8_t> packed;      // linear: the weight as the GEMM's packed operand
+  std::vector<std::int8_t> rows;            // conv: the weight's rows, each padded to kp with zeros
+
+  /// Checks the tensors and derives the kernel operands; call after setting the fields above.
+  void prepare() {
+    const char* what = conv ? "quant::QuantizedConv2d" : "quant::QuantizedLinear";
+    EMBER_CHECK(weight.defined() && weight.device().is_cpu() && weight.dim() == (conv ? 4 : 2), what, " '", name,
+                "': expected a ", conv ? 4 : 2, "-D int8 weight on the CPU, got ",
+                weight.defined() ? weight.shape().str() : std::string("an undefined tensor"));
+    out = weight.size(0);
+    depth = weight.numel() / std::max<std::int64_t>(out, 1);
+    EMBER_CHECK(out > 0 && depth > 0 && depth <= kMaxDepth, what, " '", name, "': weight ", weight.shape().str(),
+                " has a GEMM depth of ", depth, "; int8 layers take 1 to ", kMaxDepth,
+                " (int32 sums must not overflow)");
+    EMBER_CHECK(weight_scale.defined() && weight_scale.numel() == out && bias.defined() && bias.numel() == out, what,
+                " '", name, "': weight_scale and bias must have ", out, " elements, got ",
+                weight_scale.defined() ? weight_scale.shape().str() : "undefined", " and ",
+                bias.defined() ? bias.shape().str() : "undefined");
+    EMBER_CHECK(std::isfinite(input.scale) && input.scale > 0 && input.zero_point >= qmin(input_dtype) &&
+                    input.zero_point <= qmax(input_dtype),
+                what, " '", name, "': input scale ", input.scale, " and zero point ", input.zero_point,
+                " are not valid for ", input_dtype == QDtype::quint8 ? "quint8" : "qint8");
+    if (conv)
+      EMBER_CHECK(conv_options.groups >= 1 && out % conv_options.groups == 0, what, " '", name, "': ", out,
+                  " output channels do not split into ", conv_options.groups, " groups");
+    zp_u8 = input.zero_point + (input_dtype == QDtype::qint8 ? 128 : 0);
+    kp = cpu::q::round_up(depth, 4);
+    const Tensor<std::int8_t> w = weight.contiguous();
+    const Tensor<float> ws = weight_scale.contiguous();
+    out_scale.resize(std::size_t(out));
+    zp_offset.resize(std::size_t(out));
+    for (std::int64_t o = 0; o < out; ++o) {
+      const float s = ws.data()[o];
+      EMBER_CHECK(std::isfinite(s) && s > 0, what, " '", name, "': weight_scale[", o, "] = ", s,
+                  " (scales must be positive and finite)");
+      out_scale[std::size_t(o)] = input.scale * s;
+      std::int64_t sum = 0;
+      for (std::int64_t k = 0; k < depth; ++k) {
+        const std::int8_t v = w.data()[o * depth + k];
+        EMBER_CHECK(v >= -127, what, " '", name, "': weight value -128 at channel ", o,
+                    "; int8 weights are symmetric in [-127, 127]");
+        sum += v;
+      }
+      zp_offset[std::size_t(o)] = std::int32_t(-std::int64_t(zp_u8) * sum);
+    }
+    if (conv) {
+      rows.assign(std::size_t(out * kp), 0);
+      for (std::int64_t o = 0; o < out; ++o)
+        std::copy(w.data() + o * depth, w.data() + (o + 1) * depth, rows.data() + o * kp);
+    } else {
+      cpu::q::pack_b(w.data(), depth, out, depth, packed);
+    }
+  }
+};
+
+namespace detail {
+
+/// q[i] = clamp(round(x[i] · inv) + zp, 0, 255); returns whether x held a NaN.
+EMBER_VECTORIZE inline bool quantize_u8(const float* EMBER_RESTRICT x, std::int64_t n, float inv, float zp,
+                                        std::uint8_t* EMBER_RESTRICT q) {
+  int nan = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    nan |= v != v;
+    const float r = std::nearbyint(v * inv) + zp;
+    q[i] = std::uint8_t(std::min(255.0f, std::max(0.0f, r)));
+  }
+  return nan != 0;
+}
+
+/// y[j] = float(c[j] + off) · s + b for j < n, then the activation.
+EMBER_VECTORIZE inline void dequantize_row(const std::int32_t* EMBER_RESTRICT c, std::int64_t n, std::int32_t off,
+                                           float s, float b, float* EMBER_RESTRICT y) {
+  for (std::int64_t j = 0; j < n; ++j) y[j] = float(c[j] + off) * s + b;
+}
+EMBER_VECTORIZE inline void dequantize_cols(const std::int32_t* EMBER_RESTRICT c, std::int64_t n,
+                                            const std::int32_t* EMBER_RESTRICT off, const float* EMBER_RESTRICT s,
+                                            const float* EMBER_RESTRICT b, float* EMBER_RESTRICT y) {
+  for (std::int64_t j = 0; j < n; ++j) y[j] = float(c[j] + off[j]) * s[j] + b[j];
+}
+
+inline void check_input(const QuantizedLayer& q, const Tensor<float>& x, const char* op) {
+  EMBER_CHECK(x.defined() && x.device().is_cpu(), op, " '", q.name, "': int8 layers run on the CPU; the input is ",
+              x.defined() ? "on " + x.device().str() : std::string("undefined"));
+}
+
+[[noreturn]] inline void nan_input(const QuantizedLayer& q, const Tensor<float>& x, const char* op) {
+  throw Error(std::string(op) + " '" + q.name + "': the input " + x.shape().str() +
+              " holds NaN, which has no int8 value");
+}
+
+}  // namespace detail
+
+/// x (..., in_features) float -> (..., out_features) float, computed in int8.
+inline Tensor<float> quantized_linear(const QuantizedLayer& q, const Tensor<float>& x,
+                                      cpu::q::Path path = cpu::q::best_path()) {
+  const char* op = "quant::QuantizedLinear";
+  detail::check_input(q, x, op);
+  EMBER_CHECK(x.dim() >= 1 && x.size(x.dim() - 1) == q.depth, op, " '", q.name, "': expected an input (..., ",
+              q.depth, "), got ", x.shape().str());
+  const Tensor<float> xc = x.contiguous();
+  const std::int64_t K = q.depth, O = q.out, M = xc.numel() / K;
+  Shape ys = x.shape();
+  ys[x.dim() - 1] = O;
+  Tensor<float> y = empty<float>(ys);
+  const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
+  const Tensor<float> b = q.bias.contiguous();
+  std::atomic<bool> saw_nan{false};
+  cpu::parallel_for(0, M, 64, [&](std::int64_t m0, std::int64_t m1) {
+    std::vector<std::uint8_t> a(std::size_t((m1 - m0) * q.kp), 0);
+    std::vector<std::int32_t> c(std::size_t((m1 - m0) * O));
+    bool bad = false;
+    for (std::int64_t m = m0; m < m1; ++m)
+      bad |= detail::quantize_u8(xc.data() + m * K, K, inv, zp, a.data() + (m - m0) * q.kp);
+    if (bad) {
+      saw_nan = true;
+      return;
+    }
+    cpu::q::gemm(a.data(), q.kp, m1 - m0, q.packed, c.data(), O, path);
+    for (std::int64_t m = m0; m < m1; ++m) {
+      float* yr = y.data() + m * O;
+      detail::dequantize_cols(c.data() + (m - m0) * O, O, q.zp_offset.data(), q.out_scale.data(), b.data(), yr);
+      cpu::act_(yr, O, q.act);
+    }
+  });
+  if (saw_nan) detail::nan_input(q, x, op);
+  return y;
+}
+
+namespace detail {
+// The columns of one image's group (cg channels of xq, uint8) built in the packed layout of cpu/qgemm.hpp: row p is
+// output position p, column k = (c, i, j); positions outside the image read the zero point. cols holds
+// round_up(L, 16) · kp bytes whose padding stays zero.
+inline void im2col_packed(const cpu::ConvGeometry& g, const std::uint8_t* xq, std::uint8_t zp, std::int64_t kp,
+                          std::uint8_t* cols) {
+  using cpu::q::kBlock;
+  const std::int64_t cg = g.cg();
+  for (std::int64_t c = 0; c < cg; ++c)
+    for (std::int64_t i = 0; i < g.kh; ++i)
+      for (std::int64_t j = 0; j < g.kw; ++j) {
+        const std::int64_t k = (c * g.kh + i) * g.kw + j;
+        std::uint8_t* base = cols + (k / 4) * (4 * kBlock) + (k % 4);
+        const std::int64_t offy = i * g.dh - g.ph, offx = j * g.dw - g.pw;
+        std::int64_t p = 0;
+        for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+          const std::int64_t iy = oy * g.sh + offy;
+          const bool row_in = iy >= 0 && iy < g.h;
+          const std::uint8_t* src = xq + (c * g.h + iy) * g.w;
+          for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) {
+            const std::int64_t ix = ox * g.sw + offx;
+            base[(p / kBlock) * kp * kBlock + (p % kBlock) * 4] = row_in && ix >= 0 && ix < g.w ? src[ix] : zp;
+          }
+        }
+      }
+}
+}  // namespace detail
+
+/// x (N, C, H, W) or (C, H, W) float -> the convolution's output, computed in int8.
+inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<float>& x,
+                                      cpu::q::Path path = cpu::q::best_path()) {
+  const char* op = "quant::QuantizedConv2d";
+  detail::check_input(q, x, op);
+  if (x.dim() == 3) return quantized_conv2d(q, x.unsqueeze(0), path).squeeze(0);
+  const Conv2dOptions& o = q.conv_options;
+  const std::int64_t G = o.groups;
+  EMBER_CHECK(x.dim() == 4 && x.size(1) == q.weight.size(1) * G, op, " '", q.name,
+              "': expected an input (N, ", q.weight.size(1) * G, ", H, W) for weight ", q.weight.shape().str(),
+              " with groups=", G, ", got ", x.shape().str());
+  cpu::ConvGeometry g;
+  g.n = x.size(0);
+  g.c = x.size(1);
+  g.h = x.size(2);
+  g.w = x.size(3);
+  g.o = q.out;
+  g.kh = q.weight.size(2);
+  g.kw = q.weight.size(3);
+  g.sh = o.stride.h;
+  g.sw = o.stride.w;
+  g.ph = o.padding.h;
+  g.pw = o.padding.w;
+  g.dh = o.dilation.h;
+  g.dw = o.dilation.w;
+  g.groups = G;
+  const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
+  EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, " '", q.name, "': kernel ", Size2(eh, ew).str(),
+              " is larger than the padded input (input ", x.shape().str(), ", padding ", o.padding.str(), ")");
+  g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
+  g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
+  const std::int64_t L = g.l(), chw = g.c * g.h * g.w, og = g.og();
+
+  // The whole input quantized once.
+  const Tensor<float> xc = x.contiguous();
+  std::vector<std::uint8_t> xq(std::size_t(g.n * chw));
+  const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
+  std::atomic<bool> saw_nan{false};
+  cpu::parallel_for(0, g.n * g.c, 8, [&](std::int64_t r0, std::int64_t r1) {
+    const std::int64_t hw = g.h * g.w;
+    if (detail::quantize_u8(xc.data() + r0 * hw, (r1 - r0) * hw, inv, zp, xq.data() + r0 * hw)) saw_nan = true;
+  });
+  if (saw_nan) detail::nan_input(q, x, op);
+
+  Tensor<float> y = empty<float>(Shape{g.n, g.o, g.oh, g.ow});
+  const Tensor<float> b = q.bias.contiguous();
+  // Tasks: (image, group, block of output channels). With fewer images and groups than threads, the output
+  // channels are split too (each part builds the same columns).
+  const std::int64_t threads = cpu::get_num_threads();
+  const std::int64_t splits = g.n * G >= threads ? 1 : std::min<std::int64_t>(threads, (og + 7) / 8);
+  const std::int64_t per = (og + splits - 1) / splits;
+  cpu::parallel_for(0, g.n * G * splits, 1, [&](std::int64_t t0, std::int64_t t1) {
+    std::vector<std::uint8_t> cols(std::size_t(cpu::q::packed_size(L, q.depth)), 0);
+    std::vector<std::int32_t> c(std::size_t(per * L));
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t img = t / (G * splits), grp = (t / splits) % G, part = t % splits;
+      const std::int64_t o0 = part * per, o1 = std::min(og, o0 + per);
+      if (o0 >= o1) continue;
+      detail::im2col_packed(g, xq.data() + img * chw + grp * g.cg() * g.h * g.w, std::uint8_t(q.zp_u8), q.kp,
+                            cols.data());
+      const std::int64_t oc0 = grp * og + o0;
+      cpu::q::gemm_raw(q.rows.data() + oc0 * q.kp, q.kp, o1 - o0, cols.data(), L, q.kp, c.data(), L, path);
+      for (std::int64_t oc = oc0; oc < grp * og + o1; ++oc) {
+        float* yr = y.data() + (img * g.o + oc) * L;
+        detail::dequantize_row(c.data() + (oc - oc0) * L, L, q.zp_offset[std::size_t(oc)],
+                               q.out_scale[std::size_t(oc)], b.data()[oc], yr);
+        cpu::act_(yr, L, q.act);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace ember::quant

@@ -1,0 +1,397 @@
+// ember — INT8 post-training quantization of a trained model's Linear and Conv2d layers, as PyTorch's eager-mode
+// static quantization (prepare, calibrate, convert):
+//
+//   model.eval();
+//   nn::fuse_conv_bn(model);                     // optional: fold BatchNorm, move ReLU/GELU/SiLU into the layers
+//   quant::prepare(model, {.activation = {.kind = quant::ObserverKind::histogram}});
+//   { InferenceMode g; for (auto& b : calibration) model.forward(b.data); }   // observers record input ranges
+//   quant::convert(model);                       // every prepared Linear/Conv2d now runs in int8 (quant/layers.hpp)
+//   quant::save(model, "model_int8.safetensors");
+//
+// Weights are quantized per output channel, symmetric, to [-127, 127]; each layer's input per tensor, affine, with
+// the range its observer recorded. Converting removes the layer's float weight and bias from its registry (they are
+// not what runs any more): model.state_dict() then lists the float state of the other modules, and
+// quant::state_dict(model) everything, the int8 layers' tensors included. The converted model is for inference:
+// its int8 layers compute no gradients. Conversion is in place; the layer objects keep their (unused) float weight
+// tensors alive.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/device_copy.hpp"
+#include "ember/cpu/epilogue.hpp"
+#include "ember/io/any_tensor.hpp"
+#include "ember/io/safetensors.hpp"
+#include "ember/nn/fuse.hpp"
+#include "ember/nn/module.hpp"
+#include "ember/quant/layers.hpp"
+#include "ember/quant/observer.hpp"
+
+namespace ember::quant {
+
+struct QConfig {
+  /// How each layer's input range is recorded, and its integer type.
+  ObserverOptions activation{};
+  /// Dotted names (as in state_dict) of layers to leave in float.
+  std::vector<std::string> keep_float{};
+  /// Leave the first / the last Linear or Conv2d (in registration order) in float: the layers whose error costs the
+  /// most accuracy for the least time.
+  bool keep_first = false;
+  bool keep_last = false;
+};
+
+namespace detail {
+
+using nn::detail::ModuleState;
+
+struct Site {
+  std::string name;
+  ModuleState* s;
+};
+
+inline void collect(ModuleState& s, const std::string& prefix, std::vector<Site>& out, std::set<ModuleState*>& seen) {
+  for (auto& [n, c] : s.children) {
+    if (!seen.insert(c.get()).second) continue;
+    const std::string name = prefix + n;
+    if (c->type_name == "Conv2d" || c->type_name == "Linear" || c->type_name == "QuantizedConv2d" ||
+        c->type_name == "QuantizedLinear")
+      out.push_back({name, c.get()});
+    collect(*c, name + ".", out, seen);
+  }
+}
+
+/// Every Linear and Conv2d of m (converted ones too), depth first in registration order, each module once.
+inline std::vector<Site> layers(nn::Module& m) {
+  std::vector<Site> out;
+  std::set<ModuleState*> seen;
+  ModuleState& root = nn::detail::ModuleAccess::state(m);
+  if (root.type_name == "Conv2d" || root.type_name == "Linear") out.push_back({"", &root});
+  collect(root, "", out, seen);
+  return out;
+}
+
+inline std::string label(const Site& s) { return s.name.empty() ? std::string("<root>") : s.name; }
+inline std::string key(const Site& s, const char* field) { return s.name.empty() ? field : s.name + "." + field; }
+
+class Calibrator final : public nn::detail::QuantHook {
+ public:
+  Calibrator(std::string name, const ObserverOptions& o) : name_(std::move(name)), obs_(o) {}
+  bool converted() const override { return false; }
+  void observe(const Tensor<float>& x) override {
+    EMBER_CHECK(x.device().is_cpu(), "quant: calibrating layer '", name_, "': int8 layers run on the CPU; the input ",
+                x.shape().str(), " is on ", x.device().str());
+    const Tensor<float> c = x.contiguous();
+    std::lock_guard<std::mutex> lock(mu_);  // a model may be run from several threads
+    obs_.observe(c.data(), c.numel());
+  }
+  Tensor<float> forward(const Tensor<float>&) const override {
+    throw Error("quant: layer '" + name_ + "' is being calibrated, not converted");
+  }
+  const Observer& observer() const { return obs_; }
+
+ private:
+  std::string name_;
+  Observer obs_;
+  std::mutex mu_;
+};
+
+class Int8Layer final : public nn::detail::QuantHook {
+ public:
+  explicit Int8Layer(QuantizedLayer q) : q_(std::move(q)) {}
+  bool converted() const override { return true; }
+  void observe(const Tensor<float>&) override {}
+  Tensor<float> forward(const Tensor<float>& x) const override {
+    return q_.conv ? quantized_conv2d(q_, x) : quantized_linear(q_, x);
+  }
+  const QuantizedLayer& layer() const { return q_; }
+
+ private:
+  QuantizedLayer q_;
+};
+
+inline const Int8Layer* int8_of(const ModuleState& s) { return dynamic_cast<const Int8Layer*>(s.quant.get()); }
+
+inline double setting(const ModuleState& s, const char* name, double fallback) {
+  for (const auto& [n, v] : s.settings)
+    if (n == name) return v;
+  return fallback;
+}
+
+inline Conv2dOptions conv_options(const ModuleState& s) {
+  Conv2dOptions o;
+  o.stride = Size2(std::int64_t(setting(s, "stride_h", 1)), std::int64_t(setting(s, "stride_w", 1)));
+  o.padding = Size2(std::int64_t(setting(s, "padding_h", 0)), std::int64_t(setting(s, "padding_w", 0)));
+  o.dilation = Size2(std::int64_t(setting(s, "dilation_h", 1)), std::int64_t(setting(s, "dilation_w", 1)));
+  o.groups = std::int64_t(setting(s, "groups", 1));
+  return o;
+}
+
+inline void erase_param(ModuleState& s, const std::string& name) {
+  std::erase_if(s.params, [&](const auto& p) { return p.first == name; });
+}
+
+/// Installs q in the layer: the int8 forward runs from now on and the float weight and bias leave the registry.
+inline void install(ModuleState& s, QuantizedLayer q) {
+  const bool conv = q.conv;
+  s.quant = std::make_shared<Int8Layer>(std::move(q));
+  erase_param(s, "weight");
+  erase_param(s, "bias");
+  s.type_name = conv ? "QuantizedConv2d" : "QuantizedLinear";
+}
+
+inline void check_cpu_float(const Site& site, const nn::detail::TensorSlot& slot, const char* what) {
+  std::visit(
+      [&](const auto& t) {
+        EMBER_CHECK(t.defined() && t.device().is_cpu(), "quant: layer '", label(site), "': its ", what,
+                    " must be a defined tensor on the CPU (int8 layers run on the CPU), got ",
+                    t.defined() ? t.device().str() : std::string("undefined"));
+      },
+      slot);
+}
+
+inline const char* qdtype_name(QDtype d) { return d == QDtype::quint8 ? "quint8" : "qint8"; }
+
+}  // namespace detail
+
+/// Attaches an observer of the input to every Linear and Conv2d of `model` (except those QConfig keeps in float).
+/// The model must be in evaluation mode. Run calibration batches through it next, then convert(). Returns the
+/// number of layers prepared.
+inline int prepare(nn::Module& model, const QConfig& c = {}) {
+  Observer check(c.activation);  // rejects bad options before anything changes
+  (void)check;
+  EMBER_CHECK(!model.is_training(), "quant::prepare: ", model.type_name(),
+              " is in training mode; call eval() first (calibration observes the evaluation-mode forward)");
+  auto sites = detail::layers(model);
+  for (const auto& name : c.keep_float) {
+    bool found = false;
+    for (const auto& s : sites) found = found || s.name == name;
+    EMBER_CHECK(found, "quant::prepare: keep_float names '", name, "', which is not a Linear or Conv2d of ",
+                model.type_name());
+  }
+  for (const auto& s : sites) {
+    EMBER_CHECK(!detail::int8_of(*s.s), "quant::prepare: layer '", detail::label(s), "' is already converted to int8");
+    for (const auto& [n, t] : s.s->params)
+      if (n == "weight" || n == "bias") detail::check_cpu_float(s, t, n.c_str());
+  }
+  int n = 0;
+  for (std::size_t i = 0; i < sites.size(); ++i) {
+    const auto& s = sites[i];
+    bool keep = (c.keep_first && i == 0) || (c.keep_last && i + 1 == sites.size());
+    for (const auto& name : c.keep_float) keep = keep || name == s.name;
+    if (keep) {
+      s.s->quant.reset();
+      continue;
+    }
+    s.s->quant = std::make_shared<detail::Calibrator>(detail::label(s), c.activation);
+    ++n;
+  }
+  return n;
+}
+
+/// Quantizes every prepared layer of `model` with the range its observer recorded and switches it to int8. Every
+/// prepared layer must have seen calibration data; nothing changes unless all have. Returns the number converted.
+inline int convert(nn::Module& model) {
+  struct Job {
+    detail::Site site;
+    QuantizedLayer q;
+  };
+  std::vector<Job> jobs;
+  for (const auto& s : detail::layers(model)) {
+    const auto* cal = dynamic_cast<const detail::Calibrator*>(s.s->quant.get());
+    if (!cal) continue;
+    const Observer& obs = cal->observer();
+    EMBER_CHECK(obs.has_data(), "quant::convert: layer '", detail::label(s),
+                "' observed no calibration data; run batches through the model after quant::prepare");
+    const auto* w = nn::detail::find_slot(s.s->params, "weight");
+    EMBER_CHECK(w != nullptr, "quant::convert: layer '", detail::label(s), "' has no weight");
+    const Shape ws = nn::detail::slot_shape(*w);
+    const std::vector<double> wv = nn::detail::slot_values(*w);
+    const std::int64_t O = ws[0], per = ws.numel() / std::max<std::int64_t>(O, 1);
+    std::vector<float> wf(wv.begin(), wv.end());
+    for (std::size_t i = 0; i < wf.size(); ++i)
+      EMBER_CHECK(std::isfinite(wf[i]), "quant::convert: layer '", detail::label(s), "': weight element ", i, " is ",
+                  wf[i]);
+    const std::vector<float> scales = symmetric_scales(wf.data(), O, per);
+    QuantizedLayer q;
+    q.conv = s.s->type_name == "Conv2d";
+    q.name = detail::label(s);
+    q.weight = empty<std::int8_t>(ws);
+    for (std::int64_t o = 0; o < O; ++o)
+      for (std::int64_t k = 0; k < per; ++k) {
+        const float v = std::nearbyint(wf[std::size_t(o * per + k)] / scales[std::size_t(o)]);
+        q.weight.data()[o * per + k] = std::int8_t(std::clamp(v, -127.0f, 127.0f));
+      }
+    q.weight_scale = empty<float>(Shape{O});
+    std::copy(scales.begin(), scales.end(), q.weight_scale.data());
+    q.bias = zeros<float>(Shape{O});
+    if (const auto* b = nn::detail::find_slot(s.s->params, "bias")) {
+      const std::vector<double> bv = nn::detail::slot_values(*b);
+      for (std::int64_t o = 0; o < O && o < std::int64_t(bv.size()); ++o) q.bias.data()[o] = float(bv[std::size_t(o)]);
+    }
+    q.input_dtype = obs.options().dtype;
+    q.input = obs.qparams();
+    q.act = cpu::Act(s.s->activation);
+    if (q.conv) q.conv_options = detail::conv_options(*s.s);
+    q.prepare();
+    jobs.push_back({s, std::move(q)});
+  }
+  for (auto& j : jobs) detail::install(*j.site.s, std::move(j.q));
+  return int(jobs.size());
+}
+
+/// The int8 layer `name` of a converted model (nullptr when that layer is not int8).
+inline const QuantizedLayer* quantized_layer(nn::Module& model, const std::string& name) {
+  for (const auto& s : detail::layers(model))
+    if (s.name == name)
+      if (const auto* l = detail::int8_of(*s.s)) return &l->layer();
+  return nullptr;
+}
+
+/// Every tensor of a (partly) converted model: its state_dict() (the float modules) and, for each int8 layer
+/// "<name>", <name>.weight (int8), <name>.weight_scale, <name>.bias, <name>.input_scale (float32 [1]) and
+/// <name>.input_zero_point (int64 [1]).
+inline io::TensorMap state_dict(nn::Module& model) {
+  io::TensorMap out;
+  for (auto& [k, t] : model.state_dict()) std::visit([&](const auto& x) { out.emplace(k, io::AnyTensor(x)); }, t);
+  for (const auto& s : detail::layers(model)) {
+    const auto* l = detail::int8_of(*s.s);
+    if (!l) continue;
+    const QuantizedLayer& q = l->layer();
+    Tensor<float> is = empty<float>(Shape{1});
+    is.data()[0] = q.input.scale;
+    Tensor<std::int64_t> iz = empty<std::int64_t>(Shape{1});
+    iz.data()[0] = q.input.zero_point;
+    out[detail::key(s, "weight")] = q.weight;
+    out[detail::key(s, "weight_scale")] = q.weight_scale;
+    out[detail::key(s, "bias")] = q.bias;
+    out[detail::key(s, "input_scale")] = is;
+    out[detail::key(s, "input_zero_point")] = iz;
+  }
+  return out;
+}
+
+inline constexpr const char* kFormat = "ember-int8-1";
+
+/// Writes quant::state_dict(model) to a safetensors file (atomically), with metadata naming the scheme and each
+/// int8 layer's input type.
+inline void save(nn::Module& model, const std::string& path) {
+  io::Metadata meta;
+  meta["format"] = kFormat;
+  meta["scheme"] = "weights int8 symmetric per output channel in [-127, 127]; inputs affine per tensor";
+  for (const auto& s : detail::layers(model))
+    if (const auto* l = detail::int8_of(*s.s)) meta["input_dtype/" + detail::label(s)] = detail::qdtype_name(l->layer().input_dtype);
+  io::save_safetensors(path, state_dict(model), meta);
+}
+
+/// Loads a file written by save() into `model`: a float model of the same architecture (folded the same way
+/// by nn::fuse_conv_bn when the saved one was), in evaluation mode. The layers the file holds in int8 are converted;
+/// everything else loads as load_state_dict(strict). Every check passes before anything changes.
+inline void load(nn::Module& model, const std::string& path) {
+  const char* op = "quant::load";
+  io::SafeTensors f = io::load_safetensors(path);
+  const auto fmt = f.metadata.find("format");
+  EMBER_CHECK(fmt != f.metadata.end() && fmt->second == kFormat, op, ": '", path,
+              "' is not an ember int8 model (metadata format is ",
+              fmt == f.metadata.end() ? std::string("<missing>") : io::detail::quote_untrusted(fmt->second),
+              ", expected '", kFormat, "')");
+  auto need = [&](const std::string& k) -> const io::AnyTensor& {
+    auto it = f.tensors.find(k);
+    EMBER_CHECK(it != f.tensors.end(), op, ": '", path, "' has no tensor '", k, "'");
+    return it->second;
+  };
+  struct Job {
+    detail::Site site;
+    QuantizedLayer q;
+  };
+  std::vector<Job> jobs;
+  std::set<std::string> used;
+  for (const auto& s : detail::layers(model)) {
+    const std::string wk = detail::key(s, "weight");
+    auto it = f.tensors.find(wk);
+    if (it == f.tensors.end() || io::scalar_type(it->second) != ScalarType::Int8) continue;
+    EMBER_CHECK(!detail::int8_of(*s.s), op, ": layer '", detail::label(s), "' is already int8; load into a float model");
+    const auto* w = nn::detail::find_slot(s.s->params, "weight");
+    EMBER_CHECK(w != nullptr, op, ": layer '", detail::label(s), "' has no float weight to replace");
+    QuantizedLayer q;
+    q.conv = s.s->type_name == "Conv2d";
+    q.name = detail::label(s);
+    q.weight = io::get_as<std::int8_t>(it->second, "'" + wk + "'");
+    EMBER_CHECK(q.weight.shape() == nn::detail::slot_shape(*w), op, ": '", wk, "' has shape ", q.weight.shape().str(),
+                ", the model's layer ", nn::detail::slot_shape(*w).str());
+    q.weight_scale = io::get_as<float>(need(detail::key(s, "weight_scale")), "'" + detail::key(s, "weight_scale") + "'");
+    q.bias = io::get_as<float>(need(detail::key(s, "bias")), "'" + detail::key(s, "bias") + "'");
+    const auto is = io::get_as<float>(need(detail::key(s, "input_scale")), "'" + detail::key(s, "input_scale") + "'");
+    const auto iz =
+        io::get_as<std::int64_t>(need(detail::key(s, "input_zero_point")), "'" + detail::key(s, "input_zero_point") + "'");
+    EMBER_CHECK(is.numel() == 1 && iz.numel() == 1, op, ": '", path, "': the input scale and zero point of '",
+                detail::label(s), "' must have one element each");
+    const auto dt = f.metadata.find("input_dtype/" + detail::label(s));
+    EMBER_CHECK(dt != f.metadata.end() && (dt->second == "quint8" || dt->second == "qint8"), op, ": '", path,
+                "': metadata input_dtype/", detail::label(s), " must be quint8 or qint8");
+    q.input_dtype = dt->second == "quint8" ? QDtype::quint8 : QDtype::qint8;
+    q.input.scale = is.data()[0];
+    EMBER_CHECK(iz.data()[0] >= qmin(q.input_dtype) && iz.data()[0] <= qmax(q.input_dtype), op, ": '", path,
+                "': input zero point ", iz.data()[0], " of '", detail::label(s), "' is outside ",
+                detail::qdtype_name(q.input_dtype));
+    q.input.zero_point = std::int32_t(iz.data()[0]);
+    q.act = cpu::Act(s.s->activation);
+    if (q.conv) q.conv_options = detail::conv_options(*s.s);
+    q.prepare();  // validates the sizes and values
+    for (const char* field : {"weight", "weight_scale", "bias", "input_scale", "input_zero_point"})
+      used.insert(detail::key(s, field));
+    jobs.push_back({s, std::move(q)});
+  }
+  // The rest is the float state of the model without the layers above.
+  StateDict rest;
+  for (auto& [k, t] : f.tensors) {
+    if (used.count(k)) continue;
+    std::visit(
+        [&](const auto& x) {
+          using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+          if constexpr (std::is_constructible_v<StateTensor, Tensor<T>>) rest.emplace(k, StateTensor(x));
+          else EMBER_CHECK(false, op, ": '", path, "': tensor '", io::detail::quote_untrusted(k), "' has dtype ",
+                           dtype_name<T>(), ", which no float module holds");
+        },
+        t);
+  }
+  std::set<std::string> expected;
+  for (auto& [k, t] : model.state_dict()) expected.insert(k);
+  for (const auto& j : jobs) {
+    expected.erase(detail::key(j.site, "weight"));
+    expected.erase(detail::key(j.site, "bias"));
+  }
+  std::string missing, unexpected;
+  for (const auto& k : expected)
+    if (!rest.count(k)) missing += " '" + k + "'";
+  for (const auto& [k, t] : rest)
+    if (!expected.count(k)) unexpected += " '" + io::detail::quote_untrusted(k) + "'";
+  EMBER_CHECK(missing.empty() && unexpected.empty(), op, ": '", path, "' does not match ", model.type_name(),
+              missing.empty() ? "" : "; missing:", missing, unexpected.empty() ? "" : "; unexpected:", unexpected);
+  const StateDict mine = model.state_dict();
+  for (const auto& [k, t] : rest) {
+    const auto& m = mine.at(k);
+    const bool ok = std::visit(
+        [](const auto& a, const auto& b) {
+          using A = typename std::remove_cvref_t<decltype(a)>::value_type;
+          using B = typename std::remove_cvref_t<decltype(b)>::value_type;
+          return a.shape() == b.shape() && (std::is_same_v<A, B> || (is_floating_v<A> && is_floating_v<B>));
+        },
+        t, m);
+    EMBER_CHECK(ok, op, ": '", path, "': '", k, "' is ", describe(t), ", the model has ", describe(m));
+  }
+  for (auto& j : jobs) detail::install(*j.site.s, std::move(j.q));
+  model.load_state_dict(rest, true);
+}
+
+}  // namespace ember::quant
