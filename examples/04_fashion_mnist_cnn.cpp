@@ -3,6 +3,10 @@
 // doing the augmentation (random horizontal flips) while the model trains.
 //
 //   04_fashion_mnist_cnn [--epochs N] [--batch N] [--workers N] [--lr X] [--precision fp32|bf16|fp16] [--data DIR]
+//                        [--save PATH]
+//
+// The trained weights are saved as safetensors (default fashion_mnist_cnn.safetensors; --save '' skips it) for
+// example 07, which folds and quantizes them. Saving needs ember::io (nlohmann/json), which scripts/deps.sh installs.
 //
 // The precision is one type: Net<amp::fp32>, Net<amp::bf16_mixed> or Net<amp::fp16_mixed> (fp32 master weights,
 // 16-bit activations, fp32 accumulation; the loss in fp32). fp16 trains with the loss scaler (amp::GradScaler).
@@ -10,6 +14,11 @@
 // The data comes from Debian's dataset-fashion-mnist package (or --data / $EMBER_FASHION_MNIST).
 #include <ember/data.hpp>
 #include <ember/ember.hpp>
+#if EMBER_EXAMPLE_SAVE
+#include <ember/io.hpp>
+#endif
+
+#include "fashion_cnn.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -20,43 +29,11 @@
 
 using namespace ember;
 
-template <amp::PrecisionPolicy P>
-struct Net : nn::Module {
-  using C = typename P::compute_t;
-  nn::Conv2dT<P> conv1{1, 32, 3, {.padding = 1, .bias = false}};
-  nn::BatchNormT<2, P> bn1{32};
-  nn::Conv2dT<P> conv2{32, 64, 3, {.padding = 1, .bias = false}};
-  nn::BatchNormT<2, P> bn2{64};
-  nn::LinearT<P> fc{64 * 7 * 7, 10};
-
-  Net() : nn::Module("Net") {
-    register_module("conv1", conv1);
-    register_module("bn1", bn1);
-    register_module("conv2", conv2);
-    register_module("bn2", bn2);
-    register_module("fc", fc);
-  }
-  /// x (N, 1, 28, 28) -> logits (N, 10), in fp32 for the loss
-  Tensor<float> forward(const Tensor<float>& x) const {
-    Tensor<C> h = max_pool2d(Tensor<C>(relu(bn1(conv1(to_c(x))))), 2);  // (N, 32, 14, 14)
-    h = max_pool2d(Tensor<C>(relu(bn2(conv2(h)))), 2);                   // (N, 64, 7, 7)
-    return to_float(fc(h.flatten(1)));
-  }
-  static Tensor<C> to_c(const Tensor<float>& x) {
-    if constexpr (std::is_same_v<C, float>) return x;
-    else return Tensor<C>(cast<C>(x));
-  }
-  static Tensor<float> to_float(const Tensor<C>& y) {
-    if constexpr (std::is_same_v<C, float>) return y;
-    else return Tensor<float>(cast<float>(y));
-  }
-};
-
 struct Args {
   int epochs = 5, workers = 2;
   std::size_t batch = 128;
   double max_lr = 0.1;
-  std::string root, precision = "fp32";
+  std::string root, precision = "fp32", save = "fashion_mnist_cnn.safetensors";
 };
 
 template <amp::PrecisionPolicy P>
@@ -106,6 +83,14 @@ void train_and_evaluate(const Args& a) {
     if (scaler.is_enabled()) std::printf("  loss scale %g, %zu steps skipped", scaler.get_scale(), skipped);
     std::printf("\n");
   }
+#if EMBER_EXAMPLE_SAVE
+  if (!a.save.empty()) {
+    io::TensorMap weights;
+    for (auto& [name, t] : model.state_dict()) std::visit([&](const auto& x) { weights.emplace(name, x); }, t);
+    io::save_safetensors(a.save, weights, {{"model", "examples/fashion_cnn.hpp Net"}, {"precision", a.precision}});
+    std::printf("saved the weights to %s\n", a.save.c_str());
+  }
+#endif
 }
 
 int main(int argc, char** argv) {
@@ -118,10 +103,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--lr")) a.max_lr = std::atof(next());
     else if (!std::strcmp(argv[i], "--precision")) a.precision = next();
     else if (!std::strcmp(argv[i], "--data")) a.root = next();
+    else if (!std::strcmp(argv[i], "--save")) a.save = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--epochs N] [--batch N] [--workers N] [--lr X] [--precision fp32|bf16|fp16] "
-                   "[--data DIR]\n",
+                   "[--data DIR] [--save PATH]\n",
                    argv[0]);
       return 2;
     }

@@ -167,7 +167,7 @@ class SafetensorsHeaderParser {
     }
     if (at_ == At::Tensor && field_ == kDtype) {
       EMBER_CHECK(parse_safetensors_dtype(v, dtype_), tensor_what(), " has dtype ", quote_untrusted(v),
-                  "; ember reads F32, F64, F16, BF16, I32, I64, U8 and BOOL");
+                  "; ember reads F32, F64, F16, BF16, I32, I64, U8, I8 and BOOL");
       return true;
     }
     return scalar(v, /*quote=*/true, "a string ");

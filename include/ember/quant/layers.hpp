@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -25,6 +26,10 @@
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/ops/window.hpp"
 #include "ember/quant/observer.hpp"
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 namespace ember::quant {
 
@@ -178,30 +183,58 @@ inline Tensor<float> quantized_linear(const QuantizedLayer& q, const Tensor<floa
 }
 
 namespace detail {
-// The columns of one image's group (cg channels of xq, uint8) built in the packed layout of cpu/qgemm.hpp: row p is
-// output position p, column k = (c, i, j); positions outside the image read the zero point. cols holds
-// round_up(L, 16) · kp bytes whose padding stays zero.
-inline void im2col_packed(const cpu::ConvGeometry& g, const std::uint8_t* xq, std::uint8_t zp, std::int64_t kp,
-                          std::uint8_t* cols) {
-  using cpu::q::kBlock;
-  const std::int64_t cg = g.cg();
-  for (std::int64_t c = 0; c < cg; ++c)
+// The columns of one image's group (cg channels of xq, uint8) as a plain matrix: row k = (c, i, j) holds that tap
+// for every output position, positions outside the image read the zero point. rows holds kp rows of lp (a multiple
+// of 16) bytes; the padding rows and columns stay zero.
+inline void im2col_u8(const cpu::ConvGeometry& g, const std::uint8_t* EMBER_RESTRICT xq, std::uint8_t zp,
+                      std::int64_t lp, std::uint8_t* EMBER_RESTRICT rows) {
+  for (std::int64_t c = 0; c < g.cg(); ++c)
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j) {
-        const std::int64_t k = (c * g.kh + i) * g.kw + j;
-        std::uint8_t* base = cols + (k / 4) * (4 * kBlock) + (k % 4);
+        std::uint8_t* row = rows + ((c * g.kh + i) * g.kw + j) * lp;
         const std::int64_t offy = i * g.dh - g.ph, offx = j * g.dw - g.pw;
-        std::int64_t p = 0;
-        for (std::int64_t oy = 0; oy < g.oh; ++oy) {
-          const std::int64_t iy = oy * g.sh + offy;
-          const bool row_in = iy >= 0 && iy < g.h;
-          const std::uint8_t* src = xq + (c * g.h + iy) * g.w;
-          for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) {
-            const std::int64_t ix = ox * g.sw + offx;
-            base[(p / kBlock) * kp * kBlock + (p % kBlock) * 4] = row_in && ix >= 0 && ix < g.w ? src[ix] : zp;
-          }
+        std::int64_t y0, y1, x0, x1;
+        cpu::detail::valid_range(g.h, g.sh, offy, g.oh, y0, y1);
+        cpu::detail::valid_range(g.w, g.sw, offx, g.ow, x0, x1);
+        std::memset(row, zp, std::size_t(y0 * g.ow));
+        for (std::int64_t oy = y0; oy < y1; ++oy) {
+          std::uint8_t* dst = row + oy * g.ow;
+          const std::uint8_t* src = xq + (c * g.h + oy * g.sh + offy) * g.w + offx;
+          std::memset(dst, zp, std::size_t(x0));
+          if (g.sw == 1) std::memcpy(dst + x0, src + x0, std::size_t(x1 - x0));
+          else
+            for (std::int64_t ox = x0; ox < x1; ++ox) dst[ox] = src[ox * g.sw];
+          std::memset(dst + x1, zp, std::size_t(g.ow - x1));
         }
+        std::memset(row + y1 * g.ow, zp, std::size_t((g.oh - y1) * g.ow));
       }
+}
+
+// rows (kp rows of lp bytes) into the GEMM's packed layout (cpu/qgemm.hpp): for each block of 16 positions and
+// group of 4 rows, the 16 positions' 4 bytes side by side (a 4 x 16 byte transpose).
+inline void pack_columns(const std::uint8_t* EMBER_RESTRICT rows, std::int64_t kp, std::int64_t lp,
+                         std::uint8_t* EMBER_RESTRICT out) {
+  using cpu::q::kBlock;
+  for (std::int64_t p0 = 0; p0 < lp; p0 += kBlock)
+    for (std::int64_t k = 0; k < kp; k += 4) {
+      const std::uint8_t* r = rows + k * lp + p0;
+      std::uint8_t* o = out + (p0 / kBlock) * kp * kBlock + k * kBlock;
+#if defined(__SSE2__)
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+      const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + lp));
+      const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * lp));
+      const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 3 * lp));
+      const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+      const __m128i c = _mm_unpacklo_epi8(r2, r3), d = _mm_unpackhi_epi8(r2, r3);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_unpacklo_epi16(a, c));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16), _mm_unpackhi_epi16(a, c));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm_unpacklo_epi16(b, d));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48), _mm_unpackhi_epi16(b, d));
+#else
+      for (std::int64_t l = 0; l < kBlock; ++l)
+        for (std::int64_t t = 0; t < 4; ++t) o[l * 4 + t] = r[t * lp + l];
+#endif
+    }
 }
 }  // namespace detail
 
@@ -257,14 +290,16 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   const std::int64_t splits = g.n * G >= threads ? 1 : std::min<std::int64_t>(threads, (og + 7) / 8);
   const std::int64_t per = (og + splits - 1) / splits;
   cpu::parallel_for(0, g.n * G * splits, 1, [&](std::int64_t t0, std::int64_t t1) {
-    std::vector<std::uint8_t> cols(std::size_t(cpu::q::packed_size(L, q.depth)), 0);
+    const std::int64_t lp = cpu::q::round_up(L, cpu::q::kBlock);
+    std::vector<std::uint8_t> plain(std::size_t(q.kp * lp), 0), cols(std::size_t(q.kp * lp));
     std::vector<std::int32_t> c(std::size_t(per * L));
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t img = t / (G * splits), grp = (t / splits) % G, part = t % splits;
       const std::int64_t o0 = part * per, o1 = std::min(og, o0 + per);
       if (o0 >= o1) continue;
-      detail::im2col_packed(g, xq.data() + img * chw + grp * g.cg() * g.h * g.w, std::uint8_t(q.zp_u8), q.kp,
-                            cols.data());
+      detail::im2col_u8(g, xq.data() + img * chw + grp * g.cg() * g.h * g.w, std::uint8_t(q.zp_u8), lp,
+                        plain.data());
+      detail::pack_columns(plain.data(), q.kp, lp, cols.data());
       const std::int64_t oc0 = grp * og + o0;
       cpu::q::gemm_raw(q.rows.data() + oc0 * q.kp, q.kp, o1 - o0, cols.data(), L, q.kp, c.data(), L, path);
       for (std::int64_t oc = oc0; oc < grp * og + o1; ++oc) {
