@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <ember/ember.hpp>
+#include <ember/quant/quantize.hpp>
 
 using namespace ember;  // as ember's users write it
 
@@ -80,8 +81,9 @@ void BM_MaxPool2dTrain(benchmark::State& state) {
 
 // Inference with the Fashion-MNIST CNN of examples/04 (conv-BN-ReLU-pool twice, then Linear), in eval mode under
 // InferenceMode, as images/s. range(0): 0 evaluates the model as trained, 1 after nn::fuse_conv_bn folded its two
-// BatchNorms into the convolutions, 2 with the ReLUs moved into the convolutions' epilogues too; range(1): the
-// batch size. The variants run side by side in one process.
+// BatchNorms into the convolutions, 2 with the ReLUs moved into the convolutions' epilogues too, 3 as 2 and then
+// quantized to int8 (quant::prepare, 8 calibration batches of 64 random images, quant::convert); range(1): the batch
+// size. The variants run side by side in one process.
 void BM_CnnInference(benchmark::State& state) {
   const std::int64_t variant = state.range(0);
   const std::int64_t n = state.range(1);
@@ -91,6 +93,12 @@ void BM_CnnInference(benchmark::State& state) {
                        nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(64 * 7 * 7, 10));
   model.eval();
   if (variant > 0) nn::fuse_conv_bn(model, {.activations = variant > 1});
+  if (variant > 2) {
+    quant::prepare(model);
+    InferenceMode im;
+    for (int i = 0; i < 8; ++i) (void)model(randn<float>({64, 1, 28, 28}));
+    quant::convert(model);
+  }
   const Tensor<float> x = randn<float>({n, 1, 28, 28});
   for (auto _ : state) {
     InferenceMode im;
@@ -100,7 +108,7 @@ void BM_CnnInference(benchmark::State& state) {
   state.counters["images/s"] = benchmark::Counter(double(n * state.iterations()), benchmark::Counter::kIsRate);
 }
 
-BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1, 2}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1, 2, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
