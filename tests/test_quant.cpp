@@ -241,55 +241,60 @@ TEST_CASE("quantized Linear equals the float math on dequantized operands and is
 }
 
 TEST_CASE("quantized Conv2d: stride, padding, dilation, groups, zero point padding, every path bit for bit") {
-  const Conv2dOptions o{.stride = {2, 1}, .padding = {1, 2}, .dilation = {1, 2}, .groups = 2};
-  const i64 N = 3, C = 4, H = 9, W = 8, O = 6, KH = 3, KW = 2;
-  const TF x = randn_f({N, C, H, W}, 21, 1.0, 0.7), w = randn_f({O, C / 2, KH, KW}, 22, 0.5),
-           bias = randn_f({O}, 23);
-  quant::Observer obs;
-  obs.observe(x.data(), x.numel());
-  quant::QuantizedLayer l;
-  l.conv = true;
-  l.name = "conv";
-  const i64 per = C / 2 * KH * KW;
-  const auto scales = quant::symmetric_scales(w.data(), O, per);
-  l.weight = empty<std::int8_t>(w.shape());
-  for (i64 i = 0; i < w.numel(); ++i)
-    l.weight.data()[i] = std::int8_t(std::nearbyint(w.data()[i] / scales[std::size_t(i / per)]));
-  l.weight_scale = empty<float>(Shape{O});
-  std::copy(scales.begin(), scales.end(), l.weight_scale.data());
-  l.bias = bias;
-  l.input = obs.qparams();
-  CHECK(l.input.zero_point > 0);  // the padding must read the zero point, not 0
-  l.act = cpu::Act::relu;
-  l.conv_options = o;
-  l.prepare();
-  const TF ref_float = ember::conv2d(x, w, bias, o);
-  const i64 oh = ref_float.size(2), ow = ref_float.size(3);
-  const auto y_ref = conv_ref(fake_quant_input(l, x), x.shape(), dequantized_weight(l), w.shape(), bias.data(), o, oh,
-                              ow);
-  TF first;
-  for (q::Path p : compiled_paths()) {
-    for (int threads : {1, 2}) {
-      cpu::set_num_threads(threads);
-      const TF y = quant::quantized_conv2d(l, x, p);
-      cpu::set_num_threads(2);
-      REQUIRE(y.shape() == ref_float.shape());
-      double worst = 0;
-      for (i64 i = 0; i < y.numel(); ++i)
-        worst = std::max(worst, std::abs(double(y.data()[i]) - act_ref(l.act, y_ref[std::size_t(i)])) /
-                                    (1 + std::abs(y_ref[std::size_t(i)])));
-      INFO("path ", std::string(q::path_name(p)), " threads ", threads);
-      CHECK(worst < 2e-6);
-      if (!first.defined()) first = y;
-      CHECK(max_diff(y, first) == 0);
+  // Stride 1 reads the padded planes directly; other strides copy the taps.
+  for (const Conv2dOptions o : {Conv2dOptions{.stride = {2, 1}, .padding = {1, 2}, .dilation = {1, 2}, .groups = 2},
+                                Conv2dOptions{.stride = 1, .padding = {2, 1}, .dilation = {2, 1}, .groups = 2},
+                                Conv2dOptions{.stride = 1, .padding = 0, .dilation = 1, .groups = 2}}) {
+    INFO("stride ", o.stride.str(), " padding ", o.padding.str(), " dilation ", o.dilation.str());
+    const i64 N = 3, C = 4, H = 9, W = 8, O = 6, KH = 3, KW = 2;
+    const TF x = randn_f({N, C, H, W}, 21, 1.0, 0.7), w = randn_f({O, C / 2, KH, KW}, 22, 0.5),
+             bias = randn_f({O}, 23);
+    quant::Observer obs;
+    obs.observe(x.data(), x.numel());
+    quant::QuantizedLayer l;
+    l.conv = true;
+    l.name = "conv";
+    const i64 per = C / 2 * KH * KW;
+    const auto scales = quant::symmetric_scales(w.data(), O, per);
+    l.weight = empty<std::int8_t>(w.shape());
+    for (i64 i = 0; i < w.numel(); ++i)
+      l.weight.data()[i] = std::int8_t(std::nearbyint(w.data()[i] / scales[std::size_t(i / per)]));
+    l.weight_scale = empty<float>(Shape{O});
+    std::copy(scales.begin(), scales.end(), l.weight_scale.data());
+    l.bias = bias;
+    l.input = obs.qparams();
+    CHECK(l.input.zero_point > 0);  // the padding must read the zero point, not 0
+    l.act = cpu::Act::relu;
+    l.conv_options = o;
+    l.prepare();
+    const TF ref_float = ember::conv2d(x, w, bias, o);
+    const i64 oh = ref_float.size(2), ow = ref_float.size(3);
+    const auto y_ref = conv_ref(fake_quant_input(l, x), x.shape(), dequantized_weight(l), w.shape(), bias.data(), o, oh,
+                                ow);
+    TF first;
+    for (q::Path p : compiled_paths()) {
+      for (int threads : {1, 2}) {
+        cpu::set_num_threads(threads);
+        const TF y = quant::quantized_conv2d(l, x, p);
+        cpu::set_num_threads(2);
+        REQUIRE(y.shape() == ref_float.shape());
+        double worst = 0;
+        for (i64 i = 0; i < y.numel(); ++i)
+          worst = std::max(worst, std::abs(double(y.data()[i]) - act_ref(l.act, y_ref[std::size_t(i)])) /
+                                      (1 + std::abs(y_ref[std::size_t(i)])));
+        INFO("path ", std::string(q::path_name(p)), " threads ", threads);
+        CHECK(worst < 2e-6);
+        if (!first.defined()) first = y;
+        CHECK(max_diff(y, first) == 0);
+      }
     }
+    // Against the float convolution: close, as quantized (a few % of the output range).
+    const TF yq = quant::quantized_conv2d(l, x), yf = relu(ref_float);
+    CHECK(max_diff(yq, yf) < 0.05 * max_abs(yf));
+    CHECK(max_diff(yq, yf) > 0);
+    // Unbatched input.
+    CHECK(max_diff(quant::quantized_conv2d(l, x.select(0, 1)), quant::quantized_conv2d(l, x).select(0, 1)) == 0);
   }
-  // Against the float convolution: close, as quantized (a few % of the output range).
-  const TF yq = quant::quantized_conv2d(l, x), yf = relu(ref_float);
-  CHECK(max_diff(yq, yf) < 0.05 * max_abs(yf));
-  CHECK(max_diff(yq, yf) > 0);
-  // Unbatched input.
-  CHECK(max_diff(quant::quantized_conv2d(l, x.select(0, 1)), quant::quantized_conv2d(l, x).select(0, 1)) == 0);
 }
 
 TEST_CASE("prepare, calibrate, convert a folded model; save and load give the same outputs") {

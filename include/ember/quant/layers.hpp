@@ -27,7 +27,7 @@
 #include "ember/ops/window.hpp"
 #include "ember/quant/observer.hpp"
 
-#if defined(__SSE2__)
+#if defined(__SSE2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -111,8 +111,25 @@ struct QuantizedLayer {
 namespace detail {
 
 /// q[i] = clamp(round(x[i] · inv) + zp, 0, 255); returns whether x held a NaN.
-EMBER_VECTORIZE inline bool quantize_u8(const float* EMBER_RESTRICT x, std::int64_t n, float inv, float zp,
-                                        std::uint8_t* EMBER_RESTRICT q) {
+inline bool quantize_u8(const float* EMBER_RESTRICT x, std::int64_t n, float inv, float zp,
+                        std::uint8_t* EMBER_RESTRICT q) {
+#if defined(__AVX512F__)
+  // Rows are short (a feature map's width): whole vectors and one masked tail, no scalar loop.
+  const __m512 vinv = _mm512_set1_ps(inv), vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(),
+               hi = _mm512_set1_ps(255.0f);
+  __mmask16 nan = 0;
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    // (the maskz forms: GCC 12 warns on the unmasked ones' undefined pass-through operand)
+    __m512 r = _mm512_maskz_roundscale_ps(m, _mm512_maskz_mul_ps(m, v, vinv),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_maskz_min_ps(m, _mm512_maskz_max_ps(m, _mm512_maskz_add_ps(m, r, vzp), lo), hi);
+    _mm512_mask_cvtusepi32_storeu_epi8(q + i, m, _mm512_maskz_cvtps_epu32(m, r));
+  }
+  return nan != 0;
+#else
   int nan = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -121,12 +138,28 @@ EMBER_VECTORIZE inline bool quantize_u8(const float* EMBER_RESTRICT x, std::int6
     q[i] = std::uint8_t(std::min(255.0f, std::max(0.0f, r)));
   }
   return nan != 0;
+#endif
 }
 
-/// y[j] = float(c[j] + off) · s + b for j < n, then the activation.
-EMBER_VECTORIZE inline void dequantize_row(const std::int32_t* EMBER_RESTRICT c, std::int64_t n, std::int32_t off,
-                                           float s, float b, float* EMBER_RESTRICT y) {
-  for (std::int64_t j = 0; j < n; ++j) y[j] = float(c[j] + off) * s + b;
+/// y[j] = float(c[j] + off) · s + b for j < n, then max(·, 0) when relu.
+inline void dequantize_row(const std::int32_t* EMBER_RESTRICT c, std::int64_t n, std::int32_t off, float s, float b,
+                           bool relu, float* EMBER_RESTRICT y) {
+#if defined(__AVX512F__)
+  const __m512i voff = _mm512_set1_epi32(off);
+  const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b), zero = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
+    const __m512i v = _mm512_add_epi32(_mm512_maskz_loadu_epi32(m, c + j), voff);
+    __m512 r = _mm512_maskz_fmadd_ps(m, _mm512_maskz_cvtepi32_ps(m, v), vs, vb);
+    if (relu) r = _mm512_maskz_max_ps(m, r, zero);
+    _mm512_mask_storeu_ps(y + j, m, r);
+  }
+#else
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float r = float(c[j] + off) * s + b;
+    y[j] = relu ? std::max(r, 0.0f) : r;
+  }
+#endif
 }
 EMBER_VECTORIZE inline void dequantize_cols(const std::int32_t* EMBER_RESTRICT c, std::int64_t n,
                                             const std::int32_t* EMBER_RESTRICT off, const float* EMBER_RESTRICT s,
@@ -183,47 +216,20 @@ inline Tensor<float> quantized_linear(const QuantizedLayer& q, const Tensor<floa
 }
 
 namespace detail {
-// The columns of one image's group (cg channels of xq, uint8) as a plain matrix: row k = (c, i, j) holds that tap
-// for every output position, positions outside the image read the zero point. rows holds kp rows of lp (a multiple
-// of 16) bytes; the padding rows and columns stay zero.
-inline void im2col_u8(const cpu::ConvGeometry& g, const std::uint8_t* EMBER_RESTRICT xq, std::uint8_t zp,
-                      std::int64_t lp, std::uint8_t* EMBER_RESTRICT rows) {
-  for (std::int64_t c = 0; c < g.cg(); ++c)
-    for (std::int64_t i = 0; i < g.kh; ++i)
-      for (std::int64_t j = 0; j < g.kw; ++j) {
-        std::uint8_t* row = rows + ((c * g.kh + i) * g.kw + j) * lp;
-        const std::int64_t offy = i * g.dh - g.ph, offx = j * g.dw - g.pw;
-        std::int64_t y0, y1, x0, x1;
-        cpu::detail::valid_range(g.h, g.sh, offy, g.oh, y0, y1);
-        cpu::detail::valid_range(g.w, g.sw, offx, g.ow, x0, x1);
-        std::memset(row, zp, std::size_t(y0 * g.ow));
-        for (std::int64_t oy = y0; oy < y1; ++oy) {
-          std::uint8_t* dst = row + oy * g.ow;
-          const std::uint8_t* src = xq + (c * g.h + oy * g.sh + offy) * g.w + offx;
-          std::memset(dst, zp, std::size_t(x0));
-          if (g.sw == 1) std::memcpy(dst + x0, src + x0, std::size_t(x1 - x0));
-          else
-            for (std::int64_t ox = x0; ox < x1; ++ox) dst[ox] = src[ox * g.sw];
-          std::memset(dst + x1, zp, std::size_t(g.ow - x1));
-        }
-        std::memset(row + y1 * g.ow, zp, std::size_t((g.oh - y1) * g.ow));
-      }
-}
-
-// rows (kp rows of lp bytes) into the GEMM's packed layout (cpu/qgemm.hpp): for each block of 16 positions and
-// group of 4 rows, the 16 positions' 4 bytes side by side (a 4 x 16 byte transpose).
-inline void pack_columns(const std::uint8_t* EMBER_RESTRICT rows, std::int64_t kp, std::int64_t lp,
+// The GEMM's packed columns (cpu/qgemm.hpp) from kp rows of bytes: rows[k] points at row k's first position, rows
+// past the depth at zeros, and each is readable for lp (a multiple of 16) positions. For each block of 16 positions
+// and group of 4 rows, the 16 positions' 4 bytes go side by side: a 4 x 16 byte transpose.
+inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::int64_t lp,
                          std::uint8_t* EMBER_RESTRICT out) {
   using cpu::q::kBlock;
   for (std::int64_t p0 = 0; p0 < lp; p0 += kBlock)
     for (std::int64_t k = 0; k < kp; k += 4) {
-      const std::uint8_t* r = rows + k * lp + p0;
       std::uint8_t* o = out + (p0 / kBlock) * kp * kBlock + k * kBlock;
 #if defined(__SSE2__)
-      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
-      const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + lp));
-      const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * lp));
-      const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 3 * lp));
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k] + p0));
+      const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 1] + p0));
+      const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 2] + p0));
+      const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 3] + p0));
       const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
       const __m128i c = _mm_unpacklo_epi8(r2, r3), d = _mm_unpackhi_epi8(r2, r3);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_unpacklo_epi16(a, c));
@@ -232,7 +238,7 @@ inline void pack_columns(const std::uint8_t* EMBER_RESTRICT rows, std::int64_t k
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48), _mm_unpackhi_epi16(b, d));
 #else
       for (std::int64_t l = 0; l < kBlock; ++l)
-        for (std::int64_t t = 0; t < 4; ++t) o[l * 4 + t] = r[t * lp + l];
+        for (std::int64_t t = 0; t < 4; ++t) o[l * 4 + t] = rows[k + t][p0 + l];
 #endif
     }
 }
@@ -269,19 +275,33 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
               " is larger than the padded input (input ", x.shape().str(), ", padding ", o.padding.str(), ")");
   g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
   g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
-  const std::int64_t L = g.l(), chw = g.c * g.h * g.w, og = g.og();
+  const std::int64_t L = g.l(), og = g.og();
 
-  // The whole input quantized once.
+  // The whole input quantized once, into planes padded with the zero point (the value of a padded 0.0), so the
+  // columns need no bounds checks. Each plane is (H + 2ph) x (W + 2pw); `slack` bytes follow the last one.
+  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, plane = hp * wp;
+  const std::int64_t slack = (g.kw - 1) * g.dw + 2 * cpu::q::kBlock;
   const Tensor<float> xc = x.contiguous();
-  std::vector<std::uint8_t> xq(std::size_t(g.n * chw));
+  std::vector<std::uint8_t> xq(std::size_t(g.n * g.c * plane + slack), std::uint8_t(q.zp_u8));
   const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
   std::atomic<bool> saw_nan{false};
   cpu::parallel_for(0, g.n * g.c, 8, [&](std::int64_t r0, std::int64_t r1) {
-    const std::int64_t hw = g.h * g.w;
-    if (detail::quantize_u8(xc.data() + r0 * hw, (r1 - r0) * hw, inv, zp, xq.data() + r0 * hw)) saw_nan = true;
+    bool bad = false;
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t i = 0; i < g.h; ++i)
+        bad |= detail::quantize_u8(xc.data() + (r * g.h + i) * g.w, g.w, inv, zp,
+                                   xq.data() + r * plane + (i + g.ph) * wp + g.pw);
+    if (bad) saw_nan = true;
   });
   if (saw_nan) detail::nan_input(q, x, op);
 
+  // With stride 1 the columns are the padded planes themselves: tap (c, i, j) for output position (oy, ox) is byte
+  // (oy + i·dh)·wp + ox + j·dw of plane c, so over "virtual" positions oy·wp + ox (ox < wp; the wp - ow extra ones
+  // are computed and dropped) each tap's row is one contiguous run. Other strides copy the taps first.
+  const bool direct = g.sh == 1 && g.sw == 1;
+  const std::int64_t lv = direct ? g.oh * wp : L;  // positions the GEMM computes
+  const std::int64_t row_stride = direct ? wp : g.ow;
+  const std::int64_t lp = cpu::q::round_up(lv, cpu::q::kBlock);
   Tensor<float> y = empty<float>(Shape{g.n, g.o, g.oh, g.ow});
   const Tensor<float> b = q.bias.contiguous();
   // Tasks: (image, group, block of output channels). With fewer images and groups than threads, the output
@@ -289,24 +309,42 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   const std::int64_t threads = cpu::get_num_threads();
   const std::int64_t splits = g.n * G >= threads ? 1 : std::min<std::int64_t>(threads, (og + 7) / 8);
   const std::int64_t per = (og + splits - 1) / splits;
+  const std::int64_t K = q.depth;
   cpu::parallel_for(0, g.n * G * splits, 1, [&](std::int64_t t0, std::int64_t t1) {
-    const std::int64_t lp = cpu::q::round_up(L, cpu::q::kBlock);
-    std::vector<std::uint8_t> plain(std::size_t(q.kp * lp), 0), cols(std::size_t(q.kp * lp));
-    std::vector<std::int32_t> c(std::size_t(per * L));
+    std::vector<std::uint8_t> zeros(std::size_t(lp), 0), plain(direct ? 0 : std::size_t(K * lp), 0),
+        cols(std::size_t(q.kp * lp));
+    std::vector<const std::uint8_t*> rows(std::size_t(q.kp), zeros.data());
+    std::vector<std::int32_t> c(std::size_t(per * lv));
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t img = t / (G * splits), grp = (t / splits) % G, part = t % splits;
       const std::int64_t o0 = part * per, o1 = std::min(og, o0 + per);
       if (o0 >= o1) continue;
-      detail::im2col_u8(g, xq.data() + img * chw + grp * g.cg() * g.h * g.w, std::uint8_t(q.zp_u8), lp,
-                        plain.data());
-      detail::pack_columns(plain.data(), q.kp, lp, cols.data());
+      const std::uint8_t* planes = xq.data() + (img * g.c + grp * g.cg()) * plane;
+      for (std::int64_t ch = 0; ch < g.cg(); ++ch)
+        for (std::int64_t i = 0; i < g.kh; ++i)
+          for (std::int64_t j = 0; j < g.kw; ++j) {
+            const std::int64_t k = (ch * g.kh + i) * g.kw + j;
+            const std::uint8_t* tap = planes + ch * plane + i * g.dh * wp + j * g.dw;
+            if (direct) {
+              rows[std::size_t(k)] = tap;
+              continue;
+            }
+            std::uint8_t* dst = plain.data() + k * lp;
+            for (std::int64_t oy = 0; oy < g.oh; ++oy)
+              for (std::int64_t ox = 0; ox < g.ow; ++ox) dst[oy * g.ow + ox] = tap[oy * g.sh * wp + ox * g.sw];
+            rows[std::size_t(k)] = dst;
+          }
+      detail::pack_columns(rows.data(), q.kp, lp, cols.data());
       const std::int64_t oc0 = grp * og + o0;
-      cpu::q::gemm_raw(q.rows.data() + oc0 * q.kp, q.kp, o1 - o0, cols.data(), L, q.kp, c.data(), L, path);
+      cpu::q::gemm_raw(q.rows.data() + oc0 * q.kp, q.kp, o1 - o0, cols.data(), lv, q.kp, c.data(), lv, path);
       for (std::int64_t oc = oc0; oc < grp * og + o1; ++oc) {
         float* yr = y.data() + (img * g.o + oc) * L;
-        detail::dequantize_row(c.data() + (oc - oc0) * L, L, q.zp_offset[std::size_t(oc)],
-                               q.out_scale[std::size_t(oc)], b.data()[oc], yr);
-        cpu::act_(yr, L, q.act);
+        const std::int32_t* cr = c.data() + (oc - oc0) * lv;
+        const bool relu = q.act == cpu::Act::relu;  // applied in the same pass; the others after it
+        for (std::int64_t oy = 0; oy < g.oh; ++oy)
+          detail::dequantize_row(cr + oy * row_stride, g.ow, q.zp_offset[std::size_t(oc)],
+                                 q.out_scale[std::size_t(oc)], b.data()[oc], relu, yr + oy * g.ow);
+        if (!relu) cpu::act_(yr, L, q.act);
       }
     }
   });
