@@ -1,7 +1,8 @@
 // ember example 7: fast inference for the CNN example 04 trained. It loads the saved weights, then evaluates the
 // model three ways on the Fashion-MNIST test set, each at batch 64 and batch 1:
 //   fp32          the trained model in eval mode under InferenceMode;
-//   folded fp32   BatchNorm folded into the convolutions and ReLU moved into their epilogues (nn::fuse_modules);
+//   folded fp32   BatchNorm folded into the convolutions, ReLU and max pool moved into their epilogues
+//                 (nn::fuse_modules);
 //   int8          the folded model quantized after calibration on training batches (quant::prepare / convert):
 //                 int8 weights per output channel, each layer's input per tensor, int8 GEMMs with int32 sums.
 // and saves the int8 model (then loads it back into a fresh model and checks the logits are identical).
@@ -97,7 +98,7 @@ void load_weights(Model& m, const std::string& path) {
   m.load_state_dict(sd);
 }
 
-void fold(Model& m) { nn::fuse_modules(m, {{"conv1", "bn1", "relu1"}, {"conv2", "bn2", "relu2"}}); }
+void fold(Model& m) { nn::fuse_modules(m, {{"conv1", "bn1", "relu1", "pool1"}, {"conv2", "bn2", "relu2", "pool2"}}); }
 
 void run(const Args& a) {
   data::FashionMNIST train_set(data::Split::Train, a.root), test_set(data::Split::Test, a.root);

@@ -702,7 +702,9 @@ TEST_CASE("fused activations: Conv2d/Linear epilogues equal the unfused ops bit 
                                          "ReLU, GELU or SiLU module"),
                        Error);
   CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv", "bn", "relu", "fc"}}),
-                       doctest::Contains("a group names 2 or 3 modules (layer, batchnorm, activation), got 4"), Error);
+                       doctest::Contains("fuse_modules: cannot fuse 'conv', 'bn', 'relu', 'fc': a group is a layer "
+                                         "followed by a BatchNorm, an activation and a MaxPool2d"),
+                       Error);
   {
     // One ReLU module after two convolutions, named in both groups: both convolutions apply it.
     struct Shared : nn::Module {
@@ -729,4 +731,82 @@ TEST_CASE("fused activations: Conv2d/Linear epilogues equal the unfused ops bit 
   CHECK(cpu::Act(net.fc.fused_activation()) == cpu::Act::silu);
   CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "silu"}}),
                        doctest::Contains("cannot fuse 'fc', 'silu': 'silu' was already fused into the layer before it"), Error);
+}
+
+TEST_CASE("fused 2x2 max pools: the conv epilogue pools bit for bit, training through the model stays exact") {
+  // ops level: odd and even output sizes, every activation, float and bfloat16.
+  for (const Shape& xs : {Shape{3, 4, 9, 7}, Shape{2, 4, 8, 8}}) {
+    const TF x = to_float(normal(xs, 101)), w = to_float(normal({6, 4, 3, 3}, 102)), b = to_float(normal({6}, 103));
+    const Conv2dOptions co{.padding = 1};
+    NoGradGuard ng;
+    for (auto act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu, cpu::Act::silu}) {
+      INFO("act " << std::string(cpu::act_name(act)) << " input " << xs.str());
+      CHECK(rel_diff(ops::conv2d(x, w, b, co, act, true), max_pool2d(ops::conv2d(x, w, b, co, act), 2)) == 0);
+      using B = bfloat16;
+      const Tensor<B> xb = cast<B>(x), wb = cast<B>(w), bb = cast<B>(b);
+      CHECK(rel_diff(cast<float>(ops::conv2d(xb, wb, bb, co, act, true)),
+                     cast<float>(max_pool2d(ops::conv2d(xb, wb, bb, co, act), 2))) == 0);
+    }
+  }
+  // Module level: conv-BN-ReLU-pool twice; fuse_conv_bn moves both pools, the MaxPool2d(3) stays.
+  auto make = [] {
+    manual_seed(11);
+    return nn::Sequential(nn::Conv2d(2, 6, 3, {.padding = 1}), nn::BatchNorm2d(6), nn::ReLU(), nn::MaxPool2d(2),
+                          nn::Conv2d(6, 4, 3, {.padding = 1, .bias = false}), nn::MaxPool2d(2), nn::MaxPool2d(3),
+                          nn::Flatten(), nn::Linear(4, 3));
+  };
+  nn::Sequential ref = make(), fused = make(), unpooled = make();
+  for (auto* m : {&ref, &fused, &unpooled}) m->eval();
+  const TF x = to_float(normal({5, 2, 13, 12}, 104));
+  const TF want = ref(x);
+  CHECK(nn::fuse_conv_bn(fused) == 2);
+  CHECK(nn::fuse_conv_bn(unpooled, {.pools = false}) == 1);
+  std::ostringstream os;
+  os << fused;
+  CHECK(os.str().find("(3): Identity()") != std::string::npos);
+  CHECK(os.str().find("(5): Identity()") != std::string::npos);
+  CHECK(os.str().find("(6): MaxPool2d") != std::string::npos);
+  {
+    InferenceMode g;
+    CHECK(rel_diff(fused(x), want) < 1e-5);
+    CHECK(rel_diff(fused(x), unpooled(x)) == 0);  // the pool in the epilogue changes no bit
+  }
+  // With autograd the layers run unfused and the folded modules apply their ops: same loss, same gradients.
+  const TF lf = sum(fused(x) * fused(x)), lu = sum(unpooled(x) * unpooled(x));
+  CHECK(rel_diff(lf, lu) == 0);
+  lf.backward();
+  lu.backward();
+  const auto gf = fused.named_parameters(), gu = unpooled.named_parameters();
+  REQUIRE(gf.size() == gu.size());
+  for (std::size_t i = 0; i < gf.size(); ++i) CHECK(rel_diff(gf[i].second.grad(), gu[i].second.grad()) == 0);
+
+  // Named groups of four; a pool that is not 2x2, or after a Linear, is refused.
+  struct Net : nn::Module {
+    nn::Conv2d conv{2, 3, 3};
+    nn::BatchNorm2d bn{3};
+    nn::ReLU relu;
+    nn::MaxPool2d pool{2}, pool3{3};
+    nn::Linear fc{4, 4};
+    Net() : nn::Module("Net") {
+      register_module("conv", conv);
+      register_module("bn", bn);
+      register_module("relu", relu);
+      register_module("pool", pool);
+      register_module("pool3", pool3);
+      register_module("fc", fc);
+    }
+  };
+  Net net;
+  net.eval();
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv", "bn", "relu", "pool3"}}),
+                       doctest::Contains("expected a MaxPool2d with kernel 2, stride 2"), Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "pool"}}),
+                       doctest::Contains("only a Conv2d takes a max pool in its epilogue"), Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv", "pool", "relu"}}), doctest::Contains("cannot fold 'pool'"),
+                       Error);
+  CHECK(!net.conv.fused_pool());
+  nn::fuse_modules(net, {{"conv", "bn", "relu", "pool"}});
+  CHECK(net.conv.fused_pool());
+  CHECK(net.conv.fused_activation() == static_cast<unsigned char>(cpu::Act::relu));
+  CHECK(net.pool.folded());
 }

@@ -294,6 +294,18 @@ TEST_CASE("quantized Conv2d: stride, padding, dilation, groups, zero point paddi
     CHECK(max_diff(yq, yf) > 0);
     // Unbatched input.
     CHECK(max_diff(quant::quantized_conv2d(l, x.select(0, 1)), quant::quantized_conv2d(l, x).select(0, 1)) == 0);
+    // A fused 2x2 max pool equals pooling the output: int32 sums pooled first (none, relu) or after (gelu), odd
+    // output sizes included.
+    for (auto act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu}) {
+      quant::QuantizedLayer plain = l, pooled = l;
+      plain.act = pooled.act = act;
+      pooled.pool = true;
+      plain.prepare();
+      pooled.prepare();
+      const TF want = max_pool2d(quant::quantized_conv2d(plain, x), 2), got = quant::quantized_conv2d(pooled, x);
+      INFO("act ", std::string(cpu::act_name(act)), " output ", ref_float.shape().str());
+      CHECK(max_diff(got, want) == 0);
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/gemm.hpp"
+#include "ember/cpu/pool.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
 namespace ember::cpu {
@@ -146,14 +147,23 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 }  // namespace detail
 
 /// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null)). All contiguous.
-/// The activation is applied to each image's output right after its GEMMs, while it is in cache.
+/// The activation is applied to each image's output right after its GEMMs, while it is in cache. With pool2, y is
+/// (N, O, oh/2, ow/2): a 2x2 max pool (stride 2, floor) of that output, taken while it is in cache too.
 template <class T>
-void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none) {
+void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
+                    bool pool2 = false) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
-  Tensor<T> ws;
+  Tensor<T> ws, pre;
   if (!direct) ws = empty<T>(Shape{tasks, K * L});
+  if (pool2) pre = empty<T>(Shape{tasks, g.o * L});  // each image's output before the pool
+  PoolGeometry pg;
+  pg.h = g.oh;
+  pg.w = g.ow;
+  pg.oh = g.oh / 2;
+  pg.ow = g.ow / 2;
+  const std::int64_t yl = pool2 ? pg.oh * pg.ow : L;  // y's plane size
   // Each group's weights are packed for the GEMM once, not once per image.
   std::vector<PackedA<T>> wp;
   wp.reserve(std::size_t(g.groups));
@@ -165,7 +175,7 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
     T* cols = direct ? nullptr : ws.data() + t * K * L;
     for (std::int64_t i = i0; i < i1; ++i) {
       const T* xi = x + i * g.c * g.h * g.w;
-      T* yi = y + i * g.o * L;
+      T* yi = pool2 ? pre.data() + t * g.o * L : y + i * g.o * L;
       if (!direct) detail::im2col(g, xi, cols);
       const T* src = direct ? xi : cols;
       if (bias_first && b)
@@ -177,6 +187,9 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
       } else {
         act_(yi, g.o * L, act);
       }
+      if (pool2)
+        for (std::int64_t oc = 0; oc < g.o; ++oc)
+          detail::max_pool_plane_2x2<T, false>(pg, yi + oc * L, y + (i * g.o + oc) * yl, nullptr);
     }
   });
 }

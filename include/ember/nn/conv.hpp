@@ -14,6 +14,7 @@
 #include "ember/nn/module.hpp"
 #include "ember/ops/conv.hpp"
 #include "ember/ops/window.hpp"
+#include "ember/autograd/pool.hpp"
 
 namespace ember::nn {
 
@@ -74,9 +75,14 @@ class Conv2dT : public Module {
     // An activation moved into this layer runs in the convolution's epilogue when nothing needs a gradient (see
     // nn/detail/fused_act.hpp for the other case).
     const auto act = cpu::Act(fused_activation());
-    if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
-      if (x.dim() == 3) return ops::conv2d(x.unsqueeze(0), wc, bc, co, act).squeeze(0);  // unbatched
-      return ops::conv2d(x, wc, bc, co, act);
+    const bool pool = fused_pool();
+    if ((act != cpu::Act::none || pool) && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
+      auto run = [&](const Tensor<compute_t>& x4) -> Tensor<compute_t> {
+        if (!pool || x4.device().is_cpu()) return ops::conv2d(x4, wc, bc, co, act, pool);
+        return max_pool2d(ops::conv2d(x4, wc, bc, co, act), 2);  // the pool as its own op off the CPU
+      };
+      if (x.dim() == 3) return run(x.unsqueeze(0)).squeeze(0);  // unbatched
+      return run(x);
     }
     return ember::conv2d(x, wc, bc, co);
   }

@@ -7,18 +7,21 @@
 // Conv2d -> BatchNorm2d and Linear -> BatchNorm1d are folded (the Linear's input is (N, features), so its output
 // channels are BatchNorm1d's). A ReLU, GELU or SiLU module right after the layer (or after its BatchNorm) moves into
 // the layer: when nothing needs a gradient it is applied in the GEMM's epilogue (each image's or row block's output
-// while it is in cache), otherwise as a separate fused op, so training through a fused model stays exact.
+// while it is in cache), otherwise as a separate fused op, so training through a fused model stays exact. A 2x2
+// max pool (MaxPool2d(2)) right after a Conv2d's last folded module moves into the convolution the same way: each
+// image's output is pooled while it is in cache instead of in a pass over the whole batch's output (ember's own
+// fusion; PyTorch's fuse_modules stops at the activation).
 // The model is changed in place:
 //   - the layer's weight is rewritten in its own memory (every handle of the module sees it); a layer built without
 //     bias gains a registered parameter "bias" (its forward uses it, and state_dict() lists it);
-//   - the BatchNorm and the activation become identities (they print as Identity() and hold no state), as after
+//   - the BatchNorm, the activation and the pool become identities (they print as Identity() and hold no state), as after
 //     PyTorch's torch.ao.quantization.fuse_modules.
 // So the folded model's state_dict() loads back into a model that was folded the same way. To keep the unfolded
 // model, build a second instance, load_state_dict(model.state_dict()) into it and fold that one.
 //
 //   model.eval();
 //   nn::fuse_conv_bn(model);                                          // every group inside an nn::Sequential
-//   nn::fuse_modules(net, {{"conv1", "bn1", "relu1"}, {"fc", "act"}}); // named groups in any module
+//   nn::fuse_modules(net, {{"conv1", "bn1", "relu1", "pool1"}, {"fc", "act"}}); // named groups in any module
 #pragma once
 
 #include <algorithm>
@@ -43,22 +46,26 @@ namespace ember::nn {
 struct FuseOptions {
   /// Also move a ReLU / GELU / SiLU module that follows a layer (or its BatchNorm) into the layer.
   bool activations = true;
+  /// Also move a 2x2 max pool (MaxPool2d(2): stride 2, no padding, floor) that follows a Conv2d (after its
+  /// BatchNorm and activation, when those fold) into the convolution's epilogue.
+  bool pools = true;
 };
 
 /// Folds every Conv2d -> BatchNorm2d and Linear -> BatchNorm1d pair that follow each other in an nn::Sequential
 /// anywhere in `model` (nested Sequentials included), and moves a ReLU / GELU / SiLU module that follows such a
-/// layer (with or without a BatchNorm between) into it. Returns the number of layers changed. Folding a BatchNorm
-/// needs evaluation mode.
+/// layer (with or without a BatchNorm between) into it, and a 2x2 max pool after a Conv2d's last folded module.
+/// Returns the number of layers changed. Folding a BatchNorm needs evaluation mode.
 EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o = {});
 
 /// Fuses named groups, each by dotted paths in `model` as in its state_dict, as PyTorch's fuse_modules:
-/// {layer, batchnorm}, {layer, batchnorm, activation} or {layer, activation}, where the layer is a Conv2d (with a
-/// BatchNorm2d) or a Linear (with a BatchNorm1d) and the activation a ReLU, GELU or SiLU module. Every group is
+/// {layer, [batchnorm], [activation], [max pool]} with at least one of the optional modules, in that order, where
+/// the layer is a Conv2d (with a BatchNorm2d) or a Linear (with a BatchNorm1d), the activation a ReLU, GELU or SiLU
+/// module and the pool a MaxPool2d(2) (Conv2d only; kernel 2, stride 2, no padding, floor). Every group is
 /// checked before anything changes: the kinds, evaluation mode, running statistics, channel counts, and, inside an
 /// nn::Sequential, that the group's modules follow each other. In other modules the forward decides the order,
 /// which ember cannot see: as with PyTorch, naming a group asserts each module is applied directly to the output
 /// of the one before it. An activation module used after several layers (one shared ReLU) must be named in the group
-/// of each of them: once fused it passes through whatever it is given outside autograd.
+/// of each of them (a shared MaxPool2d likewise): once fused it passes through whatever it is given outside autograd.
 EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vector<std::string>>& groups);
 
 namespace detail {
@@ -69,6 +76,8 @@ struct FoldSite {
   ModuleState* act = nullptr;  // null: no activation to move
   std::string layer_name, bn_name, act_name;
   cpu::Act act_kind = cpu::Act::none;  // what act is, read before any group is folded (it may be shared)
+  ModuleState* pool = nullptr;  // null: no max pool to move
+  std::string pool_name;
 };
 
 /// The cpu::Act of an activation module's state, or none when it is not one ember can fuse.
@@ -81,6 +90,13 @@ inline cpu::Act act_of(const ModuleState& s) {
       if (n == "approximate") return v != 0 ? cpu::Act::gelu_tanh : cpu::Act::gelu;
   }
   return cpu::Act::none;
+}
+/// A MaxPool2d that a Conv2d's epilogue can take: 2x2, stride 2, no padding or dilation, floor.
+inline bool is_pool2x2(const ModuleState& s) {
+  if (s.folded || s.type_name != "MaxPool2d") return false;
+  for (const auto& [n, v] : s.settings)
+    if (n == "pool2x2") return v != 0;
+  return false;
 }
 inline bool is_fusable_layer(const ModuleState& s) { return s.type_name == "Conv2d" || s.type_name == "Linear"; }
 inline bool is_bn_for(const ModuleState& layer, const ModuleState& bn) {
@@ -142,6 +158,14 @@ EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vect
 
 EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op) {
   const ModuleState& l = *f.layer;
+  if (f.pool) {
+    const std::string what = std::string(op) + ": cannot move '" + f.pool_name + "' (" + f.pool->type_name +
+                             ") into '" + f.layer_name + "' (" + l.type_name + ")";
+    EMBER_CHECK(l.type_name == "Conv2d", what, ": only a Conv2d takes a max pool in its epilogue");
+    EMBER_CHECK(is_pool2x2(*f.pool), what, ": expected a MaxPool2d with kernel 2, stride 2, no padding or dilation "
+                "and floor mode", f.pool->folded ? " (this one was already fused)" : "");
+    EMBER_CHECK(!l.pool, what, ": the layer already takes a max pool");
+  }
   if (f.act) {
     const std::string what = std::string(op) + ": cannot move '" + f.act_name + "' (" + f.act->type_name + ") into '" +
                              f.layer_name + "' (" + l.type_name + ")";
@@ -191,6 +215,10 @@ inline void make_identity(ModuleState& s) {
 
 EMBER_HEADER_INLINE void fold(const FoldSite& f) {
   ModuleState& l = *f.layer;
+  if (f.pool) {
+    l.pool = true;
+    make_identity(*f.pool);
+  }
   if (f.act) {
     l.activation = static_cast<unsigned char>(f.act_kind);
     make_identity(*f.act);
@@ -254,7 +282,7 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
       for (std::size_t i = 0; i < ch.size(); ++i) {
         detail::ModuleState& l = *ch[i].second;
         if (!detail::is_fusable_layer(l)) continue;
-        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", "", cpu::Act::none};
+        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", "", cpu::Act::none, nullptr, ""};
         std::size_t j = i + 1;
         if (j < ch.size() && detail::is_bn_for(l, *ch[j].second) && !ch[j].second->folded) {
           f.bn = ch[j].second.get();
@@ -265,8 +293,15 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
           f.act = ch[j].second.get();
           f.act_name = prefix + ch[j].first;
           f.act_kind = detail::act_of(*f.act);
+          ++j;
         }
-        if (f.bn || f.act) sites.push_back(f);
+        // A pool right after the layer's last folded module (an activation left in place stays between them).
+        if (o.pools && l.type_name == "Conv2d" && !l.pool && j < ch.size() &&
+            detail::is_pool2x2(*ch[j].second)) {
+          f.pool = ch[j].second.get();
+          f.pool_name = prefix + ch[j].first;
+        }
+        if (f.bn || f.act || f.pool) sites.push_back(f);
       }
     }
     for (auto& [n, c] : s.children) self(self, *c, prefix + n + ".");
@@ -306,8 +341,8 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
   for (const auto& g : groups) {
     std::string listed;
     for (const auto& n : g) listed += (listed.empty() ? "'" : ", '") + n + "'";
-    EMBER_CHECK(g.size() == 2 || g.size() == 3, "fuse_modules: a group names 2 or 3 modules (layer, batchnorm, "
-                "activation), got ", g.size(), " (", listed, ")");
+    EMBER_CHECK(g.size() >= 2 && g.size() <= 4, "fuse_modules: a group names 2 to 4 modules (layer, batchnorm, "
+                "activation, max pool), got ", g.size(), " (", listed, ")");
     std::vector<Found> m;
     for (const auto& n : g) m.push_back(find(n));
     for (std::size_t i = 1; i < m.size(); ++i)
@@ -320,24 +355,34 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
                   "fuse_modules: cannot fuse ", listed, ": in an nn::Sequential '", g[i],
                   "' must come directly after '", g[i - 1], "'");
     }
-    // {layer, bn, act}; {layer, x}: x is the BatchNorm unless it is an activation module.
-    const bool second_is_act = g.size() == 2 && detail::act_of(*m[1].s) != cpu::Act::none;
-    // A layer or a BatchNorm belongs to one group; an activation module may follow several layers (one ReLU module
-    // used after each of them), and then every one of those layers must name it.
-    const std::size_t owned = g.size() == 3 || second_is_act ? m.size() - 1 : m.size();
+    // {layer, [bn], [act], [pool]}: a trailing MaxPool2d is the pool; of the rest after the layer, two are the
+    // BatchNorm and the activation, one is the activation when it is an activation module, else the BatchNorm.
+    const bool has_pool = m.back().s->type_name == "MaxPool2d";
+    const std::size_t end = m.size() - (has_pool ? 1 : 0), rest = end - 1;
+    EMBER_CHECK(rest <= 2, "fuse_modules: cannot fuse ", listed, ": a group is a layer followed by a BatchNorm, an "
+                "activation and a MaxPool2d, in that order, each optional");
+    const bool has_act = rest == 2 || (rest == 1 && detail::act_of(*m[1].s) != cpu::Act::none);
+    const bool has_bn = rest == 2 || (rest == 1 && !has_act);
+    // A layer or a BatchNorm belongs to one group; an activation or pool module may follow several layers (one ReLU
+    // module used after each of them), and then every one of those layers must name it.
+    const std::size_t owned = has_bn ? 2 : 1;
     for (std::size_t i = 0; i < owned; ++i)
       for (const auto* u : used)
         EMBER_CHECK(u != m[i].s, "fuse_modules: '", g[i], "' of (", listed, ") appears in two groups");
     for (std::size_t i = 0; i < owned; ++i) used.push_back(m[i].s);
-    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", "", cpu::Act::none};
-    if (g.size() == 3 || !second_is_act) {
+    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", "", cpu::Act::none, nullptr, ""};
+    if (has_bn) {
       f.bn = m[1].s;
       f.bn_name = g[1];
     }
-    if (g.size() == 3 || second_is_act) {
-      f.act = m.back().s;
-      f.act_name = g.back();
+    if (has_act) {
+      f.act = m[end - 1].s;
+      f.act_name = g[end - 1];
       f.act_kind = detail::act_of(*f.act);
+    }
+    if (has_pool) {
+      f.pool = m.back().s;
+      f.pool_name = g.back();
     }
     sites.push_back(f);
   }

@@ -71,6 +71,9 @@ struct ModuleState {
   /// An activation (a cpu::Act) that nn::fuse_conv_bn moved into this layer's output: applied in the GEMM's
   /// epilogue when nothing needs a gradient, as a separate fused op otherwise.
   unsigned char activation = 0;
+  /// A 2x2 max pool (stride 2) after the activation that nn::fuse_conv_bn moved into this Conv2d: taken in the
+  /// convolution's epilogue when nothing needs a gradient, by the folded MaxPool2d module otherwise.
+  bool pool = false;
   /// Set by quant::prepare (an observer) and quant::convert (the int8 layer).
   std::shared_ptr<QuantHook> quant;
 };
@@ -181,6 +184,8 @@ class Module {
   bool folded() const { return s_->folded; }
   /// The activation nn::fuse_conv_bn moved into this layer (a cpu::Act; 0 for none).
   unsigned char fused_activation() const { return s_->activation; }
+  /// Whether nn::fuse_conv_bn moved a 2x2 max pool into this Conv2d.
+  bool fused_pool() const { return s_->pool; }
   /// This module's own parameter `name` of dtype T (undefined when there is none): a layer built without a bias
   /// finds here the one nn::fuse_conv_bn gave it, in every handle of the module.
   template <class T>

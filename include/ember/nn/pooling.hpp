@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ember/autograd/pool.hpp"
+#include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/ops/window.hpp"
 
@@ -16,6 +17,12 @@ inline std::string pair_str(Size2 s) { return s.str(); }
 class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(Size2 kernel_size, const Pool2dOptions& o = {}) : Module("MaxPool2d"), kernel_size(kernel_size), options(o) {
+    // Read by nn::fuse_conv_bn, which can move a 2x2 pool (stride 2, no padding) into the Conv2d before it.
+    const Size2 st = o.stride.h == 0 && o.stride.w == 0 ? kernel_size : o.stride;
+    set_setting("pool2x2", kernel_size.h == 2 && kernel_size.w == 2 && st.h == 2 && st.w == 2 && o.padding.h == 0 &&
+                               o.padding.w == 0 && o.dilation.h == 1 && o.dilation.w == 1 && !o.ceil_mode
+                           ? 1.0
+                           : 0.0);
     set_extra_repr([=] {
       const Size2 st = o.stride.h == 0 && o.stride.w == 0 ? kernel_size : o.stride;
       return "kernel_size=" + detail::pair_str(kernel_size) + ", stride=" + detail::pair_str(st) +
@@ -24,6 +31,7 @@ class MaxPool2d : public Module {
   }
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
+    if (folded() && detail::applied_by_layer(x)) return x;  // taken by the convolution it was fused into
     return max_pool2d(x, kernel_size, options);
   }
   template <class T>

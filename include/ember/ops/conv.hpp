@@ -133,12 +133,17 @@ Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b
 
 /// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined)), without
 /// autograd. On the CPU the activation is applied to each image's output right after its GEMM, while it is in
-/// cache (no separate pass over y); on CUDA, one fused element-wise pass after cuDNN's convolution.
+/// cache (no separate pass over y); on CUDA, one fused element-wise pass after cuDNN's convolution. pool2 (CPU
+/// only) also takes a 2x2 max pool (stride 2, floor) of each image's output there: y is (N, O, oh/2, ow/2).
 template <class T>
 Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none) {
+                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none, bool pool2 = false) {
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
+  EMBER_CHECK(!pool2 || x.device().is_cpu(), "conv2d: a fused max pool runs on the CPU only; the input is on ",
+              x.device().str());
+  EMBER_CHECK(!pool2 || (g.oh >= 2 && g.ow >= 2), "conv2d: a fused 2x2 max pool needs an output of at least 2x2, got ",
+              g.oh, "x", g.ow);
   if (x.device().is_cuda()) {
     Tensor<T> y = detail::conv2d_cuda(x, w, b, g, o);
 #if defined(__CUDACC__)
@@ -158,9 +163,9 @@ Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   detail::check_conv_device(x);
   // half and bfloat16 run the same kernels: operands converted while the GEMM packs them, fp32 accumulation.
   const Tensor<T> xc = detail::dense(x), wc = detail::dense(w), bc = b.defined() ? detail::dense(b) : b;
-  Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
+  Tensor<T> y = empty<T>(pool2 ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow}, x.device());
   if (y.numel() > 0)
-    cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data(), act);
+    cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data(), act, pool2);
   return y;
 }
 

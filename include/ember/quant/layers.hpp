@@ -22,6 +22,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/epilogue.hpp"
+#include "ember/cpu/pool.hpp"
 #include "ember/cpu/qgemm.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/ops/window.hpp"
@@ -46,6 +47,7 @@ struct QuantizedLayer {
   QParams input;                     // the input's scale and zero point in input_dtype
   QDtype input_dtype = QDtype::quint8;
   cpu::Act act = cpu::Act::none;     // fused activation (nn::fuse_conv_bn)
+  bool pool = false;                 // conv only: a fused 2x2 max pool (stride 2, floor) after the activation
   Conv2dOptions conv_options;        // conv only
 
   // Derived by prepare() for the kernels.
@@ -165,6 +167,17 @@ EMBER_VECTORIZE inline void dequantize_cols(const std::int32_t* EMBER_RESTRICT c
                                             const std::int32_t* EMBER_RESTRICT off, const float* EMBER_RESTRICT s,
                                             const float* EMBER_RESTRICT b, float* EMBER_RESTRICT y) {
   for (std::int64_t j = 0; j < n; ++j) y[j] = float(c[j] + off[j]) * s[j] + b[j];
+}
+
+/// out[oy][ox] = the max of c's 2x2 window at (2 oy, 2 ox), for oy < oh, ox < ow; c's rows are `stride` apart.
+inline void max_pool_2x2_s32(const std::int32_t* EMBER_RESTRICT c, std::int64_t stride, std::int64_t oh,
+                             std::int64_t ow, std::int32_t* EMBER_RESTRICT out) {
+  for (std::int64_t oy = 0; oy < oh; ++oy) {
+    const std::int32_t* r0 = c + 2 * oy * stride;
+    const std::int32_t* r1 = r0 + stride;
+    for (std::int64_t ox = 0; ox < ow; ++ox)
+      out[oy * ow + ox] = std::max(std::max(r0[2 * ox], r0[2 * ox + 1]), std::max(r1[2 * ox], r1[2 * ox + 1]));
+  }
 }
 
 inline void check_input(const QuantizedLayer& q, const Tensor<float>& x, const char* op) {
@@ -302,7 +315,14 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   const std::int64_t lv = direct ? g.oh * wp : L;  // positions the GEMM computes
   const std::int64_t row_stride = direct ? wp : g.ow;
   const std::int64_t lp = cpu::q::round_up(lv, cpu::q::kBlock);
-  Tensor<float> y = empty<float>(Shape{g.n, g.o, g.oh, g.ow});
+  if (q.pool)
+    EMBER_CHECK(g.oh >= 2 && g.ow >= 2, op, " '", q.name, "': a fused 2x2 max pool needs an output of at least 2x2, got ",
+                g.oh, "x", g.ow);
+  // With a pool, y's planes are (oh/2, ow/2). ReLU and the dequantization are monotone (scales are positive), so
+  // the int32 sums are pooled first and a quarter of them dequantized; other activations are pooled after.
+  const std::int64_t ph = q.pool ? g.oh / 2 : g.oh, pw = q.pool ? g.ow / 2 : g.ow, yl = ph * pw;
+  const bool pool_first = q.pool && (q.act == cpu::Act::none || q.act == cpu::Act::relu);
+  Tensor<float> y = empty<float>(Shape{g.n, g.o, ph, pw});
   const Tensor<float> b = q.bias.contiguous();
   // Tasks: (image, group, block of output channels). With fewer images and groups than threads, the output
   // channels are split too (each part builds the same columns).
@@ -314,7 +334,8 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
     std::vector<std::uint8_t> zeros(std::size_t(lp), 0), plain(direct ? 0 : std::size_t(K * lp), 0),
         cols(std::size_t(q.kp * lp));
     std::vector<const std::uint8_t*> rows(std::size_t(q.kp), zeros.data());
-    std::vector<std::int32_t> c(std::size_t(per * lv));
+    std::vector<std::int32_t> c(std::size_t(per * lv)), pooled(q.pool ? std::size_t(yl) : 0);
+    std::vector<float> pre(q.pool && !pool_first ? std::size_t(L) : 0);
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t img = t / (G * splits), grp = (t / splits) % G, part = t % splits;
       const std::int64_t o0 = part * per, o1 = std::min(og, o0 + per);
@@ -338,13 +359,28 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
       const std::int64_t oc0 = grp * og + o0;
       cpu::q::gemm_raw(q.rows.data() + oc0 * q.kp, q.kp, o1 - o0, cols.data(), lv, q.kp, c.data(), lv, path);
       for (std::int64_t oc = oc0; oc < grp * og + o1; ++oc) {
-        float* yr = y.data() + (img * g.o + oc) * L;
+        float* yr = y.data() + (img * g.o + oc) * yl;
         const std::int32_t* cr = c.data() + (oc - oc0) * lv;
-        const bool relu = q.act == cpu::Act::relu;  // applied in the same pass; the others after it
+        const std::int32_t off = q.zp_offset[std::size_t(oc)];
+        const float sc = q.out_scale[std::size_t(oc)], bo = b.data()[oc];
+        const bool relu = q.act == cpu::Act::relu;  // applied in the dequantize pass; the others after it
+        if (pool_first) {
+          detail::max_pool_2x2_s32(cr, row_stride, ph, pw, pooled.data());
+          detail::dequantize_row(pooled.data(), yl, off, sc, bo, relu, yr);
+          continue;
+        }
+        float* full = q.pool ? pre.data() : yr;
         for (std::int64_t oy = 0; oy < g.oh; ++oy)
-          detail::dequantize_row(cr + oy * row_stride, g.ow, q.zp_offset[std::size_t(oc)],
-                                 q.out_scale[std::size_t(oc)], b.data()[oc], relu, yr + oy * g.ow);
-        if (!relu) cpu::act_(yr, L, q.act);
+          detail::dequantize_row(cr + oy * row_stride, g.ow, off, sc, bo, relu, full + oy * g.ow);
+        if (!relu) cpu::act_(full, L, q.act);
+        if (q.pool) {
+          cpu::PoolGeometry pg;
+          pg.h = g.oh;
+          pg.w = g.ow;
+          pg.oh = ph;
+          pg.ow = pw;
+          cpu::detail::max_pool_plane_2x2<float, false>(pg, full, yr, nullptr);
+        }
       }
     }
   });
