@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <cmath>
 #include <cstdint>
@@ -172,12 +173,37 @@ EMBER_VECTORIZE inline void dequantize_cols(const std::int32_t* EMBER_RESTRICT c
 /// out[oy][ox] = the max of c's 2x2 window at (2 oy, 2 ox), for oy < oh, ox < ow; c's rows are `stride` apart.
 inline void max_pool_2x2_s32(const std::int32_t* EMBER_RESTRICT c, std::int64_t stride, std::int64_t oh,
                              std::int64_t ow, std::int32_t* EMBER_RESTRICT out) {
+#if defined(__AVX512F__)
+  // 16 outputs at a time: 32 inputs of each row, split into even and odd columns.
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __mmask16 all = 0xFFFF;
+  for (std::int64_t oy = 0; oy < oh; ++oy) {
+    const std::int32_t* r0 = c + 2 * oy * stride;
+    const std::int32_t* r1 = r0 + stride;
+    for (std::int64_t ox = 0; ox < ow; ox += 16) {
+      const std::int64_t n = std::min<std::int64_t>(16, ow - ox), in = 2 * n;  // outputs, inputs per row
+      const __mmask16 m_out = __mmask16((1u << n) - 1);
+      const __mmask16 m_lo = in >= 16 ? all : __mmask16((1u << in) - 1);
+      const __mmask16 m_hi = in > 16 ? __mmask16((1u << (in - 16)) - 1) : __mmask16(0);
+      __m512i best = _mm512_set1_epi32(INT32_MIN);
+      for (const std::int32_t* r : {r0, r1}) {
+        const __m512i lo = _mm512_maskz_loadu_epi32(m_lo, r + 2 * ox), hi = _mm512_maskz_loadu_epi32(m_hi, r + 2 * ox + 16);
+        const __m512i e = _mm512_maskz_permutex2var_epi32(all, lo, even, hi);
+        const __m512i o = _mm512_maskz_permutex2var_epi32(all, lo, odd, hi);
+        best = _mm512_maskz_max_epi32(all, best, _mm512_maskz_max_epi32(all, e, o));
+      }
+      _mm512_mask_storeu_epi32(out + oy * ow + ox, m_out, best);
+    }
+  }
+#else
   for (std::int64_t oy = 0; oy < oh; ++oy) {
     const std::int32_t* r0 = c + 2 * oy * stride;
     const std::int32_t* r1 = r0 + stride;
     for (std::int64_t ox = 0; ox < ow; ++ox)
       out[oy * ow + ox] = std::max(std::max(r0[2 * ox], r0[2 * ox + 1]), std::max(r1[2 * ox], r1[2 * ox + 1]));
   }
+#endif
 }
 
 inline void check_input(const QuantizedLayer& q, const Tensor<float>& x, const char* op) {
@@ -208,16 +234,20 @@ inline Tensor<float> quantized_linear(const QuantizedLayer& q, const Tensor<floa
   const Tensor<float> b = q.bias.contiguous();
   std::atomic<bool> saw_nan{false};
   cpu::parallel_for(0, M, 64, [&](std::int64_t m0, std::int64_t m1) {
-    std::vector<std::uint8_t> a(std::size_t((m1 - m0) * q.kp), 0);
+    const Tensor<std::uint8_t> abuf = empty<std::uint8_t>(Shape{(m1 - m0) * q.kp});  // the caching allocator
+    std::uint8_t* a = abuf.data();
     std::vector<std::int32_t> c(std::size_t((m1 - m0) * O));
     bool bad = false;
-    for (std::int64_t m = m0; m < m1; ++m)
-      bad |= detail::quantize_u8(xc.data() + m * K, K, inv, zp, a.data() + (m - m0) * q.kp);
+    for (std::int64_t m = m0; m < m1; ++m) {
+      std::uint8_t* row = a + (m - m0) * q.kp;
+      bad |= detail::quantize_u8(xc.data() + m * K, K, inv, zp, row);
+      std::memset(row + K, 0, std::size_t(q.kp - K));
+    }
     if (bad) {
       saw_nan = true;
       return;
     }
-    cpu::q::gemm(a.data(), q.kp, m1 - m0, q.packed, c.data(), O, path);
+    cpu::q::gemm(a, q.kp, m1 - m0, q.packed, c.data(), O, path);
     for (std::int64_t m = m0; m < m1; ++m) {
       float* yr = y.data() + m * O;
       detail::dequantize_cols(c.data() + (m - m0) * O, O, q.zp_offset.data(), q.out_scale.data(), b.data(), yr);
@@ -295,7 +325,10 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, plane = hp * wp;
   const std::int64_t slack = (g.kw - 1) * g.dw + 2 * cpu::q::kBlock;
   const Tensor<float> xc = x.contiguous();
-  std::vector<std::uint8_t> xq(std::size_t(g.n * g.c * plane + slack), std::uint8_t(q.zp_u8));
+  // From ember's caching allocator: a fresh malloc of this size would be a new mmap (and page faults) every call.
+  const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{g.n * g.c * plane + slack});
+  std::uint8_t* xq = xq_buf.data();
+  std::memset(xq, q.zp_u8, std::size_t(xq_buf.numel()));
   const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
   std::atomic<bool> saw_nan{false};
   cpu::parallel_for(0, g.n * g.c, 8, [&](std::int64_t r0, std::int64_t r1) {
@@ -303,7 +336,7 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
     for (std::int64_t r = r0; r < r1; ++r)
       for (std::int64_t i = 0; i < g.h; ++i)
         bad |= detail::quantize_u8(xc.data() + (r * g.h + i) * g.w, g.w, inv, zp,
-                                   xq.data() + r * plane + (i + g.ph) * wp + g.pw);
+                                   xq + r * plane + (i + g.ph) * wp + g.pw);
     if (bad) saw_nan = true;
   });
   if (saw_nan) detail::nan_input(q, x, op);
@@ -340,7 +373,7 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
       const std::int64_t img = t / (G * splits), grp = (t / splits) % G, part = t % splits;
       const std::int64_t o0 = part * per, o1 = std::min(og, o0 + per);
       if (o0 >= o1) continue;
-      const std::uint8_t* planes = xq.data() + (img * g.c + grp * g.cg()) * plane;
+      const std::uint8_t* planes = xq + (img * g.c + grp * g.cg()) * plane;
       for (std::int64_t ch = 0; ch < g.cg(); ++ch)
         for (std::int64_t i = 0; i < g.kh; ++i)
           for (std::int64_t j = 0; j < g.kw; ++j) {
