@@ -81,9 +81,9 @@ void BM_MaxPool2dTrain(benchmark::State& state) {
 
 // Inference with the Fashion-MNIST CNN of examples/04 (conv-BN-ReLU-pool twice, then Linear), in eval mode under
 // InferenceMode, as images/s. range(0): 0 evaluates the model as trained, 1 after nn::fuse_conv_bn folded its two
-// BatchNorms into the convolutions, 2 with the ReLUs moved into the convolutions' epilogues too, 3 as 2 and then
-// quantized to int8 (quant::prepare, 8 calibration batches of 64 random images, quant::convert); range(1): the batch
-// size. The variants run side by side in one process.
+// BatchNorms into the convolutions, 2 with the ReLUs and max pools moved into the convolutions' epilogues too, 3 as
+// 2 and then quantized to int8 (quant::prepare, 8 calibration batches of 64 random images, quant::convert);
+// range(1): the batch size. The variants run side by side in one process.
 void BM_CnnInference(benchmark::State& state) {
   const std::int64_t variant = state.range(0);
   const std::int64_t n = state.range(1);
