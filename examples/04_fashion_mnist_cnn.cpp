@@ -86,7 +86,8 @@ void train_and_evaluate(const Args& a) {
 #if EMBER_EXAMPLE_SAVE
   if (!a.save.empty()) {
     io::TensorMap weights;
-    for (auto& [name, t] : model.state_dict()) std::visit([&](const auto& x) { weights.emplace(name, x); }, t);
+    for (const auto& entry : model.state_dict())  // (lambdas capture structured bindings only from clang 16 on)
+      std::visit([&](const auto& x) { weights.emplace(entry.first, x); }, entry.second);
     io::save_safetensors(a.save, weights, {{"model", "examples/fashion_cnn.hpp Net"}, {"precision", a.precision}});
     std::printf("saved the weights to %s\n", a.save.c_str());
   }

@@ -263,7 +263,9 @@ inline const QuantizedLayer* quantized_layer(nn::Module& model, const std::strin
 /// <name>.input_zero_point (int64 [1]).
 inline io::TensorMap state_dict(nn::Module& model) {
   io::TensorMap out;
-  for (auto& [k, t] : model.state_dict()) std::visit([&](const auto& x) { out.emplace(k, io::AnyTensor(x)); }, t);
+  // (no structured binding: lambdas capture them only from clang 16 on)
+  for (const auto& entry : model.state_dict())
+    std::visit([&](const auto& x) { out.emplace(entry.first, io::AnyTensor(x)); }, entry.second);
   for (const auto& s : detail::layers(model)) {
     const auto* l = detail::int8_of(*s.s);
     if (!l) continue;

@@ -93,7 +93,8 @@ inline void load(nn::Module& model, const std::string& path) {
   }
   // The rest is the float state of the model without the layers above.
   StateDict rest;
-  for (auto& [k, t] : f.tensors) {
+  for (const auto& entry : f.tensors) {  // (no structured binding: lambdas capture them only from clang 16 on)
+    const std::string& k = entry.first;
     if (used.count(k)) continue;
     std::visit(
         [&](const auto& x) {
@@ -102,7 +103,7 @@ inline void load(nn::Module& model, const std::string& path) {
           else EMBER_CHECK(false, op, ": '", path, "': tensor '", io::detail::quote_untrusted(k), "' has dtype ",
                            dtype_name<T>(), ", which no float module holds");
         },
-        t);
+        entry.second);
   }
   std::set<std::string> expected;
   for (auto& [k, t] : model.state_dict()) expected.insert(k);
