@@ -1,47 +1,68 @@
-// ember vs LibTorch, side by side in one process, 2 threads each (torch::set_num_threads(2),
-// at::set_num_interop_threads(1), ember::cpu::set_num_threads(2)).
+// ember vs LibTorch: the same work written the natural way in both libraries (eager LibTorch code as a PyTorch user
+// writes it; every result goes into a new tensor in both), 2 threads each (ember::cpu::set_num_threads(2);
+// torch::set_num_threads(2), at::set_num_interop_threads(1)). The peer is LibTorch from the current PyPI wheel
+// (scripts/deps.sh --bench), its CPU libraries only.
 //
-// Method. Each case is the same work written the natural way in both libraries (eager LibTorch code as a
-// PyTorch user writes it; every result goes into a new tensor in both). Per case: both sides run once on the
-// same inputs and their results are compared (a wrong result prints the max abs diff to stderr and the program
-// exits with status 1); then each side is warmed up, its repetition count is calibrated so that one rep set
-// takes >= 0.3 s (--quick: 0.03 s), and then rep sets are timed alternately, ember then LibTorch, 7 times each
-// (--quick: 3, and no warm-up beyond the check). A figure is the MEDIAN over rep sets of (rep set time / reps).
+// Method. The program is a driver that runs itself as child processes, so that neither library can disturb the
+// other's timing (LibTorch's OpenMP threads spin after each parallel region and, in one process, halve ember's
+// GEMM; ember's workers block on a condition variable between loops). Per case:
+//   1. a check child runs both libraries once on the same inputs and compares the results (a wrong result prints
+//      the max abs diff to stderr and the run fails); the training cases train one epoch each (--quick: 60 steps)
+//      and report each model's test accuracy;
+//   2. then `--rounds` rounds (default 5), each running, for each allocator setting, an ember child and two LibTorch
+//      children, OpenMP's default wait policy and OMP_WAIT_POLICY=PASSIVE (and with --python, a torch.compile
+//      child, bench/torch_compile_peer.py, likewise under both policies). A timing child touches one library only:
+//      it warms the case up, calibrates the repetitions so that one rep set takes >= 0.3 s (--quick: 0.03 s), times
+//      5 rep sets (--quick: 3) and prints the median time per repetition.
+// Allocator settings: glibc's default, and "tuned": MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
+// MALLOC_TOP_PAD_=268435456 for both libraries (glibc keeps freed memory, as jemalloc and tcmalloc do; otherwise
+// every large LibTorch tensor is a fresh mmap whose pages fault in). The driver removes those variables and
+// OMP_WAIT_POLICY from the children's environment and sets them per child.
+// A figure is the median over rounds; each library is quoted at its faster wait policy (by that median; ember does
+// not use OpenMP, its children run once per round); speedup = LibTorch's time / ember's time.
 //
-// Output, one line per case on stdout:
-//   case=<name> ember=<value><unit> libtorch=<value><unit> speedup=<libtorch time / ember time>
-// Units: tiny_add us/op, tiny_grad us/iter (forward + backward), the 16M cases ms per op or per iteration,
-// matmul GFLOP/s (2 n^3 flops; speedup = ember GFLOP/s / libtorch GFLOP/s, which is again libtorch time / ember
-// time). `case=membw value=<GB/s>` is std::memcpy of a 256 MiB buffer (pre-faulted buffers), counting read +
-// write bytes, i.e. 2 x 256 MiB per copy. One sample = one copy on one thread and one split in halves over two
-// threads, the faster of the two (the limit for ember's 2 threads); membw is the median of the samples. When
-// chain_16M runs, the samples are taken between its rep sets (the load of a shared machine changes over a
-// run, so the limit is measured under the same conditions as ember), and chain_16M adds frac_membw = ember's effective bandwidth, counted
-// the same way (6 arrays x 64 MiB: 5 read + 1 written), divided by membw. (Stores that miss the cache also read
-// the line first unless they stream, so a loop with regular stores moves 7 arrays, where memcpy moves 2.)
+// Output, per case and allocator setting, on stdout:
+//   case=<name> alloc=<default|tuned> ember=<v><unit> libtorch=<v><unit> speedup=<x> libtorch_omp=<policy>
+//       rounds=<per-round speedups> [compiled=<v><unit> vs_compiled=<compiled time / ember time>
+//       compiled_omp=<policy>] [case extras]
+// Units: tiny_add us/op, tiny_grad us/iter (forward + backward), the 16M and conv cases ms per op or iteration,
+// matmul GFLOP/s (2 n^3 flops), loader samples/s, training images/s. `case=membw` is std::memcpy of a 256 MiB buffer
+// (pre-faulted), counting read + write bytes; one sample is the faster of one copy on one thread and one split over
+// two threads (the limit for ember's 2 threads). With chain_16M, membw is sampled in the same rounds, and chain_16M
+// adds frac_membw = ember's effective bandwidth (6 arrays x 64 MiB: 5 read + 1 written) / membw.
+//
+// conv3x3_fwd, conv3x3_train: conv2d 3x3, 64 -> 64 channels, 32x32 images, padding 1, bias, batch 32; forward, and
+// forward + backward to the input, weight and bias (upstream gradient fixed).
 //
 // loader: ember's DataLoader against torch::data's on the same work: one epoch over Fashion-MNIST's test split
 // (10000 images), batch 128, shuffled, 2 worker threads each; per sample: bytes -> float / 255, random 28x28 crop
 // of the image zero-padded by 4, random horizontal flip, normalisation; then collation into (128, 1, 28, 28).
-// The LibTorch side is a torch::data Dataset doing that with torch ops, mapped through Stack<>. Unit: samples/s.
-// Skipped (with a note) when dataset-fashion-mnist is not installed.
+// The LibTorch side is a torch::data Dataset doing that with torch ops, mapped through Stack<>.
 //
-// mlp_train, cnn_train: one epoch of the Fashion-MNIST examples' models (03: MLP 784-256-128-10, 04: two
+// mlp_train, cnn_train: training steps of the Fashion-MNIST examples' models (03: MLP 784-256-128-10, 04: two
 // conv-BN-ReLU-maxpool blocks and a linear head), the same architecture in both libraries, batch 128, SGD lr 0.05
-// with Nesterov momentum 0.9, over the same pre-normalised, pre-shuffled images (no loader in the timing); one
-// timed epoch each (ember first), then `ember_acc` / `libtorch_acc`: each model's test accuracy after that epoch.
-// Unit: training images/s. --quick trains 60 batches instead of an epoch.
+// with Nesterov momentum 0.9, over the same pre-normalised, pre-shuffled images (no loader in the timing). One
+// repetition is one step. The check child's epoch gives `ember_acc` / `libtorch_acc`, each model's test accuracy.
+// The cases that need Fashion-MNIST (dataset-fashion-mnist) are skipped with a note without it.
 //
 // --precision=bf16 runs matmul_* and *_train in bfloat16: ember's tensors in bf16 and its models under
 // amp::bf16_mixed against LibTorch's bf16 torch::mm and its CPU autocast to bf16 around forward and loss (what
 // `torch.autocast("cpu", dtype=torch.bfloat16)` does; bench/torch_autocast_peer.py is the Python check of it).
 //
-// Usage: vs_libtorch [--quick] [--case=NAME] [--precision=fp32|bf16]   (NAME one of the case names above, or membw)
+// Usage: vs_libtorch [--quick] [--case=NAME] [--precision=fp32|bf16] [--rounds=N] [--python=PYTHON]
+//        (NAME one of the case names above, or membw; PYTHON an interpreter whose torch has its dependencies,
+//        scripts/deps.sh --bench-python, for the torch.compile column of chain_16M, gelu_bwd_16M, sum_sq_16M and
+//        the training cases)
+// Internal: --side=check|ember|libtorch runs one child's part of one case.
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,16 +70,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <ember/data.hpp>
 #include <ember/ember.hpp>
+
+extern char** environ;
 
 namespace {
 
@@ -74,17 +98,26 @@ inline void keep(const X& x) {
   asm volatile("" : : "g"(&x) : "memory");
 }
 
+enum class Side { driver, check, ember, libtorch };
+
 struct Options {
+  Side side = Side::driver;
   bool quick = false;
   bool bf16 = false;  // --precision=bf16: the matmul and training cases in bfloat16 (ember bf16_mixed, LibTorch autocast)
   std::string only;
+  int rounds = 5;
+  std::string python;  // --python: the torch.compile peer's interpreter
   double target_s() const { return quick ? 0.03 : 0.3; }
-  int measurements() const { return quick ? 3 : 7; }
-  int warmups() const { return quick ? 0 : 2; }  // the correctness check before timing warms up too
+  int measurements() const { return quick ? 3 : 5; }
+  int warmups() const { return quick ? 1 : 2; }
   bool wants(const std::string& name) const { return only.empty() || only == name; }
+  bool ember() const { return side == Side::ember; }
+  bool torch() const { return side == Side::libtorch; }
+  bool checking() const { return side == Side::check; }
 };
 
 double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -109,26 +142,21 @@ double time_reps(const std::function<void()>& fn, long reps) {
   return seconds_since(t0) / double(reps);
 }
 
-struct Timing {
-  double ember_s, torch_s;  // median seconds per op
-};
+// A timing child's work: warm-up, calibration, rep sets; prints the median seconds per repetition.
+void measure(const Options& o, const char* name, const std::function<void()>& fn) {
+  for (int i = 0; i < o.warmups(); ++i) fn();
+  const long reps = calibrate(fn, o.target_s());
+  std::vector<double> t;
+  for (int m = 0; m < o.measurements(); ++m) t.push_back(time_reps(fn, reps));
+  std::printf("case=%s seconds=%.9g\n", name, median(t));
+  std::fflush(stdout);
+}
 
-// Warm-up, calibration, then alternating rep sets: ember, libtorch, ember, libtorch, ... (`between`, if set, runs
-// after each pair).
-Timing compare(const Options& o, const std::function<void()>& fe, const std::function<void()>& ft,
-               const std::function<void()>& between = {}) {
-  for (int i = 0; i < o.warmups(); ++i) {
-    fe();
-    ft();
-  }
-  const long re = calibrate(fe, o.target_s()), rt = calibrate(ft, o.target_s());
-  std::vector<double> te, tt;
-  for (int m = 0; m < o.measurements(); ++m) {
-    te.push_back(time_reps(fe, re));
-    tt.push_back(time_reps(ft, rt));
-    if (between) between();
-  }
-  return {median(te), median(tt)};
+// Runs the side this process was started for: fe (ember) or ft (LibTorch). The check side runs neither here.
+void measure_side(const Options& o, const char* name, const std::function<void()>& fe,
+                  const std::function<void()>& ft) {
+  if (o.ember()) measure(o, name, fe);
+  else if (o.torch()) measure(o, name, ft);
 }
 
 // ---- correctness -------------------------------------------------------------------------------------------
@@ -188,6 +216,7 @@ struct AutocastBf16 {
 
 
 bool g_failed = false;
+bool g_reported = false;  // a check side printed its case line itself
 
 // |e - t| <= atol + rtol * |t| elementwise; reports the max abs diff when it fails.
 void check(const char* cas, const char* what, const Tensor<float>& e, const torch::Tensor& t, double atol,
@@ -217,50 +246,32 @@ void check(const char* cas, const char* what, const Tensor<float>& e, const torc
   }
 }
 
-// ---- reporting ---------------------------------------------------------------------------------------------
-
-void print_time(const char* name, const Timing& t, double scale, const char* unit, const char* extra = "") {
-  std::printf("case=%s ember=%.4g%s libtorch=%.4g%s speedup=%.2f%s\n", name, t.ember_s * scale, unit,
-              t.torch_s * scale, unit, t.torch_s / t.ember_s, extra);
-  std::fflush(stdout);
-}
-
 // ---- memcpy bandwidth --------------------------------------------------------------------------------------
 
-class Membw {
- public:
-  static constexpr std::size_t kBytes = std::size_t(256) << 20;
-  Membw() : src_(kBytes, 1), dst_(kBytes, 0) {}  // both pre-faulted
-  // One copy on one thread and one split over two threads; records both, and the faster as one sample.
-  void sample() {
+// One sample: one copy on one thread and one split over two threads; the faster of the two, as seconds per copy.
+void membw(const Options& o) {
+  if (!o.ember()) return;
+  constexpr std::size_t kBytes = std::size_t(256) << 20;
+  std::vector<char> src(kBytes, 1), dst(kBytes, 0);  // both pre-faulted
+  auto sample = [&] {
     const std::size_t half = kBytes / 2;
     auto t0 = Clock::now();
-    std::memcpy(dst_.data(), src_.data(), kBytes);
-    keep(dst_);
-    const double bw1 = 2.0 * double(kBytes) / seconds_since(t0) / 1e9;
+    std::memcpy(dst.data(), src.data(), kBytes);
+    keep(dst);
+    const double one = seconds_since(t0);
     t0 = Clock::now();
-    std::thread other([&] { std::memcpy(dst_.data() + half, src_.data() + half, half); });
-    std::memcpy(dst_.data(), src_.data(), half);
+    std::thread other([&] { std::memcpy(dst.data() + half, src.data() + half, half); });
+    std::memcpy(dst.data(), src.data(), half);
     other.join();
-    keep(dst_);
-    const double bw2 = 2.0 * double(kBytes) / seconds_since(t0) / 1e9;
-    bw1_.push_back(bw1);
-    bw2_.push_back(bw2);
-    best_.push_back(std::max(bw1, bw2));
-  }
-  void clear() { bw1_.clear(), bw2_.clear(), best_.clear(); }
-  double gbps() const { return median(best_); }
-  void report() const {
-    std::fprintf(stderr, "membw: memcpy of 256 MiB, median of %zu samples: 1 thread %.2f GB/s, 2 threads %.2f GB/s "
-                 "(read + write)\n", best_.size(), median(bw1_), median(bw2_));
-    std::printf("case=membw value=%.2fGB/s\n", gbps());
-    std::fflush(stdout);
-  }
-
- private:
-  std::vector<char> src_, dst_;
-  std::vector<double> bw1_, bw2_, best_;
-};
+    keep(dst);
+    return std::min(one, seconds_since(t0));
+  };
+  sample();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < o.measurements(); ++i) t.push_back(sample());
+  std::printf("case=membw seconds=%.9g\n", median(t));
+  std::fflush(stdout);
+}
 
 // ---- cases -------------------------------------------------------------------------------------------------
 
@@ -271,41 +282,34 @@ Tensor<float> big_input() { return ember::rand<float>({kBig}) * 4.f - 2.f; }
 
 void tiny_add(const Options& o) {
   Tensor<float> a = ember::randn<float>({8}), b = ember::randn<float>({8});
-  torch::Tensor ta = to_torch(a), tb = to_torch(b);
-  {
+  if (o.ember()) return measure(o, "tiny_add", [&] {
     Tensor<float> c = a + b;
-    check("tiny_add", "c", c, ta + tb, 0, 0);
-  }
-  auto t = compare(
-      o,
-      [&] {
-        Tensor<float> c = a + b;
-        keep(c);
-      },
-      [&] {
-        auto c = ta + tb;
-        keep(c);
-      });
-  print_time("tiny_add", t, 1e6, "us/op");
+    keep(c);
+  });
+  torch::Tensor ta = to_torch(a), tb = to_torch(b);
+  if (o.checking()) return check("tiny_add", "c", Tensor<float>(a + b), ta + tb, 0, 0);
+  measure(o, "tiny_add", [&] {
+    auto c = ta + tb;
+    keep(c);
+  });
 }
 
 void tiny_grad(const Options& o) {
   Tensor<float> x = ember::randn<float>({8});
-  torch::Tensor tx = to_torch(x);
+  torch::Tensor tx = o.ember() ? torch::Tensor() : to_torch(x);
   x.requires_grad_();
-  tx.requires_grad_();
-  {
+  if (tx.defined()) tx.requires_grad_();
+  if (o.checking()) {
     Tensor<float> s = ember::sum(x * 2.f + 1.f);
     s.backward();
     auto ts = (tx * 2 + 1).sum();
     ts.backward();
     check("tiny_grad", "loss", s.detach(), ts.detach(), 1e-5, 1e-5);
     check("tiny_grad", "x.grad", x.grad(), tx.grad(), 0, 0);
-    x.grad() = Tensor<float>();
-    tx.mutable_grad().reset();
+    return;
   }
-  auto t = compare(
-      o,
+  measure_side(
+      o, "tiny_grad",
       [&] {
         Tensor<float> s = ember::sum(x * 2.f + 1.f);
         s.backward();
@@ -316,138 +320,150 @@ void tiny_grad(const Options& o) {
         s.backward();
         tx.mutable_grad().reset();
       });
-  print_time("tiny_grad", t, 1e6, "us/iter");
 }
 
-void chain(const Options& o, Membw* membw) {
+void chain(const Options& o) {
   Tensor<float> a = big_input(), b = big_input(), c = big_input(), d = big_input(), e = big_input();
-  torch::Tensor ta = to_torch(a), tb = to_torch(b), tc = to_torch(c), td = to_torch(d), te = to_torch(e);
-  {
+  if (o.ember()) return measure(o, "chain_16M", [&] {
     Tensor<float> y = a * b + c * d - e;
-    check("chain_16M", "y", y, ta * tb + tc * td - te, 1e-5, 1e-5);
-  }
-  auto t = compare(
-      o,
-      [&] {
-        Tensor<float> y = a * b + c * d - e;
-        keep(y);
-      },
-      [&] {
-        auto y = ta * tb + tc * td - te;
-        keep(y);
-      },
-      [&] {
-        if (membw) membw->sample();
-      });
-  char extra[64] = "";
-  if (membw) {
-    const double ember_bw = 6.0 * double(kBig) * sizeof(float) / t.ember_s / 1e9;
-    std::snprintf(extra, sizeof extra, " frac_membw=%.2f", ember_bw / membw->gbps());
-    membw->report();
-  }
-  print_time("chain_16M", t, 1e3, "ms", extra);
+    keep(y);
+  });
+  torch::Tensor ta = to_torch(a), tb = to_torch(b), tc = to_torch(c), td = to_torch(d), te = to_torch(e);
+  if (o.checking()) return check("chain_16M", "y", Tensor<float>(a * b + c * d - e), ta * tb + tc * td - te, 1e-5, 1e-5);
+  measure(o, "chain_16M", [&] {
+    auto y = ta * tb + tc * td - te;
+    keep(y);
+  });
 }
 
 void gelu_bwd(const Options& o) {
   Tensor<float> x = big_input(), w = big_input(), b = big_input();
   Tensor<float> g = ember::ones<float>({kBig});
-  torch::Tensor tx = to_torch(x), tw = to_torch(w), tb = to_torch(b), tg = torch::ones({kBig});
   for (auto* p : {&x, &w, &b}) p->requires_grad_();
-  for (auto* p : {&tx, &tw, &tb}) p->requires_grad_();
   auto ember_iter = [&] {
     Tensor<float> y = ember::gelu(x * w + b);
     y.backward(g);
     return y;
   };
+  if (o.ember()) return measure(o, "gelu_bwd_16M", [&] {
+    keep(ember_iter());
+    for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
+  });
+  torch::Tensor tx = to_torch(x.detach()), tw = to_torch(w.detach()), tb = to_torch(b.detach()), tg = torch::ones({kBig});
+  for (auto* p : {&tx, &tw, &tb}) p->requires_grad_();
   auto torch_iter = [&] {
     auto y = torch::gelu(tx * tw + tb);
     y.backward(tg);
     return y;
   };
-  auto reset = [&] {
-    for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
-    for (auto* p : {&tx, &tw, &tb}) p->mutable_grad().reset();
-  };
-  {
+  if (o.checking()) {
     Tensor<float> y = ember_iter();
     torch::Tensor ty = torch_iter();
     check("gelu_bwd_16M", "y", y.detach(), ty.detach(), 1e-5, 1e-5);
     check("gelu_bwd_16M", "x.grad", x.grad(), tx.grad(), 1e-5, 1e-4);
     check("gelu_bwd_16M", "w.grad", w.grad(), tw.grad(), 1e-5, 1e-4);
     check("gelu_bwd_16M", "b.grad", b.grad(), tb.grad(), 1e-5, 1e-4);
-    reset();
+    return;
   }
-  auto t = compare(
-      o,
-      [&] {
-        keep(ember_iter());
-        for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
-      },
-      [&] {
-        keep(torch_iter());
-        for (auto* p : {&tx, &tw, &tb}) p->mutable_grad().reset();
-      });
-  print_time("gelu_bwd_16M", t, 1e3, "ms");
+  measure(o, "gelu_bwd_16M", [&] {
+    keep(torch_iter());
+    for (auto* p : {&tx, &tw, &tb}) p->mutable_grad().reset();
+  });
 }
 
 void sum_sq(const Options& o) {
   Tensor<float> a = big_input();
-  torch::Tensor ta = to_torch(a);
-  {
+  if (o.ember()) return measure(o, "sum_sq_16M", [&] {
     Tensor<float> s = ember::sum(a * a);
-    check("sum_sq_16M", "sum", s, (ta * ta).sum(), 0, 1e-4);
-  }
-  auto t = compare(
-      o,
-      [&] {
-        Tensor<float> s = ember::sum(a * a);
-        keep(s);
-      },
-      [&] {
-        auto s = (ta * ta).sum();
-        keep(s);
-      });
-  print_time("sum_sq_16M", t, 1e3, "ms");
+    keep(s);
+  });
+  torch::Tensor ta = to_torch(a);
+  if (o.checking()) return check("sum_sq_16M", "sum", Tensor<float>(ember::sum(a * a)), (ta * ta).sum(), 0, 1e-4);
+  measure(o, "sum_sq_16M", [&] {
+    auto s = (ta * ta).sum();
+    keep(s);
+  });
 }
 
 template <class E>
 void matmul_as(const Options& o, std::int64_t n, const char* name, torch::ScalarType tt) {
   const Tensor<float> a32 = ember::randn<float>({n, n}), b32 = ember::randn<float>({n, n});
   const Tensor<E> a = to_c<E>(a32), b = to_c<E>(b32);
+  if (o.ember()) return measure(o, name, [&] {
+    Tensor<E> c = ember::matmul(a, b);
+    keep(c);
+  });
   torch::Tensor ta = to_torch(a32).to(tt), tb = to_torch(b32).to(tt);
-  if constexpr (std::is_same_v<E, float>) {
-    Tensor<float> c = ember::matmul(a, b);
-    // Entries are sums of n products of N(0,1) values (size ~sqrt(n)); fp32 rounding differs by summation order.
-    check(name, "c", c, torch::mm(ta, tb), 1e-4 * std::sqrt(double(n)), 1e-4);
-  } else {
-    // Both round each fp32-accumulated entry once to bf16: within a few bf16 ulps of each other.
-    Tensor<float> c = to_f(Tensor<E>(ember::matmul(a, b)));
-    check(name, "c", c, torch::mm(ta, tb).to(torch::kFloat32), 2e-2 * std::sqrt(double(n)), 2e-2);
+  if (o.checking()) {
+    if constexpr (std::is_same_v<E, float>) {
+      // Entries are sums of n products of N(0,1) values (size ~sqrt(n)); fp32 rounding differs by summation order.
+      check(name, "c", ember::matmul(a, b), torch::mm(ta, tb), 1e-4 * std::sqrt(double(n)), 1e-4);
+    } else {
+      // Both round each fp32-accumulated entry once to bf16: within a few bf16 ulps of each other.
+      Tensor<float> c = to_f(Tensor<E>(ember::matmul(a, b)));
+      check(name, "c", c, torch::mm(ta, tb).to(torch::kFloat32), 2e-2 * std::sqrt(double(n)), 2e-2);
+    }
+    return;
   }
-  auto t = compare(
-      o,
-      [&] {
-        Tensor<E> c = ember::matmul(a, b);
-        keep(c);
-      },
-      [&] {
-        auto c = torch::mm(ta, tb);
-        keep(c);
-      });
-  const double flop = 2.0 * double(n) * double(n) * double(n);
-  if (flop / t.torch_s / 1e9 < 10)
-    std::fprintf(stderr, "note: %s: LibTorch's GEMM runs at %.1f GFLOP/s: it is using the reference BLAS (Debian's "
-                 "default libblas3). For an optimised BLAS, install libopenblas0-openmp, or run with "
-                 "LD_LIBRARY_PATH=<dir holding openblas-openmp's libblas.so.3>\n", name, flop / t.torch_s / 1e9);
-  std::printf("case=%s%s ember=%.1fGFLOP/s libtorch=%.1fGFLOP/s speedup=%.2f\n", name,
-              std::is_same_v<E, float> ? "" : "_bf16", flop / t.ember_s / 1e9, flop / t.torch_s / 1e9,
-              t.torch_s / t.ember_s);
-  std::fflush(stdout);
+  measure(o, name, [&] {
+    auto c = torch::mm(ta, tb);
+    keep(c);
+  });
 }
 void matmul(const Options& o, std::int64_t n, const char* name) {
   if (o.bf16) matmul_as<bfloat16>(o, n, name, torch::kBFloat16);
   else matmul_as<float>(o, n, name, torch::kFloat32);
 }
+void matmul_1024(const Options& o) { matmul(o, 1024, "matmul_1024"); }
+void matmul_2048(const Options& o) { matmul(o, 2048, "matmul_2048"); }
+
+// conv2d 3x3, 64 -> 64 channels, 32x32, padding 1, with bias, batch 32: forward, or forward + backward.
+void conv3x3(const Options& o, bool train) {
+  const char* name = train ? "conv3x3_train" : "conv3x3_fwd";
+  Tensor<float> x = ember::randn<float>({32, 64, 32, 32});
+  Tensor<float> w = ember::randn<float>({64, 64, 3, 3}) * (1.f / 24.f);  // PyTorch's default init scale
+  Tensor<float> b = ember::randn<float>({64}) * 0.1f;
+  const Tensor<float> g = ember::randn<float>({32, 64, 32, 32});
+  if (train)
+    for (auto* p : {&x, &w, &b}) p->requires_grad_();
+  auto ember_iter = [&] {
+    Tensor<float> y = ember::conv2d(x, w, b, {.padding = 1});
+    if (train) {
+      y.backward(g);
+      for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
+    }
+    return y;
+  };
+  if (o.ember()) return measure(o, name, [&] { keep(ember_iter()); });
+  torch::Tensor tx = to_torch(x.detach()), tw = to_torch(w.detach()), tb = to_torch(b.detach()), tg = to_torch(g);
+  if (train)
+    for (auto* p : {&tx, &tw, &tb}) p->requires_grad_();
+  auto torch_iter = [&] {
+    auto y = torch::conv2d(tx, tw, tb, 1, 1);
+    if (train) {
+      y.backward(tg);
+      for (auto* p : {&tx, &tw, &tb}) p->mutable_grad().reset();
+    }
+    return y;
+  };
+  if (o.checking()) {
+    Tensor<float> y = ember::conv2d(x, w, b, {.padding = 1});
+    torch::Tensor ty = torch::conv2d(tx, tw, tb, 1, 1);
+    check(name, "y", y.detach(), ty.detach(), 1e-4, 1e-4);
+    if (train) {
+      y.backward(g);
+      ty.backward(tg);
+      // Sums over 32 x 32 x 32 positions (and 576 taps for x.grad) of N(0,1)-sized products.
+      check(name, "x.grad", x.grad(), tx.grad(), 1e-3, 1e-4);
+      check(name, "w.grad", w.grad(), tw.grad(), 2e-2, 1e-4);
+      check(name, "b.grad", b.grad(), tb.grad(), 2e-2, 1e-4);
+    }
+    return;
+  }
+  measure(o, name, [&] { keep(torch_iter()); });
+}
+void conv3x3_fwd(const Options& o) { conv3x3(o, false); }
+void conv3x3_train(const Options& o) { conv3x3(o, true); }
 
 // ---- loader ------------------------------------------------------------------------------------------------
 
@@ -479,15 +495,15 @@ void loader(const Options& o) {
     test = std::make_unique<data::FashionMNIST>(data::Split::Test);
   } catch (const ember::Error& e) {
     std::fprintf(stderr, "note: loader skipped: %s\n", e.what());
+    std::printf("case=loader skipped\n");
+    g_reported = true;
     return;
   }
   namespace T = data::transforms;
-  const auto images = torch::from_blob(test->images().data(), {std::int64_t(test->size()), 28, 28}, torch::kUInt8);
-  const auto labels = torch::from_blob(test->labels().data(), {std::int64_t(test->size())}, torch::kInt64);
   auto make_torch = [&](bool augment, bool shuffle, std::size_t workers) {
     TorchFashion ds;
-    ds.images = images;
-    ds.labels = labels;
+    ds.images = torch::from_blob(test->images().data(), {std::int64_t(test->size()), 28, 28}, torch::kUInt8);
+    ds.labels = torch::from_blob(test->labels().data(), {std::int64_t(test->size())}, torch::kInt64);
     ds.augment = augment;
     auto opts = torch::data::DataLoaderOptions().batch_size(128).workers(workers);
     std::function<void(const std::function<void(torch::Tensor&)>&)> run;
@@ -506,31 +522,27 @@ void loader(const Options& o) {
     }
     return run;
   };
-  {  // Without augmentation the first batch is the same in both.
+  if (o.checking()) {  // Without augmentation the first batch is the same in both.
     data::DataLoader el(*test, {.batch_size = 128}, T::Normalize({0.2860f}, {0.3530f}));
     auto tl = make_torch(false, false, 0);
     torch::Tensor first;
     tl([&](torch::Tensor& b) {
       if (!first.defined()) first = b.clone();
     });
-    check("loader", "first batch", (*el.begin()).data, first, 1e-6, 1e-6);
+    return check("loader", "first batch", (*el.begin()).data, first, 1e-6, 1e-6);
   }
-  data::DataLoader el(*test, {.batch_size = 128, .shuffle = true, .num_workers = 2},
-                      T::Compose(T::RandomCrop(28, {.padding = 4}), T::RandomHorizontalFlip{},
-                                 T::Normalize({0.2860f}, {0.3530f})));
+  if (o.ember()) {
+    data::DataLoader el(*test, {.batch_size = 128, .shuffle = true, .num_workers = 2},
+                        T::Compose(T::RandomCrop(28, {.padding = 4}), T::RandomHorizontalFlip{},
+                                   T::Normalize({0.2860f}, {0.3530f})));
+    std::uint64_t epoch = 0;
+    return measure(o, "loader", [&] {
+      el.set_epoch(epoch++);
+      for (auto& b : el) keep(b.data);
+    });
+  }
   auto tl = make_torch(true, true, 2);
-  std::uint64_t epoch = 0;
-  auto t = compare(
-      o,
-      [&] {
-        el.set_epoch(epoch++);
-        for (auto& b : el) keep(b.data);
-      },
-      [&] { tl([](torch::Tensor& b) { keep(b); }); });
-  const double n = double(test->size());
-  std::printf("case=loader ember=%.0fsamples/s libtorch=%.0fsamples/s speedup=%.2f\n", n / t.ember_s,
-              n / t.torch_s, t.torch_s / t.ember_s);
-  std::fflush(stdout);
+  measure(o, "loader", [&] { tl([](torch::Tensor& b) { keep(b); }); });
 }
 // ---- training: one epoch of the examples' models ------------------------------------------------------------
 
@@ -607,8 +619,9 @@ Split load_split(data::Split which, bool shuffle) {
   return {x, y};
 }
 
-// One epoch (or `steps` batches) of SGD (lr 0.05, momentum 0.9, Nesterov) at batch 128 in each library, timed
-// alternately (ember, libtorch; one run each), then the test accuracy each model reached.
+// SGD (lr 0.05, momentum 0.9, Nesterov) at batch 128. The check side trains one epoch (or 60 steps) in each
+// library and prints the test accuracy each model reached; a timing side times single steps, going round the
+// epoch's batches.
 template <class P>
 void train_case(const Options& o, bool cnn, const char* name) {
   Split tr, te;
@@ -617,6 +630,8 @@ void train_case(const Options& o, bool cnn, const char* name) {
     te = load_split(data::Split::Test, false);
   } catch (const ember::Error& e) {
     std::fprintf(stderr, "note: %s skipped: %s\n", name, e.what());
+    std::printf("case=%s%s skipped\n", name, o.bf16 ? "_bf16" : "");
+    g_reported = true;
     return;
   }
   const std::int64_t n = tr.x.size(0), bs = 128;
@@ -624,57 +639,59 @@ void train_case(const Options& o, bool cnn, const char* name) {
   auto to_t = [](const Tensor<float>& t) {
     return torch::from_blob(t.data(), std::vector<int64_t>(t.shape().begin(), t.shape().end()), torch::kFloat32);
   };
-  const torch::Tensor txtr = to_t(tr.x), tytr = torch::from_blob(tr.y.data(), {n}, torch::kInt64);
+  const std::string label = std::string(name) + (o.bf16 ? "_bf16" : "");
+  std::int64_t next = 0;  // the timing sides' next batch
 
-  manual_seed(0);
-  torch::manual_seed(0);
+  // ember
   std::unique_ptr<EmberMlp<P>> em;
   std::unique_ptr<EmberCnn<P>> ec;
-  if (cnn) ec = std::make_unique<EmberCnn<P>>();
-  else em = std::make_unique<EmberMlp<P>>();
-  nn::Module& emod = cnn ? static_cast<nn::Module&>(*ec) : static_cast<nn::Module&>(*em);
+  std::unique_ptr<optim::SGD<float>> eopt;
   auto eforward = [&](const Tensor<float>& x) { return cnn ? ec->forward(x) : em->forward(x); };
-  optim::SGD eopt(emod.parameters(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  auto ember_step = [&](std::int64_t s) {
+    const std::int64_t b0 = s * bs, b = std::min(bs, n - b0);
+    Tensor<float> loss = nn::cross_entropy(eforward(tr.x.narrow(0, b0, b)), tr.y.narrow(0, b0, b));
+    eopt->zero_grad();
+    loss.backward();
+    eopt->step();
+  };
+  if (!o.torch()) {
+    manual_seed(0);
+    if (cnn) ec = std::make_unique<EmberCnn<P>>();
+    else em = std::make_unique<EmberMlp<P>>();
+    nn::Module& emod = cnn ? static_cast<nn::Module&>(*ec) : static_cast<nn::Module&>(*em);
+    eopt = std::make_unique<optim::SGD<float>>(emod.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+    emod.train();
+    if (o.ember()) return measure(o, label.c_str(), [&] { ember_step(next++ % steps); });
+  }
+
+  // LibTorch
+  const torch::Tensor txtr = to_t(tr.x), tytr = torch::from_blob(tr.y.data(), {n}, torch::kInt64);
+  torch::manual_seed(0);
   torch::nn::Sequential tm = torch_model(cnn);
   torch::optim::SGD topt(tm->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
-
-  auto ember_epoch = [&] {
-    emod.train();
-    for (std::int64_t s = 0; s < steps; ++s) {
-      const std::int64_t b0 = s * bs, b = std::min(bs, n - b0);
-      Tensor<float> loss = nn::cross_entropy(eforward(tr.x.narrow(0, b0, b)), tr.y.narrow(0, b0, b));
-      eopt.zero_grad();
-      loss.backward();
-      eopt.step();
+  tm->train();
+  auto torch_step = [&](std::int64_t s) {
+    const std::int64_t b0 = s * bs, b = std::min(bs, n - b0);
+    torch::Tensor loss;
+    {
+      AutocastBf16 autocast(o.bf16);  // forward and loss under autocast, backward outside (as in PyTorch's recipe)
+      loss = torch::nn::functional::cross_entropy(tm->forward(txtr.narrow(0, b0, b)), tytr.narrow(0, b0, b));
     }
+    topt.zero_grad();
+    loss.backward();
+    topt.step();
   };
-  auto torch_epoch = [&] {
-    tm->train();
-    for (std::int64_t s = 0; s < steps; ++s) {
-      const std::int64_t b0 = s * bs, b = std::min(bs, n - b0);
-      torch::Tensor loss;
-      {
-        AutocastBf16 autocast(o.bf16);  // forward and loss under autocast, backward outside (as in PyTorch's recipe)
-        loss = torch::nn::functional::cross_entropy(tm->forward(txtr.narrow(0, b0, b)), tytr.narrow(0, b0, b));
-      }
-      topt.zero_grad();
-      loss.backward();
-      topt.step();
-    }
-  };
-  auto t0 = Clock::now();
-  ember_epoch();
-  const double te_s = seconds_since(t0);
-  t0 = Clock::now();
-  torch_epoch();
-  const double tt_s = seconds_since(t0);
+  if (o.torch()) return measure(o, label.c_str(), [&] { torch_step(next++ % steps); });
 
-  // Test accuracy, in eval mode without autograd.
+  // The check: one epoch each, then the test accuracy, in eval mode without autograd.
+  for (std::int64_t s = 0; s < steps; ++s) ember_step(s);
+  for (std::int64_t s = 0; s < steps; ++s) torch_step(s);
   const std::int64_t nt = te.x.size(0);
   std::int64_t ce = 0, ct = 0;
   {
+    nn::Module& emod = cnn ? static_cast<nn::Module&>(*ec) : static_cast<nn::Module&>(*em);
     emod.eval();
-    NoGradGuard ng;
+    InferenceMode guard;
     for (std::int64_t b0 = 0; b0 < nt; b0 += 1000) {
       const std::int64_t b = std::min<std::int64_t>(1000, nt - b0);
       ce += sum(cast<std::int64_t>(argmax(eforward(te.x.narrow(0, b0, b)), 1) == te.y.narrow(0, b0, b))).item();
@@ -687,68 +704,282 @@ void train_case(const Options& o, bool cnn, const char* name) {
     AutocastBf16 autocast(o.bf16);
     ct = tm->forward(tx).argmax(1).eq(ty).sum().item<std::int64_t>();
   }
-  const double imgs = double(std::min(n, steps * bs));
-  std::printf("case=%s%s ember=%.0fimages/s libtorch=%.0fimages/s speedup=%.2f ember_acc=%.4f libtorch_acc=%.4f\n",
-              name, o.bf16 ? "_bf16" : "", imgs / te_s, imgs / tt_s, tt_s / te_s, double(ce) / double(nt),
+  g_reported = true;
+  std::printf("case=%s check ember_acc=%.4f libtorch_acc=%.4f\n", label.c_str(), double(ce) / double(nt),
               double(ct) / double(nt));
   std::fflush(stdout);
 }
+void mlp_train(const Options& o) {
+  o.bf16 ? train_case<amp::bf16_mixed>(o, false, "mlp_train") : train_case<amp::fp32>(o, false, "mlp_train");
+}
+void cnn_train(const Options& o) {
+  o.bf16 ? train_case<amp::bf16_mixed>(o, true, "cnn_train") : train_case<amp::fp32>(o, true, "cnn_train");
+}
+
+// ---- the driver ---------------------------------------------------------------------------------------------
+
+struct Case {
+  const char* name;
+  void (*run)(const Options&);
+  const char* unit;
+  double scale;  // rate: value = scale / seconds (work per repetition); else value = seconds * scale
+  bool rate;
+  bool compiled;  // bench/torch_compile_peer.py times it too
+  bool precision;  // --precision=bf16 changes it (its name gains _bf16)
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"membw", membw, "GB/s", 2.0 * double(std::size_t(256) << 20) / 1e9, true, false, false},
+      {"tiny_add", tiny_add, "us/op", 1e6, false, false, false},
+      {"tiny_grad", tiny_grad, "us/iter", 1e6, false, false, false},
+      {"chain_16M", chain, "ms", 1e3, false, true, false},
+      {"gelu_bwd_16M", gelu_bwd, "ms", 1e3, false, true, false},
+      {"sum_sq_16M", sum_sq, "ms", 1e3, false, true, false},
+      {"matmul_1024", matmul_1024, "GFLOP/s", 2.0 * 1024 * 1024 * 1024 / 1e9, true, false, true},
+      {"matmul_2048", matmul_2048, "GFLOP/s", 2.0 * 2048 * 2048 * 2048 / 1e9, true, false, true},
+      {"conv3x3_fwd", conv3x3_fwd, "ms", 1e3, false, false, false},
+      {"conv3x3_train", conv3x3_train, "ms", 1e3, false, false, false},
+      {"loader", loader, "samples/s", 10000, true, false, false},
+      {"mlp_train", mlp_train, "images/s", 128, true, true, true},
+      {"cnn_train", cnn_train, "images/s", 128, true, true, true},
+  };
+  return all;
+}
+
+struct ChildResult {
+  int status = 0;
+  std::string out;
+};
+
+// Runs argv with the driver's environment minus `drop` plus `set`; returns its exit status and stdout (stderr goes
+// to the driver's).
+ChildResult spawn(const std::vector<std::string>& argv, const std::vector<std::string>& drop,
+                  const std::vector<std::string>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    if (std::find(drop.begin(), drop.end(), key) == drop.end()) env.push_back(kv);
+  }
+  env.insert(env.end(), set.begin(), set.end());
+  std::vector<char*> av, ev;
+  for (auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  for (auto& e : env) ev.push_back(const_cast<char*>(e.c_str()));
+  ev.push_back(nullptr);
+  int fd[2];
+  if (::pipe(fd) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+  posix_spawn_file_actions_addclose(&fa, fd[0]);
+  posix_spawn_file_actions_addclose(&fa, fd[1]);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), ev.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fd[1]);
+  if (rc != 0) {
+    ::close(fd[0]);
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  ChildResult r;
+  char buf[4096];
+  for (;;) {
+    const ssize_t k = ::read(fd[0], buf, sizeof buf);
+    if (k > 0) r.out.append(buf, std::size_t(k));
+    else if (k == 0 || errno != EINTR) break;
+  }
+  ::close(fd[0]);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  return r;
+}
+
+// The value of `key=` on the line of `out` that starts with "case=<name> " (NaN when absent).
+double field(const std::string& out, const std::string& name, const std::string& key) {
+  const std::string head = "case=" + name + " ";
+  for (std::size_t p = 0; (p = out.find(head, p)) != std::string::npos; p += head.size()) {
+    if (p != 0 && out[p - 1] != '\n') continue;
+    const std::size_t eol = out.find('\n', p);
+    const std::string line = out.substr(p, eol == std::string::npos ? std::string::npos : eol - p);
+    const std::size_t k = line.find(" " + key + "=");
+    if (k != std::string::npos) return std::strtod(line.c_str() + k + key.size() + 2, nullptr);
+  }
+  return NAN;
+}
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  return std::string(buf, std::size_t(n));
+}
+
+const std::vector<std::string> kControlled = {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                                              "OMP_WAIT_POLICY"};
+const std::vector<std::string> kTuned = {"MALLOC_MMAP_MAX_=0", "MALLOC_TRIM_THRESHOLD_=68719476736",
+                                         "MALLOC_TOP_PAD_=268435456"};
+
+// One timing child; its seconds per repetition (exits on failure).
+double timed_child(const std::vector<std::string>& argv, const std::string& name, bool tuned, bool passive) {
+  std::vector<std::string> set = tuned ? kTuned : std::vector<std::string>{};
+  if (passive) set.push_back("OMP_WAIT_POLICY=PASSIVE");
+  const ChildResult r = spawn(argv, kControlled, set);
+  const double s = field(r.out, name, "seconds");
+  if (r.status != 0 || !(s > 0)) {
+    std::fprintf(stderr, "vs_libtorch: child '%s %s' failed (status %d), output:\n%s\n", argv[0].c_str(),
+                 argv.size() > 1 ? argv[1].c_str() : "", r.status, r.out.c_str());
+    std::exit(1);
+  }
+  return s;
+}
+
+std::string fmt_value(const Case& c, double seconds) {
+  char b[64];
+  const double v = c.rate ? c.scale / seconds : seconds * c.scale;
+  if (v >= 1e4) std::snprintf(b, sizeof b, "%.0f%s", v, c.unit);
+  else std::snprintf(b, sizeof b, "%.4g%s", v, c.unit);
+  return b;
+}
+
+int drive(const Options& o) {
+  const std::string self = self_path();
+  std::vector<const Case*> todo;
+  for (const Case& c : cases())
+    if (o.wants(c.name) || (std::string(c.name) == "membw" && o.wants("chain_16M"))) todo.push_back(&c);
+  std::string script;
+#ifdef EMBER_BENCH_DIR
+  script = std::string(EMBER_BENCH_DIR) + "/torch_compile_peer.py";
+#endif
+  std::vector<std::string> common;
+  if (o.quick) common.push_back("--quick");
+  if (o.bf16) common.push_back("--precision=bf16");
+  double membw_s = NAN;
+  for (const Case* c : todo) {
+    const std::string name = std::string(c->name) + (c->precision && o.bf16 ? "_bf16" : "");
+    auto args = [&](const char* side) {
+      std::vector<std::string> a = {self, std::string("--side=") + side, std::string("--case=") + c->name};
+      a.insert(a.end(), common.begin(), common.end());
+      return a;
+    };
+    const bool is_membw = std::string(c->name) == "membw";
+    std::string extras;  // from the check child: accuracies
+    if (!is_membw) {
+      const ChildResult r = spawn(args("check"), kControlled, {});
+      if (r.status != 0) {
+        std::fprintf(stderr, "vs_libtorch: %s: the check failed (status %d)\n%s", name.c_str(), r.status,
+                     r.out.c_str());
+        return 1;
+      }
+      const std::string head = "case=" + name + " check";
+      const std::size_t p = r.out.find(head);
+      if (p != std::string::npos) extras = r.out.substr(p + head.size(), r.out.find('\n', p) - p - head.size());
+      if (r.out.find("case=" + name + " skipped") != std::string::npos) {
+        std::printf("case=%s skipped (see the note above)\n", name.c_str());
+        std::fflush(stdout);
+        continue;
+      }
+    }
+    const bool compiled = c->compiled && !o.python.empty() && !o.bf16;
+    // [alloc] -> per-round seconds; LibTorch and the compiled peer under [policy] too
+    std::vector<double> te[2], tt[2][2], tc[2][2];
+    for (int round = 0; round < (o.quick ? 1 : o.rounds); ++round)
+      for (int alloc = 0; alloc < 2; ++alloc) {
+        te[alloc].push_back(timed_child(args("ember"), name, alloc == 1, false));
+        if (is_membw) continue;
+        for (int pol = 0; pol < 2; ++pol) tt[alloc][pol].push_back(timed_child(args("libtorch"), name, alloc == 1, pol));
+        if (compiled)
+          for (int pol = 0; pol < 2; ++pol) {
+            std::vector<std::string> a = {o.python, script, std::string("--case=") + c->name};
+            if (o.quick) a.push_back("--quick");
+            tc[alloc][pol].push_back(timed_child(a, name, alloc == 1, pol));
+          }
+      }
+    if (is_membw) {
+      membw_s = median(te[0]);
+      std::printf("case=membw value=%s rounds=%zu\n", fmt_value(*c, membw_s).c_str(), te[0].size());
+      std::fflush(stdout);
+      continue;
+    }
+    for (int alloc = 0; alloc < 2; ++alloc) {
+      const double e = median(te[alloc]);
+      const int pol = median(tt[alloc][1]) < median(tt[alloc][0]) ? 1 : 0;
+      const double t = median(tt[alloc][pol]);
+      std::string line = "case=" + name + " alloc=" + (alloc ? "tuned" : "default") + " ember=" + fmt_value(*c, e) +
+                         " libtorch=" + fmt_value(*c, t);
+      char b[128];
+      std::snprintf(b, sizeof b, " speedup=%.2f libtorch_omp=%s rounds=", t / e, pol ? "passive" : "default");
+      line += b;
+      for (std::size_t r = 0; r < te[alloc].size(); ++r) {
+        std::snprintf(b, sizeof b, "%s%.2f", r ? "," : "", tt[alloc][pol][r] / te[alloc][r]);
+        line += b;
+      }
+      if (compiled) {
+        const int cp = median(tc[alloc][1]) < median(tc[alloc][0]) ? 1 : 0;
+        const double k = median(tc[alloc][cp]);
+        std::snprintf(b, sizeof b, " vs_compiled=%.2f compiled_omp=%s", k / e, cp ? "passive" : "default");
+        line += " compiled=" + fmt_value(*c, k) + b;
+      }
+      if (std::string(c->name) == "chain_16M" && membw_s > 0) {
+        // 6 arrays of 64 MiB move per op (5 read, 1 written); membw moves 2 x 256 MiB per copy.
+        std::snprintf(b, sizeof b, " frac_membw=%.2f", (6.0 * 64 / e) / (2.0 * 256 / membw_s));
+        line += b;
+      }
+      std::printf("%s%s\n", line.c_str(), extras.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
+  auto usage = [&] {
+    std::fprintf(stderr, "usage: %s [--quick] [--case=NAME] [--precision=fp32|bf16] [--rounds=N] [--python=PYTHON]\n",
+                 argv[0]);
+    return 2;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") o.quick = true;
     else if (arg.rfind("--case=", 0) == 0) o.only = arg.substr(7);
     else if (arg == "--precision=bf16") o.bf16 = true;
     else if (arg == "--precision=fp32") o.bf16 = false;
-    else {
-      std::fprintf(stderr, "usage: %s [--quick] [--case=NAME] [--precision=fp32|bf16]\n", argv[0]);
-      return 2;
-    }
+    else if (arg.rfind("--rounds=", 0) == 0) o.rounds = std::max(1, std::atoi(arg.c_str() + 9));
+    else if (arg.rfind("--python=", 0) == 0) o.python = arg.substr(9);
+    else if (arg == "--side=check") o.side = Side::check;
+    else if (arg == "--side=ember") o.side = Side::ember;
+    else if (arg == "--side=libtorch") o.side = Side::libtorch;
+    else return usage();
   }
-  const std::vector<std::string> names = {"membw",      "tiny_add",    "tiny_grad",   "chain_16M",
-                                          "gelu_bwd_16M", "sum_sq_16M", "matmul_1024", "matmul_2048",
-                                          "loader",     "mlp_train",   "cnn_train"};
-  if (!o.only.empty() && std::find(names.begin(), names.end(), o.only) == names.end()) {
+  bool known = o.only.empty();
+  for (const Case& c : cases()) known |= o.only == c.name;
+  if (!known) {
     std::fprintf(stderr, "unknown case '%s'; cases:", o.only.c_str());
-    for (auto& n : names) std::fprintf(stderr, " %s", n.c_str());
+    for (const Case& c : cases()) std::fprintf(stderr, " %s", c.name);
     std::fprintf(stderr, "\n");
     return 2;
   }
-
   try {
-    at::set_num_interop_threads(1);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "note: at::set_num_interop_threads(1) refused: %s\n", e.what());
-  }
-  torch::set_num_threads(2);
-  ember::cpu::set_num_threads(2);
-
-  try {
-    std::unique_ptr<Membw> membw;
-    if (o.wants("membw") || o.wants("chain_16M")) {
-      membw = std::make_unique<Membw>();
-      membw->sample();  // warm-up
-      membw->clear();
+    if (o.side == Side::driver) return drive(o);
+    if (o.only.empty()) return usage();  // a child runs one case
+    ember::cpu::set_num_threads(2);
+    if (!o.ember()) {  // the ember side never touches LibTorch, so its OpenMP threads never start
+      try {
+        at::set_num_interop_threads(1);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "note: at::set_num_interop_threads(1) refused: %s\n", e.what());
+      }
+      torch::set_num_threads(2);
     }
-    if (o.wants("membw") && !o.wants("chain_16M")) {
-      for (int i = 0; i < o.measurements(); ++i) membw->sample();
-      membw->report();
-    }
-    if (o.wants("tiny_add")) tiny_add(o);
-    if (o.wants("tiny_grad")) tiny_grad(o);
-    if (o.wants("chain_16M")) chain(o, membw.get());
-    if (o.wants("gelu_bwd_16M")) gelu_bwd(o);
-    if (o.wants("sum_sq_16M")) sum_sq(o);
-    if (o.wants("matmul_1024")) matmul(o, 1024, "matmul_1024");
-    if (o.wants("matmul_2048")) matmul(o, 2048, "matmul_2048");
-    if (o.wants("loader")) loader(o);
-    if (o.wants("mlp_train"))
-      o.bf16 ? train_case<amp::bf16_mixed>(o, false, "mlp_train") : train_case<amp::fp32>(o, false, "mlp_train");
-    if (o.wants("cnn_train"))
-      o.bf16 ? train_case<amp::bf16_mixed>(o, true, "cnn_train") : train_case<amp::fp32>(o, true, "cnn_train");
+    for (const Case& c : cases())
+      if (o.only == c.name) c.run(o);
+    if (o.checking() && !g_reported && !g_failed) std::printf("case=%s check\n", o.only.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # Installs what building and testing ember needs on Debian 12; does nothing when all of it is there.
-# usage: scripts/deps.sh [--bench] [--fuzz]
-#   --bench adds libtorch-dev (~1 GB) for bench/vs_libtorch; --fuzz is accepted for old scripts (clang and libFuzzer are
-#   now always installed: the test suite runs the fuzzers)
+# usage: scripts/deps.sh [--bench] [--bench-python] [--fuzz]
+#   --bench         the performance peer of bench/vs_libtorch: the current PyPI `torch` wheel (~1 GB), without its
+#                   dependencies, in a virtual environment outside the tree ($EMBER_TORCH_VENV, by default
+#                   ~/.cache/ember/torch-venv); vs_libtorch links only its CPU libraries (libtorch_cpu, libc10).
+#                   EMBER_TORCH_VERSION=2.15.0 pins a version.
+#   --bench-python  --bench plus the wheel's dependencies (~4 GB: PyPI's Linux wheel is the CUDA build, and `import
+#                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile)
+#   --fuzz          accepted for old scripts (clang and libFuzzer are now always installed: the tests run the fuzzers)
 set -euo pipefail
 # zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: safetensors headers; dataset-fashion-mnist: the examples' data
 # clang, libclang-rt-14-dev: libFuzzer for the fuzz jobs of the test suite (ctest's fuzz_smoke, scripts/fuzz.sh)
 # time: GNU time, for scripts/compile_time.sh's peak-memory figures
 pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist
       clang libclang-rt-14-dev time)
+bench=0 bench_python=0
 for arg in "$@"; do
   case $arg in
-    --bench) pkgs+=(libtorch-dev) ;;
+    --bench) bench=1 ;;
+    --bench-python) bench=1 bench_python=1 ;;
     --fuzz) ;;
-    *) echo "usage: $0 [--bench] [--fuzz]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--bench] [--bench-python] [--fuzz]" >&2; exit 2 ;;
   esac
 done
+[ $bench -eq 0 ] || pkgs+=(python3-venv)
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -23,11 +31,36 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "deps: all installed"
-  exit 0
+else
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  echo "deps: installing ${missing[*]}"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+[ $bench -eq 1 ] || exit 0
 
-sudo=()
-[ "$(id -u)" -eq 0 ] || sudo=(sudo)
-echo "deps: installing ${missing[*]}"
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+venv=${EMBER_TORCH_VENV:-$HOME/.cache/ember/torch-venv}
+py=$venv/bin/python
+[ -x "$py" ] || python3 -m venv "$venv"
+# Where the package is, without importing it (an import needs the CUDA packages that --bench leaves out).
+torch_dir() { "$py" -c "import importlib.util as u, os; s = u.find_spec('torch'); print(os.path.dirname(s.origin) if s else '')"; }
+want=torch${EMBER_TORCH_VERSION:+==$EMBER_TORCH_VERSION}
+if [ -z "$(torch_dir)" ] || { [ -n "${EMBER_TORCH_VERSION:-}" ] && ! grep -q "^__version__ = '$EMBER_TORCH_VERSION" "$(torch_dir)/version.py"; }; then
+  echo "deps: pip install --no-deps $want into $venv"
+  "$py" -m pip install --quiet --no-deps "$want"
+fi
+version=$(sed -n "s/^__version__ = '\(.*\)'/\1/p" "$(torch_dir)/version.py")
+# libtorch_cpu.so itself needs two small CUDA runtime libraries (libcudart, libcupti; ~7 MB) at load time: the
+# versions the wheel names (its cuda-toolkit requirement), with their cudart and cupti parts only.
+toolkit=$(grep -o 'cuda-toolkit\[[^]]*\]==[0-9.]*' "$(torch_dir)/../torch-${version%%+*}.dist-info/METADATA" | head -1 || true)
+if [ -n "$toolkit" ] && ! ls "$(torch_dir)"/../nvidia/*/lib/libcupti.so.* > /dev/null 2>&1; then
+  echo "deps: the CUDA runtime libraries libtorch_cpu loads: ${toolkit%%\[*}[cudart,cupti]==${toolkit##*==}"
+  "$py" -m pip install --quiet "${toolkit%%\[*}[cudart,cupti]==${toolkit##*==}"
+  echo "deps: (pip lists the wheel's other requirements as missing: they are left out on purpose)"
+fi
+if [ $bench_python -eq 1 ]; then
+  echo "deps: torch $version's dependencies (for the Python peers) into $venv"
+  "$py" -m pip install --quiet "torch==${version%%+*}"
+fi
+echo "deps: LibTorch $version in $venv; cmake finds it through -DEMBER_TORCH_PYTHON=$py (the default is ~/.cache/ember/torch-venv/bin/python)"
