@@ -411,7 +411,7 @@ void matmul_as(const Options& o, std::int64_t n, const char* name, torch::Scalar
   });
 }
 void matmul(const Options& o, std::int64_t n, const char* name) {
-  if (o.bf16) matmul_as<bfloat16>(o, n, name, torch::kBFloat16);
+  if (o.bf16) matmul_as<bfloat16>(o, n, (std::string(name) + "_bf16").c_str(), torch::kBFloat16);
   else matmul_as<float>(o, n, name, torch::kFloat32);
 }
 void matmul_1024(const Options& o) { matmul(o, 1024, "matmul_1024"); }
@@ -776,7 +776,7 @@ ChildResult spawn(const std::vector<std::string>& argv, const std::vector<std::s
   posix_spawn_file_actions_addclose(&fa, fd[0]);
   posix_spawn_file_actions_addclose(&fa, fd[1]);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), ev.data());
+  const int rc = posix_spawnp(&pid, av[0], &fa, nullptr, av.data(), ev.data());  // --python=python3 works too
   posix_spawn_file_actions_destroy(&fa);
   ::close(fd[1]);
   if (rc != 0) {
