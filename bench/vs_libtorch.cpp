@@ -329,7 +329,8 @@ void chain(const Options& o) {
     keep(y);
   });
   torch::Tensor ta = to_torch(a), tb = to_torch(b), tc = to_torch(c), td = to_torch(d), te = to_torch(e);
-  if (o.checking()) return check("chain_16M", "y", Tensor<float>(a * b + c * d - e), ta * tb + tc * td - te, 1e-5, 1e-5);
+  if (o.checking())
+    return check("chain_16M", "y", Tensor<float>(a * b + c * d - e), ta * tb + tc * td - te, 1e-5, 1e-5);
   measure(o, "chain_16M", [&] {
     auto y = ta * tb + tc * td - te;
     keep(y);
@@ -349,7 +350,8 @@ void gelu_bwd(const Options& o) {
     keep(ember_iter());
     for (auto* p : {&x, &w, &b}) p->grad() = Tensor<float>();
   });
-  torch::Tensor tx = to_torch(x.detach()), tw = to_torch(w.detach()), tb = to_torch(b.detach()), tg = torch::ones({kBig});
+  torch::Tensor tx = to_torch(x.detach()), tw = to_torch(w.detach()), tb = to_torch(b.detach());
+  const torch::Tensor tg = torch::ones({kBig});
   for (auto* p : {&tx, &tw, &tb}) p->requires_grad_();
   auto torch_iter = [&] {
     auto y = torch::gelu(tx * tw + tb);
@@ -621,7 +623,7 @@ Split load_split(data::Split which, bool shuffle) {
 
 // SGD (lr 0.05, momentum 0.9, Nesterov) at batch 128. The check side trains one epoch (or 60 steps) in each
 // library and prints the test accuracy each model reached; a timing side times single steps, going round the
-// epoch's batches.
+// epoch's full batches.
 template <class P>
 void train_case(const Options& o, bool cnn, const char* name) {
   Split tr, te;
@@ -640,7 +642,8 @@ void train_case(const Options& o, bool cnn, const char* name) {
     return torch::from_blob(t.data(), std::vector<int64_t>(t.shape().begin(), t.shape().end()), torch::kFloat32);
   };
   const std::string label = std::string(name) + (o.bf16 ? "_bf16" : "");
-  std::int64_t next = 0;  // the timing sides' next batch
+  const std::int64_t full = n / bs;  // the timing sides go round the full batches (a step is bs images)
+  std::int64_t next = 0;
 
   // ember
   std::unique_ptr<EmberMlp<P>> em;
@@ -659,9 +662,10 @@ void train_case(const Options& o, bool cnn, const char* name) {
     if (cnn) ec = std::make_unique<EmberCnn<P>>();
     else em = std::make_unique<EmberMlp<P>>();
     nn::Module& emod = cnn ? static_cast<nn::Module&>(*ec) : static_cast<nn::Module&>(*em);
-    eopt = std::make_unique<optim::SGD<float>>(emod.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+    eopt = std::make_unique<optim::SGD<float>>(emod.parameters(),
+                                               optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
     emod.train();
-    if (o.ember()) return measure(o, label.c_str(), [&] { ember_step(next++ % steps); });
+    if (o.ember()) return measure(o, label.c_str(), [&] { ember_step(next++ % full); });
   }
 
   // LibTorch
@@ -681,7 +685,7 @@ void train_case(const Options& o, bool cnn, const char* name) {
     loss.backward();
     topt.step();
   };
-  if (o.torch()) return measure(o, label.c_str(), [&] { torch_step(next++ % steps); });
+  if (o.torch()) return measure(o, label.c_str(), [&] { torch_step(next++ % full); });
 
   // The check: one epoch each, then the test accuracy, in eval mode without autograd.
   for (std::int64_t s = 0; s < steps; ++s) ember_step(s);
@@ -890,7 +894,8 @@ int drive(const Options& o) {
       for (int alloc = 0; alloc < 2; ++alloc) {
         te[alloc].push_back(timed_child(args("ember"), name, alloc == 1, false));
         if (is_membw) continue;
-        for (int pol = 0; pol < 2; ++pol) tt[alloc][pol].push_back(timed_child(args("libtorch"), name, alloc == 1, pol));
+        for (int pol = 0; pol < 2; ++pol)
+          tt[alloc][pol].push_back(timed_child(args("libtorch"), name, alloc == 1, pol));
         if (compiled)
           for (int pol = 0; pol < 2; ++pol) {
             std::vector<std::string> a = {o.python, script, std::string("--case=") + c->name};

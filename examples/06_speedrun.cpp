@@ -175,8 +175,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--data")) a.root = next();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--epochs N] [--batch N] [--lr X] [--width N] [--smoothing X] [--no-tta] [--eval-each-epoch] "
-                   "[--data DIR]\n",
+                   "usage: %s [--epochs N] [--batch N] [--lr X] [--width N] [--smoothing X] [--no-tta] "
+                   "[--eval-each-epoch] [--data DIR]\n",
                    argv[0]);
       return 2;
     }
