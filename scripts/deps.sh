@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing ember needs on Debian 12; does nothing when all of it is there.
 # usage: scripts/deps.sh [--bench] [--bench-python] [--fuzz]
-#   --bench         the performance peer of bench/vs_libtorch: the current PyPI `torch` wheel (~1 GB), without its
-#                   dependencies, in a virtual environment outside the tree ($EMBER_TORCH_VENV, by default
-#                   ~/.cache/ember/torch-venv); vs_libtorch links only its CPU libraries (libtorch_cpu, libc10).
+#   --bench         the performance peer of bench/vs_libtorch: the current PyPI `torch` wheel (~1.3 GB), without its
+#                   dependencies except two small CUDA runtime libraries that libtorch_cpu loads, in a virtual
+#                   environment outside the tree ($EMBER_TORCH_VENV, by default ~/.cache/ember/torch-venv);
+#                   vs_libtorch links only its CPU libraries (libtorch_cpu, libc10).
 #                   EMBER_TORCH_VERSION=2.15.0 pins a version.
 #   --bench-python  --bench plus the wheel's dependencies (~4 GB: PyPI's Linux wheel is the CUDA build, and `import
 #                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile)
