@@ -21,8 +21,9 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_autocast_peer import model  # the examples' MLP and CNN, as the autocast peer builds them
 
 BIG = 16 << 20
 
@@ -50,15 +51,6 @@ def measure(name, fn, quick):
 
 def big():
     return torch.rand(BIG) * 4 - 2
-
-
-def model(cnn):
-    if not cnn:
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                             nn.Linear(128, 10))
-    return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
 
 
 def main():
