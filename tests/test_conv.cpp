@@ -675,3 +675,204 @@ TEST_CASE("pooling errors: no window fits, divisor_override zero or on max_pool2
   EXPECT_ERROR([&] { (void)max_pool2d(zeros<double>({1, 1, 4, 4}), {2, i64(1) << 40}); },
                {"max_pool2d", "at most 2^31 - 1"});
 }
+
+// ---- conv2d -> batch norm (training) -> [relu] -> [2x2 max pool], fused -------------------------------------------
+
+TEST_CASE("conv2d_batch_norm gradcheck: every tail, with and without biases and affine parameters") {
+  struct C {
+    const char* what;
+    Shape x, w;
+    bool bias, affine, relu, pool2;
+    Conv2dOptions o;
+  };
+  const C cases[] = {
+      {"bn only, conv bias", {3, 2, 5, 4}, {3, 2, 3, 3}, true, true, false, false, {1, 1, 1, 1}},
+      {"bn + relu", {2, 2, 5, 5}, {3, 2, 3, 3}, false, true, true, false, {1, 1, 1, 1}},
+      {"bn + pool, odd output (last row and column dropped)", {2, 2, 5, 5}, {2, 2, 3, 3}, false, true, false, true,
+       {1, 1, 1, 1}},
+      {"bn + relu + pool, stride 2, groups 2", {3, 4, 9, 8}, {4, 2, 3, 3}, true, true, true, true, {2, 1, 1, 2}},
+      {"no affine, relu + pool", {2, 1, 6, 6}, {3, 1, 3, 3}, false, false, true, true, {1, 1, 1, 1}},
+  };
+  std::uint64_t seed = 400;
+  for (const auto& c : cases) {
+    Inputs in{distinct(c.x, ++seed), normal(c.w, ++seed)};
+    if (c.bias) in.push_back(normal({c.w[0]}, ++seed));
+    if (c.affine) {
+      TD gamma = normal({c.w[0]}, ++seed);
+      in.push_back(TD(gamma * gamma + 0.5));
+      in.push_back(normal({c.w[0]}, ++seed));
+    }
+    const Conv2dOptions o = c.o;
+    ops::ConvBnOptions bo;
+    bo.relu = c.relu;
+    bo.pool2 = c.pool2;
+    const bool bias = c.bias, affine = c.affine;
+    check_grad(c.what,
+               [=](const Inputs& v) {
+                 const std::size_t k = bias ? 3 : 2;
+                 return conv2d_batch_norm(v[0], v[1], bias ? v[2] : TD(), TD(), TD(), affine ? v[k] : TD(),
+                                          affine ? v[k + 1] : TD(), o, bo);
+               },
+               in);
+  }
+}
+
+// The fused operation does batch_norm's, relu's and max_pool2d's arithmetic in their order, so it must equal the
+// four ops bit for bit: outputs, every gradient and the running statistics, at one and two threads.
+TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d bit for bit") {
+  ThreadsGuard guard;
+  for (int threads : {1, 2})
+    for (int tail = 0; tail < 4; ++tail) {
+      cpu::set_num_threads(threads);
+      const bool relu_on = tail & 1, pool_on = tail & 2;
+      INFO("threads " << threads << ", relu " << relu_on << ", pool " << pool_on);
+      // 17 images: more than the 16 batch blocks of the statistics; an odd output size for the pool.
+      const TF x0 = normal_f({17, 3, 11, 11}, 51), w0 = normal_f({6, 3, 3, 3}, 52), b0 = normal_f({6}, 53);
+      const TF g0 = TF(normal_f({6}, 54) * 0.5f + 1.f), be0 = normal_f({6}, 55);
+      TF out[2], gx[2], gw[2], gb[2], gg[2], gbe[2], rm[2], rv[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        TF x = x0.clone(), w = w0.clone(), b = b0.clone(), gamma = g0.clone(), beta = be0.clone();
+        for (TF* t : {&x, &w, &b, &gamma, &beta}) t->requires_grad_(true);
+        rm[fused] = zeros<float>({6});
+        rv[fused] = ones<float>({6});
+        ops::ConvBnOptions bo;
+        bo.relu = relu_on;
+        bo.pool2 = pool_on;
+        TF y;
+        if (fused) {
+          y = conv2d_batch_norm(x, w, b, rm[1], rv[1], gamma, beta, {1, 1}, bo);
+        } else {
+          y = batch_norm(conv2d(x, w, b, {1, 1}), rm[0], rv[0], gamma, beta, true, bo.momentum, bo.eps);
+          if (relu_on) y = TF(relu(y));
+          if (pool_on) y = max_pool2d(y, 2);
+        }
+        y.backward(normal_f(y.shape(), 56));
+        out[fused] = y.detach();
+        gx[fused] = x.grad();
+        gw[fused] = w.grad();
+        gb[fused] = b.grad();
+        gg[fused] = gamma.grad();
+        gbe[fused] = beta.grad();
+      }
+      CHECK(ember_test::bitwise_equal(out[0], out[1]));
+      CHECK(ember_test::bitwise_equal(gx[0], gx[1]));
+      CHECK(ember_test::bitwise_equal(gw[0], gw[1]));
+      CHECK(ember_test::bitwise_equal(gb[0], gb[1]));
+      CHECK(ember_test::bitwise_equal(gg[0], gg[1]));
+      CHECK(ember_test::bitwise_equal(gbe[0], gbe[1]));
+      CHECK(ember_test::bitwise_equal(rm[0], rm[1]));
+      CHECK(ember_test::bitwise_equal(rv[0], rv[1]));
+    }
+}
+
+// Ties in the pool's windows (few distinct values): the gradient goes to the first maximum, as max_pool2d's.
+TEST_CASE("conv2d_batch_norm: ties in the pool go to the first maximum, as max_pool2d") {
+  TF x0 = empty<float>({4, 1, 6, 6});
+  Generator gen(5);
+  const TF u = rand<float>({4, 1, 6, 6}, gen);
+  for (i64 i = 0; i < x0.numel(); ++i) x0.data()[i] = float(int(u.data()[i] * 4.f)) - 1.f;  // -1, 0, 1 or 2
+  const TF w0 = from_vector<float>({1.f, -1.f}, Shape{2, 1, 1, 1});
+  for (bool relu_on : {false, true}) {
+    INFO("relu " << relu_on);
+    TF gx[2], gw[2], gg[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      TF x = x0.clone(), w = w0.clone(), gamma = ones<float>({2});
+      for (TF* t : {&x, &w, &gamma}) t->requires_grad_(true);
+      ops::ConvBnOptions bo;
+      bo.relu = relu_on;
+      bo.pool2 = true;
+      TF y;
+      if (fused) {
+        y = conv2d_batch_norm(x, w, TF(), TF(), TF(), gamma, TF(), {}, bo);
+      } else {
+        y = batch_norm(conv2d(x, w), TF(), TF(), gamma, TF(), true);
+        if (relu_on) y = TF(relu(y));
+        y = max_pool2d(y, 2);
+      }
+      y.backward(normal_f(y.shape(), 57));
+      gx[fused] = x.grad();
+      gw[fused] = w.grad();
+      gg[fused] = gamma.grad();
+    }
+    CHECK(ember_test::bitwise_equal(gx[0], gx[1]));
+    CHECK(ember_test::bitwise_equal(gw[0], gw[1]));
+    CHECK(ember_test::bitwise_equal(gg[0], gg[1]));
+  }
+}
+
+// nn::Sequential runs Conv2d -> BatchNorm2d -> ReLU -> MaxPool2d(2) fused in training: the model trains exactly as
+// the same modules called one by one (values, gradients, running statistics and num_batches_tracked), and in eval
+// mode the modules run as before.
+TEST_CASE("nn::Sequential fuses conv -> batch norm -> relu -> pool in training, with the modules' results") {
+  manual_seed(3);
+  nn::Sequential seq(nn::Conv2d(2, 4, 3, {.padding = 1, .bias = false}), nn::BatchNorm2d(4), nn::ReLU(),
+                     nn::MaxPool2d(2), nn::Conv2d(4, 5, 3, {.padding = 1}), nn::BatchNorm2d(5, {.momentum = std::nullopt}),
+                     nn::Flatten());
+  nn::Conv2d c1(2, 4, 3, {.padding = 1, .bias = false}), c2(4, 5, 3, {.padding = 1});
+  nn::BatchNorm2d b1(4), b2(5, {.momentum = std::nullopt});
+  nn::ReLU r;
+  nn::MaxPool2d p(2);
+  nn::Sequential ref(c1, b1, r, p, c2, b2, nn::Flatten());  // handles: the modules' own forward, unfused below
+  ref.load_state_dict(seq.state_dict());
+  for (int step = 0; step < 2; ++step) {
+    const TF x = normal_f({3, 2, 8, 8}, 60 + std::uint64_t(step));
+    const TF gy = normal_f({3, 5 * 4 * 4}, 70 + std::uint64_t(step));
+    seq.zero_grad();
+    TF y = seq.forward(x);
+    y.backward(gy);
+    c1.zero_grad(), c2.zero_grad(), b1.zero_grad(), b2.zero_grad();
+    TF h = p.forward(r.forward(b1.forward(c1.forward(x))));
+    TF y2 = b2.forward(c2.forward(h)).flatten(1);
+    y2.backward(gy);
+    CHECK(ember_test::bitwise_equal(y.detach(), y2.detach()));
+    const auto ps = seq.named_parameters<float>(), pr = ref.named_parameters<float>();
+    REQUIRE(ps.size() == pr.size());
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      INFO(ps[i].first);
+      CHECK(ember_test::bitwise_equal(ps[i].second.grad(), pr[i].second.grad()));
+    }
+  }
+  // Running statistics and batch counts.
+  const nn::StateDict sa = seq.state_dict(), sb = ref.state_dict();
+  REQUIRE(sa.size() == sb.size());
+  for (const auto& [name, t] : sa) {
+    INFO(name);
+    if (const auto* f = std::get_if<TF>(&t)) CHECK(ember_test::bitwise_equal(*f, std::get<TF>(sb.at(name))));
+    else CHECK(std::get<Tensor<std::int64_t>>(t).item() == std::get<Tensor<std::int64_t>>(sb.at(name)).item());
+  }
+  CHECK(std::get<Tensor<std::int64_t>>(sa.at("1.num_batches_tracked")).item() == 2);
+  // The first group did run fused (one node on the tape), and a group without a pool stops at the batch norm's
+  // output.
+  nn::Sequential head(nn::Conv2d(2, 3, 3), nn::BatchNorm2d(3), nn::ReLU(), nn::MaxPool2d(2));
+  const TF yh = head.forward(normal_f({2, 2, 8, 8}, 90));
+  CHECK(yh.shape() == Shape({2, 3, 3, 3}));
+  REQUIRE(yh.grad_fn());
+  CHECK(std::string(yh.grad_fn()->name()) == "ConvBatchNormBackward");
+  nn::Sequential nopool(nn::Conv2d(2, 3, 3), nn::BatchNorm2d(3), nn::MaxPool2d(3));
+  const TF yn = nopool.forward(normal_f({2, 2, 8, 8}, 91));
+  REQUIRE(yn.grad_fn());
+  CHECK(std::string(yn.grad_fn()->name()) == "MaxPool2dBackward");
+  // Evaluation mode: the modules one by one (running statistics), the same as the reference model.
+  seq.eval();
+  ref.eval();
+  const TF xe = normal_f({2, 2, 8, 8}, 80);
+  CHECK(ember_test::bitwise_equal(seq.forward(xe), ref.forward(xe)));
+}
+
+TEST_CASE("conv2d_batch_norm errors name the op, the shapes and what was expected") {
+  const TF x = normal_f({2, 3, 6, 6}, 1), w = normal_f({4, 3, 3, 3}, 2);
+  ember_test::expect_error(__LINE__, [&] { (void)conv2d_batch_norm(x, w, TF(), zeros<float>({3}), ones<float>({4}), TF(), TF()); },
+                           {"batch_norm", "running_mean", "[3]", "4 channels"});
+  ember_test::expect_error(__LINE__, [&] { (void)conv2d_batch_norm(x, w, TF(), zeros<float>({4}), TF(), TF(), TF()); },
+                           {"conv2d_batch_norm", "both defined"});
+  ember_test::expect_error(__LINE__,
+                           [&] { (void)conv2d_batch_norm(normal_f({1, 3, 3, 3}, 3), w, TF(), TF(), TF(), TF(), TF()); },
+                           {"conv2d_batch_norm", "more than 1 value per channel", "[1, 4, 1, 1]"});
+  ops::ConvBnOptions pool;
+  pool.pool2 = true;
+  ember_test::expect_error(
+      __LINE__, [&] { (void)conv2d_batch_norm(normal_f({2, 3, 3, 3}, 3), w, TF(), TF(), TF(), TF(), TF(), {}, pool); },
+      {"conv2d_batch_norm", "2x2 max pool", "1x1"});
+  ember_test::expect_error(__LINE__, [&] { (void)conv2d_batch_norm(x, normal_f({4, 2, 3, 3}, 4), TF(), TF(), TF(), TF(), TF()); },
+                           {"conv2d", "channels"});
+}

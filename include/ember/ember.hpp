@@ -43,6 +43,7 @@
 #include "ember/autograd/conv.hpp"
 #include "ember/autograd/pool.hpp"
 #include "ember/autograd/normalization.hpp"
+#include "ember/autograd/conv_bn.hpp"
 #include "ember/autograd/softmax.hpp"
 #include "ember/ops/elementwise.hpp"
 #include "ember/ops/indexing.hpp"
@@ -51,6 +52,7 @@
 #include "ember/ops/conv.hpp"
 #include "ember/ops/pool.hpp"
 #include "ember/ops/normalization.hpp"
+#include "ember/ops/conv_bn.hpp"
 #include "ember/ops/softmax.hpp"
 #include "ember/amp/policy.hpp"
 #include "ember/amp/grad_scaler.hpp"
@@ -70,6 +72,7 @@
 #include "ember/nn/conv.hpp"
 #include "ember/nn/pooling.hpp"
 #include "ember/nn/normalization.hpp"
+#include "ember/nn/conv_bn.hpp"
 #include "ember/nn/fuse.hpp"
 
 // ---- opt-in precompilation ------------------------------------------------------------------------------------

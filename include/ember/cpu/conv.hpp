@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ember/config.hpp"
@@ -149,9 +151,12 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 /// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null)). All contiguous.
 /// The activation is applied to each image's output right after its GEMMs, while it is in cache. With pool2, y is
 /// (N, O, oh/2, ow/2): a 2x2 max pool (stride 2, floor) of that output, taken while it is in cache too.
-template <class T>
+/// image_done (optional): called as image_done(i, yi) with image i's output (O, oh, ow) after the activation and
+/// before the pool, while it is in cache (a batch norm's statistics are gathered there); calls for different images
+/// may run concurrently.
+template <class T, class ImageDone = std::nullptr_t>
 void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
-                    bool pool2 = false) {
+                    bool pool2 = false, const ImageDone& image_done = nullptr) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
@@ -187,6 +192,7 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
       } else {
         act_(yi, g.o * L, act);
       }
+      if constexpr (!std::is_same_v<ImageDone, std::nullptr_t>) image_done(i, static_cast<const T*>(yi));
       if (pool2)
         for (std::int64_t oc = 0; oc < g.o; ++oc)
           detail::max_pool_plane_2x2<T, false>(pg, yi + oc * L, y + (i * g.o + oc) * yl, nullptr);

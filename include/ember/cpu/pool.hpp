@@ -19,6 +19,13 @@
 #include "ember/core/dtype.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define EMBER_POOL_AVX512 1
+#else
+#define EMBER_POOL_AVX512 0
+#endif
+
 namespace ember::cpu {
 
 /// The geometry of one pooling call (checked by ops/).
@@ -95,9 +102,57 @@ void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_
   }
 }
 
+#if EMBER_POOL_AVX512
+/// The low n bits (n <= 16).
+inline __mmask16 low_lanes(std::int64_t n) { return __mmask16((1u << unsigned(n)) - 1u); }
+
+/// Up to sixteen 2x2 windows (n of them) of fp32 rows r0 and r1 (columns [0, 2n) of each, read with masks, so
+/// narrow planes such as 14x14 take one step per row pair), split into their four elements: a = r0[2j],
+/// b = r0[2j + 1], d = r1[2j], e = r1[2j + 1].
+struct Windows16 {
+  __m512 a, b, d, e;
+  Windows16(const float* r0, const float* r1, std::int64_t n) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __mmask16 lo = low_lanes(std::min<std::int64_t>(16, 2 * n)),
+                    hi = low_lanes(std::max<std::int64_t>(0, 2 * n - 16));
+    const __m512 r0a = _mm512_maskz_loadu_ps(lo, r0), r0b = _mm512_maskz_loadu_ps(hi, r0 + 16);
+    const __m512 r1a = _mm512_maskz_loadu_ps(lo, r1), r1b = _mm512_maskz_loadu_ps(hi, r1 + 16);
+    a = _mm512_permutex2var_ps(r0a, ev, r0b);
+    b = _mm512_permutex2var_ps(r0a, od, r0b);
+    d = _mm512_permutex2var_ps(r1a, ev, r1b);
+    e = _mm512_permutex2var_ps(r1a, od, r1b);
+  }
+  /// relu of each element, as relu computes it (x < 0 ? 0 : x; NaN stays).
+  void relu() {
+    const __m512 z = _mm512_setzero_ps();
+    for (__m512* v : {&a, &b, &d, &e}) *v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(*v, z, _CMP_LT_OQ), *v, z);
+  }
+  /// The maximum of each window with max_pool's rule (a later element wins when greater or NaN); wb, wd, we: the
+  /// lanes where b, d, e took over (the winner is the last of them set, else a).
+  __m512 max(__mmask16& wb, __mmask16& wd, __mmask16& we) const {
+    wb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    __m512 m = _mm512_mask_blend_ps(wb, a, b);
+    wd = _mm512_cmp_ps_mask(d, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+    m = _mm512_mask_blend_ps(wd, m, d);
+    we = _mm512_cmp_ps_mask(e, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(e, e, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(we, m, e);
+  }
+};
+
+/// Stores the first n values of x and y interleaved (x0 y0 x1 y1 ...) at p[0, 2n).
+inline void store_interleaved(float* p, __m512 x, __m512 y, std::int64_t n) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  _mm512_mask_storeu_ps(p, low_lanes(std::min<std::int64_t>(16, 2 * n)), _mm512_permutex2var_ps(x, lo, y));
+  _mm512_mask_storeu_ps(p + 16, low_lanes(std::max<std::int64_t>(0, 2 * n - 16)), _mm512_permutex2var_ps(x, hi, y));
+}
+#endif
+
 // 2x2 windows with stride 2 and no padding, all inside the input: the layer after most conv blocks. Extents are
 // copied to locals (stores through ip could otherwise alias them) and the maxima are chosen with selects, not
-// branches (random data would mispredict about every other comparison).
+// branches (random data would mispredict about every other comparison). fp32 without indices takes up to 16
+// windows of a row at a time with AVX-512 (the same rule, in masks).
 template <class T, bool Idx>
 EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
                         std::int64_t* EMBER_RESTRICT ip) {
@@ -109,7 +164,17 @@ EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RE
     T* EMBER_RESTRICT yr = yp + oy * ow;
     std::int64_t* EMBER_RESTRICT ir = Idx ? ip + oy * ow : nullptr;
     const std::int64_t base = 2 * oy * W;
-    for (std::int64_t ox = 0; ox < ow; ++ox) {
+    std::int64_t ox0 = 0;
+#if EMBER_POOL_AVX512
+    if constexpr (!Idx && std::is_same_v<T, float>) {
+      for (; ox0 < ow; ox0 += 16) {
+        const std::int64_t n = std::min<std::int64_t>(16, ow - ox0);
+        __mmask16 wb, wd, we;
+        _mm512_mask_storeu_ps(yr + ox0, low_lanes(n), Windows16(r0 + 2 * ox0, r1 + 2 * ox0, n).max(wb, wd, we));
+      }
+    }
+#endif
+    for (std::int64_t ox = ox0; ox < ow; ++ox) {
       const std::int64_t c = 2 * ox;
       const C a = static_cast<C>(r0[c]), b = static_cast<C>(r0[c + 1]), d = static_cast<C>(r1[c]),
               e = static_cast<C>(r1[c + 1]);

@@ -186,6 +186,8 @@ class Module {
   unsigned char fused_activation() const { return s_->activation; }
   /// Whether nn::fuse_conv_bn moved a 2x2 max pool into this Conv2d.
   bool fused_pool() const { return s_->pool; }
+  /// Whether quant::prepare or quant::convert attached itself to this layer.
+  bool quantized() const { return bool(s_->quant); }
   /// This module's own parameter `name` of dtype T (undefined when there is none): a layer built without a bias
   /// finds here the one nn::fuse_conv_bn gave it, in every handle of the module.
   template <class T>

@@ -70,14 +70,7 @@ class BatchNormT : public Module {
     EMBER_CHECK(x.size(1) == num_features, type_name(), ": expected ", num_features, " channels (dim 1), got shape ",
                 x.shape().str());
     const bool use_batch = is_training() || !options.track_running_stats;
-    // The running statistics' update factor: momentum, or 1 / (batches seen) for the cumulative average.
-    double factor = options.momentum.value_or(0.0);
-    if (is_training() && options.track_running_stats) {
-      Tensor<std::int64_t> n = num_batches_tracked;
-      n.data()[0] += 1;
-      n.bump_version();
-      if (!options.momentum) factor = 1.0 / double(n.data()[0]);
-    }
+    const double factor = count_batch();
     if constexpr (std::is_same_v<param_t, compute_t>) {
       return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, factor, options.eps);
     } else {
@@ -89,6 +82,20 @@ class BatchNormT : public Module {
     }
   }
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
+
+  /// What a forward pass does before normalising: in training with running statistics, counts the batch
+  /// (num_batches_tracked += 1). Returns the running statistics' update factor: momentum, or 1 / (batches seen)
+  /// for the cumulative average (momentum = None).
+  double count_batch() const {
+    double factor = options.momentum.value_or(0.0);
+    if (is_training() && options.track_running_stats) {
+      Tensor<std::int64_t> n = num_batches_tracked;
+      n.data()[0] += 1;
+      n.bump_version();
+      if (!options.momentum) factor = 1.0 / double(n.data()[0]);
+    }
+    return factor;
+  }
 
   std::int64_t num_features;
   BatchNormOptions options;

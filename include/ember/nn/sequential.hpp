@@ -9,12 +9,17 @@
 #include <vector>
 
 #include "ember/core/tensor.hpp"
+#include "ember/nn/activation.hpp"
+#include "ember/nn/conv_bn.hpp"
 #include "ember/nn/module.hpp"
+#include "ember/nn/pooling.hpp"
 
 namespace ember::nn {
 
 /// Holds a handle (a copy sharing parameters) of each module; a module can be run by Sequential on every dtype its
-/// forward accepts.
+/// forward accepts. In training mode, each Conv2d -> BatchNorm2d [-> ReLU] [-> MaxPool2d(2)] group of float32
+/// modules runs as one fused operation on the CPU (nn::conv_bn_forward): the same values and gradients, fewer passes
+/// over memory.
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}
@@ -45,6 +50,12 @@ class Sequential : public Module {
   Tensor<T> forward(const Tensor<T>& x) const {
     Tensor<T> h = x;
     for (std::size_t i = 0; i < stages_.size(); ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (const std::size_t used = run_conv_bn(i, h)) {
+          i += used - 1;
+          continue;
+        }
+      }
       const auto& f = slot<T>(stages_[i]);
       EMBER_CHECK(bool(f), "Sequential: module ", i, " has no forward for a ", dtype_name<T>(), " tensor");
       h = f(h);
@@ -58,6 +69,33 @@ class Sequential : public Module {
   std::size_t size() const { return stages_.size(); }
 
  private:
+  // A Conv2d -> BatchNorm2d [-> ReLU] [-> MaxPool2d(2)] group starting at stage i, run fused on h when it can be:
+  // returns the number of stages it ran (0: none).
+  std::size_t run_conv_bn(std::size_t i, Tensor<float>& h) const {
+    if (i + 1 >= stages_.size()) return 0;
+    const auto* conv = dynamic_cast<const Conv2d*>(stages_[i].keep.get());
+    const auto* bn = conv ? dynamic_cast<const BatchNorm2d*>(stages_[i + 1].keep.get()) : nullptr;
+    if (!bn) return 0;
+    std::size_t used = 2;
+    ConvBnTail tail;
+    if (used + i < stages_.size()) {
+      const auto* r = dynamic_cast<const ReLU*>(stages_[i + used].keep.get());
+      if (r && !r->folded()) tail.relu = true, ++used;
+    }
+    if (used + i < stages_.size()) {
+      const auto* p = dynamic_cast<const MaxPool2d*>(stages_[i + used].keep.get());
+      const Size2 st = p ? (p->options.stride.h == 0 && p->options.stride.w == 0 ? p->kernel_size : p->options.stride)
+                         : Size2(0);
+      if (p && !p->folded() && p->kernel_size.h == 2 && p->kernel_size.w == 2 && st.h == 2 && st.w == 2 &&
+          p->options.padding.h == 0 && p->options.padding.w == 0 && p->options.dilation.h == 1 &&
+          p->options.dilation.w == 1 && !p->options.ceil_mode)
+        tail.pool2 = true, ++used;
+    }
+    if (!conv_bn_fusable(*conv, *bn, h, tail.pool2)) return 0;
+    h = conv_bn_forward(*conv, *bn, h, tail);
+    return used;
+  }
+
   template <class T>
   using Fn = std::function<Tensor<T>(const Tensor<T>&)>;
   struct Stage {

@@ -194,6 +194,100 @@ void check_channel_vec(const Tensor<T>& t, std::int64_t C, const char* what, con
               dev.str());
 }
 
+
+/// Per channel, the batch mean and 1/sqrt(biased var + eps) from the moments of fixed batch blocks (`part`, nblk x C,
+/// merged in block order) over M values per channel; updates the running statistics when they are defined:
+/// r = (1 - momentum) r + momentum * batch_stat, with the unbiased variance for running_var.
+template <class T>
+void finish_batch_stats(std::int64_t C, std::int64_t nblk, const std::vector<Moments>& part, std::int64_t M,
+                        const Tensor<T>& running_mean, const Tensor<T>& running_var, double momentum, double eps,
+                        std::vector<double>& mean, std::vector<double>& invstd) {
+  for (std::int64_t c = 0; c < C; ++c) {
+    Moments tot;
+    for (std::int64_t blk = 0; blk < nblk; ++blk) {
+      const Moments& p = part[std::size_t(blk * C + c)];
+      tot.merge(p.count, p.mean, p.m2);
+    }
+    mean[std::size_t(c)] = tot.mean;
+    invstd[std::size_t(c)] = 1.0 / std::sqrt(tot.m2 / double(M) + eps);
+    if (running_mean.defined()) {
+      T& rm = running_mean.data()[c * running_mean.strides()[0]];
+      T& rv = running_var.data()[c * running_var.strides()[0]];
+      rm = convert<T>((1 - momentum) * elem(running_mean, c) + momentum * tot.mean);
+      rv = convert<T>((1 - momentum) * elem(running_var, c) + momentum * (tot.m2 / double(M - 1)));
+    }
+  }
+}
+
+/// Per channel, what y = (x - mean) * invstd * weight + bias computes with (affine_).
+template <class T>
+struct BnAffine {
+  using Cm = compute_t<T>;
+  std::vector<Cm> scale, shift;
+  std::vector<SplitMean<Cm>> mean;
+  BnAffine(const std::vector<double>& m, const std::vector<double>& invstd, const Tensor<T>& weight,
+           const Tensor<T>& bias) {
+    const std::size_t C = m.size();
+    scale.resize(C);
+    shift.resize(C);
+    mean.reserve(C);
+    for (std::size_t c = 0; c < C; ++c) {
+      const double is = invstd[c];
+      scale[c] = Cm(weight.defined() ? elem(weight, std::int64_t(c)) * is : is);
+      shift[c] = Cm(bias.defined() ? elem(bias, std::int64_t(c)) : 0.0);
+      mean.emplace_back(m[c]);
+    }
+  }
+};
+
+/// Σ g and Σ g (x - mean) per channel, in fixed batch blocks (as batch_norm_forward's moments) summed in order.
+struct BnGradSums {
+  std::int64_t nblk, C;
+  std::vector<double> ps, pq;
+  BnGradSums(std::int64_t N, std::int64_t C_)
+      : nblk(batch_block_count(N)), C(C_), ps(std::size_t(nblk * C_), 0.0), pq(std::size_t(nblk * C_), 0.0) {}
+  /// Adds chunk (n, c) of batch block blk: g and x hold S values.
+  template <class T>
+  void add(std::int64_t blk, std::int64_t c, const T* g, const T* x, std::int64_t S, const std::vector<double>& mean) {
+    block_grad_sums(g, x, S, SplitMean<compute_t<T>>(mean[std::size_t(c)]), ps[std::size_t(blk * C + c)],
+                    pq[std::size_t(blk * C + c)]);
+  }
+  void total(std::vector<double>& sg, std::vector<double>& sgx) const {
+    for (std::int64_t blk = 0; blk < nblk; ++blk)
+      for (std::int64_t c = 0; c < C; ++c) {
+        sg[std::size_t(c)] += ps[std::size_t(blk * C + c)];
+        sgx[std::size_t(c)] += pq[std::size_t(blk * C + c)];
+      }
+  }
+};
+
+/// Per channel, the factors of dx = k1 g + k2 (x - mean) + k3 (bn_dx_), from Σ g and Σ g (x - mean) over the M values
+/// of each channel; in evaluation mode (training = false) only k1.
+template <class T>
+struct BnDx {
+  using Cm = compute_t<T>;
+  std::vector<Cm> k1, k2, k3;
+  std::vector<SplitMean<Cm>> mean;
+  BnDx(const std::vector<double>& m, const std::vector<double>& invstd, const Tensor<T>& weight, bool training,
+       std::int64_t M, const std::vector<double>& sg, const std::vector<double>& sgx) {
+    const std::size_t C = m.size();
+    k1.resize(C);
+    k2.assign(C, Cm(0));
+    k3.assign(C, Cm(0));
+    mean.reserve(C);
+    for (std::size_t c = 0; c < C; ++c) {
+      const double w = weight.defined() ? elem(weight, std::int64_t(c)) : 1.0, is = invstd[c];
+      const double a = w * is;
+      k1[c] = Cm(a);
+      if (training && M > 0) {
+        k2[c] = Cm(-a * is * is * sgx[c] / double(M));
+        k3[c] = Cm(-a * sg[c] / double(M));
+      }
+      mean.emplace_back(m[c]);
+    }
+  }
+};
+
 }  // namespace detail
 
 /// What batch_norm's forward computed and its backward needs: the output, and per channel the mean and
@@ -296,7 +390,6 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
   const Tensor<T> xc = x.contiguous();
   const T* xp = xc.data();
   T* yp = r.y.data();
-  using Cm = compute_t<T>;
   const bool update = training && running_mean.defined();
   if (training) {
     // Sweep 1, in memory order: moments of each (n, c) chunk, merged per channel within fixed batch blocks.
@@ -311,21 +404,7 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
           mo[c].merge(double(S), m, m2);
         }
     });
-    for (std::int64_t c = 0; c < C; ++c) {
-      detail::Moments tot;
-      for (std::int64_t blk = 0; blk < nblk; ++blk) {
-        const detail::Moments& p = part[std::size_t(blk * C + c)];
-        tot.merge(p.count, p.mean, p.m2);
-      }
-      r.mean[std::size_t(c)] = tot.mean;
-      r.invstd[std::size_t(c)] = 1.0 / std::sqrt(tot.m2 / double(M) + eps);
-      if (update) {
-        T& rm = running_mean.data()[c * running_mean.strides()[0]];
-        T& rv = running_var.data()[c * running_var.strides()[0]];
-        rm = convert<T>((1 - momentum) * detail::elem(running_mean, c) + momentum * tot.mean);
-        rv = convert<T>((1 - momentum) * detail::elem(running_var, c) + momentum * (tot.m2 / double(M - 1)));
-      }
-    }
+    detail::finish_batch_stats(C, nblk, part, M, running_mean, running_var, momentum, eps, r.mean, r.invstd);
   } else {
     for (std::int64_t c = 0; c < C; ++c) {
       r.mean[std::size_t(c)] = detail::elem(running_mean, c);
@@ -333,18 +412,10 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
     }
   }
   // Sweep 2, in memory order: y = (x - mean) * invstd * weight + bias.
-  std::vector<Cm> scale(static_cast<std::size_t>(C)), shift(static_cast<std::size_t>(C));
-  std::vector<detail::SplitMean<Cm>> ms;
-  ms.reserve(std::size_t(C));
-  for (std::int64_t c = 0; c < C; ++c) {
-    const double is = r.invstd[std::size_t(c)];
-    scale[std::size_t(c)] = Cm(weight.defined() ? detail::elem(weight, c) * is : is);
-    shift[std::size_t(c)] = Cm(bias.defined() ? detail::elem(bias, c) : 0.0);
-    ms.emplace_back(r.mean[std::size_t(c)]);
-  }
+  const detail::BnAffine<T> a(r.mean, r.invstd, weight, bias);
   detail::for_chunks(N * C, S, [&](std::int64_t i) {
     const std::size_t c = std::size_t(i % C);
-    detail::affine_(xp + i * S, yp + i * S, S, ms[c], scale[c], shift[c]);
+    detail::affine_(xp + i * S, yp + i * S, S, a.mean[c], a.scale[c], a.shift[c]);
   });
   if (update) {
     running_mean.bump_version();
@@ -437,25 +508,17 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
   const Tensor<T> xc = x.contiguous(), gc = grad.contiguous();
   const T *xp = xc.data(), *gp = gc.data();
   T* dxp = need_dx ? r.dx.data() : nullptr;
-  using Cm = compute_t<T>;
   const bool sums = need_dweight || need_dbias || (need_dx && training);
   std::vector<double> sg(std::size_t(C), 0.0), sgx(std::size_t(C), 0.0);
   if (sums) {
     // Sweep 1: Σ g and Σ g (x - mean) per channel, in fixed batch blocks merged in order.
-    const std::int64_t nblk = detail::batch_block_count(N);
-    std::vector<double> ps(std::size_t(nblk * C), 0.0), pq(std::size_t(nblk * C), 0.0);
-    detail::for_batch_blocks(N, nblk, [&](std::int64_t blk, std::int64_t n0, std::int64_t n1) {
+    detail::BnGradSums gs(N, C);
+    detail::for_batch_blocks(N, gs.nblk, [&](std::int64_t blk, std::int64_t n0, std::int64_t n1) {
       for (std::int64_t n = n0; n < n1; ++n)
         for (std::int64_t c = 0; c < C; ++c)
-          detail::block_grad_sums(gp + (n * C + c) * S, xp + (n * C + c) * S, S,
-                                  detail::SplitMean<Cm>(mean[std::size_t(c)]), ps[std::size_t(blk * C + c)],
-                                  pq[std::size_t(blk * C + c)]);
+          gs.add(blk, c, gp + (n * C + c) * S, xp + (n * C + c) * S, S, mean);
     });
-    for (std::int64_t blk = 0; blk < nblk; ++blk)
-      for (std::int64_t c = 0; c < C; ++c) {
-        sg[std::size_t(c)] += ps[std::size_t(blk * C + c)];
-        sgx[std::size_t(c)] += pq[std::size_t(blk * C + c)];
-      }
+    gs.total(sg, sgx);
   }
   for (std::int64_t c = 0; c < C; ++c) {
     if (need_dweight) r.dweight.data()[c] = convert<T>(sgx[std::size_t(c)] * invstd[std::size_t(c)]);
@@ -463,23 +526,10 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
   }
   if (!need_dx) return r;
   // Sweep 2: dx = k1 g + k2 (x - mean) + k3 per channel.
-  std::vector<Cm> k1(static_cast<std::size_t>(C)), k2(static_cast<std::size_t>(C), Cm(0)), k3(static_cast<std::size_t>(C), Cm(0));
-  std::vector<detail::SplitMean<Cm>> ms;
-  ms.reserve(std::size_t(C));
-  for (std::int64_t c = 0; c < C; ++c) {
-    const std::size_t cc = std::size_t(c);
-    const double w = weight.defined() ? detail::elem(weight, c) : 1.0, is = invstd[cc];
-    const double a = w * is;
-    k1[cc] = Cm(a);
-    if (training && M > 0) {
-      k2[cc] = Cm(-a * is * is * sgx[cc] / double(M));
-      k3[cc] = Cm(-a * sg[cc] / double(M));
-    }
-    ms.emplace_back(mean[cc]);
-  }
+  const detail::BnDx<T> k(mean, invstd, weight, training, M, sg, sgx);
   detail::for_chunks(N * C, S, [&](std::int64_t i) {
     const std::size_t c = std::size_t(i % C);
-    detail::bn_dx_(gp + i * S, xp + i * S, dxp + i * S, S, k1[c], k2[c], k3[c], ms[c]);
+    detail::bn_dx_(gp + i * S, xp + i * S, dxp + i * S, S, k.k1[c], k.k2[c], k.k3[c], k.mean[c]);
   });
   return r;
 }
