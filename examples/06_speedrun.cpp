@@ -8,7 +8,8 @@
 // - the data is read once and normalised into memory, with a mirrored copy, so a batch is a gather of rows and a
 //   random horizontal flip is the choice of copy (no loader threads competing with training for the two cores);
 // - a small all-3x3 CNN, three (conv -> batch norm -> ReLU -> 2x2 max pool) blocks of `width`, 2·width and 4·width
-//   channels (28 -> 14 -> 7 -> 3), then one linear layer: depth for accuracy, early pooling for speed;
+//   channels (28 -> 14 -> 7 -> 3), then one linear layer: depth for accuracy, early pooling for speed; in training,
+//   nn::Sequential runs each block as one fused op (nn/conv_bn.hpp: no normalised map stored, one tape node);
 // - 2.4 epochs (the last one cut short) of SGD with Nesterov momentum, weight decay 5e-4, batch 128, under a
 //   one-cycle schedule over the whole run (PyTorch's defaults: the lr rises from 0.2/25 to 0.2 over 30% of the
 //   steps, then anneals to ~0 along a cosine, momentum moving 0.95 -> 0.85 -> 0.95 against it): a short run ends on a
