@@ -126,7 +126,10 @@ struct Windows16 {
   /// relu of each element, as relu computes it (x < 0 ? 0 : x; NaN stays).
   void relu() {
     const __m512 z = _mm512_setzero_ps();
-    for (__m512* v : {&a, &b, &d, &e}) *v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(*v, z, _CMP_LT_OQ), *v, z);
+    a = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, z, _CMP_LT_OQ), a, z);
+    b = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(b, z, _CMP_LT_OQ), b, z);
+    d = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, z, _CMP_LT_OQ), d, z);
+    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(e, z, _CMP_LT_OQ), e, z);
   }
   /// The maximum of each window with max_pool's rule (a later element wins when greater or NaN); wb, wd, we: the
   /// lanes where b, d, e took over (the winner is the last of them set, else a).
