@@ -8,10 +8,38 @@
 #include <string>
 #include <vector>
 
+#include "ember/config.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::optim {
+
+namespace detail {
+template <class T>
+struct AdamScalars {
+  T decay, sign, l2, b1, b2, step_size, inv_sqrt_bc2, eps;
+};
+/// One run of the Adam/AdamW update over p, grad g and the moments m, v (and vmax with amsgrad): restrict
+/// pointers and the option a template parameter, so the loop vectorises.
+template <class T, bool Amsgrad>
+EMBER_VECTORIZE void adam_run(T* EMBER_RESTRICT p, const T* EMBER_RESTRICT g, T* EMBER_RESTRICT m,
+                              T* EMBER_RESTRICT v, T* EMBER_RESTRICT vmax, std::int64_t n, const AdamScalars<T> c) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T pi = p[i] * c.decay;
+    const T gi = c.sign * g[i] + c.l2 * p[i];
+    const T mi = c.b1 * m[i] + (1 - c.b1) * gi;
+    const T vi = c.b2 * v[i] + (1 - c.b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    T vv = vi;
+    if constexpr (Amsgrad) {
+      vv = vmax[i] > vi ? vmax[i] : vi;
+      vmax[i] = vv;
+    }
+    p[i] = pi - c.step_size * mi / (std::sqrt(vv) * c.inv_sqrt_bc2 + c.eps);
+  }
+}
+}  // namespace detail
 
 /// Options of Adam and AdamW, with torch.optim's defaults: `optim::AdamW(params, {.lr = 3e-4})`.
 struct AdamOptions {
@@ -98,22 +126,11 @@ class BasicAdam : public Optimizer {
         T* pp = p.data();
         const T* gp = g.data();
         T *mp = s.m.data(), *vp = s.v.data(), *xp = s.vmax.defined() ? s.vmax.data() : nullptr;
-        const bool ams = o.amsgrad;
+        const detail::AdamScalars<T> c{decay, sign, l2, b1, b2, step_size, inv_sqrt_bc2, eps};
+        const bool ams = o.amsgrad && xp;
         cpu::parallel_for(0, p.numel(), 1 << 14, [=](std::int64_t i0, std::int64_t i1) {
-          for (std::int64_t i = i0; i < i1; ++i) {
-            const T pi = pp[i] * decay;
-            const T gi = sign * gp[i] + l2 * pp[i];
-            const T m = b1 * mp[i] + (1 - b1) * gi;
-            const T v = b2 * vp[i] + (1 - b2) * gi * gi;
-            mp[i] = m;
-            vp[i] = v;
-            T vv = v;
-            if (ams) {
-              vv = xp[i] > v ? xp[i] : v;
-              xp[i] = vv;
-            }
-            pp[i] = pi - step_size * m / (std::sqrt(vv) * inv_sqrt_bc2 + eps);
-          }
+          if (ams) detail::adam_run<T, true>(pp + i0, gp + i0, mp + i0, vp + i0, xp + i0, i1 - i0, c);
+          else detail::adam_run<T, false>(pp + i0, gp + i0, mp + i0, vp + i0, nullptr, i1 - i0, c);
         });
         p.bump_version();
       }

@@ -5,12 +5,32 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "ember/config.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::optim {
+
+namespace detail {
+/// One run of SGD's update, p[i] -= lr * d with d the (momentum, Nesterov) step of grad g: the options are
+/// template parameters and the pointers restrict, so the loop vectorises.
+template <class T, bool Momentum, bool First, bool Nesterov>
+EMBER_VECTORIZE void sgd_run(T* EMBER_RESTRICT p, const T* EMBER_RESTRICT g, T* EMBER_RESTRICT buf, std::int64_t n,
+                             T lr, T wd, T mom, T damp, T sign) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    T d = sign * g[i] + wd * p[i];
+    if constexpr (Momentum) {
+      const T b = First ? d : mom * buf[i] + damp * d;
+      buf[i] = b;
+      d = Nesterov ? d + mom * b : b;
+    }
+    p[i] -= lr * d;
+  }
+}
+}  // namespace detail
 
 struct SGDOptions {
   double lr = 1e-3;
@@ -75,23 +95,23 @@ class SGD final : public Optimizer {
           continue;
 #endif
         }
+        const T lr = T(o.lr), wd = T(o.weight_decay), mom = T(o.momentum), damp = T(1 - o.dampening);
+        const T sign = o.maximize ? T(-1) : T(1);
         T* pp = p.data();
         const T* gp = g.data();
         T* bp = buf.defined() ? buf.data() : nullptr;
-        const T lr = T(o.lr), wd = T(o.weight_decay), mom = T(o.momentum), damp = T(1 - o.dampening);
-        const T sign = o.maximize ? T(-1) : T(1);
-        const bool nesterov = o.nesterov, use_mom = o.momentum != 0;
-        cpu::parallel_for(0, p.numel(), 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
-          for (std::int64_t i = i0; i < i1; ++i) {
-            T d = sign * gp[i] + wd * pp[i];
-            if (use_mom) {
-              const T b = first ? d : mom * bp[i] + damp * d;
-              bp[i] = b;
-              d = nesterov ? d + mom * b : b;
-            }
-            pp[i] -= lr * d;
-          }
-        });
+        // The branches resolved once per parameter, so the loop vectorises (detail::sgd_run).
+        auto run = [&](auto mom_c, auto first_c, auto nesterov_c) {
+          cpu::parallel_for(0, p.numel(), 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
+            detail::sgd_run<T, decltype(mom_c)::value, decltype(first_c)::value, decltype(nesterov_c)::value>(
+                pp + i0, gp + i0, bp ? bp + i0 : nullptr, i1 - i0, lr, wd, mom, damp, sign);
+          });
+        };
+        using Y = std::true_type;
+        using N = std::false_type;
+        if (o.momentum == 0) run(N{}, N{}, N{});
+        else if (first) o.nesterov ? run(Y{}, Y{}, Y{}) : run(Y{}, Y{}, N{});
+        else o.nesterov ? run(Y{}, N{}, Y{}) : run(Y{}, N{}, N{});
         p.bump_version();
       }
     }
