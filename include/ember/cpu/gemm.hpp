@@ -95,6 +95,32 @@ void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, Ma
   }
 }
 #endif
+/// How a GEMM is split across nt threads: along the rows of C (each thread packs all of B and its rows of A) or
+/// along the columns (all of A and its columns of B), in panels of `step` (whole micro-tiles). The split taken is
+/// the one whose busiest thread has the least work, counting its micro-tiles (the kernel's multiply-adds, which
+/// whole tiles make uneven: 128 rows are 11 tiles of 12, 6 for one thread and 5 for the other) and the values it
+/// packs (about one multiply-add's time each). a_packed: A is packed already (PackedA).
+struct GemmSplit {
+  bool rows;
+  std::int64_t step;
+};
+template <class T>
+GemmSplit choose_split(std::int64_t m, std::int64_t n, std::int64_t k, int nt, bool a_packed = false) {
+  const std::int64_t mr = kGemmRowAlign<T>, nr = kGemmColAlign<T>;
+  const std::int64_t mu = (m + mr - 1) / mr, nu = (n + nr - 1) / nr;  // tiles along each side
+  auto cost = [&](bool rows, std::int64_t& step) {
+    const std::int64_t units = rows ? mu : nu, per = (units + nt - 1) / nt;
+    step = per * (rows ? mr : nr);
+    const double mt = double(rows ? std::min(m, step) : m), nt_cols = double(rows ? n : std::min(n, step));
+    const double tiles = double(per) * double(rows ? nu : mu);
+    const double fma = tiles * double(k) * double(mr) * double(nr);
+    const double pack = (a_packed ? 0.0 : mt * double(k)) + double(k) * nt_cols;
+    return fma / 16.0 + pack;  // a multiply-add instruction covers 16 products on AVX-512 (fewer elsewhere)
+  };
+  std::int64_t sr = 0, sc = 0;
+  const double cr = cost(true, sr), cc = cost(false, sc);
+  return cr <= cc ? GemmSplit{true, sr} : GemmSplit{false, sc};
+}
 }  // namespace detail
 
 /// C (m, n; row-major, leading dim ldc) = A (m, k) @ B (k, n), or += when accumulate. A and B must each have a
@@ -121,12 +147,10 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
     detail::gemm_block<T, TC>(m, n, k, a, b, c, ldc, accumulate);
     return;
   }
-  // Split the larger of m and n into one panel per thread (whole micro-tiles); each thread packs its own
-  // operand blocks.
-  const bool split_rows = m * detail::kGemmColAlign<T> >= n * detail::kGemmRowAlign<T>;
-  const std::int64_t len = split_rows ? m : n;
-  const std::int64_t align = split_rows ? detail::kGemmRowAlign<T> : detail::kGemmColAlign<T>;
-  const std::int64_t step = ((len + nt - 1) / nt + align - 1) / align * align;
+  // One panel of whole micro-tiles per thread (detail::choose_split); each thread packs its own operand blocks.
+  const detail::GemmSplit sp = detail::choose_split<T>(m, n, k, nt);
+  const bool split_rows = sp.rows;
+  const std::int64_t len = split_rows ? m : n, step = sp.step;
   parallel_for(0, (len + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t i0 = p * step, i1 = std::min(len, i0 + step);
@@ -172,10 +196,9 @@ class PackedA {
       block(0, m, 0, n);
       return;
     }
-    const bool split_rows = m * detail::kGemmColAlign<T> >= n * detail::kGemmRowAlign<T>;
-    const std::int64_t len = split_rows ? m : n;
-    const std::int64_t align = split_rows ? detail::kGemmRowAlign<T> : detail::kGemmColAlign<T>;
-    const std::int64_t step = ((len + nt - 1) / nt + align - 1) / align * align;
+    const detail::GemmSplit sp = detail::choose_split<T>(m, n, k, nt, true);
+    const bool split_rows = sp.rows;
+    const std::int64_t len = split_rows ? m : n, step = sp.step;
     parallel_for(0, (len + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
       for (std::int64_t p = p0; p < p1; ++p) {
         const std::int64_t i0 = p * step, i1 = std::min(len, i0 + step);

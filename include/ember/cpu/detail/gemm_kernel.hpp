@@ -269,6 +269,52 @@ template <class T>
   }
 }
 
+#if EMBER_GEMM_AVX512
+/// r[0..16) (16 rows of 16 floats) transposed in registers: afterwards r[j] holds column j. 64 shuffles (the
+/// zero-masked forms with an all-ones mask, for GCC 12 as above).
+inline void transpose16x16(__m512 (&r)[16]) {
+  constexpr __mmask16 all = 0xffff;
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(all, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + c]: 128-bit lane L holds column 4L + c of rows 4g .. 4g + 3.
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_maskz_shuffle_ps(all, t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm512_maskz_shuffle_ps(all, t[4 * g], t[4 * g + 2], 0xEE);
+    u[4 * g + 2] = _mm512_maskz_shuffle_ps(all, t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm512_maskz_shuffle_ps(all, t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v1 = _mm512_maskz_shuffle_f32x4(all, u[c], u[4 + c], 0x88);
+    const __m512 v2 = _mm512_maskz_shuffle_f32x4(all, u[c], u[4 + c], 0xDD);
+    const __m512 w1 = _mm512_maskz_shuffle_f32x4(all, u[8 + c], u[12 + c], 0x88);
+    const __m512 w2 = _mm512_maskz_shuffle_f32x4(all, u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_maskz_shuffle_f32x4(all, v1, w1, 0x88);
+    r[8 + c] = _mm512_maskz_shuffle_f32x4(all, v1, w1, 0xDD);
+    r[4 + c] = _mm512_maskz_shuffle_f32x4(all, v2, w2, 0x88);
+    r[12 + c] = _mm512_maskz_shuffle_f32x4(all, v2, w2, 0xDD);
+  }
+}
+
+/// Transposing packs of float operands, 16 values of k at a time through transpose16x16: `lines` runs of src
+/// (run i at src + i * ld, contiguous along k; missing runs read as zeros) become kc groups of `width` values at
+/// dst (group p at dst + p * ld_dst + off). A row-major A's micro-panel is 12 runs packed 12 wide; a column-major
+/// B's is 32 runs packed as two halves of 16.
+inline void pack_transposed_f32(int lines, std::int64_t kc, const float* src, std::int64_t ld, float* dst,
+                                std::int64_t ld_dst, __mmask16 keep) {
+  __m512 r[16];
+  for (std::int64_t p = 0; p < kc; p += 16) {
+    const int n = int(std::min<std::int64_t>(16, kc - p));
+    const __mmask16 lm = __mmask16((1u << n) - 1u);
+    for (int i = 0; i < 16; ++i) r[i] = i < lines ? _mm512_maskz_loadu_ps(lm, src + i * ld + p) : _mm512_setzero_ps();
+    transpose16x16(r);
+    for (int j = 0; j < n; ++j) _mm512_mask_storeu_ps(dst + (p + j) * ld_dst, keep, r[j]);
+  }
+}
+#endif
+
 /// Packs rows [0, mc) x cols [0, kc) of A (element (i, p) at a[i * rs + p * cs]) into MR-row micro-panels of the
 /// compute type, zero-padding the last one: panel q holds kc groups of MR values.
 template <class S>
@@ -277,6 +323,14 @@ void pack_a(std::int64_t mc, std::int64_t kc, const S* a, std::int64_t rs, std::
   for (std::int64_t i0 = 0; i0 < mc; i0 += kMR, dst += kMR * kc) {
     const int rows = int(std::min<std::int64_t>(kMR, mc - i0));
     const S* ap = a + i0 * rs;
+#if EMBER_GEMM_AVX512
+    if constexpr (std::is_same_v<S, float>) {
+      if (cs == 1) {  // rows contiguous along k: transposed 16 x 16 in registers, zero rows below the last
+        pack_transposed_f32(rows, kc, ap, rs, dst, kMR, __mmask16((1u << kMR) - 1u));
+        continue;
+      }
+    }
+#endif
     if (cs == 1) {  // rows are contiguous along k: read each row, write with stride MR
       for (int r = 0; r < rows; ++r) {
         if constexpr (std::is_same_v<S, T>) {
@@ -308,6 +362,15 @@ void pack_b(std::int64_t kc, std::int64_t nc, const S* b, std::int64_t rs, std::
   for (std::int64_t j0 = 0; j0 < nc; j0 += NR, dst += NR * kc) {
     const int cols = int(std::min<std::int64_t>(NR, nc - j0));
     const S* bp = b + j0 * cs;
+#if EMBER_GEMM_AVX512
+    if constexpr (std::is_same_v<S, float>) {
+      if (rs == 1 && cs != 1) {  // columns contiguous along k: two 16-column halves transposed in registers
+        pack_transposed_f32(std::min(cols, 16), kc, bp, cs, dst, NR, 0xffff);
+        pack_transposed_f32(std::max(cols - 16, 0), kc, bp + 16 * cs, cs, dst + 16, NR, 0xffff);
+        continue;
+      }
+    }
+#endif
     if (cs == 1 && cols == NR) {  // row-major: NR contiguous values per k
       for (std::int64_t p = 0; p < kc; ++p) to_compute_run(bp + p * rs, dst + p * NR, NR);
     } else if (rs == 1) {  // column-major (a transposed view): read each column along k
