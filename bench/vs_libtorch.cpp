@@ -559,8 +559,9 @@ struct EmberMlp : nn::Module {
     register_module("fc3", fc3);
   }
   Tensor<float> forward(const Tensor<float>& x) const {
-    const Tensor<C> h1 = relu(fc1(to_c<C>(x.flatten(1))));
-    const Tensor<C> h2 = relu(fc2(h1));
+    // Each Linear -> ReLU as one op (the ReLU in the GEMM's write-back), as an nn::Sequential of the modules runs it.
+    const Tensor<C> h1 = fc1.forward(to_c<C>(x.flatten(1)), ops::LinearAct::relu);
+    const Tensor<C> h2 = fc2.forward(h1, ops::LinearAct::relu);
     return to_f(fc3(h2));
   }
 };

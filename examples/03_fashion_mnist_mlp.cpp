@@ -31,10 +31,10 @@ struct Mlp : nn::Module {
   }
   /// x (N, 1, 28, 28) -> logits (N, 10), in fp32 for the loss
   Tensor<float> forward(const Tensor<float>& x) const {
-    // Each `relu(...)` is an expression materialised into a new tensor (assigning an expression to an existing
-    // tensor would write into its memory instead).
-    const Tensor<C> h1 = relu(fc1(to_c(x.flatten(1))));  // (N, 256)
-    const Tensor<C> h2 = relu(fc2(h1));                  // (N, 128)
+    // relu(fc1(x)) as one op: the bias and the ReLU applied in the GEMM's write-back, and one node on the tape
+    // (nn::Sequential does this by itself for its Linear -> ReLU pairs).
+    const Tensor<C> h1 = fc1.forward(to_c(x.flatten(1)), ops::LinearAct::relu);  // (N, 256)
+    const Tensor<C> h2 = fc2.forward(h1, ops::LinearAct::relu);                  // (N, 128)
     const Tensor<C> logits = fc3(h2);
     if constexpr (std::is_same_v<C, float>) return logits;
     else return Tensor<float>(cast<float>(logits));

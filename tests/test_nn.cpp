@@ -165,6 +165,90 @@ TEST_CASE("Linear: PyTorch's initialisation bounds, forward by hand, gradcheck i
   CHECK_THROWS_AS(nn::Linear(0, 3), Error);
 }
 
+TEST_CASE("linear with ReLU in training: one node, the same values and gradients as matmul, add and relu") {
+  using ember_test::bitwise_equal;
+  using ember_test::ThreadsGuard;
+  ThreadsGuard tg;
+  manual_seed(11);
+  // 70 x 37 -> 45: no dimension a whole number of micro-tiles; a 3-D input; negative pre-activations.
+  const Tensor<float> x0 = randn<float>({2, 35, 37}), w0 = randn<float>({45, 37}), b0 = randn<float>({45});
+  const Tensor<float> g = randn<float>({2, 35, 45});
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    cpu::set_num_threads(threads);
+    auto leaves = [&] {
+      return std::vector<Tensor<float>>{x0.clone().requires_grad_(true), w0.clone().requires_grad_(true),
+                                        b0.clone().requires_grad_(true)};
+    };
+    std::vector<Tensor<float>> f = leaves(), u = leaves();
+    Tensor<float> yf = linear(f[0], f[1], f[2], ops::LinearAct::relu);
+    REQUIRE(yf.grad_fn() != nullptr);
+    CHECK(std::string(yf.grad_fn()->name()) == "LinearReluBackward");
+    Tensor<float> yu = relu(matmul(u[0], u[1].t()) + u[2]);
+    CHECK(bitwise_equal(yf, yu));
+    yf.backward(g);
+    yu.backward(g);
+    CHECK(bitwise_equal(f[0].grad(), u[0].grad()));
+    CHECK(bitwise_equal(f[1].grad(), u[1].grad()));
+    CHECK(f[1].grad().is_contiguous());
+    // The bias gradient is a column sum: accumulated in double here, so within float rounding of the other's.
+    for (std::int64_t j = 0; j < 45; ++j) CHECK(f[2].grad().at(j) == doctest::Approx(u[2].grad().at(j)).epsilon(1e-5));
+    // Without the activation: LinearBackward, the bias in the GEMM's write-back.
+    Tensor<float> xn = x0.clone().requires_grad_(true), wn = w0.clone().requires_grad_(true);
+    Tensor<float> yn = linear(xn, wn, b0);
+    CHECK(std::string(yn.grad_fn()->name()) == "LinearBackward");
+    CHECK(bitwise_equal(yn, Tensor<float>(matmul(x0, w0.t()) + b0)));
+  }
+  // A saved operand modified in place is reported; one that backward does not read may change (x needs no
+  // gradient here, so the weight is not saved).
+  Tensor<float> w = w0.clone().requires_grad_(true), xr = x0.clone().requires_grad_(true);
+  Tensor<float> y = linear(xr, w, b0, ops::LinearAct::relu);
+  {
+    NoGradGuard ng;
+    w.fill_(0.f);
+  }
+  CHECK_THROWS_WITH_AS(y.backward(g), doctest::Contains("LinearReluBackward"), Error);
+  Tensor<float> w2 = w0.clone().requires_grad_(true);
+  Tensor<float> y2 = linear(x0, w2, b0, ops::LinearAct::relu);
+  {
+    NoGradGuard ng;
+    w2.fill_(0.f);
+  }
+  y2.backward(g);
+  CHECK(w2.grad().defined());
+  // The output modified in place before backward: ReLU's derivative reads it.
+  Tensor<float> w3 = w0.clone().requires_grad_(true);
+  Tensor<float> y3 = linear(x0, w3, b0, ops::LinearAct::relu);
+  {
+    NoGradGuard ng;
+    y3.fill_(1.f);
+  }
+  CHECK_THROWS_WITH_AS(y3.backward(g), doctest::Contains("modified by an in-place operation"), Error);
+}
+
+TEST_CASE("Sequential: Linear -> ReLU pairs run as one op, with the modules' values and gradients") {
+  using ember_test::bitwise_equal;
+  manual_seed(5);
+  nn::Linear a(9, 20), b(20, 7);
+  nn::Sequential seq(a, nn::ReLU(), b, nn::ReLU());
+  seq.train();
+  const Tensor<float> x = randn<float>({13, 9});
+  Tensor<float> ys = seq(x);
+  CHECK(std::string(ys.grad_fn()->name()) == "LinearReluBackward");
+  sum(ys).backward();
+  const Tensor<float> gw = a.weight.grad().clone(), gb = b.weight.grad().clone();
+  seq.zero_grad();
+  Tensor<float> yu = relu(b(Tensor<float>(relu(a(x)))));  // the modules one by one
+  CHECK(bitwise_equal(ys, yu));
+  sum(yu).backward();
+  CHECK(bitwise_equal(gw, a.weight.grad()));
+  CHECK(bitwise_equal(gb, b.weight.grad()));
+  // In eval mode, without autograd, the same values.
+  seq.eval();
+  InferenceMode im;
+  CHECK(bitwise_equal(seq(x), yu.detach()));
+}
+
 TEST_CASE("Sequential: runs its modules in order and names them by position") {
   manual_seed(3);
   nn::Linear a(4, 6), b(6, 2);

@@ -44,6 +44,25 @@ Tensor<T> record_matmul(Tensor<T> c, const Tensor<T>& a, const Tensor<T>& b) {
   }
   return c;
 }
+/// y = act(x @ w^T + b) on the CPU, act none or relu (ops::linear: the bias and the activation in the GEMM's
+/// write-back): its backward is ops::linear_backward.
+template <class T>
+struct LinearNode final : TypedNode<T> {
+  Saved<T> x, w, y;  // y: the output, for ReLU's derivative
+  Shape x_shape;
+  ops::LinearAct act = ops::LinearAct::none;
+  bool has_bias = false;
+  const char* name() const override { return act == ops::LinearAct::relu ? "LinearReluBackward" : "LinearBackward"; }
+  void release() override { x = w = y = Saved<T>(); }
+  void backward() override {
+    auto want = [&](std::size_t i) { return i < this->next.size() && this->next[i] != nullptr; };
+    auto r = ops::linear_backward(this->grad, x.get(name()), w.get(name()), y.get(name()), act, x_shape, want(0),
+                                  want(1), has_bias && want(2));
+    if (want(0)) this->template deliver<T>(0, std::move(r.input));
+    if (want(1)) this->template deliver<T>(1, std::move(r.weight));
+    if (has_bias && want(2)) this->template deliver<T>(2, std::move(r.bias));
+  }
+};
 }  // namespace autograd
 
 /// Matrix product of 2-D tensors (m, k) @ (k, n).
@@ -119,21 +138,59 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
   return r;
 }
 
-/// y = x @ wᵀ + b, as torch.nn.functional.linear (w is (out_features, in_features); b may be undefined).
-/// When nothing needs a gradient, the bias is added in the GEMM's epilogue (ops::linear: cuBLASLt on CUDA, each
-/// block of rows while in cache on the CPU).
+namespace detail {
+/// act(z) as the differentiable element-wise op (ops::LinearAct names it).
 template <class T>
-Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
+Tensor<T> apply_linear_act(const Tensor<T>& z, ops::LinearAct act) {
+  switch (act) {
+    case ops::LinearAct::relu: return relu(z);
+    case ops::LinearAct::gelu: return gelu(z);
+    case ops::LinearAct::gelu_tanh: return gelu_tanh(z);
+    case ops::LinearAct::silu: return silu(z);
+    default: return z;
+  }
+}
+}  // namespace detail
+
+/// y = act(x @ wᵀ + b): torch.nn.functional.linear (w is (out_features, in_features); b may be undefined) followed
+/// by the activation act (none, relu, gelu, gelu_tanh, silu). The bias, and ReLU, are applied in the GEMM's
+/// write-back (ops::linear: cuBLASLt on CUDA, each block of rows while in cache on the CPU), in training too: on
+/// the CPU one node on the tape (LinearBackward / LinearReluBackward) whose backward forms the activation's
+/// gradient and the bias gradient in one pass and writes the weight gradient in the weight's layout. GELU and SiLU
+/// follow as their own differentiable op in training (their derivative reads the input). On CUDA, training runs
+/// the differentiable matmul, add and activation.
+template <class T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
+                 ops::LinearAct act = ops::LinearAct::none) {
+  using ops::LinearAct;
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
               " does not match weight of shape ", w.shape().str(), " (expected last dim ", w.size(1), ")");
-  if (b.defined() && !(is_grad_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad())))
-    return ops::linear(x, w, b);
-  Tensor<T> y = matmul(x, w.t());
-  if (!b.defined()) return y;
-  EMBER_CHECK(b.dim() == 1 && b.numel() == w.size(0), "linear: bias of shape ", b.shape().str(),
+  EMBER_CHECK(!b.defined() || (b.dim() == 1 && b.numel() == w.size(0)), "linear: bias of shape ", b.shape().str(),
               " does not match ", w.size(0), " output features");
-  return y + b;
+  const bool grad = is_grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
+  if (!grad) return ops::linear(x, w, b, act);
+  if (x.device().is_cpu() && w.device().is_cpu() && (!b.defined() || b.device().is_cpu())) {
+    if (act != LinearAct::none && act != LinearAct::relu) return detail::apply_linear_act(linear(x, w, b), act);
+    Tensor<T> y = ops::linear(x, w, b, act);
+    auto node = std::make_shared<autograd::LinearNode<T>>();
+    auto edge = [](const Tensor<T>& t) { return t.defined() ? autograd::gradient_edge(t) : nullptr; };
+    node->next = {edge(x), edge(w)};
+    node->has_bias = b.defined();
+    if (b.defined()) node->next.push_back(edge(b));
+    // Each operand is saved only when the other's gradient needs it; y only for ReLU's derivative.
+    if (w.requires_grad()) node->x = autograd::Saved<T>(x);
+    if (x.requires_grad()) node->w = autograd::Saved<T>(w);
+    node->x_shape = x.shape();
+    node->act = act;
+    if (act == LinearAct::relu) node->y = autograd::Saved<T>(y.detach());  // detached: no cycle through y's node
+    node->output = y.impl_ptr();
+    autograd::set_history<T>(y, node);
+    return y;
+  }
+  Tensor<T> y = matmul(x, w.t());
+  if (b.defined()) y = y + b;
+  return detail::apply_linear_act(y, act);
 }
 
 }  // namespace ember

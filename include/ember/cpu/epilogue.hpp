@@ -4,11 +4,13 @@
 // (16-bit values are computed in fp32 and rounded once), so a fused result equals the unfused one bit for bit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "ember/config.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/functors.hpp"
 
 namespace ember::cpu {
@@ -88,6 +90,61 @@ void bias_act_rows_(T* y, std::int64_t rows, std::int64_t n, std::int64_t ld, co
       if (bias) detail::act_run(y + r * ld, n, bias, T(0), f);
       else detail::act_run_nobias(y + r * ld, n, f);
     }
+  });
+}
+
+/// What linear's backward sums a bias gradient in: double for float and double, fp32 for 16-bit types.
+template <class T>
+using bias_grad_acc_t = std::conditional_t<sizeof(T) == 2, float, double>;
+
+namespace detail {
+// gz[i] = g[i] * f'(s[i]) (in fp32 for 16-bit types, rounded once as the element-wise executor does), and
+// acc[i] += gz[i] when Sum.
+template <bool Sum, class T, class A, class F>
+EMBER_VECTORIZE void act_grad_run(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT s, T* EMBER_RESTRICT gz,
+                                  A* EMBER_RESTRICT acc, std::int64_t n, F f) {
+  using C = std::conditional_t<sizeof(T) == 2, float, T>;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T v = T(C(g[i]) * C(f.d(C(s[i]))));
+    gz[i] = v;
+    if constexpr (Sum) acc[i] += A(v);
+  }
+}
+template <class T, class A>
+EMBER_VECTORIZE void sum_run(const T* EMBER_RESTRICT g, A* EMBER_RESTRICT acc, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) acc[i] += A(g[i]);
+}
+}  // namespace detail
+
+/// The backward epilogue of linear (rows x n, row-major, g and s with leading dim n): gz = g * act'(s), where s is
+/// what the activation's derivative reads (the layer's output for ReLU), and db[j] = sum over rows of gz[r, j]
+/// when db is not null (db holds n values; it is overwritten). With Act::none gz is g itself and is not written.
+/// Threads take blocks of columns, so each column's sum runs down the rows in order on one thread: the result
+/// does not depend on the thread count.
+template <class T>
+void linear_act_grad(const T* g, const T* s, T* gz, std::int64_t rows, std::int64_t n, Act a,
+                     bias_grad_acc_t<T>* db) {
+  using A = bias_grad_acc_t<T>;
+  if (n <= 0) return;
+  if (db)
+    for (std::int64_t j = 0; j < n; ++j) db[j] = A(0);
+  if (a == Act::none && !db) return;
+  // Blocks of whole 16-column groups with at least ~32k elements each.
+  const std::int64_t per = (std::int64_t(1) << 15) / std::max<std::int64_t>(rows, 1);
+  const std::int64_t grain = std::max<std::int64_t>(16, (per + 15) / 16 * 16);
+  parallel_for(0, n, grain, [&](std::int64_t j0, std::int64_t j1) {
+    const std::int64_t w = j1 - j0;
+    if (a == Act::none) {
+      for (std::int64_t r = 0; r < rows; ++r) detail::sum_run(g + r * n + j0, db + j0, w);
+      return;
+    }
+    detail::dispatch_act<T>(a, [&](auto f) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t o = r * n + j0;
+        if (db) detail::act_grad_run<true>(g + o, s + o, gz + o, db + j0, w, f);
+        else detail::act_grad_run<false>(g + o, s + o, gz + o, static_cast<A*>(nullptr), w, f);
+      }
+    });
   });
 }
 

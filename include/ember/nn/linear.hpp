@@ -52,6 +52,16 @@ class LinearT : public Module {
   }
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
+  /// act(forward(x)) for act none, relu, gelu, gelu_tanh or silu, with the activation applied in the GEMM's
+  /// write-back where ember::linear does so (ReLU in training too, on the CPU: one node on the tape). nn::Sequential
+  /// runs each Linear -> ReLU pair of its float32 modules through it.
+  Tensor<compute_t> forward(const Tensor<compute_t>& x, ops::LinearAct act) const {
+    if (act == ops::LinearAct::none || quantized() || cpu::Act(fused_activation()) != cpu::Act::none)
+      return ember::detail::apply_linear_act(forward(x), act);
+    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+    return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b), act);
+  }
+
   std::int64_t in_features, out_features;
   Tensor<param_t> weight;  // (out_features, in_features)
   Tensor<param_t> bias;    // (out_features), undefined without bias

@@ -11,6 +11,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/nn/activation.hpp"
 #include "ember/nn/conv_bn.hpp"
+#include "ember/nn/linear.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/nn/pooling.hpp"
 
@@ -55,6 +56,10 @@ class Sequential : public Module {
           i += used - 1;
           continue;
         }
+        if (run_linear_relu(i, h)) {
+          ++i;
+          continue;
+        }
       }
       const auto& f = slot<T>(stages_[i]);
       EMBER_CHECK(bool(f), "Sequential: module ", i, " has no forward for a ", dtype_name<T>(), " tensor");
@@ -69,6 +74,15 @@ class Sequential : public Module {
   std::size_t size() const { return stages_.size(); }
 
  private:
+  // A Linear -> ReLU pair starting at stage i, run as one op (Linear::forward(x, relu)): whether it ran.
+  bool run_linear_relu(std::size_t i, Tensor<float>& h) const {
+    if (i + 1 >= stages_.size()) return false;
+    const auto* fc = dynamic_cast<const Linear*>(stages_[i].keep.get());
+    const auto* r = fc ? dynamic_cast<const ReLU*>(stages_[i + 1].keep.get()) : nullptr;
+    if (!r || r->folded()) return false;
+    h = fc->forward(h, ops::LinearAct::relu);
+    return true;
+  }
   // A Conv2d -> BatchNorm2d [-> ReLU] [-> MaxPool2d(2)] group starting at stage i, run fused on h when it can be:
   // returns the number of stages it ran (0: none).
   std::size_t run_conv_bn(std::size_t i, Tensor<float>& h) const {

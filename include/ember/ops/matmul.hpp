@@ -224,4 +224,67 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   return y.view(out);
 }
 
+/// The gradients linear_backward computes (undefined where not asked for).
+template <class T>
+struct LinearGrads {
+  Tensor<T> input, weight, bias;
+};
+
+/// The gradients of y = act(x @ w^T + b) (ops::linear) on the CPU, act none or relu, from gy (the shape of y): one
+/// pass forms gz = gy * act'(y) and the bias gradient (the column sums of gz, accumulated in
+/// cpu::bias_grad_acc_t), then input = gz @ w and weight = gz^T @ x, each one GEMM that writes its result in the
+/// layout of x and of w. x (of shape x_shape) is read only for the weight's gradient, w only for the input's, y
+/// (the layer's output) only for ReLU's derivative; the others may be undefined.
+template <class T>
+LinearGrads<T> linear_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& y,
+                               LinearAct act, const Shape& x_shape, bool want_input, bool want_weight,
+                               bool want_bias) {
+  static_assert(is_floating_v<T>, "linear_backward: floating-point tensors only");
+  EMBER_CHECK(act == LinearAct::none || act == LinearAct::relu, "linear_backward: activation ", cpu::act_name(act),
+              " is not fused in training (only none and relu are)");
+  EMBER_CHECK(gy.device().is_cpu(), "linear_backward: CPU tensors only, got a gradient on ", gy.device().str());
+  EMBER_CHECK(x_shape.n >= 1 && gy.dim() == x_shape.n, "linear_backward: gradient of shape ", gy.shape().str(),
+              " does not match an input of shape ", x_shape.str());
+  const std::int64_t K = x_shape[x_shape.n - 1], N = gy.size(-1);
+  std::int64_t M = 1;
+  for (int d = 0; d + 1 < x_shape.n; ++d) M *= x_shape[d];
+  EMBER_CHECK(gy.numel() == M * N, "linear_backward: gradient of shape ", gy.shape().str(),
+              " does not match an input of shape ", x_shape.str());
+  EMBER_CHECK(!want_input || (w.defined() && w.dim() == 2 && w.size(0) == N && w.size(1) == K),
+              "linear_backward: the input's gradient needs the weight (", N, ", ", K, ")");
+  EMBER_CHECK(!want_weight || (x.defined() && x.shape() == x_shape),
+              "linear_backward: the weight's gradient needs the input ", x_shape.str());
+  Tensor<T> g2 = gy.detach().reshape({M, N});
+  if (!g2.is_contiguous()) g2 = g2.contiguous();
+  Tensor<T> gz = g2;
+  using A = cpu::bias_grad_acc_t<T>;
+  const Tensor<A> db = want_bias ? empty<A>(Shape{N}) : Tensor<A>();  // from the caching allocator
+  if (act != LinearAct::none) {
+    Tensor<T> s = y.detach().reshape({M, N});
+    if (!s.is_contiguous()) s = s.contiguous();
+    gz = empty<T>(Shape{M, N});
+    cpu::linear_act_grad(g2.data(), s.data(), gz.data(), M, N, act, want_bias ? db.data() : nullptr);
+  } else if (want_bias) {
+    cpu::linear_act_grad(g2.data(), static_cast<const T*>(nullptr), static_cast<T*>(nullptr), M, N, act, db.data());
+  }
+  LinearGrads<T> r;
+  if (want_bias) {
+    r.bias = empty<T>(Shape{N});
+    for (std::int64_t j = 0; j < N; ++j) r.bias.data()[j] = T(db.data()[j]);
+  }
+  if (want_input) {
+    Tensor<T> kw;
+    r.input = empty<T>(Shape{M, K});
+    cpu::gemm<T>(M, K, N, cpu::MatView<T>{gz.data(), N, 1}, detail::mat_view(w.detach(), kw), r.input.data(), K);
+    r.input = r.input.view(x_shape);
+  }
+  if (want_weight) {
+    const Tensor<T> x2 = x.detach().reshape({M, K});
+    Tensor<T> kx;
+    r.weight = empty<T>(Shape{N, K});
+    cpu::gemm<T>(N, K, M, cpu::MatView<T>{gz.data(), 1, N}, detail::mat_view(x2, kx), r.weight.data(), K);
+  }
+  return r;
+}
+
 }  // namespace ember::ops
