@@ -4,6 +4,7 @@
 // saved right after it runs.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <queue>
 #include <unordered_map>
@@ -15,9 +16,36 @@
 
 namespace ember::autograd {
 
+/// The backward passes running on this thread and what to run when they end (queue_callback).
+struct BackwardPassState {
+  int depth = 0;                                // nested backward passes running on this thread
+  std::vector<std::function<void()>> callbacks;  // to run when the outermost one ends
+};
+inline BackwardPassState& backward_pass_state() {
+  thread_local BackwardPassState s;
+  return s;
+}
+
+/// Runs `fn` once the backward pass now running on this thread has finished, after every node and gradient hook
+/// (torch's Variable._execution_engine.queue_callback). DistributedDataParallel waits for its gradient all-reduces
+/// here, so backward() returns with the gradients averaged. An error outside a backward pass.
+inline void queue_callback(std::function<void()> fn) {
+  auto& s = backward_pass_state();
+  EMBER_CHECK(s.depth > 0, "autograd::queue_callback: called outside a backward pass");
+  s.callbacks.push_back(std::move(fn));
+}
+
 EMBER_HEADER_INLINE void run_backward(const std::shared_ptr<Node>& root, bool retain_graph);
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE void run_backward(const std::shared_ptr<Node>& root, bool retain_graph) {
+  auto& state = backward_pass_state();
+  struct Depth {  // the callbacks queued by a pass that fails are dropped with it
+    BackwardPassState& s;
+    explicit Depth(BackwardPassState& st) : s(st) { ++s.depth; }
+    ~Depth() {
+      if (--s.depth == 0) s.callbacks.clear();
+    }
+  } depth(state);
   // Count, for every reachable node, how many edges point at it.
   std::unordered_map<Node*, int> deps;
   std::vector<Node*> stack{root.get()};
@@ -50,6 +78,13 @@ EMBER_HEADER_INLINE void run_backward(const std::shared_ptr<Node>& root, bool re
     }
     for (auto& e : n->next)
       if (e && --deps[e.get()] == 0) ready.push(e.get());
+  }
+  if (state.depth == 1) {
+    // (A callback may queue another one.)
+    for (std::size_t i = 0; i < state.callbacks.size(); ++i) {
+      auto fn = std::move(state.callbacks[i]);
+      fn();
+    }
   }
 }
 #endif

@@ -1,0 +1,273 @@
+// ember — starting a process group from what the launcher set, as torch.distributed.init_process_group does.
+//
+// Who this process is (first match wins; explicit options override each value):
+//   torchrun / ember-run   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//   mpirun (Open MPI)      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+//   srun (Slurm)           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+//   nothing                a single process (rank 0 of 1)
+// The ranks meet at a TCP store at MASTER_ADDR:MASTER_PORT (default 127.0.0.1 when every rank is on this host, and
+// 29500). Rank 0 serves it, unless the launcher does (ember-run sets EMBER_USE_AGENT_STORE=1). Under torchrun, whose
+// own store holds MASTER_PORT, ember's listens on MASTER_PORT + 1.
+//
+// The CPU backend: shm when every rank is on one host, else tcp; `Backend` or EMBER_DIST_BACKEND=shm|tcp|mpi
+// forces one. CUDA tensors use NCCL (<ember/dist/nccl.hpp>). Timeouts: InitOptions::timeout, else
+// EMBER_DIST_TIMEOUT (seconds), else 5 minutes, for the rendezvous and for every collective.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ember/config.hpp"
+#include "ember/dist/bootstrap.hpp"
+#include "ember/dist/process_group.hpp"
+#include "ember/dist/shm.hpp"
+#include "ember/dist/store.hpp"
+#include "ember/dist/tcp.hpp"
+
+namespace ember::dist {
+
+/// The CPU backend of a group.
+enum class Backend : std::uint8_t { Auto, Shm, Tcp, Mpi };
+
+inline const char* backend_name(Backend b) {
+  constexpr const char* names[] = {"auto", "shm", "tcp", "mpi"};
+  return names[static_cast<int>(b)];
+}
+
+struct InitOptions {
+  Backend backend = Backend::Auto;
+  /// -1: from the environment.
+  int rank = -1, world_size = -1, local_rank = -1, local_world_size = -1;
+  std::string master_addr{};  ///< "": MASTER_ADDR
+  int master_port = -1;     ///< -1: MASTER_PORT, else 29500
+  /// For the rendezvous and every collective; unset: EMBER_DIST_TIMEOUT seconds, else 5 minutes.
+  std::optional<std::chrono::milliseconds> timeout{};
+  /// Groups of one job are told apart by name (and by the order they are created in).
+  std::string group_name = "default";
+};
+
+/// Who this process is in the job, as read from options and environment.
+struct LaunchInfo {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr;
+  int master_port = 29500;
+  bool agent_store = false;  ///< the launcher serves the store (rank 0 does not)
+  Backend backend = Backend::Auto;
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::string launcher;      ///< "torchrun", "mpirun", "slurm", "options" or "none", for messages
+};
+
+namespace detail {
+/// The integer in environment variable `name`, or `fallback` when unset; garbage is an error naming the variable.
+inline long long env_int(const char* name, long long fallback, long long lo, long long hi) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s, &end, 10);
+  EMBER_CHECK(errno == 0 && end && *end == 0 && v >= lo && v <= hi, "dist::init: ", name, "=",
+              ember::detail::quote_untrusted(s), " is not an integer in [", lo, ", ", hi, "]");
+  return v;
+}
+inline std::string env_str(const char* name) {
+  const char* s = std::getenv(name);
+  return s ? std::string(s) : std::string();
+}
+/// This machine, as far as shared memory is concerned: host name and boot id.
+inline std::string host_identity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot;
+}
+/// Rank 0's store server on `port`, shared by the groups that use it (it lives while one of them does).
+inline std::shared_ptr<StoreServer> store_server(int port) {
+  static std::mutex mu;
+  static std::map<int, std::weak_ptr<StoreServer>> servers;
+  std::lock_guard<std::mutex> lk(mu);
+  auto s = servers[port].lock();
+  if (!s) {
+    s = std::make_shared<StoreServer>(port);
+    servers[port] = s;
+  }
+  return s;
+}
+inline std::atomic<int>& group_counter() {
+  static std::atomic<int> n{0};
+  return n;
+}
+}  // namespace detail
+
+/// Reads the launch environment (see the top of this header), checked: ranks in range, a world of at least one.
+inline LaunchInfo launch_info(const InitOptions& o = {}) {
+  LaunchInfo li;
+  const int kMax = 1 << 20;
+  if (std::getenv("RANK") || std::getenv("WORLD_SIZE")) {
+    li.launcher = std::getenv("TORCHELASTIC_RUN_ID") ? "torchrun" : "RANK/WORLD_SIZE";
+    li.rank = int(detail::env_int("RANK", 0, 0, kMax));
+    li.world_size = int(detail::env_int("WORLD_SIZE", 1, 1, kMax));
+    li.local_rank = int(detail::env_int("LOCAL_RANK", li.rank, 0, kMax));
+    li.local_world_size = int(detail::env_int("LOCAL_WORLD_SIZE", li.world_size, 1, kMax));
+  } else if (std::getenv("OMPI_COMM_WORLD_RANK")) {
+    li.launcher = "mpirun";
+    li.rank = int(detail::env_int("OMPI_COMM_WORLD_RANK", 0, 0, kMax));
+    li.world_size = int(detail::env_int("OMPI_COMM_WORLD_SIZE", 1, 1, kMax));
+    li.local_rank = int(detail::env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, kMax));
+    li.local_world_size = int(detail::env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1, kMax));
+  } else if (std::getenv("SLURM_PROCID")) {
+    li.launcher = "slurm";
+    li.rank = int(detail::env_int("SLURM_PROCID", 0, 0, kMax));
+    li.world_size = int(detail::env_int("SLURM_NTASKS", 1, 1, kMax));
+    li.local_rank = int(detail::env_int("SLURM_LOCALID", 0, 0, kMax));
+    // "2" or "2(x3)": the tasks on this node.
+    const std::string per = detail::env_str("SLURM_NTASKS_PER_NODE");
+    li.local_world_size = per.empty() ? 1 : std::max(1, std::atoi(per.c_str()));
+  } else {
+    li.launcher = "none";
+  }
+  if (o.rank >= 0) li.rank = o.rank;
+  if (o.world_size >= 0) li.world_size = o.world_size;
+  if (o.local_rank >= 0) li.local_rank = o.local_rank;
+  if (o.local_world_size >= 0) li.local_world_size = o.local_world_size;
+  if (o.rank >= 0 || o.world_size >= 0) li.launcher = "options";
+  EMBER_CHECK(li.world_size >= 1 && li.rank >= 0 && li.rank < li.world_size, "dist::init: rank ", li.rank,
+              " is out of range for a world of ", li.world_size, " (from ", li.launcher, ")");
+
+  li.master_addr = !o.master_addr.empty() ? o.master_addr : detail::env_str("MASTER_ADDR");
+  if (li.master_addr.empty()) {
+    EMBER_CHECK(li.world_size == 1 || li.local_world_size >= li.world_size, "dist::init: MASTER_ADDR is not set "
+                "and the ", li.world_size, " ranks are not all on this host (", li.local_world_size, " are); set "
+                "MASTER_ADDR (and MASTER_PORT) to rank 0's address");
+    li.master_addr = "127.0.0.1";
+  }
+  li.master_port = o.master_port >= 0 ? o.master_port : int(detail::env_int("MASTER_PORT", 29500, 1, 65535));
+  li.agent_store = detail::env_str("EMBER_USE_AGENT_STORE") == "1";
+  if (!li.agent_store && std::getenv("TORCHELASTIC_USE_AGENT_STORE")) {
+    EMBER_CHECK(li.master_port < 65535, "dist::init: MASTER_PORT 65535 leaves no port for ember's store");
+    ++li.master_port;  // torchrun's own store holds MASTER_PORT
+  }
+
+  li.backend = o.backend;
+  if (li.backend == Backend::Auto) {
+    const std::string b = detail::env_str("EMBER_DIST_BACKEND");
+    if (b == "shm") li.backend = Backend::Shm;
+    else if (b == "tcp") li.backend = Backend::Tcp;
+    else if (b == "mpi") li.backend = Backend::Mpi;
+    else EMBER_CHECK(b.empty() || b == "auto", "dist::init: EMBER_DIST_BACKEND=", ember::detail::quote_untrusted(b),
+                     " is not one of shm, tcp, mpi, auto");
+  }
+  if (o.timeout) li.timeout = *o.timeout;
+  else li.timeout = std::chrono::seconds(detail::env_int("EMBER_DIST_TIMEOUT", 300, 1, 7 * 24 * 3600));
+  EMBER_CHECK(li.timeout.count() > 0, "dist::init: the timeout must be positive");
+  return li;
+}
+
+namespace detail {
+/// Creates the MPI backend (set by <ember/dist/mpi.hpp>).
+using MpiBackendFactory = std::shared_ptr<ProcessGroup> (*)(const LaunchInfo& li);
+inline MpiBackendFactory& mpi_backend_factory() {
+  static MpiBackendFactory f = nullptr;
+  return f;
+}
+}  // namespace detail
+
+/// A new process group of every rank of the job (all ranks must create their groups in the same order).
+inline std::shared_ptr<ProcessGroup> new_process_group(const InitOptions& o = {}) {
+  const LaunchInfo li = launch_info(o);
+  const int instance = detail::group_counter().fetch_add(1);
+  if (li.backend == Backend::Mpi) {
+    EMBER_CHECK(detail::mpi_backend_factory() != nullptr, "dist::init: the mpi backend was asked for, but this "
+                "program was built without it: include <ember/dist/mpi.hpp> and link ember::mpi (CMake finds MPI, "
+                "e.g. Debian's libopenmpi-dev)");
+    return detail::mpi_backend_factory()(li);
+  }
+  if (li.world_size == 1 && li.backend == Backend::Auto)
+    return std::make_shared<ProcessGroup>(0, 1, std::make_shared<detail::SelfCollectives>(li.timeout), nullptr);
+
+  const Deadline d = deadline_in(li.timeout);
+  std::shared_ptr<StoreServer> server;
+  if (li.rank == 0 && !li.agent_store) server = detail::store_server(li.master_port);
+  auto store = std::make_shared<Store>(li.master_addr, li.master_port, li.timeout);
+  const std::string prefix = "ember/" + o.group_name + "/" + std::to_string(instance);
+  auto boot = std::make_shared<StoreBootstrap>(store, prefix, li.rank, li.world_size);
+
+  // Rendezvous: every rank says where it runs and what it believes the world is.
+  const std::string host = detail::host_identity();
+  const auto hello = boot->all_gather(std::to_string(li.world_size) + " " + host, "rendezvous", d);
+  bool one_host = true;
+  for (int k = 0; k < li.world_size; ++k) {
+    const std::string& h = hello[std::size_t(k)];
+    const auto sp = h.find(' ');
+    EMBER_CHECK(sp != std::string::npos && h.substr(0, sp) == std::to_string(li.world_size), "dist::init: rank ", k,
+                " believes the world has ", ember::detail::quote_untrusted(h.substr(0, sp)), " ranks, this rank (",
+                li.rank, ") ", li.world_size);
+    one_host = one_host && h.substr(sp + 1) == host;
+  }
+  Backend b = li.backend;
+  if (b == Backend::Auto) b = one_host ? Backend::Shm : Backend::Tcp;
+  EMBER_CHECK(b != Backend::Shm || one_host, "dist::init: the shm backend needs every rank on one host, but the "
+              "ranks run on several; use tcp");
+  std::shared_ptr<detail::Collectives> cpu;
+  if (b == Backend::Shm) cpu = std::make_shared<ShmCollectives>(li.rank, li.world_size, *boot, li.timeout);
+  else cpu = std::make_shared<TcpCollectives>(li.rank, li.world_size, boot, store->local_address(), li.timeout);
+  return std::make_shared<ProcessGroup>(li.rank, li.world_size, std::move(cpu), std::move(boot), std::move(store),
+                                        std::move(server));
+}
+
+namespace detail {
+inline std::shared_ptr<ProcessGroup>& default_group_slot() {
+  static std::shared_ptr<ProcessGroup> g;
+  return g;
+}
+}  // namespace detail
+
+/// Starts the default process group (torch.distributed.init_process_group); every rank calls it once.
+inline ProcessGroup& init(const InitOptions& o = {}) {
+  auto& slot = detail::default_group_slot();
+  EMBER_CHECK(!slot, "dist::init: the default process group is already initialized (call "
+                     "dist::destroy_process_group() first)");
+  slot = new_process_group(o);
+  return *slot;
+}
+inline bool is_initialized() { return detail::default_group_slot() != nullptr; }
+/// The default group; an error before dist::init().
+inline ProcessGroup& default_group() {
+  EMBER_CHECK(is_initialized(), "dist: the default process group is not initialized; call dist::init() first");
+  return *detail::default_group_slot();
+}
+/// Ends the default group (joins its threads, closes its connections).
+inline void destroy_process_group() { detail::default_group_slot().reset(); }
+inline int get_rank() { return default_group().rank(); }
+inline int get_world_size() { return default_group().size(); }
+
+/// The collectives on the default group, waiting for the result (async_op=False in PyTorch).
+template <class T>
+void all_reduce(const Tensor<T>& t, ReduceOp op = ReduceOp::Sum) {
+  default_group().all_reduce(t, op).wait();
+}
+template <class T>
+void broadcast(const Tensor<T>& t, int root = 0) {
+  default_group().broadcast(t, root).wait();
+}
+template <class T>
+void all_gather_into_tensor(const Tensor<T>& out, const Tensor<T>& in) {
+  default_group().all_gather_into_tensor(out, in).wait();
+}
+template <class T>
+void reduce_scatter_tensor(const Tensor<T>& out, const Tensor<T>& in, ReduceOp op = ReduceOp::Sum) {
+  default_group().reduce_scatter_tensor(out, in, op).wait();
+}
+inline void barrier() { default_group().barrier().wait(); }
+
+}  // namespace ember::dist
