@@ -5,7 +5,8 @@
 #                   dependencies except two small CUDA runtime libraries that libtorch_cpu loads, in a virtual
 #                   environment outside the tree ($EMBER_TORCH_VENV, by default ~/.cache/ember/torch-venv);
 #                   vs_libtorch links only its CPU libraries (libtorch_cpu, libc10).
-#                   EMBER_TORCH_VERSION=2.15.0 pins a version.
+#                   EMBER_TORCH_VERSION=2.15.0 pins a version. Also Debian's libgloo-dev, the Gloo peer of
+#                   bench/bench_allreduce.
 #   --bench-python  --bench plus the wheel's dependencies (~4 GB: PyPI's Linux wheel is the CUDA build, and `import
 #                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile)
 #   --fuzz          accepted for old scripts (clang and libFuzzer are now always installed: the tests run the fuzzers)
@@ -13,8 +14,9 @@ set -euo pipefail
 # zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: safetensors headers; dataset-fashion-mnist: the examples' data
 # clang, libclang-rt-14-dev: libFuzzer for the fuzz jobs of the test suite (ctest's fuzz_smoke, scripts/fuzz.sh)
 # time: GNU time, for scripts/compile_time.sh's peak-memory figures
+# libopenmpi-dev, openmpi-bin: the mpi backend of the collectives (ember::mpi) and its test under mpirun
 pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist
-      clang libclang-rt-14-dev time)
+      clang libclang-rt-14-dev time libopenmpi-dev openmpi-bin)
 bench=0 bench_python=0
 for arg in "$@"; do
   case $arg in
@@ -24,7 +26,7 @@ for arg in "$@"; do
     *) echo "usage: $0 [--bench] [--bench-python] [--fuzz]" >&2; exit 2 ;;
   esac
 done
-[ $bench -eq 0 ] || pkgs+=(python3-venv)
+[ $bench -eq 0 ] || pkgs+=(python3-venv libgloo-dev)  # (Gloo: bench/allreduce_gloo_peer, bench_allreduce's TCP peer)
 
 missing=()
 for p in "${pkgs[@]}"; do

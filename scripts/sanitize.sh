@@ -3,7 +3,10 @@
 # suite in BUILD_DIR with the sanitizers, then run it; any report fails the job.
 #   asan    AddressSanitizer + UndefinedBehaviorSanitizer over the whole suite
 #   thread  ThreadSanitizer over the threaded parts: the thread pool (test_threads), the caching CPU allocator
-#           (test_tensor's allocator cases) and the DataLoader (test_data)
+#           (test_tensor's allocator cases), the DataLoader (test_data) and the collective layer (test_dist: progress
+#           threads, the store's server thread, DDP's hooks)
+# Both also run the distributed tests (their ranks are processes of the same sanitized program) in their quick form
+# (EMBER_TEST_DIST_QUICK: sizes up to 4 Ki elements), without the case that needs mpirun (MPI is not instrumented).
 # usage: scripts/sanitize.sh asan|thread BUILD_DIR
 set -euo pipefail
 job=${1:?usage: sanitize.sh asan|thread BUILD_DIR} dir=${2:?usage: sanitize.sh asan|thread BUILD_DIR}
@@ -18,7 +21,7 @@ case $job in
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     ;;
   thread)
-    san=thread files="test_threads;test_tensor;test_data" cxx=c++ opt=-O1
+    san=thread files="test_threads;test_tensor;test_data;test_dist" cxx=c++ opt=-O1
     filters=(-tc='thread pool*,CpuCachingAllocator*,DataLoader*,*worker*,*thread*')
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
     ;;
@@ -30,8 +33,9 @@ cmake -S "$root" -B "$dir" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=None -
   -DEMBER_SANITIZE="$san" \
   -DEMBER_TEST_FILES="$files" -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF \
   -DEMBER_INSTALL=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
-cmake --build "$dir" -j2 --target ember_tests
+cmake --build "$dir" -j2 --target ember_tests ember_tests_dist
 echo "sanitize $job: built in $((SECONDS - start)) s"
 cd "$root/tests"  # fixture paths are compiled in; tests that write files use their own temporary folders
 "$dir/tests/ember_tests" "${filters[@]}"
+EMBER_TEST_DIST_QUICK=1 "$dir/tests/ember_tests_dist" -tce='*mpi backend*'
 echo "sanitize $job: passed in $((SECONDS - start)) s"

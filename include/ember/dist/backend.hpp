@@ -235,7 +235,8 @@ inline void Collectives::execute(const Request& r) {
     const bool narrow16 = r.out.dtype == ScalarType::Half || r.out.dtype == ScalarType::BFloat16;
     const bool reduces = r.kind == CollectiveKind::AllReduce || r.kind == CollectiveKind::ReduceScatter;
     if (world_ == 1) {  // nothing to exchange; reduce_scatter and all_gather copy, Avg of one value is itself
-      if ((r.kind == CollectiveKind::AllGather || r.kind == CollectiveKind::ReduceScatter) && r.out.data != r.in.data)
+      if ((r.kind == CollectiveKind::AllGather || r.kind == CollectiveKind::ReduceScatter) && r.out.data != r.in.data &&
+          r.out.bytes() > 0)
         std::memcpy(r.out.data, r.in.data, r.out.bytes());
       return;
     }

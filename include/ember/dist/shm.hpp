@@ -234,6 +234,7 @@ class ShmSegment {
 /// The ring engine's channel over a segment: sends into the next rank's inbox, receives from this rank's.
 class ShmChannel {
  public:
+  static constexpr bool kWritesInPlace = true;
   ShmChannel(const ShmSegment& g, int rank, CallContext ctx, bool oversubscribed)
       : g_(g), rank_(rank), next_((rank + 1) % g.world()), prev_((rank + g.world() - 1) % g.world()), ctx_(ctx),
         oversubscribed_(oversubscribed) {}

@@ -37,6 +37,7 @@ struct TcpStage {
 /// The ring engine's channel over two sockets; received bytes that are reduced pass through the staging buffer.
 class TcpChannel {
  public:
+  static constexpr bool kWritesInPlace = false;  // (sockets copy anyway)
   TcpChannel(const Socket& out, const Socket& in, TcpStage& stage, int next, int prev, Bootstrap* boot,
              CallContext ctx)
       : out_(out), in_(in), st_(stage), next_(next), prev_(prev), boot_(boot), ctx_(ctx) {}
@@ -50,8 +51,6 @@ class TcpChannel {
       peer_failed(e, ": sending to rank " + std::to_string(next_));
     }
   }
-  std::pair<char*, std::size_t> send_view() const { return {nullptr, 0}; }  // (sockets copy anyway)
-  void commit(std::size_t) {}
   std::size_t recv_into(char* dst, std::size_t n) {
     std::size_t got = std::min(n, st_.e - st_.b);
     std::memcpy(dst, st_.buf.data() + st_.b, got);

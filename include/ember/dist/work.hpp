@@ -81,6 +81,17 @@ struct WorkState {
   bool device_async = false;
   std::function<bool()> query;
 
+  /// Throws the collective's error on the calling thread: an ember::Error is thrown as a copy, so the thread that
+  /// stored it never shares the exception object with a waiter (whose handler may outlive the progress thread's
+  /// reference to it).
+  [[noreturn]] static void rethrow(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      throw Error(x.what());
+    }
+  }
+
   void finish(std::exception_ptr e = nullptr) {
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -119,7 +130,7 @@ class Work {
         std::lock_guard<std::mutex> lk(s_->mu);
         e = s_->error;
       }
-      if (e) std::rethrow_exception(e);
+      if (e) detail::WorkState::rethrow(e);
       if (s_->on_wait) s_->on_wait();
       return;
     }
@@ -129,7 +140,7 @@ class Work {
       s_->cv.wait(lk, [&] { return s_->done; });
       e = s_->error;
     }
-    if (e) std::rethrow_exception(e);
+    if (e) detail::WorkState::rethrow(e);
     if (s_->on_wait) s_->on_wait();
   }
   /// Waits at most `timeout`: true when the collective finished (wait() then returns at once).

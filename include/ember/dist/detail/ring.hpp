@@ -104,7 +104,8 @@ inline constexpr std::size_t kRingChunk = std::size_t(1) << 20;
 /// Runs one collective over `ch`. Channel provides:
 ///   Token token();                                               // progress marker, read before trying
 ///   std::size_t send_some(const char* p, std::size_t n);         // non-blocking, may return 0
-///   std::pair<char*, std::size_t> send_view(); void commit(n);   // room to write in place ({nullptr, 0}: none)
+///   static constexpr bool kWritesInPlace;                        // has send_view() and commit(n):
+///   std::pair<char*, std::size_t> send_view(); void commit(n);   //   room to write in place
 ///   std::size_t recv_into(char* dst, std::size_t n);             // non-blocking copy, may return 0
 ///   std::pair<const char*, std::size_t> recv_view();             // readable bytes in place
 ///   std::size_t available();                                     // readable bytes (in place or not)
@@ -308,6 +309,11 @@ inline RingPlan plan_broadcast(char* data, std::size_t n, ScalarType t, int root
   return p;
 }
 
+/// memcpy that accepts null pointers when there is nothing to copy (empty tensors have no data).
+inline void copy(void* dst, const void* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 /// Sends all n bytes (waiting for space).
 template <class Channel>
 void send_all(Channel& ch, const char* p, std::size_t n, Deadline d, RingProgress& prog) {
@@ -351,12 +357,17 @@ void run_small_all_reduce(Channel& ch, char* data, std::size_t n, ScalarType t, 
   if (w == 2) {
     // One exchange: the message is written straight into the channel and the peer's is combined straight out of it,
     // when they lie there in one piece. (Two operands: a op b and b op a are the same bits for every op here.)
-    if (auto [room, free] = ch.send_view(); free >= msg) {
-      std::memcpy(room, &mine, H);
-      std::memcpy(room + H, data, bytes);
-      ch.commit(msg);
-    } else {
-      std::memcpy(out.data() + H, data, bytes);
+    bool written = false;
+    if constexpr (Channel::kWritesInPlace) {
+      if (auto [room, free] = ch.send_view(); free >= msg) {
+        std::memcpy(room, &mine, H);
+        copy(room + H, data, bytes);
+        ch.commit(msg);
+        written = true;
+      }
+    }
+    if (!written) {
+      copy(out.data() + H, data, bytes);
       send_all(ch, out.data(), msg, d, prog);
     }
     for (;;) {
@@ -383,16 +394,16 @@ void run_small_all_reduce(Channel& ch, char* data, std::size_t n, ScalarType t, 
   }
   scratch.resize(bytes * std::size_t(w));
   auto part = [&](int k) { return scratch.data() + std::size_t(ring_mod(k, w)) * bytes; };
-  std::memcpy(part(r), data, bytes);
+  copy(part(r), data, bytes);
   for (int s = 0; s < w - 1; ++s) {
-    std::memcpy(out.data() + H, part(r - s), bytes);  // step s forwards what step s-1 received
+    copy(out.data() + H, part(r - s), bytes);  // step s forwards what step s-1 received
     send_all(ch, out.data(), msg, d, prog);
     recv_all(ch, in.data(), msg, d, prog);
     WireHeader theirs;
     std::memcpy(&theirs, in.data(), H);
     const std::string why = header_mismatch(mine, theirs, prev);
     if (!why.empty()) throw Error(ctx.str() + ": " + why);
-    std::memcpy(part(r - s - 1), in.data() + H, bytes);
+    copy(part(r - s - 1), in.data() + H, bytes);
   }
   combine(data, part(0), part(1), n, t, op, 1.0);
   for (int k = 2; k < w; ++k) combine(data, data, part(k), n, t, op, k == w - 1 ? last_scale : 1.0);
@@ -440,7 +451,7 @@ class RingCollectives : public Collectives {
   void all_gather(const Buffer& out, const Buffer& in, Deadline d, std::uint64_t seq) override {
     char* o = static_cast<char*>(out.data);
     char* mine = o + std::size_t(rank_) * in.bytes();
-    if (mine != in.data) std::memcpy(mine, in.data, in.bytes());
+    if (mine != in.data) copy(mine, in.data, in.bytes());
     const RingPlan plan = plan_all_gather(o, std::size_t(in.numel), in.dtype, rank_, world_);
     run(CollectiveKind::AllGather, plan,
         make_header(CollectiveKind::AllGather, in.dtype, ReduceOp::Sum, 0, in.numel, world_, seq), d);
