@@ -3,12 +3,13 @@
 // For each world size (2 and 3 ranks) it times float32 sum all-reduces of 1 KiB to 256 MiB with ember's shm and tcp
 // backends (and ember's mpi backend when built), Open MPI's own MPI_Allreduce under mpirun (allreduce_mpi_peer) and
 // Gloo's TCP ring (allreduce_gloo_peer, both of its ring implementations, the better one quoted), every library timed
-// by the same loop (allreduce_sweep.hpp). It prints time and bus bandwidth as nccl-tests define it (algbw = bytes /
+// by the same loop (allreduce_sweep.hpp), the libraries taking turns over 3 rounds (the median per size is quoted;
+// the raw lines give every round). It prints time and bus bandwidth as nccl-tests define it (algbw = bytes /
 // time, busbw = algbw * 2(n-1)/n), the ratios the targets are stated in, and single-core memcpy bandwidth measured in
 // the same run. With --ddp it measures instead how much of DistributedDataParallel's communication backward hides:
 // on 2 ranks, the time from the start of backward to "every bucket reduced" against backward alone.
 //
-//   bench_allreduce [--worlds=2,3] [--sizes=1K,64M] [--backends=shm,tcp,mpi] [--no-peers]
+//   bench_allreduce [--worlds=2,3] [--sizes=1K,64M] [--backends=shm,tcp,mpi] [--no-peers] [--rounds=3]
 //   bench_allreduce --ddp [--steps=N]
 //
 // Ranks are started with ember-run (this build's), the MPI peer with mpirun (as root it sets Open MPI's
@@ -217,6 +218,7 @@ int main(int argc, char** argv) {
   std::string backends = arg_value(argc, argv, "--backends", EMBER_WITH_MPI ? "shm,tcp,mpi" : "shm,tcp");
   const bool peers = !has_flag(argc, argv, "--no-peers");
   const std::string sizes_arg = sizes.empty() ? "" : " --sizes=" + sizes;
+  const int rounds = std::max(1, std::atoi(arg_value(argc, argv, "--rounds", "3").c_str()));
 
   const double membw = memcpy_gbs();
   std::printf("memcpy (one core, 256 MiB): %.2f GB/s\n", membw);
@@ -226,30 +228,41 @@ int main(int argc, char** argv) {
     pos = comma + 1;
     const std::string mpirun = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                                "OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun --oversubscribe --bind-to none";
-    std::map<std::string, std::map<std::size_t, double>> res;  // library -> bytes -> us
-    std::vector<std::string> order;
+    // Each library's sweep `rounds` times, the libraries taking turns, and per size the median over the rounds.
+    std::vector<std::pair<std::string, std::string>> libs;  // (name, command)
     for (std::size_t b = 0; b < backends.size();) {
       const std::size_t c = std::min(backends.find(',', b), backends.size());
       const std::string be = backends.substr(b, c - b);
       b = c + 1;
-      const std::string name = "ember " + be;
       const std::string launch = be == "mpi" ? mpirun + " -n " + std::to_string(w) : run + " -n " + std::to_string(w);
-      res[name] = parse(capture(env + launch + " " + exe + " --worker=sweep " + be + (sizes.empty() ? "" : " " + sizes)));
+      libs.push_back({"ember " + be, env + launch + " " + exe + " --worker=sweep " + be + (sizes.empty() ? "" : " " + sizes)});
+    }
+    if (peers && ::access((dir + "/allreduce_mpi_peer").c_str(), X_OK) == 0)
+      libs.push_back({"Open MPI", env + mpirun + " -n " + std::to_string(w) + " " + dir + "/allreduce_mpi_peer" + sizes_arg});
+    const bool have_gloo = peers && ::access((dir + "/allreduce_gloo_peer").c_str(), X_OK) == 0;
+    if (have_gloo)
+      for (const char* mode : {"ring", "chunked"})
+        libs.push_back({std::string("Gloo ") + mode, env + run + " -n " + std::to_string(w) + " " + dir +
+                                                         "/allreduce_gloo_peer STORE " + mode + sizes_arg});
+    std::map<std::string, std::map<std::size_t, std::vector<double>>> runs;  // library -> bytes -> us per round
+    for (int round = 0; round < rounds; ++round)
+      for (const auto& [name, cmd] : libs) {
+        std::string c = cmd;
+        char tmpl[] = "/tmp/ember-gloo-XXXXXX";  // Gloo's file store, new for each run
+        if (const auto at = c.find(" STORE "); at != std::string::npos) {
+          if (!::mkdtemp(tmpl)) continue;
+          c.replace(at, 7, std::string(" ") + tmpl + " ");
+        }
+        for (const auto& [b, us] : parse(capture(c))) runs[name][b].push_back(us);
+        if (c != cmd) capture(std::string("rm -rf ") + tmpl);
+      }
+    std::map<std::string, std::map<std::size_t, double>> res;  // library -> bytes -> median us
+    std::vector<std::string> order;
+    for (const auto& [name, cmd] : libs) {
       order.push_back(name);
-    }
-    if (peers && ::access((dir + "/allreduce_mpi_peer").c_str(), X_OK) == 0) {
-      res["Open MPI"] = parse(capture(env + mpirun + " -n " + std::to_string(w) + " " + dir + "/allreduce_mpi_peer" +
-                                      sizes_arg));
-      order.push_back("Open MPI");
-    }
-    if (peers && ::access((dir + "/allreduce_gloo_peer").c_str(), X_OK) == 0) {
-      for (const char* mode : {"ring", "chunked"}) {
-        char tmpl[] = "/tmp/ember-gloo-XXXXXX";
-        if (!::mkdtemp(tmpl)) continue;
-        res[std::string("Gloo ") + mode] = parse(capture(env + run + " -n " + std::to_string(w) + " " + dir +
-                                                         "/allreduce_gloo_peer " + tmpl + " " + mode + sizes_arg));
-        capture(std::string("rm -rf ") + tmpl);
-        order.push_back(std::string("Gloo ") + mode);
+      for (auto& [b, v] : runs[name]) {
+        std::sort(v.begin(), v.end());
+        res[name][b] = v[v.size() / 2];
       }
     }
     // The table: per size, each library's time and busbw.
@@ -283,9 +296,11 @@ int main(int argc, char** argv) {
                 busbw("ember shm", big) / membw, busbw("ember tcp", big) / std::max(gloo, 1e-9), us("ember shm", small),
                 us("Open MPI", small));
     for (const auto& n : order)
-      for (const auto& [b, t] : res[n])
-        std::printf("raw world=%d lib=\"%s\" size=%zu us=%.3f busbw=%.3f\n", w, n.c_str(), b, t,
-                    double(b) / t / 1e3 * factor);
+      for (const auto& [b, v] : runs[n]) {
+        std::printf("raw world=%d lib=\"%s\" size=%zu us=", w, n.c_str(), b);
+        for (std::size_t k = 0; k < v.size(); ++k) std::printf("%s%.3f", k ? "," : "", v[k]);
+        std::printf(" median_busbw=%.3f\n", double(b) / res[n][b] / 1e3 * factor);
+      }
     std::fflush(stdout);
   }
   return 0;
