@@ -65,15 +65,16 @@ struct CallContext {
 class Collectives {
  public:
   Collectives(int rank, int world, std::chrono::milliseconds timeout)
-      : rank_(rank), world_(world), timeout_(timeout) {}
+      : rank_(rank), world_(world), timeout_ms_(timeout.count()) {}
   virtual ~Collectives() = default;
   Collectives(const Collectives&) = delete;
   Collectives& operator=(const Collectives&) = delete;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }
+  /// (Any thread, at any time: the collectives that start afterwards use it.)
+  void set_timeout(std::chrono::milliseconds t) { timeout_ms_.store(t.count()); }
   virtual const char* name() const = 0;
   /// Whether this backend takes tensors on device d (the CPU backends: CPU tensors).
   virtual bool handles(Device d) const { return d.is_cpu(); }
@@ -153,7 +154,7 @@ class Collectives {
   inline void execute(const Request& r);
 
   int rank_, world_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds::rep> timeout_ms_;
 
  private:
   /// The state every successful inline collective shares (done, no error; never changed again).
@@ -230,7 +231,7 @@ inline void Collectives::execute(const Request& r) {
     throw Error(context(r.kind) + ": the process group is broken since an earlier collective failed (" + broken_ +
                 "); create a new group");
   const std::uint64_t seq = seq_++;
-  const Deadline d = deadline_in(timeout_);
+  const Deadline d = deadline_in(timeout());
   try {
     const bool narrow16 = r.out.dtype == ScalarType::Half || r.out.dtype == ScalarType::BFloat16;
     const bool reduces = r.kind == CollectiveKind::AllReduce || r.kind == CollectiveKind::ReduceScatter;

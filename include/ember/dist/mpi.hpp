@@ -234,7 +234,7 @@ class MpiCollectives final : public detail::Collectives {
       if (quit_) return;
       if (active_ && Clock::now() >= deadline_) {
         std::fprintf(stderr, "%s: timed out after %s (a rank did not take part, or died); aborting the MPI job\n",
-                     context(watched_).c_str(), duration_str(timeout_).c_str());
+                     context(watched_).c_str(), duration_str(timeout()).c_str());
         std::fflush(stderr);
         MPI_Abort(comm_, 1);
       }

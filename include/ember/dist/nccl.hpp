@@ -147,7 +147,7 @@ class NcclCollectives final : public detail::Collectives {
     };
     {
       std::lock_guard<std::mutex> lk(pending_mu_);
-      pending_.push_back({done, state, deadline_in(timeout_), ctx});
+      pending_.push_back({done, state, deadline_in(timeout()), ctx});
     }
     pending_cv_.notify_all();
     if (!state->device_async) {  // the barrier blocks the host
@@ -199,7 +199,7 @@ class NcclCollectives final : public detail::Collectives {
           p.state->finish();
           pending_.pop_front();
         } else {
-          if (Clock::now() >= p.deadline) failure = "timed out after " + duration_str(timeout_);
+          if (Clock::now() >= p.deadline) failure = "timed out after " + duration_str(timeout());
           break;
         }
       }
