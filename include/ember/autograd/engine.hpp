@@ -13,6 +13,7 @@
 #include "ember/config.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/node.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::autograd {
 
@@ -70,7 +71,10 @@ EMBER_HEADER_INLINE void run_backward(const std::shared_ptr<Node>& root, bool re
     EMBER_CHECK(!n->released, "backward: trying to go through ", n->name(),
                 " a second time, but its saved tensors were freed by the first backward(); call "
                 "backward(retain_graph = true) the first time if you need to run backward twice");
-    n->apply();
+    {
+      profile::Range range(n->name(), "backward");
+      n->apply();
+    }
     n->clear_grad();
     if (!retain_graph && !n->is_accumulator()) {
       n->release();

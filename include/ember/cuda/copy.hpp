@@ -22,6 +22,7 @@
 #include "ember/cuda/device.hpp"
 #include "ember/cuda/pinned.hpp"
 #include "ember/cuda/stream.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::cuda {
 
@@ -32,6 +33,9 @@ inline void copy_storage(const Storage& dst, std::size_t dst_offset, const Stora
                          std::size_t nbytes, bool non_blocking) {
   if (nbytes == 0) return;
   const Device dd = dst->device, sd = src->device;
+  EMBER_PROFILE_RANGE_CAT(dd.is_cuda() ? (sd.is_cuda() ? "copy device to device" : "copy host to device")
+                                       : "copy device to host",
+                          "copy");  // the host's part: the launch, and the wait when the copy blocks
   char* d = static_cast<char*>(dst->data) + dst_offset;
   const char* s = static_cast<const char*>(src->data) + src_offset;
   PendingCopies::instance().poll();

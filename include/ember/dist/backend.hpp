@@ -25,6 +25,7 @@
 #include "ember/dist/detail/reduce.hpp"
 #include "ember/dist/socket.hpp"
 #include "ember/dist/work.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::dist::detail {
 
@@ -231,6 +232,7 @@ inline void Collectives::execute(const Request& r) {
     throw Error(context(r.kind) + ": the process group is broken since an earlier collective failed (" + broken_ +
                 "); create a new group");
   const std::uint64_t seq = seq_++;
+  profile::Range range(collective_name(r.kind), "collective");  // on the thread that runs it
   const Deadline d = deadline_in(timeout());
   try {
     const bool narrow16 = r.out.dtype == ScalarType::Half || r.out.dtype == ScalarType::BFloat16;

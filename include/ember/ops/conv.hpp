@@ -18,6 +18,7 @@
 
 #include "ember/cuda/cudnn.hpp"
 #include "ember/cuda/device.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::ops {
 
@@ -138,6 +139,7 @@ Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b
 template <class T>
 Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
                  const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none, bool pool2 = false) {
+  EMBER_PROFILE_RANGE("conv2d");
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
   EMBER_CHECK(!pool2 || x.device().is_cpu(), "conv2d: a fused max pool runs on the CPU only; the input is on ",

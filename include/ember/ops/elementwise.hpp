@@ -13,6 +13,7 @@
 #include "ember/cpu/reduce.hpp"
 #include "ember/expr/evaluator.hpp"
 #include "ember/expr/reducer.hpp"
+#include "ember/profile/profiler.hpp"
 
 #if EMBER_WITH_CUDA && defined(__CUDACC__)
 #include "ember/cuda/executor.cuh"
@@ -36,6 +37,7 @@ namespace detail {
 /// out = e, in one pass on out's device (out has e's broadcast shape, or e broadcasts to it). Aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
+  EMBER_PROFILE_RANGE_CAT(op, "elementwise");
   if (out.device().is_cuda()) {
 #if EMBER_CUDA_EXECUTOR
     cuda::assign(out, e, op);
@@ -66,6 +68,7 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
 /// Reduces e with reducer R (expr/reducer.hpp) over the dims where `out` (keepdim form, on e's device) has size 1.
 template <class R, class OutT, class E>
 void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
+  EMBER_PROFILE_RANGE_CAT(op, "reduction");
   if (out.device().is_cuda()) {
 #if EMBER_CUDA_EXECUTOR
     cuda::reduce<R>(out, e, op);

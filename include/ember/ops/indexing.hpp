@@ -10,12 +10,14 @@
 #include "ember/core/tensor.hpp"
 #include "ember/ops/elementwise.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::ops {
 
 /// Concatenates tensors along dim (each piece is one strided copy into a slice of the result).
 template <class T>
 Tensor<T> cat(const std::vector<Tensor<T>>& ts, std::int64_t dim) {
+  EMBER_PROFILE_RANGE("cat");
   EMBER_CHECK(!ts.empty(), "cat: expected a non-empty list of tensors");
   const Tensor<T>& f = ts[0];
   EMBER_CHECK(f.dim() > 0, "cat: zero-dimensional tensor (shape ", f.shape().str(), ") cannot be concatenated");
@@ -66,6 +68,7 @@ inline std::vector<std::int64_t> read_index(const Tensor<std::int64_t>& idx, std
 /// Rows (along dim) of x picked by a 1-D int64 index with entries in [0, x.size(dim)), as torch.index_select.
 template <class T>
 Tensor<T> index_select(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& idx) {
+  EMBER_PROFILE_RANGE("index_select");
   const int d = wrap_dim(dim, x.dim(), "index_select");
   const std::int64_t n = x.shape()[d];
   const auto ix = read_index(idx, n, "index_select", x.shape(), d);

@@ -23,6 +23,7 @@
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/detail/fastmath.hpp"
 #include "ember/ops/softmax.hpp"
+#include "ember/profile/profiler.hpp"
 
 #if EMBER_WITH_CUDA && defined(__CUDACC__)
 #include "ember/cuda/loss.cuh"
@@ -472,6 +473,7 @@ Tensor<T> class_loss_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s,
 template <class T>
 ClassLossResult<T> cross_entropy_forward(const Tensor<T>& logits, const Tensor<std::int64_t>& target,
                                          const Tensor<T>& weight, const ClassLossOptions& o) {
+  EMBER_PROFILE_RANGE("cross_entropy");
   static_assert(is_floating_v<T>, "cross_entropy: logits must be floating-point");
   constexpr const char* op = "cross_entropy";
   EMBER_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1, op, ": label_smoothing must be in [0, 1], got ",
@@ -499,6 +501,7 @@ ClassLossResult<T> cross_entropy_forward(const Tensor<T>& logits, const Tensor<s
 /// gradient `grad` (0-d when reduced, else the target's shape).
 template <class T>
 Tensor<T> cross_entropy_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  EMBER_PROFILE_RANGE("cross_entropy_backward");
   return detail::class_loss_backward<true>(grad, s, o, "cross_entropy_backward");
 }
 
@@ -506,6 +509,7 @@ Tensor<T> cross_entropy_backward(const Tensor<T>& grad, const ClassLossSaved<T>&
 template <class T>
 ClassLossResult<T> nll_loss_forward(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target,
                                     const Tensor<T>& weight, const ClassLossOptions& o) {
+  EMBER_PROFILE_RANGE("nll_loss");
   static_assert(is_floating_v<T>, "nll_loss: log_probs must be floating-point");
   ClassLossSaved<T> s = detail::class_loss_saved(log_probs, target, weight, "nll_loss");
   const Tensor<T> xc = log_probs.detach().contiguous();
@@ -523,6 +527,7 @@ ClassLossResult<T> nll_loss_forward(const Tensor<T>& log_probs, const Tensor<std
 /// The gradient of nll_loss_forward's loss with respect to log_probs.
 template <class T>
 Tensor<T> nll_loss_backward(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
+  EMBER_PROFILE_RANGE("nll_loss_backward");
   return detail::class_loss_backward<false>(grad, s, o, "nll_loss_backward");
 }
 

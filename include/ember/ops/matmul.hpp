@@ -12,6 +12,7 @@
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/gemm.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/profile/profiler.hpp"
 
 #if EMBER_WITH_CUDA
 #include "ember/cuda/blas.hpp"
@@ -99,6 +100,7 @@ void mm_into(const Tensor<T>& c, const Tensor<T>& a, const Tensor<T>& b, bool ac
 
 template <class T>
 Tensor<T> mm(const Tensor<T>& a, const Tensor<T>& b) {
+  EMBER_PROFILE_RANGE("mm");
   EMBER_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got shapes ", a.shape().str(), " and ",
               b.shape().str());
   Tensor<T> c = empty<T>(Shape{a.shape()[0], b.shape()[1]}, a.device());
@@ -109,6 +111,7 @@ Tensor<T> mm(const Tensor<T>& a, const Tensor<T>& b) {
 /// c (B, m, n) = a (B, m, k) @ b (B, k, n); batches run in parallel when each is small.
 template <class T>
 Tensor<T> bmm(const Tensor<T>& a, const Tensor<T>& b) {
+  EMBER_PROFILE_RANGE("bmm");
   EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got shapes ", a.shape().str(), " and ",
               b.shape().str());
   EMBER_CHECK(a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1], "bmm: shapes ", a.shape().str(), " and ",
@@ -166,6 +169,7 @@ void bias_act_(Tensor<T>& y, const Tensor<T>& b, LinearAct act, const Assign& as
 template <class T>
 Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
                  LinearAct act = LinearAct::none) {
+  EMBER_PROFILE_RANGE("linear");
   static_assert(is_floating_v<T>, "linear: floating-point tensors only");
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
@@ -239,6 +243,7 @@ template <class T>
 LinearGrads<T> linear_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& y,
                                LinearAct act, const Shape& x_shape, bool want_input, bool want_weight,
                                bool want_bias) {
+  EMBER_PROFILE_RANGE("linear_backward");
   static_assert(is_floating_v<T>, "linear_backward: floating-point tensors only");
   EMBER_CHECK(act == LinearAct::none || act == LinearAct::relu, "linear_backward: activation ", cpu::act_name(act),
               " is not fused in training (only none and relu are)");

@@ -27,6 +27,7 @@
 
 #include "ember/cuda/cudnn.hpp"
 #include "ember/cuda/device.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::ops {
 
@@ -362,6 +363,7 @@ template <class T>
 BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& running_mean,
                                       const Tensor<T>& running_var, const Tensor<T>& weight, const Tensor<T>& bias,
                                       bool training, double momentum, double eps) {
+  EMBER_PROFILE_RANGE("batch_norm");
   static_assert(is_floating_v<T>, "batch_norm: needs a floating-point tensor");
   EMBER_CHECK(x.dim() >= 2, "batch_norm: expected an input of shape (N, C) or (N, C, *), got shape ",
               x.shape().str());
@@ -492,6 +494,7 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
                                       const Tensor<bn_param_t<T>>& save_mean = Tensor<bn_param_t<T>>(),
                                       const Tensor<bn_param_t<T>>& save_invstd = Tensor<bn_param_t<T>>(),
                                       double eps = 1e-5) {
+  EMBER_PROFILE_RANGE("batch_norm_backward");
   EMBER_CHECK(grad.shape() == x.shape(), "batch_norm_backward: the gradient has shape ", grad.shape().str(),
               " but the input has ", x.shape().str());
   if (x.device().is_cuda())
@@ -586,6 +589,7 @@ std::int64_t check_layer_norm(const Tensor<T>& x, const Shape& ns, const Tensor<
 template <class T>
 LayerNormResult<T> layer_norm_forward(const Tensor<T>& x, const Shape& normalized_shape, const Tensor<T>& weight,
                                       const Tensor<T>& bias, double eps) {
+  EMBER_PROFILE_RANGE("layer_norm");
   static_assert(is_floating_v<T>, "layer_norm: needs a floating-point tensor");
   const std::int64_t D = detail::check_layer_norm(x, normalized_shape, weight, bias);
   EMBER_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
@@ -678,6 +682,7 @@ LayerNormGrads<T> layer_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
                                       const Tensor<T>& weight, const std::vector<double>& mean,
                                       const std::vector<double>& rstd, bool need_dx, bool need_dweight,
                                       bool need_dbias) {
+  EMBER_PROFILE_RANGE("layer_norm_backward");
   EMBER_CHECK(grad.shape() == x.shape(), "layer_norm_backward: the gradient has shape ", grad.shape().str(),
               " but the input has ", x.shape().str());
   const std::int64_t D = normalized_shape.numel();

@@ -13,6 +13,7 @@
 #include "ember/cpu/pool.hpp"
 #include "ember/ops/conv.hpp"
 #include "ember/ops/window.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::ops {
 
@@ -125,6 +126,7 @@ template <class T>
 std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<T>& x, Size2 kernel,
                                                                    const Pool2dOptions& o = {},
                                                                    bool with_indices = true) {
+  EMBER_PROFILE_RANGE("max_pool2d");
   static_assert(is_floating_v<T>, "max_pool2d: floating-point tensors only");
   const cpu::PoolGeometry g = detail::pool_geometry("max_pool2d", x.shape(), x.device(), kernel, o, true);
   const Shape os = detail::pool_out_shape(x.shape(), g);
@@ -150,6 +152,7 @@ std::pair<Tensor<T>, Tensor<std::int64_t>> max_pool2d_with_indices(const Tensor<
 /// The input gradient (shape `input_shape`) of max pooling from gy (N, C, oh, ow) and the recorded indices.
 template <class T>
 Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& indices, const Shape& input_shape) {
+  EMBER_PROFILE_RANGE("max_pool2d_backward");
   detail::check_pool_grad("max_pool2d_backward", gy, indices.shape());
   EMBER_CHECK(gy.device().is_cpu() && indices.device().is_cpu(), "max_pool2d_backward: the indices form runs on the "
               "CPU only (got the gradient on ", gy.device().str(), "); on CUDA use max_pool2d_backward(gy, x, y, "
@@ -181,6 +184,7 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
 template <class T>
 Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& y, Size2 kernel,
                               const Pool2dOptions& o = {}) {
+  EMBER_PROFILE_RANGE("max_pool2d_backward");
   const cpu::PoolGeometry g = detail::pool_geometry("max_pool2d_backward", x.shape(), x.device(), kernel, o, true);
   detail::check_pool_grad("max_pool2d_backward", gy, detail::pool_out_shape(x.shape(), g));
   detail::check_pool_grad("max_pool2d_backward", y, detail::pool_out_shape(x.shape(), g));
@@ -207,6 +211,7 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Ten
 /// Average pooling of x (N, C, H, W) to (N, C, oh, ow).
 template <class T>
 Tensor<T> avg_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = {}) {
+  EMBER_PROFILE_RANGE("avg_pool2d");
   static_assert(is_floating_v<T>, "avg_pool2d: floating-point tensors only");
   EMBER_CHECK(o.dilation == Size2(1), "avg_pool2d: dilation is not supported (got ", o.dilation.str(), ")");
   const cpu::PoolGeometry g = detail::pool_geometry("avg_pool2d", x.shape(), x.device(), kernel, o, false);
@@ -229,6 +234,7 @@ Tensor<T> avg_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = 
 template <class T>
 Tensor<T> avg_pool2d_backward(const Tensor<T>& gy, const Shape& input_shape, Size2 kernel,
                               const Pool2dOptions& o = {}) {
+  EMBER_PROFILE_RANGE("avg_pool2d_backward");
   const cpu::PoolGeometry g = detail::pool_geometry("avg_pool2d", input_shape, gy.device(), kernel, o, false);
   detail::check_pool_grad("avg_pool2d_backward", gy, detail::pool_out_shape(input_shape, g));
   if (gy.device().is_cuda()) {
@@ -278,6 +284,7 @@ inline Size2 adaptive_as_avg(const cpu::PoolGeometry& g, const Shape& xs) {
 /// Adaptive average pooling of x (N, C, H, W) to (N, C, out.h, out.w): bin i spans [floor(i*H/oh), ceil((i+1)*H/oh)).
 template <class T>
 Tensor<T> adaptive_avg_pool2d(const Tensor<T>& x, Size2 output_size) {
+  EMBER_PROFILE_RANGE("adaptive_avg_pool2d");
   static_assert(is_floating_v<T>, "adaptive_avg_pool2d: floating-point tensors only");
   const cpu::PoolGeometry g = detail::adaptive_geometry(x.shape(), x.device(), output_size);
   if (x.device().is_cuda()) return ops::avg_pool2d(x, detail::adaptive_as_avg(g, x.shape()), Pool2dOptions{});

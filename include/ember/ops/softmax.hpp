@@ -21,6 +21,7 @@
 
 #include "ember/cuda/cudnn.hpp"
 #include "ember/cuda/device.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::ops {
 
@@ -242,6 +243,7 @@ Tensor<T> softmax_cuda(const Tensor<T>& a, const Tensor<T>& g, const SoftmaxGeom
 
 template <bool Log, class T>
 Tensor<T> softmax_impl(const Tensor<T>& x, std::int64_t dim, const char* op) {
+  EMBER_PROFILE_RANGE(op);
   static_assert(is_floating_v<T>, "softmax/log_softmax: needs a floating-point tensor");
   if (x.device().is_cuda())
     return softmax_cuda<Log>(x, Tensor<T>(), softmax_geom(x.shape(), wrap_dim(dim, x.shape(), op)), true, op);
@@ -261,6 +263,7 @@ Tensor<T> softmax_impl(const Tensor<T>& x, std::int64_t dim, const char* op) {
 
 template <bool Log, class T>
 Tensor<T> softmax_backward_impl(const Tensor<T>& y, const Tensor<T>& grad, std::int64_t dim, const char* op) {
+  EMBER_PROFILE_RANGE(op);
   EMBER_CHECK(grad.shape() == y.shape(), op, ": the gradient has shape ", grad.shape().str(), " but the output has ",
               y.shape().str());
   const int d = wrap_dim(dim, y.shape(), op);

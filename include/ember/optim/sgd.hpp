@@ -11,6 +11,7 @@
 #include "ember/config.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/optim/optimizer.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::optim {
 
@@ -66,6 +67,7 @@ class SGD final : public Optimizer {
   }
 
   void step() override {
+    EMBER_PROFILE_RANGE_CAT("SGD.step", "optimizer");
     NoGradGuard ng;
     std::size_t k = 0;
     for (auto& grp : groups_) {

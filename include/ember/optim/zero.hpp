@@ -31,6 +31,7 @@
 #include "ember/dist/init.hpp"
 #include "ember/dist/process_group.hpp"
 #include "ember/optim/optimizer.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::optim {
 
@@ -81,6 +82,7 @@ class ZeroRedundancyOptimizer final : public Optimizer {
   }
 
   void step() override {
+    EMBER_PROFILE_RANGE_CAT("ZeroRedundancyOptimizer.step", "optimizer");
     NoGradGuard ng;
     bool any = false;
     for (const Flat& f : flats_)
