@@ -34,6 +34,7 @@
 #include "ember/data/dataset.hpp"
 #include "ember/data/rng.hpp"
 #include "ember/data/sampler.hpp"
+#include "ember/profile/profiler.hpp"
 
 namespace ember::data {
 
@@ -158,6 +159,10 @@ class DataLoader {
   /// Sets the epoch the next iteration draws its order and augmentations from (as DistributedSampler.set_epoch).
   void set_epoch(std::uint64_t e) { epoch_ = e; }
   std::uint64_t epoch() const { return epoch_; }
+  /// The next iteration starts at batch `k` of the epoch instead of 0 (resuming a run mid-epoch): the batches after
+  /// it are the ones a full iteration would give, since each depends only on (seed, epoch, position). Applies to
+  /// one iteration.
+  void skip_batches(std::size_t k) { skip_ = k; }
   /// Statistics of the current (or last) epoch's iteration.
   LoaderStats stats() const { return *stats_; }
   const D& dataset() const { return parts_->dataset; }
@@ -202,6 +207,7 @@ class DataLoader {
   /// Starts an epoch: draws the sampler's order for the current epoch and starts the workers.
   Iterator begin() {
     auto run = std::make_shared<Run>(*this);
+    skip_ = 0;
     run->advance();
     return Iterator(std::move(run));
   }
@@ -218,10 +224,10 @@ class DataLoader {
       for (std::size_t i = 0; i < idx.size(); ++i)
         EMBER_CHECK(idx[i] < n, "DataLoader: the sampler returned index ", idx[i], " for a dataset of ", n,
                     " samples");
-      const std::size_t nb = l.size();
+      const std::size_t first = std::min(l.skip_, l.size()), nb = l.size() - first;
       batches_.resize(nb);
       for (std::size_t b = 0; b < nb; ++b) {
-        const std::size_t lo = b * bs, hi = std::min(idx.size(), lo + bs);
+        const std::size_t lo = (first + b) * bs, hi = std::min(idx.size(), lo + bs);
         batches_[b].first = lo;
         batches_[b].indices.assign(idx.begin() + std::ptrdiff_t(lo), idx.begin() + std::ptrdiff_t(hi));
       }
@@ -248,8 +254,11 @@ class DataLoader {
         return;
       }
       const auto tw = detail::Clock::now();
+      const bool profiled = profile::is_recording();
+      const std::int64_t tw_ns = profiled ? profile::now_ns() : 0;
       Slot s = workers_.empty() ? produce(next_) : take(next_);
       stats_->wait_seconds += detail::seconds_since(tw);
+      if (profiled) profile::record("DataLoader.wait", "data", tw_ns, profile::now_ns());
       ++next_;
       if (!s.error.empty()) {
         failed_ = true;
@@ -380,6 +389,7 @@ class DataLoader {
   std::shared_ptr<const Parts> parts_;
   DataLoaderOptions opt_;
   std::uint64_t epoch_ = 0;
+  std::size_t skip_ = 0;
   std::shared_ptr<LoaderStats> stats_;
 };
 
