@@ -7,9 +7,13 @@
 #include <cstdint>
 #include <limits>
 #include <numbers>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/state_dict.hpp"
 #include "ember/optim/optimizer.hpp"
 
 namespace ember::optim {
@@ -25,6 +29,27 @@ class LRScheduler {
     apply();
   }
   std::int64_t last_step() const { return step_; }
+  /// PyTorch's keys: last_epoch (the step count) and base_lrs.<group> (0-d float64). Loading one restores the step
+  /// count and writes that step's rates into the optimizer, so a resumed schedule continues where it stopped.
+  StateDict state_dict() const {
+    StateDict sd;
+    sd["last_epoch"] = full<double>(Shape{}, double(step_));
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) sd["base_lrs." + std::to_string(g)] = full<double>(Shape{}, base_lrs_[g]);
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) {
+    constexpr const char* op = "optim::LRScheduler";
+    const double last = read_scalar(sd, "last_epoch", op);
+    EMBER_CHECK(last >= 0 && last <= 9.0e15 && last == std::floor(last), op, "::load_state_dict: last_epoch must be a "
+                "non-negative integer, got ", last);
+    std::vector<double> base;
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) base.push_back(read_scalar(sd, "base_lrs." + std::to_string(g), op));
+    EMBER_CHECK(sd.size() == base.size() + 1, op, "::load_state_dict: expected last_epoch and ", base.size(),
+                " base_lrs entries (one per parameter group), got ", sd.size(), " entries");
+    base_lrs_ = std::move(base);
+    step_ = std::int64_t(last);
+    apply();
+  }
   std::vector<double> last_lr() const {
     std::vector<double> r;
     for (std::size_t g = 0; g < opt_.num_groups(); ++g) r.push_back(opt_.lr(g));

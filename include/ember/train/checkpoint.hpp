@@ -1,0 +1,305 @@
+// ember — Trainer checkpoints: the whole state of a run (model, optimizer, loss scaler, scheduler, the default
+// generator, the epoch and the position in it, callbacks' state) in one safetensors file written atomically, and
+// ModelCheckpoint, the callback that writes them (top-k by a monitored metric, the last one, every n epochs or
+// steps; Lightning's names). Needs ember::io (nlohmann/json); including this header is what lets Trainer save and
+// resume (FitOptions::ckpt_path).
+//
+// File layout: tensors model/<name>, optimizer/<name>, scaler/<name>, scheduler/<name>; metadata format
+// (ember-train-checkpoint-1), epoch, batch_in_epoch, global_step, rng_seed, rng_offset and extra/<key>.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/io/any_tensor.hpp"
+#include "ember/io/safetensors.hpp"
+#include "ember/train/callbacks.hpp"
+#include "ember/train/trainer.hpp"
+
+namespace ember::train {
+
+namespace detail {
+inline constexpr const char* kTrainCheckpointFormat = "ember-train-checkpoint-1";
+
+inline void put_state(io::TensorMap& out, const std::string& prefix, const StateDict& sd) {
+  for (const auto& entry : sd)  // (clang before 16 cannot capture structured bindings)
+    std::visit([&](const auto& x) { out.emplace(prefix + entry.first, x); }, entry.second);
+}
+
+inline std::int64_t parse_count(const io::Metadata& m, const std::string& key, const std::string& file) {
+  const auto it = m.find(key);
+  EMBER_CHECK(it != m.end(), "train::load_checkpoint: '", file, "' has no '", key, "' entry");
+  std::int64_t v = -1;
+  const char* b = it->second.data();
+  const char* e = b + it->second.size();
+  const auto r = std::from_chars(b, e, v);
+  EMBER_CHECK(r.ec == std::errc() && r.ptr == e && v >= 0, "train::load_checkpoint: '", file, "': '", key, "' is ",
+              io::detail::quote_untrusted(it->second), ", not a non-negative integer");
+  return v;
+}
+
+inline void save_training_state(const std::string& path, const TrainingState& s) {
+  io::TensorMap all;
+  put_state(all, "model/", s.model);
+  put_state(all, "optimizer/", s.optimizer);
+  put_state(all, "scaler/", s.scaler);
+  put_state(all, "scheduler/", s.scheduler);
+  io::Metadata meta;
+  for (const auto& [k, v] : s.extra) meta.emplace("extra/" + k, v);
+  meta["format"] = kTrainCheckpointFormat;
+  meta["epoch"] = std::to_string(s.epoch);
+  meta["batch_in_epoch"] = std::to_string(s.batch_in_epoch);
+  meta["global_step"] = std::to_string(s.global_step);
+  meta["rng_seed"] = std::to_string(s.rng.seed());
+  meta["rng_offset"] = std::to_string(s.rng.offset());
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  io::save_safetensors(path, all, meta);
+}
+
+inline TrainingState load_training_state(const std::string& path) {
+  io::SafeTensors f = io::load_safetensors(path);
+  const auto fmt = f.metadata.find("format");
+  EMBER_CHECK(fmt != f.metadata.end() && fmt->second == kTrainCheckpointFormat, "train::load_checkpoint: '", path,
+              "' is not a Trainer checkpoint (metadata format is ",
+              fmt == f.metadata.end() ? std::string("<missing>") : io::detail::quote_untrusted(fmt->second),
+              ", expected '", kTrainCheckpointFormat, "')");
+  TrainingState s;
+  for (const auto& entry : f.tensors) {
+    const std::string& k = entry.first;
+    const auto slash = k.find('/');
+    const std::string section = slash == std::string::npos ? std::string() : k.substr(0, slash);
+    StateDict* sd = section == "model"       ? &s.model
+                    : section == "optimizer" ? &s.optimizer
+                    : section == "scaler"    ? &s.scaler
+                    : section == "scheduler" ? &s.scheduler
+                                             : nullptr;
+    EMBER_CHECK(sd != nullptr, "train::load_checkpoint: '", path, "': tensor ", io::detail::quote_untrusted(k),
+                " is in no section (model/, optimizer/, scaler/, scheduler/)");
+    const std::string name = k.substr(slash + 1);
+    std::visit(
+        [&](const auto& x) {
+          using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+          if constexpr (std::is_constructible_v<StateTensor, Tensor<T>>) sd->emplace(name, x);
+          else EMBER_CHECK(false, "train::load_checkpoint: '", path, "': tensor ",
+                           io::detail::quote_untrusted(entry.first), " has dtype ", dtype_name<T>(),
+                           ", which no state holds");
+        },
+        entry.second);
+  }
+  s.epoch = parse_count(f.metadata, "epoch", path);
+  s.batch_in_epoch = parse_count(f.metadata, "batch_in_epoch", path);
+  s.global_step = parse_count(f.metadata, "global_step", path);
+  s.rng = Generator(std::uint64_t(parse_count(f.metadata, "rng_seed", path)));
+  s.rng.set_offset(std::uint64_t(parse_count(f.metadata, "rng_offset", path)));
+  for (const auto& [k, v] : f.metadata)
+    if (k.rfind("extra/", 0) == 0) s.extra.emplace(k.substr(6), v);
+  return s;
+}
+
+/// Including this header gives the Trainer its checkpoint files.
+inline const bool checkpoint_io_registered = [] {
+  checkpoint_io() = {&save_training_state, &load_training_state};
+  return true;
+}();
+}  // namespace detail
+
+/// Reads a checkpoint the Trainer wrote (to inspect it, or to take the model's weights out of it).
+inline TrainingState load_checkpoint(const std::string& path) { return detail::load_training_state(path); }
+
+struct ModelCheckpointOptions {
+  std::string dirpath = "checkpoints";
+  /// The file name without ".ckpt": {name} becomes name=<value> (epoch, step or any metric), {name:.2f} formats it.
+  std::string filename = "{epoch}-{step}";
+  std::string monitor{};          ///< empty: the newest checkpoints are kept
+  Mode mode = Mode::min;
+  int save_top_k = 1;           ///< how many to keep (-1: all, 0: none but last)
+  bool save_last = false;       ///< also write last.ckpt, the one ckpt_path = "last" resumes from
+  int every_n_epochs = 1;       ///< at the end of every n-th epoch (after its validation); 0: never
+  std::int64_t every_n_train_steps = 0;  ///< every n optimizer steps instead (0: off)
+  bool verbose = false;
+};
+
+/// Saves checkpoints during fit and keeps the best save_top_k by `monitor` (Lightning's ModelCheckpoint).
+class ModelCheckpoint : public Callback {
+ public:
+  explicit ModelCheckpoint(ModelCheckpointOptions o = {}) : o_(std::move(o)) {
+    EMBER_CHECK(o_.save_top_k >= -1, "train::ModelCheckpoint: save_top_k must be -1, 0 or positive, got ",
+                o_.save_top_k);
+    EMBER_CHECK(o_.every_n_epochs >= 0 && o_.every_n_train_steps >= 0, "train::ModelCheckpoint: every_n_epochs and "
+                "every_n_train_steps must be non-negative");
+    EMBER_CHECK(!o_.filename.empty(), "train::ModelCheckpoint: filename is empty");
+  }
+
+  /// The file name the template gives for these values (what the tests check).
+  std::string format_name(std::int64_t epoch, std::int64_t step, const Metrics& m) const {
+    std::string out;
+    const std::string& f = o_.filename;
+    for (std::size_t i = 0; i < f.size();) {
+      if (f[i] != '{') {
+        out += f[i++];
+        continue;
+      }
+      const std::size_t close = f.find('}', i);
+      EMBER_CHECK(close != std::string::npos, "train::ModelCheckpoint: unclosed '{' in filename '", f, "'");
+      const std::string field = f.substr(i + 1, close - i - 1);
+      const std::size_t colon = field.find(':');
+      const std::string name = field.substr(0, colon);
+      const std::string spec = colon == std::string::npos ? std::string() : field.substr(colon + 1);
+      double v = 0;
+      bool integer = false;
+      if (name == "epoch") v = double(epoch), integer = true;
+      else if (name == "step") v = double(step), integer = true;
+      else if (const auto x = m.get(name)) v = *x;
+      else EMBER_CHECK(false, "train::ModelCheckpoint: filename '", f, "' names '", name, "', which is not a metric (",
+                       m.names(), ")");
+      char buf[64];
+      if (!spec.empty()) {
+        EMBER_CHECK(spec.size() < 16 && spec.find_first_not_of("0123456789.+-#") == spec.size() - 1 &&
+                        std::string("efgd").find(spec.back()) != std::string::npos,
+                    "train::ModelCheckpoint: format '", spec, "' of '", name, "': use e.g. .2f, .3e, .4g or d");
+        const std::string fmt = "%" + (spec.back() == 'd' ? spec.substr(0, spec.size() - 1) + "lld" : spec);
+        if (spec.back() == 'd') std::snprintf(buf, sizeof buf, fmt.c_str(), (long long)v);
+        else std::snprintf(buf, sizeof buf, fmt.c_str(), v);
+      } else if (integer) {
+        std::snprintf(buf, sizeof buf, "%lld", (long long)v);
+      } else {
+        std::snprintf(buf, sizeof buf, "%.4g", v);
+      }
+      out += name + "=" + buf;
+      i = close + 1;
+    }
+    return out;
+  }
+
+  const std::string& best_model_path() const { return best_path_; }
+  double best_model_score() const { return best_score_; }
+  const std::string& last_model_path() const { return last_path_; }
+  /// The kept checkpoints with their scores (the monitored value; the global step without a monitor).
+  const std::vector<std::pair<double, std::string>>& best_k_models() const { return kept_; }
+
+  void on_train_batch_end(Trainer& t) override {
+    if (o_.every_n_train_steps > 0 && t.stepped() && t.global_step() % o_.every_n_train_steps == 0) save(t);
+  }
+  void on_validation_end(Trainer& t) override {
+    if (!t.at_epoch_end() && epoch_due(t)) save(t);  // a mid-epoch validation; the epoch's end saves below
+  }
+  void on_train_epoch_end(Trainer& t) override {  // after the epoch's validation (if it had one)
+    if (epoch_due(t) && (!t.has_validation() || t.validated_this_epoch())) save(t);
+  }
+  void on_fit_end(Trainer& t) override {
+    if (o_.save_last && saved_step_ != t.global_step()) write_last(t);
+  }
+
+  std::string state_key() const override { return "ModelCheckpoint{" + o_.dirpath + "," + o_.monitor + "}"; }
+  void save_state(std::map<std::string, std::string>& kv) const override {
+    std::string k;
+    for (const auto& [s, p] : kept_) k += detail::exact(s) + "\t" + p + "\n";
+    kv["kept"] = k;
+    kv["best_model_path"] = best_path_;
+    kv["last_model_path"] = last_path_;
+  }
+  void load_state(const std::map<std::string, std::string>& kv) override {
+    if (kv.empty()) return;
+    kept_.clear();
+    const auto it = kv.find("kept");
+    const std::string text = it == kv.end() ? std::string() : it->second;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t nl = text.find('\n', at), tab = text.find('\t', at);
+      EMBER_CHECK(nl != std::string::npos && tab != std::string::npos && tab < nl && kept_.size() < 100000,
+                  "train::ModelCheckpoint: the checkpoint's list of kept files is malformed");
+      kept_.emplace_back(std::strtod(text.substr(at, tab - at).c_str(), nullptr), text.substr(tab + 1, nl - tab - 1));
+      at = nl + 1;
+    }
+    if (auto p = kv.find("best_model_path"); p != kv.end()) best_path_ = p->second;
+    if (auto p = kv.find("last_model_path"); p != kv.end()) last_path_ = p->second;
+    refresh_best();
+  }
+  std::string last_checkpoint() const override {
+    if (!last_path_.empty()) return last_path_;
+    const std::string p = (std::filesystem::path(o_.dirpath) / "last.ckpt").string();
+    std::error_code ec;
+    return std::filesystem::exists(p, ec) ? p : std::string();
+  }
+
+ private:
+  bool epoch_due(const Trainer& t) const {
+    return o_.every_n_train_steps == 0 && o_.every_n_epochs > 0 && (t.current_epoch() + 1) % o_.every_n_epochs == 0;
+  }
+  bool better(double a, double b) const { return o_.mode == Mode::min ? a < b : a > b; }
+  void refresh_best() {
+    best_path_.clear();
+    for (const auto& [s, p] : kept_)
+      if (best_path_.empty() || better(s, best_score_) || (o_.monitor.empty() && s >= best_score_)) {
+        best_score_ = s;
+        best_path_ = p;
+      }
+  }
+
+  void save(Trainer& t) {
+    if (saved_step_ == t.global_step() && saved_epoch_end_ == t.at_epoch_end()) return;  // nothing new since
+    saved_step_ = t.global_step();
+    saved_epoch_end_ = t.at_epoch_end();
+    double score = double(t.global_step());
+    if (!o_.monitor.empty()) {
+      const auto v = t.callback_metrics().get(o_.monitor);
+      EMBER_CHECK(v.has_value(), "train::ModelCheckpoint: the monitored metric '", o_.monitor, "' is not among the "
+                  "metrics (", t.callback_metrics().names(), ")");
+      score = *v;
+    }
+    if (o_.save_top_k != 0) {
+      const std::int64_t epoch = t.current_epoch();
+      const std::string path = (std::filesystem::path(o_.dirpath) /
+                                (format_name(epoch, t.global_step(), t.callback_metrics()) + ".ckpt")).string();
+      const bool nonfinite = !o_.monitor.empty() && !std::isfinite(score);
+      bool keep = !nonfinite;
+      if (keep && o_.save_top_k > 0 && int(kept_.size()) >= o_.save_top_k && !o_.monitor.empty()) {
+        auto worst = std::max_element(kept_.begin(), kept_.end(), [&](const auto& a, const auto& b) {
+          return better(a.first, b.first);
+        });
+        keep = better(score, worst->first);
+      }
+      if (keep) {
+        std::erase_if(kept_, [&](const auto& e) { return e.second == path; });
+        kept_.emplace_back(score, path);
+        t.save_checkpoint(path);
+        if (o_.verbose) t.print("saved " + path);
+        while (o_.save_top_k > 0 && int(kept_.size()) > o_.save_top_k) {
+          // the worst by the monitor; without one, the oldest
+          auto drop = o_.monitor.empty() ? kept_.begin()
+                                         : std::max_element(kept_.begin(), kept_.end(), [&](const auto& a, const auto& b) {
+                                             return better(a.first, b.first);
+                                           });
+          std::error_code ec;
+          if (drop->second != path) std::filesystem::remove(drop->second, ec);
+          kept_.erase(drop);
+        }
+        refresh_best();
+      }
+    }
+    if (o_.save_last) write_last(t);
+  }
+
+  void write_last(Trainer& t) {
+    last_path_ = (std::filesystem::path(o_.dirpath) / "last.ckpt").string();
+    t.save_checkpoint(last_path_);
+  }
+
+  ModelCheckpointOptions o_;
+  std::vector<std::pair<double, std::string>> kept_;
+  std::string best_path_, last_path_;
+  double best_score_ = 0;
+  std::int64_t saved_step_ = -1;
+  bool saved_epoch_end_ = false;
+};
+
+}  // namespace ember::train
