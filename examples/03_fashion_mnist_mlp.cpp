@@ -2,6 +2,11 @@
 // momentum under a one-cycle learning-rate schedule; a threaded data loader normalises the images.
 //
 //   03_fashion_mnist_mlp [--epochs N] [--batch N] [--workers N] [--lr X] [--precision fp32|bf16|fp16] [--data DIR]
+//                        [--logdir DIR] [--ckpt DIR] [--resume]
+//
+// train::Trainer runs the loop. --logdir writes TensorBoard event files (tensorboard --logdir DIR) and a CSV of the
+// metrics; --ckpt DIR keeps the best checkpoint by test accuracy and the last one; --resume continues from the last
+// one (stop the run with Ctrl-C and resume it: the parameters end bit-identical to an uninterrupted run's).
 //
 // The precision is one type: Mlp<amp::fp32>, Mlp<amp::bf16_mixed> or Mlp<amp::fp16_mixed> (fp32 master weights,
 // 16-bit activations, fp32 accumulation; the loss in fp32). fp16 trains with the loss scaler (amp::GradScaler).
@@ -9,11 +14,16 @@
 // The data comes from Debian's dataset-fashion-mnist package (or --data / $EMBER_FASHION_MNIST).
 #include <ember/data.hpp>
 #include <ember/ember.hpp>
+#include <ember/train.hpp>
+#include <ember/train/tensorboard.hpp>
+#if EMBER_EXAMPLE_SAVE
+#include <ember/train/checkpoint.hpp>
+#endif
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -49,7 +59,8 @@ struct Args {
   int epochs = 5, workers = 2;
   std::size_t batch = 128;
   double max_lr = 0.1;
-  std::string root, precision = "fp32";
+  bool resume = false;
+  std::string root, precision = "fp32", logdir, ckpt;
 };
 
 template <amp::PrecisionPolicy P>
@@ -67,38 +78,33 @@ void train_and_evaluate(const Args& a) {
               a.precision.c_str());
   optim::SGD opt(model.parameters(), {.lr = a.max_lr, .momentum = 0.9, .nesterov = true});
   optim::OneCycleLR schedule(opt, a.max_lr, {.total_steps = std::int64_t(a.epochs) * std::int64_t(train.size())});
-  // fp16 needs loss scaling; for fp32 and bf16 the disabled scaler passes everything through.
-  amp::GradScaler scaler({.enabled = std::is_same_v<typename P::compute_t, half>});
-
-  for (int epoch = 0; epoch < a.epochs; ++epoch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    model.train();
-    train.set_epoch(std::uint64_t(epoch));
-    double loss_sum = 0;
-    std::size_t seen = 0, skipped = 0;
-    for (auto& b : train) {
-      Tensor<float> loss = nn::cross_entropy(model.forward(b.data), b.target);
-      opt.zero_grad();
-      scaler.scale(loss).backward();
-      if (!scaler.step(opt)) ++skipped;  // an overflow in fp16: the step is skipped and the scale halved
-      scaler.update();
-      schedule.step();
-      loss_sum += double(loss.item()) * double(b.size());
-      seen += b.size();
-    }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double waited = train.stats().wait_fraction();
-
-    model.eval();
-    InferenceMode inference;  // no graph, no saved tensors, no version counters
-    std::int64_t correct = 0;
-    for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model.forward(b.data), 1) == b.target)).item();
-    std::printf("epoch %d  %5.1f s  %6.0f images/s  train loss %.4f  test accuracy %.2f%%  waiting for data %.1f%%",
-                epoch + 1, secs, double(seen) / secs, loss_sum / double(seen),
-                100.0 * double(correct) / double(test_set.size()), 100.0 * waited);
-    if (scaler.is_enabled()) std::printf("  loss scale %g, %zu steps skipped", scaler.get_scale(), skipped);
-    std::printf("\n");
+  train::Trainer trainer({.max_epochs = a.epochs, .precision = std::is_same_v<typename P::compute_t, half>
+                                                                   ? train::Precision::fp16_mixed  // loss scaling
+                                                                   : train::Precision::fp32});
+  if (!a.logdir.empty()) {
+    auto tb = std::make_shared<train::TensorBoardLogger>(train::TensorBoardLoggerOptions{.save_dir = a.logdir,
+                                                                                         .name = "03_mlp"});
+    trainer.add_logger(tb);  // and metrics.csv beside its event file:
+    trainer.add_logger(std::make_shared<train::CSVLogger>(train::CSVLoggerOptions{
+        .save_dir = a.logdir, .name = "03_mlp", .version = tb->version()}));
+    trainer.add_callback(std::make_shared<train::LearningRateMonitor>());
   }
+  if (!a.ckpt.empty()) {
+#if EMBER_EXAMPLE_SAVE
+    trainer.add_callback(std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions{
+        .dirpath = a.ckpt, .filename = "{epoch}-{test_acc:.4f}", .monitor = "test_acc", .mode = train::Mode::max,
+        .save_last = true}));
+#else
+    throw Error("--ckpt: checkpoints need ember::io (nlohmann/json: bash scripts/deps.sh)");
+#endif
+  }
+  trainer.fit(
+      model, opt, train, &test, [&](data::Batch& b) { return nn::cross_entropy(model.forward(b.data), b.target); },
+      [&](data::Batch& b) {
+        const double correct = double(sum(cast<std::int64_t>(argmax(model.forward(b.data), 1) == b.target)).item());
+        return train::Metrics{{"test_acc", correct / double(b.size())}};
+      },
+      {.scheduler = &schedule, .ckpt_path = a.resume ? "last" : ""});
 }
 
 int main(int argc, char** argv) {
@@ -111,10 +117,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--lr")) a.max_lr = std::atof(next());
     else if (!std::strcmp(argv[i], "--precision")) a.precision = next();
     else if (!std::strcmp(argv[i], "--data")) a.root = next();
+    else if (!std::strcmp(argv[i], "--logdir")) a.logdir = next();
+    else if (!std::strcmp(argv[i], "--ckpt")) a.ckpt = next();
+    else if (!std::strcmp(argv[i], "--resume")) a.resume = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--epochs N] [--batch N] [--workers N] [--lr X] [--precision fp32|bf16|fp16] "
-                   "[--data DIR]\n",
+                   "[--data DIR] [--logdir DIR] [--ckpt DIR] [--resume]\n",
                    argv[0]);
       return 2;
     }

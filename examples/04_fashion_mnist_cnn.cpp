@@ -5,22 +5,26 @@
 //   04_fashion_mnist_cnn [--epochs N] [--batch N] [--workers N] [--lr X] [--precision fp32|bf16|fp16] [--data DIR]
 //                        [--save PATH]
 //
+// The loop is train::Trainer's: a live progress bar, the test set evaluated after every epoch (the validation step),
+// the scheduler stepped per batch, loss scaling for fp16, and a line at the end saying whether the run waited for
+// data (example 03 adds TensorBoard logs, checkpoints and resuming).
+//
 // The trained weights are saved as safetensors (default fashion_mnist_cnn.safetensors; --save '' skips it) for
 // example 07, which folds and quantizes them. Saving needs ember::io (nlohmann/json), which scripts/deps.sh installs.
 //
 // The precision is one type: Net<amp::fp32>, Net<amp::bf16_mixed> or Net<amp::fp16_mixed> (fp32 master weights,
-// 16-bit activations, fp32 accumulation; the loss in fp32). fp16 trains with the loss scaler (amp::GradScaler).
+// 16-bit activations, fp32 accumulation; the loss in fp32).
 //
 // The data comes from Debian's dataset-fashion-mnist package (or --data / $EMBER_FASHION_MNIST).
 #include <ember/data.hpp>
 #include <ember/ember.hpp>
+#include <ember/train.hpp>
 #if EMBER_EXAMPLE_SAVE
 #include <ember/io.hpp>
 #endif
 
 #include "fashion_cnn.hpp"
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,38 +55,23 @@ void train_and_evaluate(const Args& a) {
               a.precision.c_str());
   optim::SGD opt(model.parameters(), {.lr = a.max_lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
   optim::OneCycleLR schedule(opt, a.max_lr, {.total_steps = std::int64_t(a.epochs) * std::int64_t(train.size())});
-  // fp16 needs loss scaling; for fp32 and bf16 the disabled scaler passes everything through.
-  amp::GradScaler scaler({.enabled = std::is_same_v<typename P::compute_t, half>});
 
-  for (int epoch = 0; epoch < a.epochs; ++epoch) {
-    const auto t0 = std::chrono::steady_clock::now();
-    model.train();
-    train.set_epoch(std::uint64_t(epoch));
-    double loss_sum = 0;
-    std::size_t seen = 0, skipped = 0;
-    for (auto& b : train) {
-      Tensor<float> loss = nn::cross_entropy(model.forward(b.data), b.target);
-      opt.zero_grad();
-      scaler.scale(loss).backward();
-      if (!scaler.step(opt)) ++skipped;  // an overflow in fp16: the step is skipped and the scale halved
-      scaler.update();
-      schedule.step();
-      loss_sum += double(loss.item()) * double(b.size());
-      seen += b.size();
-    }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double waited = train.stats().wait_fraction();
-
-    model.eval();
-    InferenceMode inference;  // no graph, no saved tensors, no version counters
-    std::int64_t correct = 0;
-    for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model.forward(b.data), 1) == b.target)).item();
-    std::printf("epoch %d  %5.1f s  %6.0f images/s  train loss %.4f  test accuracy %.2f%%  waiting for data %.1f%%",
-                epoch + 1, secs, double(seen) / secs, loss_sum / double(seen),
-                100.0 * double(correct) / double(test_set.size()), 100.0 * waited);
-    if (scaler.is_enabled()) std::printf("  loss scale %g, %zu steps skipped", scaler.get_scale(), skipped);
-    std::printf("\n");
-  }
+  // fp16 needs loss scaling (the Trainer runs an amp::GradScaler); fp32 and bf16 need none.
+  const bool fp16 = std::is_same_v<typename P::compute_t, half>;
+  train::Trainer trainer({.max_epochs = a.epochs, .precision = fp16 ? train::Precision::fp16_mixed
+                                                                   : train::Precision::fp32});
+  const train::FitResult r = trainer.fit(
+      model, opt, train, &test, [&](data::Batch& b) { return nn::cross_entropy(model.forward(b.data), b.target); },
+      [&](data::Batch& b) {  // runs in eval mode under InferenceMode: no graph, no saved tensors
+        const Tensor<float> logits = model.forward(b.data);
+        const double correct = double(sum(cast<std::int64_t>(argmax(logits, 1) == b.target)).item());
+        return train::Metrics{{"test_loss", nn::cross_entropy(logits, b.target).item()},
+                              {"test_acc", correct / double(b.size())}};
+      },
+      {.scheduler = &schedule});
+  std::printf("test accuracy %.2f%% after %lld epochs\n", 100.0 * r.metrics.get("test_acc").value_or(0),
+              static_cast<long long>(r.epochs));
+  if (fp16) std::printf("fp16: %lld steps skipped for overflow\n", static_cast<long long>(r.skipped_steps));
 #if EMBER_EXAMPLE_SAVE
   if (!a.save.empty()) {
     io::TensorMap weights;

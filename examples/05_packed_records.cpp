@@ -5,6 +5,7 @@
 //   05_packed_records [--epochs N] [--workers N] [--out DIR] [--data DIR]
 #include <ember/data.hpp>
 #include <ember/ember.hpp>
+#include <ember/train.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -58,30 +59,13 @@ int main(int argc, char** argv) {
     std::cout << model << "\n";
     optim::AdamW opt(model.parameters(), {.lr = 2e-3, .weight_decay = 1e-2});
     optim::CosineWarmupLR schedule(opt, 100, std::int64_t(epochs) * std::int64_t(train.size()));
-    for (int epoch = 0; epoch < epochs; ++epoch) {
-      const auto t0 = std::chrono::steady_clock::now();
-      model.train();
-      train.set_epoch(std::uint64_t(epoch));
-      double loss_sum = 0;
-      std::size_t seen = 0;
-      for (auto& b : train) {
-        Tensor<float> loss = nn::cross_entropy(model(b.data), b.target);
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        schedule.step();
-        loss_sum += double(loss.item()) * double(b.size());
-        seen += b.size();
-      }
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      model.eval();
-      InferenceMode inference;  // no graph, no saved tensors, no version counters
-      std::int64_t correct = 0;
-      for (auto& b : test) correct += sum(cast<std::int64_t>(argmax(model(b.data), 1) == b.target)).item();
-      std::printf("epoch %d  %5.1f s  %6.0f images/s  train loss %.4f  test accuracy %.2f%%  waiting for data %.1f%%\n",
-                  epoch + 1, secs, double(seen) / secs, loss_sum / double(seen),
-                  100.0 * double(correct) / double(test_set.size()), 100.0 * train.stats().wait_fraction());
-    }
+    train::Trainer({.max_epochs = epochs})
+        .fit(model, opt, train, &test, [&](data::Batch& b) { return nn::cross_entropy(model(b.data), b.target); },
+             [&](data::Batch& b) {
+               const auto correct = sum(cast<std::int64_t>(argmax(model(b.data), 1) == b.target)).item();
+               return train::Metrics{{"test_acc", double(correct) / double(b.size())}};
+             },
+             {.scheduler = &schedule});
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
