@@ -116,11 +116,12 @@ int main(int argc, char** argv) {
       default: c = trainer(true), a = plain(), b = trainer(false); break;
     }
     p.push_back(a), t.push_back(b), tp.push_back(c), rt.push_back(b / a), rtp.push_back(c / a);
-    std::printf("round %d: plain %.0f images/s, Trainer %.0f (%.3f), Trainer + profiler %.0f (%.3f)\n", r + 1, a, b, b / a,
-                c, c / a);
+    std::printf("round %d: plain %.0f images/s, Trainer %.0f (%.3f), Trainer + profiler %.0f (%.3f)\n", r + 1, a, b,
+                b / a, c, c / a);
   }
   std::printf("median images/s: plain %.0f, Trainer %.0f, Trainer + profiler %.0f\n", median(p), median(t), median(tp));
-  std::printf("median per-round ratio: Trainer / plain %.3f, Trainer + profiler / plain %.3f\n", median(rt), median(rtp));
+  std::printf("median per-round ratio: Trainer / plain %.3f, Trainer + profiler / plain %.3f\n", median(rt),
+              median(rtp));
 
   // A range with no profiler running: an atomic load and a branch.
   const int n = 20'000'000;

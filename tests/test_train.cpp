@@ -4,6 +4,7 @@
 // noise from the default generator), the CSV logger, the progress bar's output on a fake clock, and misuse errors.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -12,6 +13,9 @@
 #include <tuple>
 
 #include <nlohmann/json.hpp>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ember/data.hpp"
 #include "ember/ember.hpp"
@@ -43,7 +47,8 @@ struct Toy {
   std::size_t size() const { return n; }
   data::Example get(std::size_t i) const {
     Tensor<float> x = empty<float>(Shape{1, 2, 2});
-    for (int k = 0; k < 4; ++k) x.data()[k] = std::sin(float(i) * 0.7f + float(k)) + (i % 3 == std::size_t(k % 3) ? 1.f : 0.f);
+    for (int k = 0; k < 4; ++k)
+      x.data()[k] = std::sin(float(i) * 0.7f + float(k)) + (i % 3 == std::size_t(k % 3) ? 1.f : 0.f);
     return {x, std::int64_t(i % 3)};
   }
 };
@@ -320,6 +325,7 @@ struct ResumeRun {
   std::int64_t max_steps;
   std::int64_t interrupt_at = -1;  // throw from a callback at this global step
   std::string ckpt_path{};
+  std::int64_t kill_at = -1;       // the process kills itself (SIGKILL) at this global step
 
   std::vector<Tensor<float>> operator()() const {
     manual_seed(99);  // the model's initialisation; deterministic mode reseeds before training
@@ -341,13 +347,23 @@ struct ResumeRun {
       }
     };
     if (interrupt_at >= 0) t.add_callback(std::make_shared<Interrupt>(interrupt_at));
+    struct Kill : train::Callback {
+      std::int64_t at;
+      explicit Kill(std::int64_t a) : at(a) {}
+      void on_train_batch_end(train::Trainer& t) override {
+        if (t.global_step() == at) ::kill(::getpid(), SIGKILL);
+      }
+    };
+    if (kill_at >= 0) t.add_callback(std::make_shared<Kill>(kill_at));
     t.fit(
         m, opt, tl, &vl,
         [&](data::Batch& b) {
           Tensor<float> x = flat(b.data) + randn<float>(Shape{std::int64_t(b.size()), 4}) * 0.1f;
           return nn::cross_entropy(m(x), b.target);
         },
-        [&](data::Batch& b) { return train::Metrics{{"val_loss", double(nn::cross_entropy(m(flat(b.data)), b.target).item())}}; },
+        [&](data::Batch& b) {
+          return train::Metrics{{"val_loss", double(nn::cross_entropy(m(flat(b.data)), b.target).item())}};
+        },
         {.scheduler = &sched, .ckpt_path = ckpt_path});
     std::vector<Tensor<float>> out = m.parameters();
     out.push_back(full<float>(Shape{1}, float(opt.lr(0))));
@@ -373,6 +389,41 @@ TEST_CASE("Trainer: a run interrupted mid-epoch and resumed from last.ckpt ends 
   // Resuming without restoring the generator would differ: the test can fail.
   const auto fresh = ResumeRun{dir / "c", 30 - 16}();
   CHECK_FALSE(bitwise_equal(fresh[0], whole[0]));
+}
+
+TEST_CASE("Trainer: a process killed (SIGKILL) mid-epoch resumes from last.ckpt bit-identical to a run never stopped") {
+  if (const char* dir = std::getenv("EMBER_TEST_TRAIN_KILLED_RUN")) {  // the child: trains until it kills itself
+    ResumeRun{dir, 30, -1, "", 18}();
+    FAIL("the run was to be killed at step 18");
+    return;
+  }
+  TempDir dir;
+  const auto whole = ResumeRun{dir / "a", 30}();
+  // This program again, running only this test case as the child above.
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  REQUIRE(n > 0);
+  exe[n] = '\0';
+  std::string filter = "-tc=Trainer: a process killed*", out = "--out=" + (dir / "child.log");
+  std::vector<char*> argv{exe, filter.data(), out.data(), nullptr};
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  env_s.push_back("EMBER_TEST_TRAIN_KILLED_RUN=" + (dir / "b"));
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, exe, nullptr, nullptr, argv.data(), envp.data()) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO("child: " << read_file(dir / "child.log"));
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGKILL);
+  const train::TrainingState s = train::load_checkpoint(dir / "b/last.ckpt");
+  CHECK(s.global_step == 16);
+  const auto resumed = ResumeRun{dir / "b", 30, -1, "last"}();
+  REQUIRE(whole.size() == resumed.size());
+  for (std::size_t i = 0; i < whole.size(); ++i) CHECK(bitwise_equal(whole[i], resumed[i]));
 }
 
 TEST_CASE("CSVLogger: a column per metric, widened by rewriting, rows appended") {
@@ -633,7 +684,8 @@ TEST_CASE("Profiler: the schedule's active steps hold the ops by name, well nest
     for (const auto& b : prof.events()) {
       if (a.thread != b.thread || &a == &b) continue;
       const bool disjoint = a.end_ns <= b.begin_ns || b.end_ns <= a.begin_ns;
-      const bool nested = (a.begin_ns <= b.begin_ns && b.end_ns <= a.end_ns) || (b.begin_ns <= a.begin_ns && a.end_ns <= b.end_ns);
+      const bool nested = (a.begin_ns <= b.begin_ns && b.end_ns <= a.end_ns) ||
+                          (b.begin_ns <= a.begin_ns && a.end_ns <= b.end_ns);
       CHECK((disjoint || nested));
     }
   }
@@ -659,7 +711,8 @@ TEST_CASE("Profiler: the schedule's active steps hold the ops by name, well nest
     CHECK(e["name"].is_string());
   }
   // Off: nothing is recorded, and a second profiler cannot run beside a first.
-  Tensor<float> loss = nn::cross_entropy(m(flat(full<float>(Shape{2, 1, 2, 2}, 0.5f))), from_vector(std::vector<std::int64_t>{0, 1}));
+  Tensor<float> loss =
+      nn::cross_entropy(m(flat(full<float>(Shape{2, 1, 2, 2}, 0.5f))), from_vector(std::vector<std::int64_t>{0, 1}));
   loss.backward();
   CHECK(prof.events().size() == j["traceEvents"].size());
   profile::Profiler a, b;

@@ -34,7 +34,8 @@ class LRScheduler {
   StateDict state_dict() const {
     StateDict sd;
     sd["last_epoch"] = full<double>(Shape{}, double(step_));
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g) sd["base_lrs." + std::to_string(g)] = full<double>(Shape{}, base_lrs_[g]);
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+      sd["base_lrs." + std::to_string(g)] = full<double>(Shape{}, base_lrs_[g]);
     return sd;
   }
   void load_state_dict(const StateDict& sd) {
@@ -43,7 +44,8 @@ class LRScheduler {
     EMBER_CHECK(last >= 0 && last <= 9.0e15 && last == std::floor(last), op, "::load_state_dict: last_epoch must be a "
                 "non-negative integer, got ", last);
     std::vector<double> base;
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g) base.push_back(read_scalar(sd, "base_lrs." + std::to_string(g), op));
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
+      base.push_back(read_scalar(sd, "base_lrs." + std::to_string(g), op));
     EMBER_CHECK(sd.size() == base.size() + 1, op, "::load_state_dict: expected last_epoch and ", base.size(),
                 " base_lrs entries (one per parameter group), got ", sd.size(), " entries");
     base_lrs_ = std::move(base);

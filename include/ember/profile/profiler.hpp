@@ -237,8 +237,8 @@ class Profiler {
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const Event& e = events_[i];
       j += "{\"name\": \"" + escape(e.name) + "\", \"cat\": \"" + escape(e.category) + "\", \"ph\": \"X\"";
-      std::snprintf(buf, sizeof buf, ", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": %u}", double(e.begin_ns - t0) * 1e-3,
-                    double(e.end_ns - e.begin_ns) * 1e-3, pid, e.thread);
+      std::snprintf(buf, sizeof buf, ", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": %u}",
+                    double(e.begin_ns - t0) * 1e-3, double(e.end_ns - e.begin_ns) * 1e-3, pid, e.thread);
       j += buf;
       j += i + 1 < events_.size() ? ",\n" : "\n";
     }

@@ -68,8 +68,8 @@ class EarlyStopping : public Callback {
   std::string check(double current) {
     const std::string& m = o_.monitor;
     if (o_.check_finite && !std::isfinite(current))
-      return "Monitored metric " + m + " = " + detail::format_score(current) + " is not finite. Previous best value was " +
-             detail::format_score(best_) + ". Signaling Trainer to stop.";
+      return "Monitored metric " + m + " = " + detail::format_score(current) +
+             " is not finite. Previous best value was " + detail::format_score(best_) + ". Signaling Trainer to stop.";
     if (o_.stopping_threshold && better(current, *o_.stopping_threshold, 0.0))
       return "Stopping threshold reached: " + m + " = " + detail::format_score(current) + " " +
              (o_.mode == Mode::min ? "<" : ">") + " " + detail::format_score(*o_.stopping_threshold) +
@@ -119,7 +119,8 @@ class EarlyStopping : public Callback {
     const auto v = t.callback_metrics().get(o_.monitor);
     if (!v) {
       EMBER_CHECK(!o_.strict, "train::EarlyStopping: the monitored metric '", o_.monitor, "' is not among the "
-                  "metrics (", t.callback_metrics().names(), "); return it from validation_step, or set strict = false");
+                  "metrics (", t.callback_metrics().names(),
+                  "); return it from validation_step, or set strict = false");
       return;
     }
     std::string why = check(*v);

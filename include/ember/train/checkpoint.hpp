@@ -275,10 +275,10 @@ class ModelCheckpoint : public Callback {
         if (o_.verbose) t.print("saved " + path);
         while (o_.save_top_k > 0 && int(kept_.size()) > o_.save_top_k) {
           // the worst by the monitor; without one, the oldest
-          auto drop = o_.monitor.empty() ? kept_.begin()
-                                         : std::max_element(kept_.begin(), kept_.end(), [&](const auto& a, const auto& b) {
-                                             return better(a.first, b.first);
-                                           });
+          auto drop = kept_.begin();
+          if (!o_.monitor.empty())
+            drop = std::max_element(kept_.begin(), kept_.end(),
+                                    [&](const auto& a, const auto& b) { return better(a.first, b.first); });
           std::error_code ec;
           if (drop->second != path) std::filesystem::remove(drop->second, ec);
           kept_.erase(drop);

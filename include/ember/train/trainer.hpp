@@ -344,8 +344,9 @@ class Trainer {
     start_batch_ = batch_in_epoch_ = s.batch_in_epoch;
     global_step_ = s.global_step;
     resumed_totals_ = {0.0, 0, 0};
-    if (auto a = s.extra.find("trainer/loss_sum"), b = s.extra.find("trainer/loss_n"), c = s.extra.find("trainer/samples");
-        a != s.extra.end() && b != s.extra.end() && c != s.extra.end()) {
+    const auto a = s.extra.find("trainer/loss_sum"), b = s.extra.find("trainer/loss_n"),
+               c = s.extra.find("trainer/samples");
+    if (a != s.extra.end() && b != s.extra.end() && c != s.extra.end()) {
       resumed_totals_.loss_sum = std::strtod(a->second.c_str(), nullptr);
       resumed_totals_.loss_n = std::max<std::int64_t>(0, std::strtoll(b->second.c_str(), nullptr, 10));
       resumed_totals_.samples = std::max<std::int64_t>(0, std::strtoll(c->second.c_str(), nullptr, 10));
