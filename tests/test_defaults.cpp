@@ -43,7 +43,8 @@
 /// `AdamOptions` serves Adam and AdamW, so its `weight_decay` is a `std::optional<double>`: unset means the
 /// optimizer's PyTorch default (Adam 0, AdamW 0.01), resolved at construction (`param_groups()` shows it).
 ///
-/// ember has no functional `dropout` or `embedding` (the layers `nn::Dropout`, `nn::Embedding` are audited) and no
+/// `nn::functional::dropout` (p = 0.5, training = true, as F.dropout; ember has no in-place form) is newer than the
+/// fixture and not audited here; the layer `nn::Dropout` is. ember has no functional `embedding` and no
 /// `CosineAnnealingLR` (its `eta_min` is audited as `CosineWarmupLR`'s `min_lr`).
 #include <doctest/doctest.h>
 

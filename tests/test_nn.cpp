@@ -291,6 +291,27 @@ TEST_CASE("Dropout: identity in eval, Bernoulli mask scaled by 1/(1-p) in traini
   CHECK_THROWS_AS(nn::Dropout(1.5), Error);
 }
 
+TEST_CASE("Dropout: masks from the default generator, fresh per layer and per call, replayed by manual_seed") {
+  nn::Dropout a(0.5), b(0.5);
+  const Tensor<float> x = ones<float>({4096});
+  manual_seed(3);
+  const Tensor<float> ya = a(x), yb = b(x), ya2 = a(x);
+  CHECK(max_abs_diff(ya, yb) > 0);   // two layers of one model: different masks
+  CHECK(max_abs_diff(ya, ya2) > 0);  // two calls of one layer: different masks
+  manual_seed(3);
+  CHECK(max_abs_diff(a(x), ya) == 0);
+  CHECK(max_abs_diff(b(x), yb) == 0);
+  // The generator is the whole state: restoring it (as checkpoints do) replays the masks.
+  const Generator saved = default_generator();
+  const Tensor<float> next = a(x);
+  default_generator() = saved;
+  CHECK(max_abs_diff(a(x), next) == 0);
+  manual_seed(3);
+  CHECK(max_abs_diff(nn::functional::dropout(x, 0.5), ya) == 0);
+  CHECK(nn::functional::dropout(x, 0.5, false).same_impl(x));
+  CHECK_THROWS_AS(nn::functional::dropout(x, -0.1), Error);
+}
+
 TEST_CASE("Embedding: rows of the table, accumulated gradients for repeated indices, padding_idx") {
   nn::EmbeddingT<amp::fp64> e(5, 3, /*padding_idx=*/1);
   for (int j = 0; j < 3; ++j) CHECK(e.weight.at(1, j) == 0.0);

@@ -319,7 +319,8 @@ TEST_CASE("ModelCheckpoint: file names from the template, top-k by the monitor, 
 
 namespace {
 /// One run of the resume test: deterministic, 2 loader workers with shuffling and flips, momentum SGD under
-/// one-cycle, noise from the default generator in the step, mid-epoch validation; checkpoints every 4 steps.
+/// one-cycle, noise and dropout from the default generator in the step, mid-epoch validation; checkpoints every 4
+/// steps.
 struct ResumeRun {
   std::string dir;
   std::int64_t max_steps;
@@ -359,7 +360,7 @@ struct ResumeRun {
         m, opt, tl, &vl,
         [&](data::Batch& b) {
           Tensor<float> x = flat(b.data) + randn<float>(Shape{std::int64_t(b.size()), 4}) * 0.1f;
-          return nn::cross_entropy(m(x), b.target);
+          return nn::cross_entropy(m(nn::functional::dropout(x, 0.2)), b.target);
         },
         [&](data::Batch& b) {
           return train::Metrics{{"val_loss", double(nn::cross_entropy(m(flat(b.data)), b.target).item())}};
