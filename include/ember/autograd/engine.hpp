@@ -13,7 +13,7 @@
 #include "ember/config.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/node.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::autograd {
 

@@ -22,7 +22,7 @@
 #include "ember/cuda/device.hpp"
 #include "ember/cuda/pinned.hpp"
 #include "ember/cuda/stream.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::cuda {
 

@@ -34,7 +34,7 @@
 #include "ember/data/dataset.hpp"
 #include "ember/data/rng.hpp"
 #include "ember/data/sampler.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::data {
 

@@ -25,7 +25,7 @@
 #include "ember/dist/detail/reduce.hpp"
 #include "ember/dist/socket.hpp"
 #include "ember/dist/work.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::dist::detail {
 

@@ -13,7 +13,7 @@
 #include "ember/cpu/reduce.hpp"
 #include "ember/expr/evaluator.hpp"
 #include "ember/expr/reducer.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 #if EMBER_WITH_CUDA && defined(__CUDACC__)
 #include "ember/cuda/executor.cuh"

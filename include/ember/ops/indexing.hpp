@@ -10,7 +10,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/ops/elementwise.hpp"
 #include "ember/expr/nodes.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::ops {
 

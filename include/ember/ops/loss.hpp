@@ -23,7 +23,7 @@
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/detail/fastmath.hpp"
 #include "ember/ops/softmax.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 #if EMBER_WITH_CUDA && defined(__CUDACC__)
 #include "ember/cuda/loss.cuh"

@@ -12,7 +12,7 @@
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/gemm.hpp"
 #include "ember/expr/nodes.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 #if EMBER_WITH_CUDA
 #include "ember/cuda/blas.hpp"

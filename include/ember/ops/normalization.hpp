@@ -27,7 +27,7 @@
 
 #include "ember/cuda/cudnn.hpp"
 #include "ember/cuda/device.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::ops {
 

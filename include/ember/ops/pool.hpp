@@ -13,7 +13,7 @@
 #include "ember/cpu/pool.hpp"
 #include "ember/ops/conv.hpp"
 #include "ember/ops/window.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::ops {
 

@@ -11,7 +11,7 @@
 #include "ember/config.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/optim/optimizer.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::optim {
 

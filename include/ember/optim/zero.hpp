@@ -31,7 +31,7 @@
 #include "ember/dist/init.hpp"
 #include "ember/dist/process_group.hpp"
 #include "ember/optim/optimizer.hpp"
-#include "ember/profile/profiler.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::optim {
 

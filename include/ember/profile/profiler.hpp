@@ -9,13 +9,11 @@
 //   prof.export_chrome_trace("trace.json");
 //   std::puts(prof.table(15).c_str());
 //
-// Off, a range costs one relaxed atomic load and a branch. On, it reads the steady clock twice and appends 32
-// bytes to its thread's buffer (under that buffer's own, uncontended lock). One profiler records at a time.
+// The ranges themselves are ember/profile/range.hpp (what the ops include). One profiler records at a time.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -28,92 +26,9 @@
 
 #include "ember/config.hpp"
 #include "ember/core/atomic_file.hpp"
+#include "ember/profile/range.hpp"
 
 namespace ember::profile {
-
-/// One recorded range. `name` and `category` point to string literals (or other storage that outlives the
-/// profiler).
-struct Event {
-  const char* name;
-  const char* category;
-  std::int64_t begin_ns, end_ns;  ///< steady clock
-  std::uint32_t thread;           ///< 0 for the first thread that recorded, 1 for the next, ...
-};
-
-namespace detail {
-inline std::atomic<bool> g_recording{false};
-
-struct ThreadBuffer {
-  std::mutex m;
-  std::vector<Event> events;
-  std::uint32_t id = 0;
-};
-struct Registry {
-  std::mutex m;
-  std::vector<std::shared_ptr<ThreadBuffer>> buffers;
-  std::uint32_t next_id = 0;
-};
-inline Registry& registry() {
-  static Registry* r = new Registry;  // never destroyed: threads may record while the program exits
-  return *r;
-}
-inline ThreadBuffer& this_thread_buffer() {
-  thread_local std::shared_ptr<ThreadBuffer> b = [] {
-    auto nb = std::make_shared<ThreadBuffer>();
-    Registry& r = registry();
-    std::lock_guard<std::mutex> g(r.m);
-    nb->id = r.next_id++;
-    r.buffers.push_back(nb);
-    return nb;
-  }();
-  return *b;
-}
-}  // namespace detail
-
-inline std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-/// Whether a profiler is recording now.
-inline bool is_recording() { return detail::g_recording.load(std::memory_order_relaxed); }
-
-/// Records a range measured elsewhere (the Trainer's data waits).
-inline void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t end_ns) {
-  if (!is_recording()) return;
-  detail::ThreadBuffer& b = detail::this_thread_buffer();
-  std::lock_guard<std::mutex> g(b.m);
-  b.events.push_back({name, category, begin_ns, end_ns, b.id});
-}
-
-/// Records the time from its construction to its destruction, when a profiler is recording.
-class Range {
- public:
-  explicit Range(const char* name, const char* category = "op") noexcept {
-    if (is_recording()) {
-      name_ = name;
-      category_ = category;
-      t0_ = now_ns();
-    }
-  }
-  ~Range() {
-    if (name_) record(name_, category_, t0_, now_ns());
-  }
-  Range(const Range&) = delete;
-  Range& operator=(const Range&) = delete;
-
- private:
-  const char* name_ = nullptr;
-  const char* category_ = nullptr;
-  std::int64_t t0_ = 0;
-};
-
-#define EMBER_PROFILE_CONCAT_(a, b) a##b
-#define EMBER_PROFILE_CONCAT(a, b) EMBER_PROFILE_CONCAT_(a, b)
-/// Records the enclosing scope as a range named `name` (a string literal) of category "op".
-#define EMBER_PROFILE_RANGE(name) ::ember::profile::Range EMBER_PROFILE_CONCAT(ember_profile_range_, __LINE__)(name)
-/// The same with a category ("backward", "optimizer", "data", "collective", "copy", ...).
-#define EMBER_PROFILE_RANGE_CAT(name, category) \
-  ::ember::profile::Range EMBER_PROFILE_CONCAT(ember_profile_range_, __LINE__)(name, category)
 
 /// torch.profiler.schedule's phases, in steps (Profiler::step() ends one): `wait` steps unrecorded, `warmup` steps
 /// unrecorded too (ember's recorder needs no warm-up; the phase keeps schedules portable), `active` steps recorded;
