@@ -18,6 +18,27 @@
 
 namespace ember::train {
 
+namespace detail {
+/// Creates <save_dir>/<name>/version_<n> (n = version, or the first that does not exist when it is -1) into `dir`
+/// and returns n: the run directory of a logger, as Lightning's loggers lay them out.
+inline int make_version_dir(const std::string& save_dir, const std::string& name, int version, const char* who,
+                            std::string& dir) {
+  namespace fs = std::filesystem;
+  EMBER_CHECK(version >= -1, who, ": version must be -1 (next free) or non-negative, got ", version);
+  const fs::path base = fs::path(save_dir) / name;
+  int v = version;
+  if (v < 0) {
+    std::error_code ec;
+    for (v = 0; v < 100000 && fs::exists(base / ("version_" + std::to_string(v)), ec); ++v) {}
+  }
+  dir = (base / ("version_" + std::to_string(v))).string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EMBER_CHECK(!ec, who, ": cannot create the directory '", dir, "': ", ec.message());
+  return v;
+}
+}  // namespace detail
+
 struct CSVLoggerOptions {
   std::string save_dir = "runs";
   std::string name = "default";
@@ -28,18 +49,7 @@ class CSVLogger : public Logger {
  public:
   explicit CSVLogger(CSVLoggerOptions o = {}) {
     namespace fs = std::filesystem;
-    EMBER_CHECK(o.version >= -1, "train::CSVLogger: version must be -1 (next free) or non-negative, got ", o.version);
-    const fs::path base = fs::path(o.save_dir) / o.name;
-    int v = o.version;
-    if (v < 0) {
-      std::error_code ec;
-      for (v = 0; v < 100000 && fs::exists(base / ("version_" + std::to_string(v)), ec); ++v) {}
-    }
-    version_ = v;
-    dir_ = (base / ("version_" + std::to_string(v))).string();
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    EMBER_CHECK(!ec, "train::CSVLogger: cannot create the directory '", dir_, "': ", ec.message());
+    version_ = detail::make_version_dir(o.save_dir, o.name, o.version, "train::CSVLogger", dir_);
     path_ = (fs::path(dir_) / "metrics.csv").string();
   }
   ~CSVLogger() override { close(); }

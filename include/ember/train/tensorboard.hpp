@@ -13,7 +13,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -29,28 +28,16 @@
 
 #include "ember/config.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/data/detail/crc32c.hpp"
+#include "ember/train/logger.hpp"
 #include "ember/train/trainer.hpp"
 
 namespace ember::train {
 
 namespace tb {
 
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord uses.
-inline std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc = 0) {
-  static const auto table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
+/// CRC-32C, as TFRecord uses (the one packed record files use).
+using data::detail::crc32c;
 /// TFRecord's masked CRC: rotated right by 15 bits plus a constant.
 inline std::uint32_t masked_crc32c(const void* data, std::size_t n) {
   const std::uint32_t c = crc32c(data, n);
@@ -125,22 +112,10 @@ class TensorBoardLogger : public Logger {
  public:
   explicit TensorBoardLogger(TensorBoardLoggerOptions o = {}) : o_(std::move(o)) {
     namespace fs = std::filesystem;
-    EMBER_CHECK(o_.version >= -1, "train::TensorBoardLogger: version must be -1 (next free) or non-negative, got ",
-                o_.version);
     if (!o_.wall_clock) o_.wall_clock = [] {
       return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     };
-    const fs::path base = fs::path(o_.save_dir) / o_.name;
-    int v = o_.version;
-    if (v < 0) {
-      std::error_code ec;
-      for (v = 0; v < 100000 && fs::exists(base / ("version_" + std::to_string(v)), ec); ++v) {}
-    }
-    version_ = v;
-    dir_ = (base / ("version_" + std::to_string(v))).string();
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    EMBER_CHECK(!ec, "train::TensorBoardLogger: cannot create the directory '", dir_, "': ", ec.message());
+    version_ = detail::make_version_dir(o_.save_dir, o_.name, o_.version, "train::TensorBoardLogger", dir_);
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0 || !host[0]) std::strcpy(host, "localhost");
     const double t = o_.wall_clock();
