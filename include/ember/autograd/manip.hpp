@@ -1,0 +1,990 @@
+// ember — the tensor ops a transformer reaches for, with PyTorch's semantics: tril/triu, masked_fill,
+// split/chunk/unbind, gather/scatter/scatter_add/index_add, sort/argsort/topk, cumsum/cumprod, flip, roll,
+// repeat/tile, outer, baddbmm, einsum (lowered to bmm) and multinomial.
+//
+// Where an op is a composition of differentiable pieces (views, fused expressions, cat, index_select, bmm) it is
+// written as one and runs on every device those run on; the ones with a loop of their own (gather, scatter,
+// index_add, sort, cumsum, cumprod, multinomial) run on the CPU and say so for a CUDA tensor.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/linalg.hpp"
+#include "ember/autograd/node.hpp"
+#include "ember/autograd/reduce.hpp"
+#include "ember/autograd/shape_ops.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/random.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/expr/nodes.hpp"
+
+namespace ember {
+
+namespace detail {
+
+/// Calls f(coords) for every position of `s` in row-major order (coords: s.n entries).
+template <class F>
+void for_each_coord(const Shape& s, F&& f) {
+  const std::int64_t n = s.numel();
+  std::int64_t c[kMaxDims] = {};
+  for (std::int64_t i = 0; i < n; ++i) {
+    f(static_cast<const std::int64_t*>(c));
+    for (int d = s.n - 1; d >= 0; --d) {
+      if (++c[d] < s[d]) break;
+      c[d] = 0;
+    }
+  }
+}
+
+inline std::int64_t offset_of(const std::int64_t* c, const Shape& strides, int skip = -1, std::int64_t at = 0) {
+  std::int64_t o = 0;
+  for (int d = 0; d < strides.n; ++d) o += (d == skip ? at : c[d]) * strides[d];
+  return o;
+}
+
+/// The checks gather, scatter and scatter_add share: index is int64 on the CPU with as many dims as x, no larger
+/// than x outside `dim` (and no larger than src anywhere, for the scatters), every entry in [0, x.size(dim)).
+template <class T>
+void check_scatter_index(const char* op, const Tensor<T>& x, int d, const Tensor<std::int64_t>& index,
+                         const Tensor<T>* src) {
+  x.check_cpu(op);
+  index.check_cpu(op);
+  EMBER_CHECK(index.dim() == x.dim(), op, ": index (shape ", index.shape().str(), ") must have as many dims as the ",
+              "input (shape ", x.shape().str(), ")");
+  for (int k = 0; k < x.dim(); ++k) {
+    EMBER_CHECK(k == d || index.shape()[k] <= x.shape()[k], op, ": index shape ", index.shape().str(),
+                " is larger than the input's ", x.shape().str(), " in dim ", k, " (only dim ", d, " may be)");
+    if (src)
+      EMBER_CHECK(index.shape()[k] <= src->shape()[k], op, ": index shape ", index.shape().str(),
+                  " is larger than src's ", src->shape().str(), " in dim ", k);
+  }
+  if (src) {
+    EMBER_CHECK(src->dim() == x.dim(), op, ": src (shape ", src->shape().str(), ") must have as many dims as the ",
+                "input (shape ", x.shape().str(), ")");
+    src->check_cpu(op);
+  }
+  const std::int64_t n = x.shape()[d];
+  const std::int64_t* ip = index.data();
+  for_each_coord(index.shape(), [&](const std::int64_t* c) {
+    const std::int64_t v = ip[offset_of(c, index.strides())];
+    EMBER_CHECK(v >= 0 && v < n, op, ": index ", v, " is out of bounds for dim ", d, " with size ", n,
+                " (input shape ", x.shape().str(), ")");
+  });
+}
+
+/// out[..i_d..] += src[..] at i_d = index[..] along d, for every position of index (out: any strides).
+template <class T>
+void scatter_add_raw(const Tensor<T>& out, int d, const Tensor<std::int64_t>& index, const Tensor<T>& src) {
+  const std::int64_t* ip = index.data();
+  T* op = out.data();
+  const T* sp = src.data();
+  for_each_coord(index.shape(), [&](const std::int64_t* c) {
+    const std::int64_t v = ip[offset_of(c, index.strides())];
+    T& o = op[offset_of(c, out.strides(), d, v)];
+    o = T(o + sp[offset_of(c, src.strides())]);
+  });
+  out.bump_version();
+}
+
+/// out (index's shape) = x gathered along d.
+template <class T>
+Tensor<T> gather_raw(const Tensor<T>& x, int d, const Tensor<std::int64_t>& index) {
+  Tensor<T> out = empty<T>(index.shape());
+  const std::int64_t* ip = index.data();
+  const T* xp = x.data();
+  T* op = out.data();
+  std::int64_t i = 0;
+  for_each_coord(index.shape(), [&](const std::int64_t* c) {
+    op[i++] = xp[offset_of(c, x.strides(), d, ip[offset_of(c, index.strides())])];
+  });
+  return out;
+}
+
+/// A tensor of `shape` holding zeros except g (a smaller tensor) in its leading corner: the gradient of a src
+/// that was larger than the index it was read through.
+template <class T>
+Tensor<T> pad_to(const Tensor<T>& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  Tensor<T> r = zeros<T>(shape, g.device());
+  Tensor<T> part = r;
+  for (int k = 0; k < shape.n; ++k) part = part.narrow(k, 0, g.shape()[k]);
+  const T* gp = g.data();
+  T* pp = part.data();
+  for_each_coord(g.shape(), [&](const std::int64_t* c) { pp[offset_of(c, part.strides())] = gp[offset_of(c, g.strides())]; });
+  return r;
+}
+
+/// The split of a shape at dim d into outer x n x inner (a contiguous tensor's rows along d are at
+/// o * n * inner + j * inner + i).
+struct DimSplit {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+inline DimSplit dim_split(const Shape& s, int d) {
+  DimSplit r;
+  for (int k = 0; k < d; ++k) r.outer *= s[k];
+  r.n = s[d];
+  for (int k = d + 1; k < s.n; ++k) r.inner *= s[k];
+  return r;
+}
+
+/// NaN sorts above every number, as in PyTorch.
+template <class T>
+bool sort_less(T a, T b) {
+  if constexpr (is_floating_v<T>) {
+    const double x = double(a), y = double(b);
+    if (std::isnan(x)) return false;
+    if (std::isnan(y)) return true;
+    return x < y;
+  } else {
+    return a < b;
+  }
+}
+
+template <class T>
+Tensor<T> host_input(const Tensor<T>& x, const char* op) {
+  x.check_cpu(op);
+  NoGradGuard ng;
+  return x.detach().contiguous();
+}
+
+}  // namespace detail
+
+namespace autograd {
+template <class T>
+struct GatherNode final : TypedNode<T> {
+  Shape in_shape;
+  int dim = 0;
+  Tensor<std::int64_t> index;
+  const char* name() const override { return "GatherBackward"; }
+  void release() override { index = Tensor<std::int64_t>(); }
+  void backward() override {
+    Tensor<T> g = zeros<T>(in_shape);
+    ember::detail::scatter_add_raw(g, dim, index, this->grad);
+    this->template deliver<T>(0, std::move(g));
+  }
+};
+
+/// scatter (add = false) and scatter_add (add = true): next[0] is the input, next[1] src (absent for a value).
+template <class T>
+struct ScatterNode final : TypedNode<T> {
+  int dim = 0;
+  bool add = false;
+  Shape src_shape;
+  Tensor<std::int64_t> index;
+  const char* name() const override { return add ? "ScatterAddBackward" : "ScatterBackward"; }
+  void release() override { index = Tensor<std::int64_t>(); }
+  void backward() override {
+    const Tensor<T>& g = this->grad;
+    if (this->next[0]) {
+      if (add) {
+        this->template deliver<T>(0, g);
+      } else {  // the overwritten positions do not depend on the input
+        Tensor<T> gx = g.clone();
+        const std::int64_t* ip = index.data();
+        for_each_index([&](const std::int64_t* c) {
+          gx.data()[ember::detail::offset_of(c, gx.strides(), dim, ip[ember::detail::offset_of(c, index.strides())])] = T(0);
+        });
+        this->template deliver<T>(0, std::move(gx));
+      }
+    }
+    if (this->next.size() > 1 && this->next[1])
+      this->template deliver<T>(1, ember::detail::pad_to(ember::detail::gather_raw(g, dim, index), src_shape));
+  }
+  template <class F>
+  void for_each_index(F&& f) const {
+    ember::detail::for_each_coord(index.shape(), f);
+  }
+};
+
+template <class T>
+struct IndexAddNode final : TypedNode<T> {
+  int dim = 0;
+  double alpha = 1;
+  Tensor<std::int64_t> index;
+  const char* name() const override { return "IndexAddBackward"; }
+  void release() override { index = Tensor<std::int64_t>(); }
+  void backward() override {
+    const Tensor<T>& g = this->grad;
+    if (this->next[0]) this->template deliver<T>(0, g);
+    if (this->next[1]) {
+      Tensor<T> gs = ops::index_select(g, dim, index);
+      if (alpha != 1)
+        for (std::int64_t i = 0; i < gs.numel(); ++i) gs.data()[i] = T(double(gs.data()[i]) * alpha);
+      this->template deliver<T>(1, std::move(gs));
+    }
+  }
+};
+
+/// cumsum (prod = false) and cumprod along dim of a contiguous input.
+template <class T>
+struct CumNode final : TypedNode<T> {
+  int dim = 0;
+  bool prod = false;
+  Tensor<T> x, y;  // cumprod's input and output (contiguous)
+  const char* name() const override { return prod ? "CumprodBackward" : "CumsumBackward"; }
+  void release() override { x = y = Tensor<T>(); }
+  void backward() override {
+    const Tensor<T> g = this->grad.contiguous();
+    const auto s = ember::detail::dim_split(g.shape(), dim);
+    Tensor<T> gx = empty<T>(g.shape());
+    const T* gp = g.data();
+    T* op = gx.data();
+    for (std::int64_t o = 0; o < s.outer; ++o)
+      for (std::int64_t i = 0; i < s.inner; ++i) {
+        const std::int64_t base = o * s.n * s.inner + i;
+        auto at = [&](std::int64_t j) { return base + j * s.inner; };
+        if (!prod) {  // a reversed cumulative sum
+          double acc = 0;
+          for (std::int64_t j = s.n - 1; j >= 0; --j) op[at(j)] = T(acc += double(gp[at(j)]));
+          continue;
+        }
+        // d y_j / d x_k = prod_{m <= j, m != k} x_m for k <= j. Before the first zero z: sum_{j=k}^{z-1} g_j y_j / x_k;
+        // at z: sum_{j>=z} g_j prod_{m<=j, m!=z} x_m; after z: 0.
+        const T* xp = x.data();
+        const T* yp = y.data();
+        std::int64_t z = s.n;
+        for (std::int64_t j = 0; j < s.n; ++j)
+          if (double(xp[at(j)]) == 0) {
+            z = j;
+            break;
+          }
+        double acc = 0;
+        for (std::int64_t k = s.n - 1; k >= 0; --k) {
+          if (k > z) {
+            op[at(k)] = T(0);
+          } else if (k == z) {
+            double q = z > 0 ? double(yp[at(z - 1)]) : 1.0, sum = 0;
+            for (std::int64_t j = z; j < s.n; ++j) {
+              if (j > z) q *= double(xp[at(j)]);
+              sum += double(gp[at(j)]) * q;
+            }
+            op[at(k)] = T(sum);
+          } else {
+            acc += double(gp[at(k)]) * double(yp[at(k)]);
+            op[at(k)] = T(acc / double(xp[at(k)]));
+          }
+        }
+      }
+    this->template deliver<T>(0, std::move(gx));
+  }
+};
+}  // namespace autograd
+
+// ---- masks ---------------------------------------------------------------------------------------------------
+
+namespace detail {
+template <class T>
+Tensor<T> triangle(const Tensor<T>& x, std::int64_t diagonal, bool lower, const char* op) {
+  EMBER_CHECK(x.dim() >= 2, op, ": expected a tensor with at least 2 dims, got shape ", x.shape().str());
+  const std::int64_t r = x.shape()[x.dim() - 2], c = x.shape()[x.dim() - 1];
+  Tensor<bool> keep = empty<bool>(Shape{r, c});
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t j = 0; j < c; ++j) keep.data()[i * c + j] = lower ? j - i <= diagonal : j - i >= diagonal;
+  if (!x.device().is_cpu()) keep = keep.to(x.device());
+  return Tensor<T>(where(keep, x, T(0)));
+}
+}  // namespace detail
+
+/// The lower triangle of the last two dims (elements with j - i <= diagonal), zeros elsewhere: torch.tril.
+template <class T>
+Tensor<T> tril(const Tensor<T>& x, std::int64_t diagonal = 0) {
+  return detail::triangle(x, diagonal, true, "tril");
+}
+/// The upper triangle of the last two dims (elements with j - i >= diagonal), zeros elsewhere: torch.triu.
+template <class T>
+Tensor<T> triu(const Tensor<T>& x, std::int64_t diagonal = 0) {
+  return detail::triangle(x, diagonal, false, "triu");
+}
+
+/// x with `value` where mask (bool, broadcastable to x's shape) is true: torch.masked_fill.
+template <class T>
+Tensor<T> masked_fill(const Tensor<T>& x, const Tensor<bool>& mask, double value) {
+  EMBER_CHECK(mask.device() == x.device(), "masked_fill: the mask is on ", mask.device().str(), ", the input on ",
+              x.device().str());
+  EMBER_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(), "masked_fill: the mask (shape ",
+              mask.shape().str(), ") must broadcast to the input's shape ", x.shape().str());
+  return Tensor<T>(where(mask, T(value), x));
+}
+
+// ---- splitting (views: their gradients flow back through the view's backward) ---------------------------------
+
+/// Pieces of split_size along dim (the last one smaller when the size does not divide): torch.split.
+template <class T>
+std::vector<Tensor<T>> split(const Tensor<T>& x, std::int64_t split_size, std::int64_t dim = 0) {
+  const int d = wrap_dim(dim, x.dim(), "split");
+  const std::int64_t n = x.shape()[d];
+  EMBER_CHECK(split_size > 0 || (split_size == 0 && n == 0), "split: split_size must be positive, got ", split_size,
+              " (shape ", x.shape().str(), ", dim ", d, ")");
+  std::vector<Tensor<T>> r;
+  if (n == 0) return {x};
+  for (std::int64_t at = 0; at < n; at += split_size) r.push_back(x.narrow(d, at, std::min(split_size, n - at)));
+  return r;
+}
+/// Pieces of the given sizes along dim (they must add up to its size): torch.split with a list.
+template <class T>
+std::vector<Tensor<T>> split(const Tensor<T>& x, const std::vector<std::int64_t>& sizes, std::int64_t dim = 0) {
+  const int d = wrap_dim(dim, x.dim(), "split");
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) {
+    EMBER_CHECK(s >= 0, "split: sizes must be non-negative, got ", s);
+    total += s;
+  }
+  EMBER_CHECK(total == x.shape()[d], "split: the sizes add up to ", total, " but dim ", d, " of shape ",
+              x.shape().str(), " has size ", x.shape()[d]);
+  std::vector<Tensor<T>> r;
+  std::int64_t at = 0;
+  for (std::int64_t s : sizes) {
+    r.push_back(x.narrow(d, at, s));
+    at += s;
+  }
+  return r;
+}
+/// `chunks` pieces of ceil(size / chunks) along dim (fewer when the size runs out first): torch.chunk.
+template <class T>
+std::vector<Tensor<T>> chunk(const Tensor<T>& x, std::int64_t chunks, std::int64_t dim = 0) {
+  EMBER_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
+  const int d = wrap_dim(dim, x.dim(), "chunk");
+  const std::int64_t n = x.shape()[d];
+  const std::int64_t size = (n + chunks - 1) / chunks;
+  if (size == 0) return std::vector<Tensor<T>>(std::size_t(chunks), x);  // an empty dim: chunks empty pieces
+  return split(x, size, d);
+}
+/// Every slice along dim, each without that dim: torch.unbind.
+template <class T>
+std::vector<Tensor<T>> unbind(const Tensor<T>& x, std::int64_t dim = 0) {
+  const int d = wrap_dim(dim, x.dim(), "unbind");
+  std::vector<Tensor<T>> r;
+  for (std::int64_t i = 0; i < x.shape()[d]; ++i) r.push_back(x.select(d, i));
+  return r;
+}
+
+// ---- gather and scatter ----------------------------------------------------------------------------------------
+
+/// out[i][j][k] = x[index[i][j][k]][j][k] for dim 0 (and likewise for other dims): torch.gather. index is int64
+/// with x's number of dims, no larger than x outside dim; entries must lie in [0, x.size(dim)).
+template <class T>
+Tensor<T> gather(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index) {
+  const int d = wrap_dim(dim, x.dim(), "gather");
+  detail::check_scatter_index<T>("gather", x, d, index, nullptr);
+  Tensor<T> r = detail::gather_raw(x, d, index);
+  if constexpr (is_floating_v<T>) {
+    if (x.requires_grad() && is_grad_enabled()) {
+      auto node = std::make_shared<autograd::GatherNode<T>>();
+      node->in_shape = x.shape();
+      node->dim = d;
+      node->index = index.clone();
+      node->next.push_back(autograd::gradient_edge(x));
+      node->output = r.impl_ptr();
+      autograd::set_history<T>(r, node);
+    }
+  }
+  return r;
+}
+
+namespace detail {
+template <class T>
+Tensor<T> scatter_impl(const Tensor<T>& x, int d, const Tensor<std::int64_t>& index, const Tensor<T>* src, T value,
+                       bool add, const char* op) {
+  check_scatter_index<T>(op, x, d, index, src);
+  Tensor<T> r;
+  {
+    NoGradGuard ng;
+    r = x.detach().clone();
+  }
+  if (add) {
+    scatter_add_raw(r, d, index, *src);
+  } else {
+    const std::int64_t* ip = index.data();
+    for_each_coord(index.shape(), [&](const std::int64_t* c) {
+      r.data()[offset_of(c, r.strides(), d, ip[offset_of(c, index.strides())])] =
+          src ? src->data()[offset_of(c, src->strides())] : value;
+    });
+  }
+  if constexpr (is_floating_v<T>) {
+    const bool sg = src && src->requires_grad();
+    if ((x.requires_grad() || sg) && is_grad_enabled()) {
+      auto node = std::make_shared<autograd::ScatterNode<T>>();
+      node->dim = d;
+      node->add = add;
+      node->index = index.clone();
+      node->next.push_back(autograd::gradient_edge(x));
+      if (src) {
+        node->src_shape = src->shape();
+        node->next.push_back(autograd::gradient_edge(*src));
+      }
+      node->output = r.impl_ptr();
+      autograd::set_history<T>(r, node);
+    }
+  }
+  return r;
+}
+}  // namespace detail
+
+/// x with src's values written at the positions index names along dim (out-of-place torch.scatter). Where index
+/// repeats a position the last write wins (PyTorch leaves that unspecified).
+template <class T>
+Tensor<T> scatter(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index, const Tensor<T>& src) {
+  return detail::scatter_impl(x, wrap_dim(dim, x.dim(), "scatter"), index, &src, T(0), false, "scatter");
+}
+/// x with `value` written at the positions index names along dim.
+template <class T>
+Tensor<T> scatter(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index, double value) {
+  return detail::scatter_impl<T>(x, wrap_dim(dim, x.dim(), "scatter"), index, nullptr, T(value), false, "scatter");
+}
+/// x with src's values added at the positions index names along dim (repeats accumulate): torch.scatter_add.
+template <class T>
+Tensor<T> scatter_add(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index, const Tensor<T>& src) {
+  return detail::scatter_impl(x, wrap_dim(dim, x.dim(), "scatter_add"), index, &src, T(0), true, "scatter_add");
+}
+
+/// x with alpha * src's slices added at the rows (along dim) a 1-D int64 index names (repeats accumulate):
+/// torch.index_add. src has x's shape except src.size(dim) == index.numel().
+template <class T>
+Tensor<T> index_add(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index, const Tensor<T>& src,
+                    double alpha = 1) {
+  const int d = wrap_dim(dim, x.dim(), "index_add");
+  x.check_cpu("index_add");
+  src.check_cpu("index_add");
+  const auto ix = ops::read_index(index, x.shape()[d], "index_add", x.shape(), d);
+  Shape want = x.shape();
+  want[d] = std::int64_t(ix.size());
+  EMBER_CHECK(src.shape() == want, "index_add: src has shape ", src.shape().str(), ", expected ", want.str(),
+              " (the input's shape ", x.shape().str(), " with dim ", d, " the index's length ", ix.size(), ")");
+  Tensor<T> r;
+  {
+    NoGradGuard ng;
+    r = x.detach().clone();
+  }
+  const T* sp = src.data();
+  T* rp = r.data();
+  detail::for_each_coord(src.shape(), [&](const std::int64_t* c) {
+    T& o = rp[detail::offset_of(c, r.strides(), d, ix[std::size_t(c[d])])];
+    o = T(double(o) + alpha * double(sp[detail::offset_of(c, src.strides())]));
+  });
+  if constexpr (is_floating_v<T>) {
+    if ((x.requires_grad() || src.requires_grad()) && is_grad_enabled()) {
+      auto node = std::make_shared<autograd::IndexAddNode<T>>();
+      node->dim = d;
+      node->alpha = alpha;
+      node->index = index.clone();
+      node->next.push_back(autograd::gradient_edge(x));
+      node->next.push_back(autograd::gradient_edge(src));
+      node->output = r.impl_ptr();
+      autograd::set_history<T>(r, node);
+    }
+  }
+  return r;
+}
+
+// ---- sorting -----------------------------------------------------------------------------------------------------
+
+/// What sort and topk return (torch's (values, indices) named tuple); `auto [v, i] = sort(x);` works.
+template <class T>
+struct SortResult {
+  Tensor<T> values;
+  Tensor<std::int64_t> indices;
+};
+
+namespace detail {
+/// The first k positions (along d) of each row of x in sorted order, stable (ties keep their order).
+template <class T>
+Tensor<std::int64_t> sort_indices(const Tensor<T>& x, int d, std::int64_t k, bool descending, const char* op) {
+  const Tensor<T> c = host_input(x, op);
+  const auto s = dim_split(c.shape(), d);
+  Shape os = c.shape();
+  os[d] = k;
+  Tensor<std::int64_t> r = empty<std::int64_t>(os);
+  std::vector<std::int64_t> order(std::size_t(s.n));
+  const T* p = c.data();
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    for (std::int64_t i = 0; i < s.inner; ++i) {
+      const T* row = p + o * s.n * s.inner + i;
+      std::iota(order.begin(), order.end(), std::int64_t(0));
+      auto cmp = [&](std::int64_t a, std::int64_t b) {
+        return descending ? sort_less(row[b * s.inner], row[a * s.inner]) : sort_less(row[a * s.inner], row[b * s.inner]);
+      };
+      if (k < s.n) {
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t b) {
+          return cmp(a, b) || (!cmp(b, a) && a < b);  // ties by position: the same as the stable sort
+        });
+      } else {
+        std::stable_sort(order.begin(), order.end(), cmp);
+      }
+      std::int64_t* out = r.data() + o * k * s.inner + i;
+      for (std::int64_t j = 0; j < k; ++j) out[j * s.inner] = order[std::size_t(j)];
+    }
+  return r;
+}
+}  // namespace detail
+
+/// Sorts along dim (ascending unless descending; NaN counts as the largest value); the sort is stable, so equal
+/// values keep their order (torch.sort with stable=True). values is differentiable (a gather of x).
+template <class T>
+SortResult<T> sort(const Tensor<T>& x, std::int64_t dim = -1, bool descending = false) {
+  if (x.dim() == 0) return {x.clone(), zeros<std::int64_t>({})};
+  const int d = wrap_dim(dim, x.dim(), "sort");
+  Tensor<std::int64_t> idx = detail::sort_indices(x, d, x.shape()[d], descending, "sort");
+  return {gather(x, d, idx), idx};
+}
+/// The indices that sort x along dim: torch.argsort (stable).
+template <class T>
+Tensor<std::int64_t> argsort(const Tensor<T>& x, std::int64_t dim = -1, bool descending = false) {
+  if (x.dim() == 0) return zeros<std::int64_t>({});
+  const int d = wrap_dim(dim, x.dim(), "argsort");
+  return detail::sort_indices(x, d, x.shape()[d], descending, "argsort");
+}
+/// The k largest (or smallest) values along dim and their indices, always in sorted order (torch.topk with
+/// sorted=True; equal values in order of position). values is differentiable.
+template <class T>
+SortResult<T> topk(const Tensor<T>& x, std::int64_t k, std::int64_t dim = -1, bool largest = true) {
+  EMBER_CHECK(x.dim() > 0, "topk: expected a tensor with at least one dim, got shape []");
+  const int d = wrap_dim(dim, x.dim(), "topk");
+  EMBER_CHECK(k >= 0 && k <= x.shape()[d], "topk: k = ", k, " is out of range for dim ", d, " of shape ",
+              x.shape().str(), " (0 <= k <= ", x.shape()[d], ")");
+  Tensor<std::int64_t> idx = detail::sort_indices(x, d, k, largest, "topk");
+  return {gather(x, d, idx), idx};
+}
+
+// ---- cumulative ops ----------------------------------------------------------------------------------------------
+
+namespace detail {
+template <class T>
+Tensor<T> cumulative(const Tensor<T>& x, std::int64_t dim, bool prod, const char* op) {
+  if (x.dim() == 0) return x.clone();
+  const int d = wrap_dim(dim, x.dim(), op);
+  const Tensor<T> c = host_input(x, op);
+  const auto s = dim_split(c.shape(), d);
+  Tensor<T> r = empty<T>(c.shape());
+  using Acc = std::conditional_t<is_floating_v<T>, double, std::int64_t>;  // PyTorch's CPU accumulation types
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    for (std::int64_t i = 0; i < s.inner; ++i) {
+      const std::int64_t base = o * s.n * s.inner + i;
+      Acc acc = prod ? Acc(1) : Acc(0);
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        const Acc v = Acc(c.data()[base + j * s.inner]);
+        acc = prod ? Acc(acc * v) : Acc(acc + v);
+        r.data()[base + j * s.inner] = T(acc);
+      }
+    }
+  if constexpr (is_floating_v<T>) {
+    if (x.requires_grad() && is_grad_enabled()) {
+      auto node = std::make_shared<autograd::CumNode<T>>();
+      node->dim = d;
+      node->prod = prod;
+      if (prod) {
+        node->x = c;
+        node->y = r.detach();
+      }
+      node->next.push_back(autograd::gradient_edge(x));
+      node->output = r.impl_ptr();
+      autograd::set_history<T>(r, node);
+    }
+  }
+  return r;
+}
+}  // namespace detail
+
+/// Running sums along dim: torch.cumsum (accumulated in double for floating types, int64 for integers, as
+/// PyTorch's CPU kernel; the result keeps x's dtype).
+template <class T>
+Tensor<T> cumsum(const Tensor<T>& x, std::int64_t dim) {
+  return detail::cumulative(x, dim, false, "cumsum");
+}
+/// Running products along dim: torch.cumprod (its gradient is exact with zeros in the input).
+template <class T>
+Tensor<T> cumprod(const Tensor<T>& x, std::int64_t dim) {
+  return detail::cumulative(x, dim, true, "cumprod");
+}
+
+// ---- rearranging -------------------------------------------------------------------------------------------------
+
+/// x reversed along each of dims: torch.flip (a copy).
+template <class T>
+Tensor<T> flip(const Tensor<T>& x, const std::vector<std::int64_t>& dims) {
+  Tensor<T> r = x;
+  bool seen[kMaxDims] = {};
+  for (std::int64_t dim : dims) {
+    const int d = wrap_dim(dim, x.dim(), "flip");
+    EMBER_CHECK(!seen[d], "flip: dim ", d, " appears more than once in the dims");
+    seen[d] = true;
+    const std::int64_t n = x.shape()[d];
+    if (n < 2) continue;
+    Tensor<std::int64_t> rev = empty<std::int64_t>({n});
+    for (std::int64_t i = 0; i < n; ++i) rev.data()[i] = n - 1 - i;
+    r = index_select(r, d, rev);
+  }
+  return r.same_impl(x) ? r.clone() : r;
+}
+
+/// x shifted along dims by shifts, elements leaving one end re-entering at the other: torch.roll. With no dims x is
+/// rolled as if flattened.
+template <class T>
+Tensor<T> roll(const Tensor<T>& x, const std::vector<std::int64_t>& shifts, const std::vector<std::int64_t>& dims = {}) {
+  if (dims.empty()) {
+    EMBER_CHECK(shifts.size() == 1, "roll: without dims, expected one shift, got ", shifts.size());
+    return roll(x.reshape({x.numel()}), shifts, {0}).reshape(x.shape());
+  }
+  EMBER_CHECK(shifts.size() == dims.size(), "roll: ", shifts.size(), " shifts for ", dims.size(),
+              " dims (expected as many)");
+  Tensor<T> r = x;
+  for (std::size_t k = 0; k < dims.size(); ++k) {
+    const int d = wrap_dim(dims[k], x.dim(), "roll");
+    const std::int64_t n = x.shape()[d];
+    if (n == 0) continue;
+    const std::int64_t s = ((shifts[k] % n) + n) % n;
+    if (s == 0) continue;
+    r = cat<T>({r.narrow(d, n - s, s), r.narrow(d, 0, n - s)}, d);
+  }
+  return r.same_impl(x) ? r.clone() : r;
+}
+
+/// x repeated sizes[k] times along each dim (sizes may have more entries than x has dims; x then gains leading
+/// dims): torch.Tensor.repeat.
+template <class T>
+Tensor<T> repeat(const Tensor<T>& x, const std::vector<std::int64_t>& sizes) {
+  const int nd = int(sizes.size());
+  EMBER_CHECK(nd >= x.dim(), "repeat: ", nd, " repeat counts for a tensor of shape ", x.shape().str(),
+              " (at least one per dim expected)");
+  EMBER_CHECK(nd < kMaxDims, "repeat: at most ", kMaxDims - 1, " repeat counts are supported, got ", nd);
+  Shape padded;
+  for (int k = 0; k < nd; ++k) {
+    EMBER_CHECK(sizes[std::size_t(k)] >= 0, "repeat: repeat counts must be non-negative, got ", sizes[std::size_t(k)]);
+    const int xd = k - (nd - x.dim());
+    padded.push_back(xd >= 0 ? x.shape()[xd] : 1);
+  }
+  Tensor<T> r = x.reshape(padded);
+  bool copied = false;
+  for (int k = 0; k < nd; ++k) {  // dim k becomes (count, size), then one dim of count * size
+    const std::int64_t c = sizes[std::size_t(k)];
+    if (c == 1) continue;
+    Shape e = r.shape(), merged = r.shape();
+    e.insert(k, c);
+    merged[k] *= c;
+    r = r.unsqueeze(k).expand(e).reshape(merged);
+    copied = true;
+  }
+  return copied ? r : r.clone();
+}
+/// torch.tile: repeat, with missing leading counts taken as 1.
+template <class T>
+Tensor<T> tile(const Tensor<T>& x, std::vector<std::int64_t> dims) {
+  while (int(dims.size()) < x.dim()) dims.insert(dims.begin(), 1);
+  return repeat(x, dims);
+}
+
+// ---- products ----------------------------------------------------------------------------------------------------
+
+/// The outer product of two 1-D tensors: torch.outer.
+template <class T>
+Tensor<T> outer(const Tensor<T>& a, const Tensor<T>& b) {
+  EMBER_CHECK(a.dim() == 1 && b.dim() == 1, "outer: expected two 1-D tensors, got shapes ", a.shape().str(), " and ",
+              b.shape().str());
+  EMBER_CHECK(a.device() == b.device(), "outer: the tensors are on ", a.device().str(), " and ", b.device().str());
+  const Tensor<T> col = a.unsqueeze(1), row = b.unsqueeze(0);
+  return Tensor<T>(col * row);
+}
+
+/// beta * input + alpha * bmm(b1, b2), input broadcast to the product's shape: torch.baddbmm (with beta == 0 the
+/// input is ignored, NaN included, as in PyTorch).
+template <class T>
+Tensor<T> baddbmm(const Tensor<T>& input, const Tensor<T>& b1, const Tensor<T>& b2, double beta = 1, double alpha = 1) {
+  Tensor<T> p = bmm(b1, b2);
+  EMBER_CHECK(broadcast_shapes(input.shape(), p.shape(), "baddbmm") == p.shape(), "baddbmm: input of shape ",
+              input.shape().str(), " does not broadcast to the product's shape ", p.shape().str());
+  if (beta == 0) return alpha == 1 ? p : Tensor<T>(p * T(alpha));
+  return Tensor<T>(input * T(beta) + p * T(alpha));
+}
+
+namespace detail {
+/// One einsum term: a label per dim (A-Z -> 0..25, a-z -> 26..51, ellipsis dims -> 52 + k).
+struct EinsumTerm {
+  std::vector<int> labels;
+  bool ellipsis = false;
+};
+inline int einsum_label(char ch, const std::string& eq) {
+  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+  if (ch >= 'a' && ch <= 'z') return 26 + (ch - 'a');
+  throw Error("einsum: invalid subscript '" + std::string(1, ch) + "' in \"" + eq + "\" (letters only)");
+}
+/// Parses a term's letters and "..."; with ndim >= 0 expands the ellipsis to ndim - letters dims, right-aligned
+/// to `ell` dims in all.
+inline EinsumTerm einsum_parse(const std::string& s, const std::string& eq) {
+  EinsumTerm t;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '.') {
+      EMBER_CHECK(!t.ellipsis && s.compare(i, 3, "...") == 0, "einsum: malformed ellipsis in \"", eq, "\"");
+      t.ellipsis = true;
+      t.labels.push_back(-1);
+      i += 2;
+    } else {
+      t.labels.push_back(einsum_label(s[i], eq));
+    }
+  }
+  return t;
+}
+inline std::vector<int> einsum_expand(const EinsumTerm& t, int ndim, int ell, const std::string& eq,
+                                      std::size_t which) {
+  const int letters = int(t.labels.size()) - (t.ellipsis ? 1 : 0);
+  EMBER_CHECK(t.ellipsis ? ndim >= letters : ndim == letters, "einsum: operand ", which, " has ", ndim,
+              " dims but its subscripts in \"", eq, "\" name ", letters);
+  std::vector<int> r;
+  for (int l : t.labels) {
+    if (l >= 0) {
+      r.push_back(l);
+      continue;
+    }
+    const int e = ndim - letters;
+    for (int k = 0; k < e; ++k) r.push_back(52 + ell - e + k);
+  }
+  for (std::size_t i = 0; i < r.size(); ++i)
+    for (std::size_t j = i + 1; j < r.size(); ++j)
+      EMBER_CHECK(r[i] != r[j] || r[i] >= 52, "einsum: a subscript repeats within operand ", which, " of \"", eq,
+                  "\" (diagonals are not supported)");
+  return r;
+}
+inline std::int64_t einsum_size(const std::vector<int>& labels, const Shape& s, int l) {
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] == l) return s[int(i)];
+  return 1;
+}
+/// Sums over the dims whose label is not in `keep`; returns the remaining labels.
+template <class T>
+Tensor<T> einsum_sum_out(const Tensor<T>& x, std::vector<int>& labels, const std::vector<bool>& keep) {
+  std::vector<std::int64_t> dims;
+  std::vector<int> rest;
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (keep[std::size_t(labels[i])]) rest.push_back(labels[i]);
+    else dims.push_back(std::int64_t(i));
+  }
+  labels = rest;
+  if (dims.empty()) return x;
+  return Tensor<T>(sum(x, Dims(dims)));
+}
+}  // namespace detail
+
+/// Einstein summation over one or two operands: torch.einsum for permutations, sums, batched and broadcast
+/// products and contractions ("bij,bjk->bik", "bhqd,bhkd->bhqk", "i,j->ij", "...ij,...jk", "ij->ji", "ij->").
+/// Two operands are lowered to one bmm. A subscript repeated within one operand (a diagonal) is an error.
+template <class T>
+Tensor<T> einsum(const std::string& equation, const std::vector<Tensor<T>>& operands) {
+  std::string eq;
+  for (char ch : equation)
+    if (ch != ' ') eq.push_back(ch);
+  const std::size_t n = operands.size();
+  EMBER_CHECK(n == 1 || n == 2, "einsum: one or two operands are supported, got ", n);
+  const std::size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> parts;
+  for (std::size_t at = 0;;) {
+    const std::size_t comma = lhs.find(',', at);
+    parts.push_back(lhs.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  EMBER_CHECK(parts.size() == n, "einsum: \"", equation, "\" names ", parts.size(), " operands, ", n, " given");
+  int ell = 0;
+  std::vector<detail::EinsumTerm> terms;
+  for (std::size_t i = 0; i < n; ++i) {
+    terms.push_back(detail::einsum_parse(parts[i], equation));
+    const int letters = int(terms[i].labels.size()) - (terms[i].ellipsis ? 1 : 0);
+    if (terms[i].ellipsis) ell = std::max(ell, operands[i].dim() - letters);
+  }
+  std::vector<std::vector<int>> lab;
+  for (std::size_t i = 0; i < n; ++i)
+    lab.push_back(detail::einsum_expand(terms[i], operands[i].dim(), ell, equation, i));
+  const int nl = 52 + ell;
+  std::vector<int> count(std::size_t(nl), 0);
+  for (auto& l : lab)
+    for (int x : l) ++count[std::size_t(x)];
+  std::vector<int> out;
+  if (arrow != std::string::npos) {
+    const detail::EinsumTerm t = detail::einsum_parse(eq.substr(arrow + 2), equation);
+    for (int l : t.labels) {
+      if (l < 0) {
+        for (int k = 0; k < ell; ++k) out.push_back(52 + k);
+        continue;
+      }
+      EMBER_CHECK(count[std::size_t(l)] > 0, "einsum: output subscript of \"", equation,
+                  "\" does not appear in any operand");
+      out.push_back(l);
+    }
+    for (std::size_t i = 0; i < out.size(); ++i)
+      for (std::size_t j = i + 1; j < out.size(); ++j)
+        EMBER_CHECK(out[i] != out[j], "einsum: an output subscript repeats in \"", equation, "\"");
+  } else {  // implicit: the ellipsis dims, then the labels used once, in order (upper case before lower case)
+    for (int k = 0; k < ell; ++k) out.push_back(52 + k);
+    for (int l = 0; l < 52; ++l)
+      if (count[std::size_t(l)] == 1) out.push_back(l);
+  }
+  std::vector<bool> in_out(std::size_t(nl), false);
+  for (int l : out) in_out[std::size_t(l)] = true;
+  // Sizes: a label's size must agree across operands (1 broadcasts).
+  std::vector<std::int64_t> size(std::size_t(nl), 1);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t k = 0; k < lab[i].size(); ++k) {
+      const std::int64_t s = operands[i].shape()[int(k)];
+      std::int64_t& have = size[std::size_t(lab[i][k])];
+      EMBER_CHECK(have == 1 || s == 1 || have == s, "einsum: subscript ", k, " of operand ", i, " in \"", equation,
+                  "\" has size ", s, " where another operand has ", have, " (shapes must agree or be 1)");
+      if (s != 1) have = s;
+    }
+  auto permuted = [](const Tensor<T>& x, const std::vector<int>& labels, const std::vector<int>& order) {
+    std::vector<std::int64_t> perm;
+    for (int l : order)
+      for (std::size_t k = 0; k < labels.size(); ++k)
+        if (labels[k] == l) perm.push_back(std::int64_t(k));
+    return x.permute(perm);
+  };
+  if (n == 1) {
+    std::vector<int> l = lab[0];
+    Tensor<T> x = detail::einsum_sum_out(operands[0], l, in_out);
+    if (x.dim() == 0) return x.same_impl(operands[0]) ? x.clone() : x;
+    Tensor<T> r = permuted(x, l, out);
+    return r.same_impl(operands[0]) ? r.clone() : r;
+  }
+  // Labels only one operand has and the output does not are summed out first.
+  std::vector<bool> keep_a = in_out, keep_b = in_out;
+  for (int x : lab[1]) keep_a[std::size_t(x)] = true;
+  for (int x : lab[0]) keep_b[std::size_t(x)] = true;
+  std::vector<int> la = lab[0], lb = lab[1];
+  Tensor<T> a = detail::einsum_sum_out(operands[0], la, keep_a);
+  Tensor<T> b = detail::einsum_sum_out(operands[1], lb, keep_b);
+  auto has = [](const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); };
+  std::vector<int> batch, contract, fa, fb;
+  for (int l : out) {
+    if (has(la, l) && has(lb, l)) batch.push_back(l);
+    else if (has(la, l)) fa.push_back(l);
+    else fb.push_back(l);
+  }
+  for (int l : la)
+    if (has(lb, l) && !in_out[std::size_t(l)]) contract.push_back(l);
+  auto extent = [&](const std::vector<int>& ls) {
+    std::int64_t p = 1;
+    Shape s;
+    for (int l : ls) {
+      p *= size[std::size_t(l)];
+      s.push_back(size[std::size_t(l)]);
+    }
+    return std::pair{p, s};
+  };
+  // (plain variables: clang before 16 cannot capture structured bindings in the lambda below)
+  const auto eb = extent(batch), em = extent(fa), en = extent(fb), ek = extent(contract);
+  const std::int64_t nb = eb.first, nm = em.first, nn = en.first, nk = ek.first;
+  const Shape sb = eb.second, sm = em.second, sn = en.second;
+  auto as_matrix = [&](const Tensor<T>& x, const std::vector<int>& labels, const std::vector<int>& rows,
+                       const std::vector<int>& cols, std::int64_t r, std::int64_t c) {
+    std::vector<int> order = batch;
+    order.insert(order.end(), rows.begin(), rows.end());
+    order.insert(order.end(), cols.begin(), cols.end());
+    Tensor<T> p = permuted(x, labels, order);
+    Shape full;
+    for (int l : order) full.push_back(size[std::size_t(l)]);
+    if (!(p.shape() == full)) p = p.expand(full);  // a size-1 dim against a larger one
+    return p.reshape({nb, r, c});
+  };
+  Tensor<T> am = as_matrix(a, la, fa, contract, nm, nk);
+  Tensor<T> bm = as_matrix(b, lb, contract, fb, nk, nn);
+  Tensor<T> c = bmm(am, bm);
+  Shape cs = sb;
+  for (std::int64_t s : sm) cs.push_back(s);
+  for (std::int64_t s : sn) cs.push_back(s);
+  std::vector<int> have = batch;
+  have.insert(have.end(), fa.begin(), fa.end());
+  have.insert(have.end(), fb.begin(), fb.end());
+  return permuted(c.reshape(cs), have, out);
+}
+template <class T>
+Tensor<T> einsum(const std::string& equation, const Tensor<T>& a) {
+  return einsum<T>(equation, std::vector<Tensor<T>>{a});
+}
+template <class T>
+Tensor<T> einsum(const std::string& equation, const Tensor<T>& a, const Tensor<T>& b) {
+  return einsum<T>(equation, std::vector<Tensor<T>>{a, b});
+}
+
+// ---- sampling ----------------------------------------------------------------------------------------------------
+
+/// num_samples category indices per row of probs (1-D or 2-D; non-negative, finite weights with a positive sum,
+/// need not sum to 1), drawn from gen: torch.multinomial. Without replacement a category is drawn at most once,
+/// so num_samples may not exceed the number of categories with non-zero weight. The draws come from ember's
+/// Philox stream, so they are reproducible under manual_seed but not the same numbers PyTorch draws.
+template <class T>
+Tensor<std::int64_t> multinomial(const Tensor<T>& probs, std::int64_t num_samples, bool replacement = false,
+                                 Generator& gen = default_generator()) {
+  static_assert(is_floating_v<T>, "multinomial: probs must be a floating-point tensor");
+  EMBER_CHECK(probs.dim() == 1 || probs.dim() == 2, "multinomial: probs must be 1-D or 2-D, got shape ",
+              probs.shape().str());
+  const Tensor<T> p = detail::host_input(probs, "multinomial");
+  const std::int64_t rows = p.dim() == 2 ? p.shape()[0] : 1, k = p.shape()[p.dim() - 1];
+  EMBER_CHECK(k > 0, "multinomial: probs has no categories (shape ", probs.shape().str(), ")");
+  EMBER_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
+  EMBER_CHECK(replacement || num_samples <= k, "multinomial: cannot draw ", num_samples, " samples from ", k,
+              " categories without replacement");
+  Tensor<std::int64_t> r = empty<std::int64_t>(p.dim() == 2 ? Shape{rows, num_samples} : Shape{num_samples});
+  // One 53-bit uniform per draw, two per Philox block.
+  const std::uint64_t draws = std::uint64_t(rows) * std::uint64_t(num_samples);
+  const std::uint64_t base = gen.reserve((draws + 1) / 2);
+  std::uint64_t used = 0;
+  auto uniform = [&]() {
+    std::uint32_t b[4];
+    Generator::block(gen.seed(), base + used / 2, b);
+    const double u = (used % 2) ? Generator::to_unit_double(b[2], b[3]) : Generator::to_unit_double(b[0], b[1]);
+    ++used;
+    return u;
+  };
+  std::vector<double> w(static_cast<std::size_t>(k)), cdf(static_cast<std::size_t>(k));
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::int64_t nonzero = 0;
+    for (std::int64_t j = 0; j < k; ++j) {
+      const double v = double(p.data()[row * k + j]);
+      EMBER_CHECK(std::isfinite(v) && v >= 0, "multinomial: row ", row, " of probs (shape ", probs.shape().str(),
+                  ") has weight ", v, " at category ", j, "; weights must be finite and non-negative");
+      w[std::size_t(j)] = v;
+      nonzero += v > 0;
+    }
+    EMBER_CHECK(nonzero > 0, "multinomial: row ", row, " of probs (shape ", probs.shape().str(), ") sums to zero");
+    EMBER_CHECK(replacement || num_samples <= nonzero, "multinomial: row ", row, " has ", nonzero,
+                " categories with non-zero weight, fewer than the ", num_samples, " samples to draw without replacement");
+    std::int64_t* out = r.data() + row * num_samples;
+    if (replacement) {
+      double acc = 0;
+      for (std::int64_t j = 0; j < k; ++j) cdf[std::size_t(j)] = acc += w[std::size_t(j)];
+      for (std::int64_t s = 0; s < num_samples; ++s) {
+        const double u = uniform() * acc;
+        auto it = std::upper_bound(cdf.begin(), cdf.end(), u);
+        std::int64_t j = std::min<std::int64_t>(it - cdf.begin(), k - 1);
+        while (w[std::size_t(j)] == 0) --j;  // rounding at the top end: the last category with weight
+        out[s] = j;
+      }
+    } else {
+      for (std::int64_t s = 0; s < num_samples; ++s) {
+        double total = 0;
+        for (double v : w) total += v;
+        const double u = uniform() * total;
+        double acc = 0;
+        std::int64_t pick = -1;
+        for (std::int64_t j = 0; j < k; ++j) {
+          if (w[std::size_t(j)] == 0) continue;
+          pick = j;
+          acc += w[std::size_t(j)];
+          if (u < acc) break;
+        }
+        out[s] = pick;
+        w[std::size_t(pick)] = 0;
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace ember
