@@ -33,7 +33,8 @@ struct Mlp : nn::Module {
   Tensor<float> forward(const Tensor<float>& x) const { return fc2(drop(Tensor<float>(relu(fc1(x))))); }
 };
 
-std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor<float>>>& v) {
+template <class V>
+std::vector<std::string> names(const std::vector<std::pair<std::string, V>>& v) {
   std::vector<std::string> r;
   for (auto& [n, t] : v) r.push_back(n);
   return r;
@@ -266,6 +267,93 @@ TEST_CASE("Sequential: runs its modules in order and names them by position") {
   CHECK(yd.shape() == Shape{2, 12});
   auto r = gradcheck([&](const std::vector<TD>& v) { return any(v[0]); }, {xd});
   CHECK_MESSAGE(r.ok, r.message);
+}
+
+namespace {
+struct Block : nn::Module {
+  nn::LayerNorm norm;
+  nn::Linear fc;
+  explicit Block(std::int64_t d) : nn::Module("Block"), norm(d), fc(d, d) {
+    register_module("norm", norm);
+    register_module("fc", fc);
+  }
+  Tensor<float> forward(const Tensor<float>& x) const { return Tensor<float>(x + fc(norm(x))); }
+};
+}  // namespace
+
+TEST_CASE("ModuleList, ModuleDict, named_modules, apply, requires_grad_: the module tree as PyTorch's") {
+  manual_seed(5);
+  struct Net : nn::Module {
+    nn::ModuleList blocks;
+    nn::ModuleDict heads;
+    Net() : nn::Module("Net") {
+      for (int i = 0; i < 3; ++i) blocks.push_back(Block(4));
+      heads.insert("cls", nn::Linear(4, 2));
+      heads.insert("reg", nn::Linear(4, 1, false));
+      register_module("blocks", blocks);
+      register_module("heads", heads);
+    }
+  } net;
+  CHECK(net.blocks.size() == 3);
+  const auto np = names(net.named_parameters());
+  REQUIRE(np.size() == 3 * 4 + 3);
+  CHECK(np[0] == "blocks.0.norm.weight");
+  CHECK(np[7] == "blocks.1.fc.bias");
+  CHECK(np[12] == "heads.cls.weight");
+  CHECK(np[14] == "heads.reg.weight");
+  CHECK(net.num_parameters() == 3 * (4 + 4 + 16 + 4) + 10 + 4);
+  CHECK(net.parameters(false).empty());  // Net registers no tensors of its own
+  CHECK(net.blocks.parameters(false).empty());
+  CHECK(net.blocks.at<Block>(-1).fc.parameters(false).size() == 2);
+
+  // named_modules: this module first, then depth first in registration order; names and types as PyTorch's.
+  std::vector<std::string> mods;
+  for (auto& [n, m] : net.named_modules()) mods.push_back(n + ":" + m.type_name());
+  CHECK(mods == std::vector<std::string>{":Net", "blocks:ModuleList", "blocks.0:Block", "blocks.0.norm:LayerNorm",
+                                         "blocks.0.fc:Linear", "blocks.1:Block", "blocks.1.norm:LayerNorm",
+                                         "blocks.1.fc:Linear", "blocks.2:Block", "blocks.2.norm:LayerNorm",
+                                         "blocks.2.fc:Linear", "heads:ModuleDict", "heads.cls:Linear",
+                                         "heads.reg:Linear"});
+  CHECK(net.modules().size() == 14);
+  CHECK(names(net.named_children()) == std::vector<std::string>{"blocks", "heads"});
+
+  // apply: children before parents; a custom init through the handles writes the real parameters.
+  std::vector<std::string> order;
+  net.apply([&](nn::Module& m) {
+    order.push_back(m.type_name());
+    if (m.type_name() == "Linear") {
+      Tensor<float> w = m.own_parameter<float>("weight");
+      nn::init::constant_(w, 0.5);
+    }
+  });
+  CHECK(order.front() == "LayerNorm");
+  CHECK(order.back() == "Net");
+  CHECK(order.size() == 14);
+  CHECK(net.blocks.at<Block>(1).fc.weight.to_vector() == std::vector<float>(16, 0.5f));
+  CHECK(net.heads.at<nn::Linear>("reg").weight.to_vector() == std::vector<float>(4, 0.5f));
+
+  // Iterating the list runs the blocks; freezing the first block leaves its gradients empty.
+  net.blocks.at<Block>(0).requires_grad_(false);
+  Tensor<float> x = randn<float>({2, 4});
+  Tensor<float> h = x;
+  for (auto& b : net.blocks) h = static_cast<Block&>(b).forward(h);
+  sum(net.heads.at<nn::Linear>("cls")(h)).backward();
+  CHECK(!net.blocks.at<Block>(0).fc.weight.grad().defined());
+  CHECK(!net.blocks.at<Block>(0).norm.weight.requires_grad());
+  CHECK(net.blocks.at<Block>(1).fc.weight.grad().defined());
+  net.requires_grad_(true);
+  CHECK(net.blocks.at<Block>(0).fc.weight.requires_grad());
+
+  CHECK(net.heads.contains("cls"));
+  CHECK(net.heads.keys() == std::vector<std::string>{"cls", "reg"});
+  CHECK_THROWS_WITH_AS(net.heads.at<Block>("cls"), doctest::Contains("key 'cls' holds a Linear"), Error);
+  CHECK_THROWS_WITH_AS(net.heads["box"], doctest::Contains("no module under key 'box' (keys: 'cls', 'reg')"), Error);
+  CHECK_THROWS_WITH_AS(net.blocks[3], doctest::Contains("index 3 is out of range for a list of 3"), Error);
+  CHECK_THROWS_WITH_AS(net.heads.insert("cls", nn::ReLU()), doctest::Contains("'cls' is already registered"), Error);
+  // The state dict round-trips through the containers' names.
+  Net other;
+  other.load_state_dict(net.state_dict());
+  CHECK(other.heads.at<nn::Linear>("cls").weight.to_vector() == net.heads.at<nn::Linear>("cls").weight.to_vector());
 }
 
 TEST_CASE("Dropout: identity in eval, Bernoulli mask scaled by 1/(1-p) in training, reproducible by seed") {

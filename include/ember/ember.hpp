@@ -64,6 +64,7 @@
 #include "ember/nn/dropout.hpp"
 #include "ember/nn/embedding.hpp"
 #include "ember/nn/sequential.hpp"
+#include "ember/nn/container.hpp"
 #include "ember/nn/loss.hpp"
 #include "ember/nn/functional.hpp"
 #include "ember/optim/optimizer.hpp"

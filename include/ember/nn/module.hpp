@@ -198,6 +198,43 @@ class Module {
     return Tensor<T>();
   }
 
+  // ---- the module tree -------------------------------------------------------------------------------------
+  /// This module ("") and every descendant under its qualified name ("encoder.0.fc"), depth first in registration
+  /// order, each distinct module once (PyTorch's named_modules()). The entries are handles sharing each module's
+  /// parameters, buffers and settings: they have its type_name(), not its C++ type.
+  EMBER_HEADER_INLINE std::vector<std::pair<std::string, Module>> named_modules() const;
+  /// The modules of named_modules().
+  EMBER_HEADER_INLINE std::vector<Module> modules() const;
+  /// The direct children under their names, in registration order.
+  EMBER_HEADER_INLINE std::vector<std::pair<std::string, Module>> named_children() const;
+  EMBER_HEADER_INLINE std::vector<Module> children() const;
+  /// Calls fn(Module&) on every descendant, children before parents, then on this module (PyTorch's apply, for
+  /// custom initialisation: `if (m.type_name() == "Linear") nn::init::normal_(...m.own_parameter<float>("weight"))`).
+  template <class F>
+  Module& apply(F&& fn) {
+    for (auto& c : children()) c.apply(fn);
+    fn(*this);
+    return *this;
+  }
+  /// Sets requires_grad on every floating-point parameter (false freezes the module: autograd then neither
+  /// computes nor stores their gradients). Returns this module, as PyTorch's requires_grad_.
+  template <class Deferred = void>
+  Module& requires_grad_(bool on = true) {
+    detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
+      std::visit(
+          [&](const auto& p) {
+            using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+            if constexpr (is_floating_v<T>) {
+              if (!p.defined()) return;
+              Tensor<T> handle = p;  // shares the parameter's autograd state
+              handle.requires_grad_(on);
+            }
+          },
+          slot);
+    });
+    return *this;
+  }
+
   // ---- modes ---------------------------------------------------------------------------------------------
   /// Training mode (dropout active, batch norm uses and updates batch statistics) for this module and its children.
   void train(bool on = true) { set_training(*s_, on); }
@@ -397,6 +434,9 @@ class Module {
   void set_setting(const std::string& name, double v) { s_->settings.emplace_back(name, v); }
 
  private:
+  struct HandleTag {};
+  // A handle to a registered child (named_modules, children): shares its state.
+  Module(std::shared_ptr<detail::ModuleState> s, HandleTag) : s_(std::move(s)) {}
   EMBER_HEADER_INLINE void check_name(const std::string& name) const;
   // Points t's implementation (shared by every handle) at a contiguous copy of its data on `device`.
   template <class T>
@@ -453,6 +493,42 @@ EMBER_HEADER_INLINE StateDict Module::state_dict() const {
   detail::walk(*s_, "", true, true, add);
   detail::walk(*s_, "", false, true, add);
   return sd;
+}
+
+EMBER_HEADER_INLINE std::vector<std::pair<std::string, Module>> Module::named_modules() const {
+  std::vector<std::pair<std::string, Module>> out;
+  std::unordered_set<const detail::ModuleState*> seen;
+  struct Rec {
+    static void run(const std::shared_ptr<detail::ModuleState>& s, const std::string& name,
+                    std::vector<std::pair<std::string, Module>>& out,
+                    std::unordered_set<const detail::ModuleState*>& seen) {
+      if (!seen.insert(s.get()).second) return;
+      out.emplace_back(name, Module(s, HandleTag{}));
+      for (const auto& [n, c] : s->children) run(c, name.empty() ? n : name + "." + n, out, seen);
+    }
+  };
+  Rec::run(s_, "", out, seen);
+  return out;
+}
+
+EMBER_HEADER_INLINE std::vector<Module> Module::modules() const {
+  std::vector<Module> out;
+  for (auto& [n, m] : named_modules()) out.push_back(m);
+  return out;
+}
+
+EMBER_HEADER_INLINE std::vector<std::pair<std::string, Module>> Module::named_children() const {
+  std::vector<std::pair<std::string, Module>> out;
+  std::unordered_set<const detail::ModuleState*> seen;
+  for (const auto& [n, c] : s_->children)
+    if (seen.insert(c.get()).second) out.emplace_back(n, Module(c, HandleTag{}));
+  return out;
+}
+
+EMBER_HEADER_INLINE std::vector<Module> Module::children() const {
+  std::vector<Module> out;
+  for (auto& [n, m] : named_children()) out.push_back(m);
+  return out;
 }
 
 EMBER_HEADER_INLINE void Module::check_name(const std::string& name) const {
