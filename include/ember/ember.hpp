@@ -40,6 +40,7 @@
 #include "ember/autograd/linalg.hpp"
 #include "ember/autograd/shape_ops.hpp"
 #include "ember/autograd/manip.hpp"
+#include "ember/autograd/attention.hpp"
 #include "ember/autograd/gradcheck.hpp"
 #include "ember/autograd/conv.hpp"
 #include "ember/autograd/pool.hpp"
@@ -55,6 +56,7 @@
 #include "ember/ops/normalization.hpp"
 #include "ember/ops/conv_bn.hpp"
 #include "ember/ops/softmax.hpp"
+#include "ember/ops/attention.hpp"
 #include "ember/amp/policy.hpp"
 #include "ember/amp/grad_scaler.hpp"
 #include "ember/nn/module.hpp"
@@ -77,6 +79,7 @@
 #include "ember/nn/normalization.hpp"
 #include "ember/nn/conv_bn.hpp"
 #include "ember/nn/fuse.hpp"
+#include "ember/nn/attention.hpp"
 
 // ---- opt-in precompilation ------------------------------------------------------------------------------------
 // ember stays header-only. A user who links the CMake target ember::precompiled gets EMBER_PRECOMPILED defined, and

@@ -1,6 +1,8 @@
-// The tensor ops a transformer needs (autograd/manip.hpp) and nn::functional's pad, interpolate and one_hot:
-// values and gradients against PyTorch (fixtures written by tests/fixtures/gen_manip.py with the PyPI wheel),
-// gradcheck in double for every differentiable one, and the errors bad arguments get.
+// What a transformer needs: the tensor ops of autograd/manip.hpp, nn::functional pad/interpolate/one_hot,
+// scaled_dot_product_attention, MultiheadAttention and TransformerEncoderLayer. Values and gradients against
+// PyTorch (fixtures written by tests/fixtures/gen_manip.py and gen_attention.py with the PyPI wheel), gradcheck
+// in double for every differentiable op, the blocked attention against the unfused composition, its memory, and
+// the errors bad arguments get.
 //
 // Compile time: every op is called through one std::function type over double tensors, so each op is
 // instantiated once, for double, whatever the number of cases.
@@ -283,3 +285,230 @@ TEST_CASE("multinomial: seeded, every row's distribution, no repeats without rep
   EXPECT_ERROR([] { (void)multinomial(tensor<double>({0.0, 0.0}), 1); }, {"multinomial", "sums to zero"});
 }
 
+
+// ============================================================================================= attention
+
+namespace {
+
+const Fixtures& afx() {
+  static const Fixtures f("attention.txt");
+  return f;
+}
+
+/// Copies a module's parameters from the fixture records `<prefix>.param.<name>` (PyTorch's names) through
+/// load_state_dict, so a parameter PyTorch does not have fails the lookup.
+void load_params(nn::Module& m, const std::string& prefix) {
+  StateDict sd;
+  for (auto& [n, p] : m.named_parameters<double>()) sd.emplace(n, afx()[prefix + ".param." + n]);
+  m.load_state_dict(sd);
+}
+
+/// The blocked kernel and the unfused composition on the same inputs: values and gradients.
+void compare_with_math(const TD& q0, const TD& k0, const TD& v0, const SdpaOptions<double>& o, double tol) {
+  TD q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+  TD q2 = q0.clone().requires_grad_(true), k2 = k0.clone().requires_grad_(true), v2 = v0.clone().requires_grad_(true);
+  TD y = scaled_dot_product_attention(q, k, v, o);
+  TD y2 = ember::detail::sdpa_math(q2, k2, v2, o);
+  ember_test::check_close(y, y2.detach(), tol, tol);
+  TD g = ember_test::normal(y.shape(), 99);
+  y.backward(g);
+  y2.backward(g);
+  ember_test::check_close(q.grad(), q2.grad().detach(), tol, tol);
+  ember_test::check_close(k.grad(), k2.grad().detach(), tol, tol);
+  ember_test::check_close(v.grad(), v2.grad().detach(), tol, tol);
+}
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention matches PyTorch: plain, causal with L != S, boolean and additive masks, scale") {
+  for (const std::string c : {"plain", "causal", "bool", "float", "scale"}) {
+    INFO("case " << c);
+    const std::string pre = "sdpa." + c + ".";
+    SdpaOptions<double> o;
+    if (c == "causal") o.is_causal = true;
+    if (c == "bool") o.attn_mask = mask_of(afx()[pre + "mask"]);
+    if (c == "float") o.attn_mask = afx()[pre + "mask"];
+    if (c == "scale") o.scale = 0.3;
+    TD q = afx()[pre + "q"].requires_grad_(true), k = afx()[pre + "k"].requires_grad_(true),
+       v = afx()[pre + "v"].requires_grad_(true);
+    TD y = scaled_dot_product_attention(q, k, v, o);
+    ember_test::check_close(y, afx()[pre + "y"], 1e-12, 1e-12);
+    y.backward(afx()[pre + "g"]);
+    ember_test::check_close(q.grad(), afx()[pre + "dq"], 1e-11, 1e-12);
+    ember_test::check_close(k.grad(), afx()[pre + "dk"], 1e-11, 1e-12);
+    ember_test::check_close(v.grad(), afx()[pre + "dv"], 1e-11, 1e-12);
+    ember_test::check_grad("sdpa " + c, [o](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], o); },
+                           {afx()[pre + "q"].requires_grad_(true), afx()[pre + "k"].requires_grad_(true),
+                            afx()[pre + "v"].requires_grad_(true)});
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: the blocked kernel equals the unfused composition across block edges") {
+  // Sizes that straddle the 64-row and 64-column blocks, a batch of two dims, Ev != E.
+  const TD q = ember_test::normal({2, 3, 130, 16}, 1), k = ember_test::normal({2, 3, 70, 16}, 2),
+           v = ember_test::normal({2, 3, 70, 8}, 3);
+  compare_with_math(q, k, v, {}, 1e-11);
+  SdpaOptions<double> causal;
+  causal.is_causal = true;
+  compare_with_math(q, k, v, causal, 1e-11);
+  const TD qs = ember_test::normal({1, 2, 70, 16}, 4);  // causal with L == S: whole blocks skipped
+  compare_with_math(qs, k.narrow(0, 0, 1).narrow(1, 0, 2), v.narrow(0, 0, 1).narrow(1, 0, 2), causal, 1e-11);
+  Tensor<bool> keep = empty<bool>({2, 1, 130, 70});
+  for (std::int64_t i = 0; i < keep.numel(); ++i) keep.data()[i] = (i * 7919) % 5 != 0 || i % 70 == 0;
+  SdpaOptions<double> masked;
+  masked.attn_mask = keep;
+  compare_with_math(q, k, v, masked, 1e-11);
+  // Non-contiguous inputs (a transposed view, as attention heads are) give the same result.
+  SdpaOptions<double> scaled;
+  scaled.scale = 0.05;
+  compare_with_math(ember_test::normal({2, 40, 3, 16}, 5).transpose(1, 2), k, v, scaled, 1e-11);
+}
+
+TEST_CASE("scaled_dot_product_attention: fully masked rows give zeros, dropout is reproducible and differentiable") {
+  const TD q = ember_test::normal({1, 1, 4, 3}, 6), k = ember_test::normal({1, 1, 5, 3}, 7),
+           v = ember_test::normal({1, 1, 5, 2}, 8);
+  Tensor<bool> keep = ones<bool>({4, 5});
+  for (std::int64_t j = 0; j < 5; ++j) keep.at(2, j) = false;  // query 2 sees nothing
+  SdpaOptions<double> o;
+  o.attn_mask = keep;
+  TD ql = q.clone().requires_grad_(true);
+  TD y = scaled_dot_product_attention(ql, k, v, o);
+  CHECK(y.at(0, 0, 2, 0) == 0.0);
+  CHECK(y.at(0, 0, 2, 1) == 0.0);
+  sum(y).backward();
+  CHECK(ql.grad().at(0, 0, 2, 0) == 0.0);
+  for (double x : ql.grad().to_vector()) CHECK(std::isfinite(x));
+
+  // Dropout: the mask comes from the generator's stream, the same for the same seed, and the backward
+  // regenerates it (gradcheck re-seeds for every evaluation).
+  SdpaOptions<double> d;
+  d.dropout_p = 0.4;
+  Generator g1(11), g2(11), g3(12);
+  d.generator = &g1;
+  const TD a = scaled_dot_product_attention(q, k, v, d);
+  d.generator = &g2;
+  CHECK(scaled_dot_product_attention(q, k, v, d).to_vector() == a.to_vector());
+  d.generator = &g3;
+  CHECK(scaled_dot_product_attention(q, k, v, d).to_vector() != a.to_vector());
+  CHECK(scaled_dot_product_attention(q, k, v).to_vector() != a.to_vector());
+  ember_test::check_grad("sdpa dropout", [](const Inputs& in) {
+    Generator g(5);
+    SdpaOptions<double> od;
+    od.dropout_p = 0.3;
+    od.is_causal = true;
+    od.generator = &g;
+    return scaled_dot_product_attention(in[0], in[1], in[2], od);
+  }, {q.clone().requires_grad_(true), ember_test::normal({1, 1, 4, 3}, 9).requires_grad_(true), v.narrow(2, 0, 4).clone().requires_grad_(true)});
+  // Averaged over many seeds the dropped-out output is unbiased.
+  TD mean_out = zeros<double>(a.shape());
+  for (int s = 0; s < 400; ++s) {
+    Generator g(1000 + s);
+    d.generator = &g;
+    mean_out = TD(mean_out + scaled_dot_product_attention(q, k, v, d) * (1.0 / 400));
+  }
+  ember_test::check_close(mean_out, scaled_dot_product_attention(q, k, v), 0.15, 0.15);
+
+  EXPECT_ERROR([&] { (void)scaled_dot_product_attention(q, k.narrow(3, 0, 2), v); }, {"scaled_dot_product_attention",
+               "last dim (3) and k's (2)"});
+  EXPECT_ERROR([&] { (void)scaled_dot_product_attention(q, k, v.narrow(2, 0, 4)); }, {"5 keys but v has 4"});
+  EXPECT_ERROR([&] {
+    SdpaOptions<double> bad;
+    bad.is_causal = true;
+    bad.attn_mask = keep;
+    (void)scaled_dot_product_attention(q, k, v, bad);
+  }, {"either attn_mask or is_causal"});
+  EXPECT_ERROR([&] {
+    SdpaOptions<double> bad;
+    bad.attn_mask = ones<bool>({3, 5});
+    (void)scaled_dot_product_attention(q, k, v, bad);
+  }, {"attn_mask of shape [3, 5]", "[1, 1, 4, 5]"});
+}
+
+TEST_CASE("scaled_dot_product_attention: the CPU kernel's memory grows with L, the unfused one's with L^2") {
+  // One head of 1024 queries: the L x L float scores alone are 4 MiB; the blocked kernel's forward and backward
+  // allocate the inputs' size (256 KiB per tensor) plus O(L).
+  auto& alloc = CpuCachingAllocator::instance();
+  const std::int64_t l = 1024;
+  Tensor<float> q = randn<float>({1, 1, l, 64}), k = randn<float>({1, 1, l, 64}), v = randn<float>({1, 1, l, 64});
+  q.requires_grad_(true), k.requires_grad_(true), v.requires_grad_(true);
+  auto peak_of = [&](auto&& run) {
+    const std::size_t before = alloc.stats().bytes_in_use;
+    alloc.reset_peak();
+    run();
+    return alloc.stats().peak_in_use - before;
+  };
+  SdpaOptions<float> o;
+  o.is_causal = true;
+  const std::size_t blocked = peak_of([&] { sum(scaled_dot_product_attention(q, k, v, o)).backward(); });
+  const std::size_t unfused = peak_of([&] { sum(ember::detail::sdpa_math(q, k, v, o)).backward(); });
+  INFO("blocked peak " << blocked << " B, unfused " << unfused << " B");
+  CHECK(blocked < std::size_t(2) << 20);
+  CHECK(unfused > std::size_t(4) << 20);
+}
+
+TEST_CASE("MultiheadAttention matches PyTorch: cross-attention with key padding and weights, masked self-attention") {
+  using MHA = nn::MultiheadAttentionT<amp::fp64>;
+  {
+    MHA mha(8, 2, 0.0, true, true);
+    load_params(mha, "mha.cross");
+    TD q = afx()["mha.cross.q"].requires_grad_(true), k = afx()["mha.cross.k"].requires_grad_(true),
+       v = afx()["mha.cross.v"].requires_grad_(true);
+    nn::MhaForwardOptions<double> o;
+    o.key_padding_mask = mask_of(afx()["mha.cross.kpm"]);
+    auto [y, w] = mha(q, k, v, o);
+    ember_test::check_close(y, afx()["mha.cross.y"], 1e-11, 1e-12);
+    ember_test::check_close(w, afx()["mha.cross.w"], 1e-11, 1e-12);
+    y.backward(afx()["mha.cross.g"]);
+    ember_test::check_close(q.grad(), afx()["mha.cross.dq"], 1e-10, 1e-12);
+    ember_test::check_close(k.grad(), afx()["mha.cross.dk"], 1e-10, 1e-12);
+    ember_test::check_close(v.grad(), afx()["mha.cross.dv"], 1e-10, 1e-12);
+    ember_test::check_close(mha.in_proj_weight.grad(), afx()["mha.cross.d_in_proj_weight"], 1e-10, 1e-12);
+    // Without weights the heads go through the blocked kernel: the same output.
+    o.need_weights = false;
+    auto r = mha(q, k, v, o);
+    CHECK(!r.weights.defined());
+    ember_test::check_close(r.output, afx()["mha.cross.y"], 1e-11, 1e-12);
+  }
+  {
+    MHA mha(8, 4);
+    load_params(mha, "mha.self");
+    TD x = afx()["mha.self.x"].requires_grad_(true);
+    nn::MhaForwardOptions<double> o;
+    o.attn_mask = Tensor<bool>(triu(ones<double>({5, 5}), 1) > 0.5);
+    o.need_weights = false;
+    TD y = mha(x, x, x, o).output;
+    ember_test::check_close(y, afx()["mha.self.y"], 1e-11, 1e-12);
+    y.backward(afx()["mha.self.g"]);
+    ember_test::check_close(x.grad(), afx()["mha.self.dx"], 1e-10, 1e-12);
+    ember_test::check_close(mha.out_proj.weight.grad(), afx()["mha.self.d_out_proj_weight"], 1e-10, 1e-12);
+    // is_causal gives the same as the explicit causal mask.
+    nn::MhaForwardOptions<double> c;
+    c.is_causal = true;
+    c.need_weights = false;
+    ember_test::check_close(mha(x, x, x, c).output, afx()["mha.self.y"], 1e-11, 1e-12);
+  }
+  EXPECT_ERROR([] { (void)nn::MultiheadAttention(10, 3); }, {"MultiheadAttention", "multiple of num_heads"});
+}
+
+TEST_CASE("TransformerEncoderLayer matches PyTorch: post-norm ReLU and pre-norm GELU with key padding") {
+  for (const std::string c : {"post_relu", "pre_gelu"}) {
+    INFO("case " << c);
+    nn::TransformerEncoderLayerOptions o;
+    o.dim_feedforward = 16;
+    o.dropout = 0;
+    o.batch_first = true;
+    o.norm_first = c == "pre_gelu";
+    o.activation = c == "pre_gelu" ? nn::TransformerActivation::gelu : nn::TransformerActivation::relu;
+    nn::TransformerEncoderLayerT<amp::fp64> layer(8, 2, o);
+    load_params(layer, "enc." + c);
+    CHECK(layer.num_parameters() == 4 * 8 * 8 + 3 * 8 + 8 + 2 * 8 * 16 + 16 + 8 + 4 * 8);
+    const std::string pre = "enc." + c + ".";
+    TD x = afx()[pre + "x"].requires_grad_(true);
+    TD y = layer(x, {}, mask_of(afx()[pre + "kpm"]));
+    ember_test::check_close(y, afx()[pre + "y"], 1e-10, 1e-12);
+    y.backward(afx()[pre + "g"]);
+    ember_test::check_close(x.grad(), afx()[pre + "dx"], 1e-9, 1e-11);
+    ember_test::check_close(layer.linear1.weight.grad(), afx()[pre + "d_linear1_weight"], 1e-9, 1e-11);
+    ember_test::check_close(layer.self_attn.in_proj_weight.grad(), afx()[pre + "d_in_proj_weight"], 1e-9, 1e-11);
+  }
+}

@@ -1,0 +1,235 @@
+// ember — scaled_dot_product_attention with PyTorch's semantics (torch.nn.functional.scaled_dot_product_attention):
+// softmax(q k^T * scale + mask) v, with an optional boolean or additive mask, causal masking and dropout on the
+// attention weights. On the CPU it runs the blocked kernel of ops/attention.hpp (no L x S matrix, forward or
+// backward); on other devices, and as the reference the tests compare with, the composition of matmul, softmax
+// and dropout (detail::sdpa_math).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <type_traits>
+
+#include "ember/autograd/grad_mode.hpp"
+#include "ember/autograd/linalg.hpp"
+#include "ember/autograd/node.hpp"
+#include "ember/autograd/softmax.hpp"
+#include "ember/autograd/tensor_ops.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/random.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/expr/nodes.hpp"
+#include "ember/ops/attention.hpp"
+
+namespace ember {
+
+/// An attention mask: boolean (true: the position takes part, as PyTorch's SDPA) or additive (added to the scores;
+/// -inf masks out). Either converts implicitly, so `.attn_mask = mask` takes both. Broadcastable to (..., L, S).
+template <class T>
+struct AttnMask {
+  Tensor<bool> keep;
+  Tensor<T> add;
+  AttnMask() = default;
+  AttnMask(Tensor<bool> m) : keep(std::move(m)) {}  // NOLINT: implicit on purpose
+  AttnMask(Tensor<T> m) : add(std::move(m)) {}      // NOLINT
+  bool defined() const { return keep.defined() || add.defined(); }
+};
+
+template <class T>
+struct SdpaOptions {
+  AttnMask<T> attn_mask{};
+  bool is_causal = false;       // key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
+  double dropout_p = 0;         // on the attention weights (always applied when > 0, as the functional form)
+  std::optional<double> scale{};  // default 1 / sqrt(E)
+  Generator* generator = nullptr;  // the dropout's stream; the default generator unless given
+};
+
+namespace detail {
+
+/// The mask as an additive bias of shape `target` (..., L, S): (L, S) when it is the same for every batch-head
+/// (bias_batch_stride 0), else (BH, L, S).
+template <class T>
+Tensor<T> sdpa_bias(const AttnMask<T>& m, const Shape& target, std::int64_t& batch_stride, const char* op) {
+  const Shape ms = m.keep.defined() ? m.keep.shape() : m.add.shape();
+  bool fits = ms.n <= target.n;
+  for (int i = 1; fits && i <= ms.n; ++i) fits = ms[ms.n - i] == 1 || ms[ms.n - i] == target[target.n - i];
+  EMBER_CHECK(fits, op, ": attn_mask of shape ", ms.str(), " does not broadcast to the attention's (..., L, S) shape ",
+              target.str());
+  const std::int64_t l = target[target.n - 2], s = target[target.n - 1];
+  bool per_batch = false;
+  for (int k = 0; k < ms.n - 2; ++k) per_batch = per_batch || ms[k] != 1;
+  const std::int64_t nb = per_batch ? target.numel() / std::max<std::int64_t>(l * s, 1) : 1;
+  batch_stride = per_batch ? l * s : 0;
+  Shape full = target;
+  if (!per_batch) full = Shape{l, s};
+  Tensor<T> bias = empty<T>(per_batch ? Shape{nb, l, s} : Shape{l, s});
+  const T ninf = -std::numeric_limits<T>::infinity();
+  auto fill = [&](const auto& src) {
+    // src expanded to `full` (leading size-1 dims of a batch-shared mask dropped), read through its strides
+    auto e = src.reshape(Shape(ms.end() - std::min(ms.n, full.n), ms.end())).expand(full).contiguous();
+    const auto* p = e.data();
+    for (std::int64_t i = 0; i < bias.numel(); ++i) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*p)>, bool>) bias.data()[i] = p[i] ? T(0) : ninf;
+      else bias.data()[i] = T(p[i]);
+    }
+  };
+  if (m.keep.defined()) fill(m.keep.cpu());
+  else fill(m.add.detach().cpu());
+  return bias;
+}
+
+/// The unfused reference: matmul, mask, softmax, dropout, matmul (materialises the L x S weights).
+template <class T>
+Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const SdpaOptions<T>& o) {
+  const std::int64_t l = q.shape()[q.dim() - 2], s = k.shape()[k.dim() - 2], e = q.shape()[q.dim() - 1];
+  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(e));
+  Tensor<T> sc = matmul(q, k.transpose(-2, -1));
+  sc = Tensor<T>(sc * T(scale));
+  if (o.is_causal) {
+    Tensor<bool> keep = empty<bool>(Shape{l, s});
+    for (std::int64_t i = 0; i < l; ++i)
+      for (std::int64_t j = 0; j < s; ++j) keep.data()[i * s + j] = j <= i;
+    if (!q.device().is_cpu()) keep = keep.to(q.device());
+    sc = Tensor<T>(where(keep, sc, -std::numeric_limits<T>::infinity()));
+  }
+  if (o.attn_mask.keep.defined()) {
+    Tensor<bool> keep = o.attn_mask.keep;
+    sc = Tensor<T>(where(keep, sc, -std::numeric_limits<T>::infinity()));
+  } else if (o.attn_mask.add.defined()) {
+    sc = Tensor<T>(sc + o.attn_mask.add);
+  }
+  Tensor<T> w = softmax(sc, -1);
+  if (o.dropout_p > 0) {
+    Generator& g = o.generator ? *o.generator : default_generator();
+    Tensor<T> keep = bernoulli<T>(w.shape(), 1.0 - o.dropout_p, g);
+    if (!w.device().is_cpu()) keep = keep.to(w.device());
+    w = Tensor<T>(w * keep * T(1.0 / (1.0 - o.dropout_p)));
+  }
+  return matmul(w, v);
+}
+
+}  // namespace detail
+
+namespace autograd {
+template <class T>
+struct SdpaNode final : TypedNode<T> {
+  ops::AttentionGeom g;
+  Saved<T> q, k, v, out;  // (BH, L, E), (BH, S, E), (BH, S, Ev), (BH, L, Ev), contiguous
+  Tensor<T> lse, bias;
+  Shape qs, ks, vs;
+  const char* name() const override { return "ScaledDotProductAttentionBackward"; }
+  void release() override {
+    q = k = v = out = Saved<T>();
+    lse = bias = Tensor<T>();
+  }
+  void backward() override {
+    const char* op = "scaled_dot_product_attention backward";
+    const Tensor<T>& qq = q.get(op);
+    const Tensor<T>& kk = k.get(op);
+    const Tensor<T>& vv = v.get(op);
+    const Tensor<T>& oo = out.get(op);
+    const Tensor<T> go = this->grad.contiguous().reshape(oo.shape());
+    Tensor<T> dq = empty<T>(qq.shape()), dk = empty<T>(kk.shape()), dv = empty<T>(vv.shape());
+    ops::attention_backward<T>(g, qq.data(), kk.data(), vv.data(), bias.defined() ? bias.data() : nullptr, oo.data(),
+                               lse.data(), go.data(), dq.data(), dk.data(), dv.data());
+    this->template deliver<T>(0, dq.view(qs));
+    this->template deliver<T>(1, dk.view(ks));
+    this->template deliver<T>(2, dv.view(vs));
+  }
+};
+}  // namespace autograd
+
+/// torch.nn.functional.scaled_dot_product_attention: q (..., L, E), k (..., S, E), v (..., S, Ev) with the same
+/// batch dims; the result is (..., L, Ev). A query row whose keys are all masked out gives zeros. On the CPU
+/// (float, double; half and bfloat16 compute in float) the blocked kernel runs: memory O(L) per head beyond the
+/// inputs and output, in the backward too. The mask gets no gradient.
+template <class T>
+Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                                       const SdpaOptions<std::type_identity_t<T>>& o = {}) {
+  const char* op = "scaled_dot_product_attention";
+  static_assert(is_floating_v<T>, "scaled_dot_product_attention: floating-point tensors");
+  EMBER_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), op, ": q, k and v need the same number (>= 2)",
+              " of dims, got shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
+  const int n = q.dim();
+  for (int d = 0; d < n - 2; ++d)
+    EMBER_CHECK(k.shape()[d] == q.shape()[d] && v.shape()[d] == q.shape()[d], op, ": the batch dims of q ",
+                q.shape().str(), ", k ", k.shape().str(), " and v ", v.shape().str(), " differ");
+  EMBER_CHECK(k.shape()[n - 1] == q.shape()[n - 1], op, ": q's last dim (", q.shape()[n - 1], ") and k's (",
+              k.shape()[n - 1], ") must match; shapes ", q.shape().str(), " and ", k.shape().str());
+  EMBER_CHECK(v.shape()[n - 2] == k.shape()[n - 2], op, ": k has ", k.shape()[n - 2], " keys but v has ",
+              v.shape()[n - 2], " values; shapes ", k.shape().str(), " and ", v.shape().str());
+  EMBER_CHECK(q.device() == k.device() && q.device() == v.device(), op, ": q, k, v are on ", q.device().str(), ", ",
+              k.device().str(), ", ", v.device().str());
+  EMBER_CHECK(!(o.is_causal && o.attn_mask.defined()), op, ": give either attn_mask or is_causal, not both");
+  EMBER_CHECK(o.dropout_p >= 0 && o.dropout_p < 1, op, ": dropout_p must be in [0, 1), got ", o.dropout_p);
+  EMBER_CHECK(!o.scale || std::isfinite(*o.scale), op, ": scale must be finite");
+  if (!q.device().is_cpu()) return detail::sdpa_math(q, k, v, o);
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+    SdpaOptions<float> of;
+    of.is_causal = o.is_causal;
+    of.dropout_p = o.dropout_p;
+    of.scale = o.scale;
+    of.generator = o.generator;
+    if (o.attn_mask.keep.defined()) of.attn_mask = o.attn_mask.keep;
+    else if (o.attn_mask.add.defined()) of.attn_mask = Tensor<float>(cast<float>(o.attn_mask.add));
+    const Tensor<float> qf = cast<float>(q), kf = cast<float>(k), vf = cast<float>(v);
+    return Tensor<T>(cast<T>(scaled_dot_product_attention<float>(qf, kf, vf, of)));
+  } else {
+    ops::AttentionGeom g;
+    g.l = q.shape()[n - 2];
+    g.s = k.shape()[n - 2];
+    g.e = q.shape()[n - 1];
+    g.ev = v.shape()[n - 1];
+    g.bh = 1;
+    for (int d = 0; d < n - 2; ++d) g.bh *= q.shape()[d];
+    g.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(g.e));
+    g.causal = o.is_causal;
+    g.dropout_p = o.dropout_p;
+    Shape os = q.shape();
+    os[n - 1] = g.ev;
+    Shape target = q.shape();
+    target[n - 1] = g.s;
+    Tensor<T> bias;
+    if (o.attn_mask.defined()) bias = detail::sdpa_bias(o.attn_mask, target, g.bias_batch_stride, op);
+    if (g.dropout_p > 0) {
+      Generator& gen = o.generator ? *o.generator : default_generator();
+      const std::uint64_t elems = std::uint64_t(g.bh) * std::uint64_t(g.l) * std::uint64_t(g.s);
+      g.seed = gen.seed();
+      g.offset = gen.reserve((elems + 3) / 4);
+    }
+    Tensor<T> qc, kc, vc;
+    {
+      NoGradGuard ng;
+      qc = q.detach().contiguous().view({g.bh, g.l, g.e});
+      kc = k.detach().contiguous().view({g.bh, g.s, g.e});
+      vc = v.detach().contiguous().view({g.bh, g.s, g.ev});
+    }
+    Tensor<T> out = empty<T>(Shape{g.bh, g.l, g.ev});
+    Tensor<T> lse = empty<T>(Shape{g.bh, g.l});
+    if (g.bh * g.l * g.ev > 0)
+      ops::attention_forward<T>(g, qc.data(), kc.data(), vc.data(), bias.defined() ? bias.data() : nullptr, out.data(),
+                                lse.data());
+    Tensor<T> r = out.view(os);
+    if ((q.requires_grad() || k.requires_grad() || v.requires_grad()) && is_grad_enabled()) {
+      auto node = std::make_shared<autograd::SdpaNode<T>>();
+      node->g = g;
+      node->q = autograd::Saved<T>(qc);
+      node->k = autograd::Saved<T>(kc);
+      node->v = autograd::Saved<T>(vc);
+      node->out = autograd::Saved<T>(out);
+      node->lse = lse;
+      node->bias = bias;
+      node->qs = q.shape();
+      node->ks = k.shape();
+      node->vs = v.shape();
+      node->next = {autograd::gradient_edge(q), autograd::gradient_edge(k), autograd::gradient_edge(v)};
+      node->output = r.impl_ptr();
+      autograd::set_history<T>(r, node);
+    }
+    return r;
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,263 @@
+// ember — attention layers: nn::MultiheadAttention and nn::TransformerEncoderLayer, with torch.nn's parameter
+// names, layouts, initialisation and mask conventions (so state dicts move between the two), and
+// nn::functional::scaled_dot_product_attention.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "ember/amp/policy.hpp"
+#include "ember/autograd/attention.hpp"
+#include "ember/autograd/linalg.hpp"
+#include "ember/autograd/manip.hpp"
+#include "ember/autograd/softmax.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/dropout.hpp"
+#include "ember/nn/init.hpp"
+#include "ember/nn/linear.hpp"
+#include "ember/nn/module.hpp"
+#include "ember/nn/normalization.hpp"
+
+namespace ember::nn {
+
+namespace functional {
+using ember::scaled_dot_product_attention;
+}  // namespace functional
+
+/// What MultiheadAttention returns: the output and, with need_weights, the attention weights.
+template <class T>
+struct AttentionOutput {
+  Tensor<T> output;   // (N, L, E) batch_first, else (L, N, E); (L, E) for an unbatched input
+  Tensor<T> weights;  // (N, L, S) averaged over heads, or (N, H, L, S); undefined unless need_weights
+};
+
+template <class T>
+struct MhaForwardOptions {
+  /// key_padding_mask (N, S): true (bool) or -inf (additive) marks a key to ignore.
+  AttnMask<T> key_padding_mask{};
+  bool need_weights = true;
+  /// attn_mask (L, S) or (N * H, L, S): true (bool) marks a position NOT allowed to attend (torch.nn's convention,
+  /// the opposite of scaled_dot_product_attention's), or additive.
+  AttnMask<T> attn_mask{};
+  bool average_attn_weights = true;
+  bool is_causal = false;  // causal masking (key j for query i when j <= i), without building a mask
+};
+
+/// torch.nn.MultiheadAttention (embed_dim, num_heads; kdim = vdim = embed_dim): in_proj_weight (3E, E) and
+/// in_proj_bias (3E) project q, k, v; out_proj is a Linear. Without need_weights the heads run through
+/// scaled_dot_product_attention (blocked on the CPU); with it the weights are materialised, as PyTorch does.
+template <amp::PrecisionPolicy P = amp::fp32>
+class MultiheadAttentionT : public Module {
+ public:
+  using param_t = typename P::param_t;
+  using compute_t = typename P::compute_t;
+
+  MultiheadAttentionT(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
+                      bool batch_first = false)
+      : Module("MultiheadAttention"), embed_dim(embed_dim), num_heads(num_heads), dropout(dropout),
+        batch_first(batch_first), out_proj(embed_dim, embed_dim, bias) {
+    EMBER_CHECK(embed_dim > 0 && num_heads > 0 && embed_dim % num_heads == 0, "nn::MultiheadAttention: embed_dim (",
+                embed_dim, ") must be a positive multiple of num_heads (", num_heads, ")");
+    EMBER_CHECK(dropout >= 0 && dropout < 1, "nn::MultiheadAttention: dropout must be in [0, 1), got ", dropout);
+    in_proj_weight = empty<param_t>(Shape{3 * embed_dim, embed_dim});
+    init::xavier_uniform_(in_proj_weight);
+    register_parameter("in_proj_weight", in_proj_weight);
+    if (bias) {
+      in_proj_bias = zeros<param_t>(Shape{3 * embed_dim});
+      register_parameter("in_proj_bias", in_proj_bias);
+      init::zeros_(out_proj.bias);
+    }
+    register_module("out_proj", out_proj);
+    set_extra_repr([embed_dim, num_heads, batch_first] {
+      return "embed_dim=" + std::to_string(embed_dim) + ", num_heads=" + std::to_string(num_heads) +
+             ", batch_first=" + (batch_first ? "True" : "False");
+    });
+  }
+
+  AttentionOutput<compute_t> forward(const Tensor<compute_t>& query, const Tensor<compute_t>& key,
+                                     const Tensor<compute_t>& value, const MhaForwardOptions<compute_t>& o = {}) const {
+    using T = compute_t;
+    const char* op = "nn::MultiheadAttention";
+    EMBER_CHECK(query.dim() == 2 || query.dim() == 3, op, ": expected a 2-D (unbatched) or 3-D query, got shape ",
+                query.shape().str());
+    EMBER_CHECK(key.dim() == query.dim() && value.dim() == query.dim(), op, ": query ", query.shape().str(), ", key ",
+                key.shape().str(), " and value ", value.shape().str(), " must have the same number of dims");
+    const bool unbatched = query.dim() == 2;
+    // (N, L, E) views of the inputs.
+    auto nle = [&](const Tensor<T>& x) {
+      if (unbatched) return x.unsqueeze(0);
+      return batch_first ? x : x.transpose(0, 1);
+    };
+    const Tensor<T> qi = nle(query), ki = nle(key), vi = nle(value);
+    const std::int64_t n = qi.shape()[0], l = qi.shape()[1], s = ki.shape()[1], e = embed_dim, h = num_heads;
+    EMBER_CHECK(qi.shape()[2] == e && ki.shape()[2] == e && vi.shape()[2] == e, op, ": the inputs' feature dims must ",
+                "be embed_dim = ", e, "; got query ", query.shape().str(), ", key ", key.shape().str(), ", value ",
+                value.shape().str());
+    EMBER_CHECK(ki.shape()[0] == n && vi.shape()[0] == n && vi.shape()[1] == s, op, ": query ", query.shape().str(),
+                ", key ", key.shape().str(), " and value ", value.shape().str(), " disagree on batch or sequence size");
+    const Tensor<T> w = detail::to_compute<T>(in_proj_weight);
+    const Tensor<T> b = in_proj_bias.defined() ? detail::to_compute<T>(in_proj_bias) : Tensor<T>();
+    auto part = [&](int i) { return b.defined() ? b.narrow(0, i * e, e) : Tensor<T>(); };
+    Tensor<T> q, k, v;
+    if (query.same_impl(key) && key.same_impl(value)) {  // self-attention: one projection GEMM
+      auto qkv = chunk(linear(qi, w, b), 3, -1);
+      q = qkv[0], k = qkv[1], v = qkv[2];
+    } else {
+      q = linear(qi, w.narrow(0, 0, e), part(0));
+      k = linear(ki, w.narrow(0, e, e), part(1));
+      v = linear(vi, w.narrow(0, 2 * e, e), part(2));
+    }
+    // (N, L, E) -> (N, H, L, Dh)
+    auto heads = [&](const Tensor<T>& x, std::int64_t len) { return x.reshape({n, len, h, e / h}).transpose(1, 2); };
+    q = heads(q, l), k = heads(k, s), v = heads(v, s);
+    // Every mask as one additive bias, (N, H or 1, L, S) or (L, S).
+    const T ninf = -std::numeric_limits<T>::infinity();
+    Tensor<T> bias;
+    if (o.attn_mask.defined()) {
+      const Shape ms = o.attn_mask.keep.defined() ? o.attn_mask.keep.shape() : o.attn_mask.add.shape();
+      EMBER_CHECK((ms.n == 2 && ms[0] == l && ms[1] == s) || (ms.n == 3 && ms[0] == n * h && ms[1] == l && ms[2] == s),
+                  op, ": attn_mask must be (L, S) = (", l, ", ", s, ") or (N * num_heads, L, S) = (", n * h, ", ", l,
+                  ", ", s, "), got ", ms.str());
+      bias = o.attn_mask.keep.defined() ? masked_fill(zeros<T>(ms, query.device()), o.attn_mask.keep, double(ninf))
+                                        : o.attn_mask.add;
+      if (ms.n == 3) bias = bias.reshape({n, h, l, s});
+    }
+    if (o.key_padding_mask.defined()) {
+      const Shape ks = o.key_padding_mask.keep.defined() ? o.key_padding_mask.keep.shape()
+                                                         : o.key_padding_mask.add.shape();
+      EMBER_CHECK(ks.n == 2 && ks[0] == n && ks[1] == s, op, ": key_padding_mask must be (N, S) = (", n, ", ", s,
+                  "), got ", ks.str());
+      Tensor<T> kp = o.key_padding_mask.keep.defined()
+                         ? masked_fill(zeros<T>(ks, query.device()), o.key_padding_mask.keep, double(ninf))
+                         : o.key_padding_mask.add;
+      kp = kp.reshape({n, 1, 1, s});
+      bias = bias.defined() ? Tensor<T>(bias + kp) : kp;
+    }
+    const bool causal_flag = o.is_causal && !bias.defined();
+    if (o.is_causal && bias.defined()) {  // folded into the bias with the other masks
+      Tensor<bool> future = empty<bool>(Shape{l, s});
+      for (std::int64_t i = 0; i < l; ++i)
+        for (std::int64_t j = 0; j < s; ++j) future.data()[i * s + j] = j > i;
+      if (!query.device().is_cpu()) future = future.to(query.device());
+      bias = masked_fill(Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device())), future, double(ninf));
+    }
+    const double p = is_training() ? dropout : 0.0;
+    AttentionOutput<T> r;
+    Tensor<T> att;  // (N, H, L, Dh)
+    if (o.need_weights) {
+      Tensor<T> sc = Tensor<T>(matmul(q, k.transpose(-2, -1)) * T(1.0 / std::sqrt(double(e / h))));
+      if (bias.defined()) sc = Tensor<T>(sc + bias);
+      if (causal_flag) sc = masked_fill(sc, Tensor<bool>(triu(ones<T>(Shape{l, s}), 1) > T(0.5)), double(ninf));
+      Tensor<T> wts = softmax(sc, -1);
+      if (p > 0) wts = functional::dropout(wts, p, true);
+      att = matmul(wts, v);
+      r.weights = o.average_attn_weights ? Tensor<T>(mean(wts, 1)) : wts;
+      if (unbatched) r.weights = r.weights.squeeze(0);
+    } else {
+      SdpaOptions<T> so;
+      so.is_causal = causal_flag;
+      so.dropout_p = p;
+      if (bias.defined()) so.attn_mask = bias;
+      att = scaled_dot_product_attention(q, k, v, so);
+    }
+    Tensor<T> y = out_proj(att.transpose(1, 2).reshape({n, l, e}));
+    if (unbatched) y = y.squeeze(0);
+    else if (!batch_first) y = y.transpose(0, 1);
+    r.output = y;
+    return r;
+  }
+  AttentionOutput<compute_t> operator()(const Tensor<compute_t>& query, const Tensor<compute_t>& key,
+                                        const Tensor<compute_t>& value,
+                                        const MhaForwardOptions<compute_t>& o = {}) const {
+    return forward(query, key, value, o);
+  }
+
+  std::int64_t embed_dim, num_heads;
+  double dropout;
+  bool batch_first;
+  Tensor<param_t> in_proj_weight, in_proj_bias;
+  LinearT<P> out_proj;
+};
+using MultiheadAttention = MultiheadAttentionT<>;
+
+enum class TransformerActivation { relu, gelu };
+
+struct TransformerEncoderLayerOptions {
+  std::int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  TransformerActivation activation = TransformerActivation::relu;
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;  // pre-norm (x + sa(norm1(x))) instead of post-norm (norm1(x + sa(x)))
+  bool bias = true;
+};
+
+/// torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block (linear1 -> activation -> dropout ->
+/// linear2), each with dropout, a residual connection and LayerNorm, post-norm (PyTorch's default) or pre-norm.
+template <amp::PrecisionPolicy P = amp::fp32>
+class TransformerEncoderLayerT : public Module {
+ public:
+  using compute_t = typename P::compute_t;
+
+  TransformerEncoderLayerT(std::int64_t d_model, std::int64_t nhead, const TransformerEncoderLayerOptions& o = {})
+      : Module("TransformerEncoderLayer"), options(o),
+        self_attn(d_model, nhead, o.dropout, o.bias, o.batch_first),
+        linear1(d_model, o.dim_feedforward, o.bias), dropout(o.dropout), linear2(o.dim_feedforward, d_model, o.bias),
+        norm1(Shape{d_model}, o.layer_norm_eps, true), norm2(Shape{d_model}, o.layer_norm_eps, true),
+        dropout1(o.dropout), dropout2(o.dropout) {
+    register_module("self_attn", self_attn);
+    register_module("linear1", linear1);
+    register_module("dropout", dropout);
+    register_module("linear2", linear2);
+    register_module("norm1", norm1);
+    register_module("norm2", norm2);
+    register_module("dropout1", dropout1);
+    register_module("dropout2", dropout2);
+  }
+
+  /// src (S, N, E), (N, S, E) with batch_first, or (S, E); masks as MultiheadAttention's.
+  Tensor<compute_t> forward(const Tensor<compute_t>& src, const AttnMask<compute_t>& src_mask = {},
+                            const AttnMask<compute_t>& src_key_padding_mask = {}, bool is_causal = false) const {
+    using T = compute_t;
+    auto sa = [&](const Tensor<T>& x) {
+      MhaForwardOptions<T> mo;
+      mo.attn_mask = src_mask;
+      mo.key_padding_mask = src_key_padding_mask;
+      mo.need_weights = false;
+      mo.is_causal = is_causal;
+      return dropout1(self_attn(x, x, x, mo).output);
+    };
+    auto ff = [&](const Tensor<T>& x) {
+      const ops::LinearAct act =
+          options.activation == TransformerActivation::relu ? ops::LinearAct::relu : ops::LinearAct::gelu;
+      return dropout2(linear2(dropout(linear1.forward(x, act))));
+    };
+    Tensor<T> x = src;
+    if (options.norm_first) {
+      x = Tensor<T>(x + sa(norm1(x)));
+      x = Tensor<T>(x + ff(norm2(x)));
+    } else {
+      x = norm1(Tensor<T>(x + sa(x)));
+      x = norm2(Tensor<T>(x + ff(x)));
+    }
+    return x;
+  }
+  Tensor<compute_t> operator()(const Tensor<compute_t>& src, const AttnMask<compute_t>& src_mask = {},
+                               const AttnMask<compute_t>& src_key_padding_mask = {}, bool is_causal = false) const {
+    return forward(src, src_mask, src_key_padding_mask, is_causal);
+  }
+
+  TransformerEncoderLayerOptions options;
+  MultiheadAttentionT<P> self_attn;
+  LinearT<P> linear1;
+  Dropout dropout;
+  LinearT<P> linear2;
+  LayerNormT<P> norm1, norm2;
+  Dropout dropout1, dropout2;
+};
+using TransformerEncoderLayer = TransformerEncoderLayerT<>;
+
+}  // namespace ember::nn
