@@ -373,6 +373,46 @@ void gelu_bwd(const Options& o) {
   });
 }
 
+// Causal scaled dot-product attention, forward and backward, (B, H, L, D) = (8, 4, 256, 64) fp32: ember's blocked
+// kernel against LibTorch's at::scaled_dot_product_attention (its CPU flash-attention kernel for fp32).
+void sdpa_causal(const Options& o) {
+  Generator gen(41);
+  Tensor<float> q = randn<float>({8, 4, 256, 64}, gen), k = randn<float>({8, 4, 256, 64}, gen),
+                v = randn<float>({8, 4, 256, 64}, gen), g = randn<float>({8, 4, 256, 64}, gen);
+  for (auto* p : {&q, &k, &v}) p->requires_grad_();
+  SdpaOptions<float> so;
+  so.is_causal = true;
+  auto ember_iter = [&] {
+    Tensor<float> y = scaled_dot_product_attention(q, k, v, so);
+    y.backward(g);
+    return y;
+  };
+  if (o.ember()) return measure(o, "sdpa_causal", [&] {
+    keep(ember_iter());
+    for (auto* p : {&q, &k, &v}) p->grad() = Tensor<float>();
+  });
+  torch::Tensor tq = to_torch(q.detach()), tk = to_torch(k.detach()), tv = to_torch(v.detach()), tg = to_torch(g);
+  for (auto* p : {&tq, &tk, &tv}) p->requires_grad_();
+  auto torch_iter = [&] {
+    auto y = at::scaled_dot_product_attention(tq, tk, tv, {}, 0.0, true);
+    y.backward(tg);
+    return y;
+  };
+  if (o.checking()) {
+    Tensor<float> y = ember_iter();
+    torch::Tensor ty = torch_iter();
+    check("sdpa_causal", "y", y.detach(), ty.detach(), 1e-5, 1e-4);
+    check("sdpa_causal", "q.grad", q.grad(), tq.grad(), 1e-4, 1e-3);
+    check("sdpa_causal", "k.grad", k.grad(), tk.grad(), 1e-4, 1e-3);
+    check("sdpa_causal", "v.grad", v.grad(), tv.grad(), 1e-4, 1e-3);
+    return;
+  }
+  measure(o, "sdpa_causal", [&] {
+    keep(torch_iter());
+    for (auto* p : {&tq, &tk, &tv}) p->mutable_grad().reset();
+  });
+}
+
 void sum_sq(const Options& o) {
   Tensor<float> a = big_input();
   if (o.ember()) return measure(o, "sum_sq_16M", [&] {
@@ -749,6 +789,7 @@ const std::vector<Case>& cases() {
       {"chain_16M", chain, "ms", 1e3, false, true, false},
       {"gelu_bwd_16M", gelu_bwd, "ms", 1e3, false, true, false},
       {"sum_sq_16M", sum_sq, "ms", 1e3, false, true, false},
+      {"sdpa_causal", sdpa_causal, "ms", 1e3, false, false, false},
       {"matmul_1024", matmul_1024, "GFLOP/s", 2.0 * 1024 * 1024 * 1024 / 1e9, true, false, true},
       {"matmul_2048", matmul_2048, "GFLOP/s", 2.0 * 2048 * 2048 * 2048 / 1e9, true, false, true},
       {"conv3x3_fwd", conv3x3_fwd, "ms", 1e3, false, false, false},

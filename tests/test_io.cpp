@@ -425,7 +425,8 @@ TEST_CASE("safetensors: names, keys and strings from the file are escaped in err
   io::save_safetensors(d / "bad.ckpt", {{"\x1b[31m", ones<float>(Shape{1})}},
                        {{"format", "ember-checkpoint-1"}, {"epoch", "1"}, {"step", "1"}, {"rng_seed", "1"},
                         {"rng_offset", "0"}});
-  check_escaped([&] { io::load_checkpoint(d / "bad.ckpt"); }, {"tensor \"" + esc + "\"", "neither model/"});
+  check_escaped([&] { io::load_checkpoint(d / "bad.ckpt"); },
+                {"tensor \"" + esc + "\"", "none of model/, optimizer/, scheduler/"});
   io::save_safetensors(d / "bad2.ckpt", {{"model/w", ones<float>(Shape{1})}}, {{"format", "\x1b[31m"}});
   check_escaped([&] { io::load_checkpoint(d / "bad2.ckpt"); }, {"not an ember checkpoint", "\"" + esc + "\""});
   io::save_safetensors(d / "bad3.ckpt", {{"model/w", ones<float>(Shape{1})}},
@@ -618,8 +619,8 @@ struct TinyTrainer {
     return c;
   }
   void restore(const io::Checkpoint& c) {
-    w = io::get_as<float>(c.model.at("linear.weight"), "w");
-    mom = io::get_as<float>(c.optimizer.at("linear.weight.momentum_buffer"), "mom");
+    w = std::get<Tensor<float>>(c.model.at("linear.weight"));
+    mom = std::get<Tensor<float>>(c.optimizer.at("linear.weight.momentum_buffer"));
     step = c.step;
     g = c.rng;
   }
@@ -663,6 +664,53 @@ TEST_CASE("checkpoints: a safetensors file that is not a checkpoint") {
   io::save_safetensors(d / "plain.safetensors", {{"w", ones<float>(Shape{2})}});
   EXPECT_ERROR([&] { io::load_checkpoint(d / "plain.safetensors"); },
                {"load_checkpoint", "not an ember checkpoint", "<missing>"});
+}
+
+TEST_CASE("checkpoints: a model, its AdamW and its scheduler through one state type, resumed bit-exactly") {
+  TempDir d;
+  auto make = [] {
+    manual_seed(3);
+    return nn::Sequential(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2));
+  };
+  const Tensor<float> x = randn<float>({16, 4}), y = randn<float>({16, 2});
+  auto train = [&](nn::Sequential& m, optim::AdamW<float>& opt, optim::LRScheduler& sched, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      nn::mse_loss(m(x), y).backward();
+      opt.step();
+      sched.step();
+    }
+  };
+  nn::Sequential straight = make();
+  optim::AdamW<float> opt_s(straight.parameters(), {.lr = 0.01});
+  optim::CosineWarmupLR sched_s(opt_s, 3, 20);
+  train(straight, opt_s, sched_s, 12);
+
+  nn::Sequential first = make();
+  optim::AdamW<float> opt_f(first.parameters(), {.lr = 0.01});
+  optim::CosineWarmupLR sched_f(opt_f, 3, 20);
+  train(first, opt_f, sched_f, 5);
+  io::save_checkpoint(d / "run.ckpt", {.model = first.state_dict(), .optimizer = opt_f.state_dict(),
+                                       .scheduler = sched_f.state_dict(), .step = 5, .rng = default_generator()});
+  const io::Checkpoint c = io::load_checkpoint(d / "run.ckpt");
+  nn::Sequential resumed = make();
+  optim::AdamW<float> opt_r(resumed.parameters(), {.lr = 0.01});
+  optim::CosineWarmupLR sched_r(opt_r, 3, 20);
+  resumed.load_state_dict(c.model);
+  opt_r.load_state_dict(c.optimizer);
+  sched_r.load_state_dict(c.scheduler);
+  CHECK(c.step == 5);
+  CHECK(!c.scheduler.empty());
+  train(resumed, opt_r, sched_r, 7);
+  const auto a = straight.named_parameters(), b = resumed.named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.to_vector() == b[i].second.to_vector());
+
+  // A tensor of a dtype no state dict holds is named in the error.
+  io::save_safetensors(d / "u8.ckpt", {{"model/mask", ones<std::uint8_t>(Shape{2})}},
+                       {{"format", "ember-checkpoint-1"}, {"epoch", "0"}, {"step", "0"}, {"rng_seed", "1"},
+                        {"rng_offset", "0"}});
+  EXPECT_ERROR([&] { io::load_checkpoint(d / "u8.ckpt"); }, {"load_checkpoint", "\"model/mask\"", "uint8"});
 }
 
 TEST_CASE("checkpoints: a damaged step entry") {

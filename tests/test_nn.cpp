@@ -102,6 +102,21 @@ TEST_CASE("Module: state_dict round trip, strictness and shape/dtype errors") {
   nn::StateDict ints = sd;
   ints["fc1.bias"] = zeros<std::int64_t>({8});
   CHECK_THROWS_WITH_AS(b.load_state_dict(ints), doctest::Contains("dtype mismatch for 'fc1.bias'"), Error);
+  // Every problem in one error, and nothing written: a missing key, an unexpected one, a size and a dtype mismatch.
+  nn::StateDict many = sd;
+  many.erase("fc2.bias");
+  many.emplace("fc3.weight", zeros<float>({2}));
+  many["fc1.weight"] = zeros<float>({8, 5});
+  many["fc1.bias"] = zeros<std::int64_t>({8});
+  many["fc2.weight"] = zeros<float>({3, 8});
+  const std::vector<float> before = b.fc2.weight.to_vector();
+  const std::string msg = ember_test::error_of([&] { b.load_state_dict(many); });
+  for (const char* part : {"missing key(s): 'fc2.bias'", "unexpected key(s): 'fc3.weight'",
+                           "size mismatch for 'fc1.weight'", "dtype mismatch for 'fc1.bias'"}) {
+    INFO(msg);
+    CHECK(msg.find(part) != std::string::npos);
+  }
+  CHECK(b.fc2.weight.to_vector() == before);
   // Floating dtypes convert, as copy_ does in PyTorch.
   nn::StateDict dbl = sd;
   dbl["fc1.bias"] = full<double>({8}, 0.25);

@@ -282,6 +282,26 @@ TEST_CASE("Schedules follow torch.optim.lr_scheduler (OneCycleLR, StepLR, Reduce
   }
   check_close(lrs, fixture("plateau_lr"), 1e-15, "ReduceLROnPlateau");
   CHECK_THROWS_WITH_AS(plateau.step(std::nan("")), doctest::Contains("metric is NaN"), Error);
+  // Stopped halfway and resumed from the state dicts, it continues on the same rates.
+  const std::vector<double> metrics = fixture("plateau_metrics");
+  const std::size_t half = metrics.size() / 2;
+  optim::SGD<double> a({w}, {.lr = 1.0});
+  optim::ReduceLROnPlateau pa(a, {.factor = 0.5, .patience = 2, .threshold = 0.01, .cooldown = 1, .min_lr = 0.1});
+  for (std::size_t i = 0; i < half; ++i) pa.step(metrics[i]);
+  optim::SGD<double> b({w}, {.lr = 1.0});
+  optim::ReduceLROnPlateau pb(b, {.factor = 0.5, .patience = 2, .threshold = 0.01, .cooldown = 1, .min_lr = 0.1});
+  b.load_state_dict(a.state_dict());
+  pb.load_state_dict(pa.state_dict());
+  std::vector<double> resumed(lrs.begin(), lrs.begin() + std::ptrdiff_t(half));
+  for (std::size_t i = half; i < metrics.size(); ++i) {
+    pb.step(metrics[i]);
+    resumed.push_back(b.lr(0));
+  }
+  check_close(resumed, fixture("plateau_lr"), 1e-15, "ReduceLROnPlateau resumed");
+  nn::StateDict bad = pa.state_dict();
+  bad["num_bad_epochs"] = full<double>(Shape{}, -1.0);
+  CHECK_THROWS_WITH_AS(pb.load_state_dict(bad), doctest::Contains("num_bad_epochs must be a non-negative integer"),
+                       Error);
 }
 
 TEST_CASE("CosineWarmupLR: linear warmup, then cosine to min_lr") {

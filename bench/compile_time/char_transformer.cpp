@@ -74,24 +74,6 @@ struct CharLM : nn::Module {
   }
 };
 
-// A module's state dict holds the floating dtypes and int64; a file may hold any dtype.
-io::TensorMap to_tensor_map(const nn::StateDict& sd) {
-  io::TensorMap m;
-  for (const auto& entry : sd) std::visit([&](const auto& t) { m.emplace(entry.first, t); }, entry.second);
-  return m;
-}
-nn::StateDict to_state_dict(const io::TensorMap& m) {
-  nn::StateDict sd;
-  for (const auto& entry : m)
-    std::visit(
-        [&](const auto& t) {
-          if constexpr (std::is_constructible_v<nn::AnyTensor, decltype(t)>) sd.emplace(entry.first, t);
-          else throw Error("checkpoint: '" + entry.first + "' has a dtype no module or optimizer state holds");
-        },
-        entry.second);
-  return sd;
-}
-
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s TEXT_FILE [STEPS] [CHECKPOINT]\n", argv[0]);
@@ -115,8 +97,8 @@ int main(int argc, char** argv) {
     std::int64_t first = 0;
     if (std::ifstream(ckpt_path).good()) {
       start = io::load_checkpoint(ckpt_path);
-      model.load_state_dict(to_state_dict(start.model));
-      opt.load_state_dict(to_state_dict(start.optimizer));
+      model.load_state_dict(start.model);
+      opt.load_state_dict(start.optimizer);
       first = start.step;
     }
     const std::int64_t B = 16, n = corpus.numel() - kCtx - 1;
@@ -137,11 +119,7 @@ int main(int argc, char** argv) {
       schedule.step();
       if ((step + 1) % 20 == 0) {
         std::printf("step %lld  loss %.4f\n", static_cast<long long>(step + 1), double(loss.item()));
-        io::Checkpoint c;
-        c.model = to_tensor_map(model.state_dict());
-        c.optimizer = to_tensor_map(opt.state_dict());
-        c.step = step + 1;
-        io::save_checkpoint(ckpt_path, c);
+        io::save_checkpoint(ckpt_path, {.model = model.state_dict(), .optimizer = opt.state_dict(), .step = step + 1});
       }
     }
   } catch (const Error& e) {

@@ -1,5 +1,6 @@
-// ember — training checkpoints: model and optimizer state (name -> tensor maps, as state_dict() returns them),
-// epoch and step, the random generator's state and free-form metadata, in one safetensors file written atomically.
+// ember — training checkpoints: model, optimizer and LR scheduler state (StateDicts, the type every state_dict()
+// returns), epoch and step, the random generator's state and free-form metadata, in one safetensors file written
+// atomically.
 // Resuming from a checkpoint restores every bit of that state, so with deterministic training the run continues
 // exactly as if it had not stopped.
 #pragma once
@@ -8,22 +9,30 @@
 #include <cstdint>
 #include <string>
 #include <system_error>
+#include <type_traits>
+#include <variant>
 
 #include "ember/config.hpp"
 #include "ember/core/random.hpp"
+#include "ember/core/state_dict.hpp"
 #include "ember/io/any_tensor.hpp"
 #include "ember/io/safetensors.hpp"
 
 namespace ember::io {
 
-/// Everything a training run needs to resume.
+/// Everything a training run needs to resume:
+///   io::save_checkpoint(path, {.model = m.state_dict(), .optimizer = opt.state_dict(),
+///                              .scheduler = sched.state_dict(), .step = step, .rng = default_generator()});
+///   const io::Checkpoint c = io::load_checkpoint(path);
+///   m.load_state_dict(c.model); opt.load_state_dict(c.optimizer); sched.load_state_dict(c.scheduler); ...
 struct Checkpoint {
-  TensorMap model;             ///< the model's parameters and buffers (Module::state_dict())
-  TensorMap optimizer;         ///< the optimizer's state (momenta, step counts, ...)
+  StateDict model{};           ///< the model's parameters and buffers (Module::state_dict())
+  StateDict optimizer{};       ///< the optimizer's state (momenta, step counts, ...)
+  StateDict scheduler{};       ///< the LR scheduler's state (LRScheduler::state_dict())
   std::int64_t epoch = 0;      ///< epochs completed
   std::int64_t step = 0;       ///< optimizer steps taken
   Generator rng{};             ///< the random generator's state (seed and offset)
-  Metadata extra;              ///< anything else (learning-rate scheduler state, configuration, ...)
+  Metadata extra{};            ///< anything else (configuration, ...)
 };
 
 namespace detail {
@@ -41,6 +50,21 @@ I parse_int(const Metadata& m, const std::string& key, const std::string& file) 
               quote_untrusted(it->second), ", not an integer");
   return v;
 }
+
+/// A file's tensor as a state tensor (the dtypes state dicts hold); another dtype is an error naming it.
+inline StateTensor to_state_tensor(const AnyTensor& t, const std::string& key, const std::string& file) {
+  return std::visit(
+      [&](const auto& x) -> StateTensor {
+        if constexpr (std::is_constructible_v<StateTensor, decltype(x)>) {
+          return x;
+        } else {
+          using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+          throw Error("load_checkpoint: '" + file + "': tensor " + quote_untrusted(key) + " is " + dtype_name<T>() +
+                      ", a dtype no state dict holds (float32, float64, float16, bfloat16, int64)");
+        }
+      },
+      t);
+}
 }  // namespace detail
 
 /// Writes a checkpoint atomically: until the new file is complete and synced, `path` keeps the previous one.
@@ -50,8 +74,13 @@ EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& 
 #if EMBER_IO_BODIES
 EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c) {
   TensorMap all;
-  for (auto& [k, t] : c.model) all.emplace("model/" + k, t);
-  for (auto& [k, t] : c.optimizer) all.emplace("optimizer/" + k, t);
+  auto put = [&](const char* prefix, const StateDict& sd) {
+    for (const auto& entry : sd)  // (clang before 16 cannot capture structured bindings)
+      std::visit([&](const auto& t) { all.emplace(prefix + entry.first, t); }, entry.second);
+  };
+  put("model/", c.model);
+  put("optimizer/", c.optimizer);
+  put("scheduler/", c.scheduler);
   Metadata meta;
   for (auto& [k, v] : c.extra) meta.emplace("extra/" + k, v);
   meta["format"] = detail::kCheckpointFormat;
@@ -75,10 +104,11 @@ EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path) {
               detail::kCheckpointFormat, "')");
   Checkpoint c;
   for (auto& [k, t] : f.tensors) {
-    if (k.rfind("model/", 0) == 0) c.model.emplace(k.substr(6), t);
-    else if (k.rfind("optimizer/", 0) == 0) c.optimizer.emplace(k.substr(10), t);
+    if (k.rfind("model/", 0) == 0) c.model.emplace(k.substr(6), detail::to_state_tensor(t, k, path));
+    else if (k.rfind("optimizer/", 0) == 0) c.optimizer.emplace(k.substr(10), detail::to_state_tensor(t, k, path));
+    else if (k.rfind("scheduler/", 0) == 0) c.scheduler.emplace(k.substr(10), detail::to_state_tensor(t, k, path));
     else EMBER_CHECK(false, "load_checkpoint: '", path, "': tensor ", detail::quote_untrusted(k),
-                     " belongs to neither model/ nor optimizer/");
+                     " belongs to none of model/, optimizer/, scheduler/");
   }
   for (auto& [k, v] : f.metadata)
     if (k.rfind("extra/", 0) == 0) c.extra.emplace(k.substr(6), v);

@@ -319,22 +319,9 @@ class Module {
       for (auto& [m, s] : mine) found = found || m == n;
       if (!found) unexpected.push_back(n);
     }
-    if (strict && (!missing.empty() || !unexpected.empty())) {
-      std::ostringstream os;
-      os << "load_state_dict: error(s) loading the state of " << type_name() << ":";
-      if (!missing.empty()) {
-        os << " missing key(s):";
-        for (auto& k : missing) os << " '" << k << "'";
-        os << ";";
-      }
-      if (!unexpected.empty()) {
-        os << " unexpected key(s):";
-        for (auto& k : unexpected) os << " '" << k << "'";
-        os << ";";
-      }
-      throw Error(os.str());
-    }
-    // Check everything first, then write.
+    // Every problem is listed in one error, as PyTorch's "Error(s) in loading state_dict"; nothing is written
+    // unless there is none.
+    std::vector<std::string> problems;
     for (auto& entry : mine) {  // no structured binding: lambdas capture them only from clang 16 on
       const auto& n = entry.first;
       auto it = sd.find(n);
@@ -343,14 +330,35 @@ class Module {
           [&](const auto& dst, const auto& src) {
             using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
             using S = typename std::remove_cvref_t<decltype(src)>::value_type;
-            EMBER_CHECK(src.defined(), "load_state_dict: '", n, "' is an undefined tensor");
-            EMBER_CHECK(dst.shape() == src.shape(), "load_state_dict: size mismatch for '", n, "': the checkpoint has ",
-                        src.shape().str(), ", the module has ", dst.shape().str());
-            EMBER_CHECK((std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)),
-                        "load_state_dict: dtype mismatch for '", n, "': the checkpoint has ", dtype_name<S>(),
-                        ", the module has ", dtype_name<D>());
+            if (!src.defined()) {
+              problems.push_back("'" + n + "' is an undefined tensor");
+              return;
+            }
+            if (!(dst.shape() == src.shape()))
+              problems.push_back("size mismatch for '" + n + "': the checkpoint has " + src.shape().str() +
+                                 ", the module has " + dst.shape().str());
+            if (!(std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)))
+              problems.push_back("dtype mismatch for '" + n + "': the checkpoint has " + dtype_name<S>() +
+                                 ", the module has " + dtype_name<D>());
           },
           *entry.second, it->second);
+    }
+    const bool keys_bad = strict && (!missing.empty() || !unexpected.empty());
+    if (keys_bad || !problems.empty()) {
+      std::ostringstream os;
+      os << "load_state_dict: error(s) loading the state of " << type_name() << ":";
+      if (strict && !missing.empty()) {
+        os << " missing key(s):";
+        for (auto& k : missing) os << " '" << k << "'";
+        os << ";";
+      }
+      if (strict && !unexpected.empty()) {
+        os << " unexpected key(s):";
+        for (auto& k : unexpected) os << " '" << k << "'";
+        os << ";";
+      }
+      for (auto& p : problems) os << " " << p << ";";
+      throw Error(os.str());
     }
     for (auto& entry : mine) {
       auto it = sd.find(entry.first);

@@ -79,6 +79,32 @@ void attn_exp(T* x, std::int64_t n, T sub) {
     for (std::int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - sub);
   }
 }
+
+/// Max and sum of n values in 16 independent lanes (a single running value would serialise on the add's latency;
+/// the compiler may not reorder float sums itself).
+template <class T>
+T attn_row_max(const T* x, std::int64_t n, T init) {
+  T lane[16];
+  for (T& v : lane) v = init;
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int u = 0; u < 16; ++u) lane[u] = lane[u] > x[i + u] ? lane[u] : x[i + u];
+  T m = init;
+  for (T v : lane) m = m > v ? m : v;
+  for (; i < n; ++i) m = m > x[i] ? m : x[i];
+  return m;
+}
+template <class T>
+T attn_row_sum(const T* x, std::int64_t n) {
+  T lane[16] = {};
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int u = 0; u < 16; ++u) lane[u] += x[i + u];
+  T s = 0;
+  for (T v : lane) s += v;
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
 }  // namespace detail
 
 /// Forward: out (BH, L, Ev) and lse (BH, L), the log-sum-exp of each query row's scores (+inf for a row with
@@ -109,17 +135,14 @@ void attention_forward(const AttentionGeom& g, const T* q, const T* k, const T* 
         attn_scores(g, b, i0, bq, j0, bk, qb, kb, bias, sc.data());
         for (std::int64_t r = 0; r < bq; ++r) {
           T* row = sc.data() + r * bk;
-          T mx = m[std::size_t(r)];
-          for (std::int64_t c = 0; c < bk; ++c) mx = std::max(mx, row[c]);
+          const T mx = attn_row_max(row, bk, m[std::size_t(r)]);
           if (mx == ninf) {  // nothing unmasked yet in this row
             std::fill(row, row + bk, T(0));
             continue;
           }
           const T alpha = m[std::size_t(r)] == ninf ? T(0) : T(std::exp(m[std::size_t(r)] - mx));
           attn_exp(row, bk, mx);
-          T sum = 0;
-          for (std::int64_t c = 0; c < bk; ++c) sum += row[c];
-          l[std::size_t(r)] = l[std::size_t(r)] * alpha + sum;
+          l[std::size_t(r)] = l[std::size_t(r)] * alpha + attn_row_sum(row, bk);
           m[std::size_t(r)] = mx;
           if (alpha != T(1)) {
             T* a = acc.data() + r * g.ev;

@@ -252,6 +252,32 @@ class ReduceLROnPlateau {
   }
   double best() const { return best_; }
   std::int64_t num_bad_epochs() const { return bad_; }
+  /// PyTorch's keys best, num_bad_epochs and cooldown_counter (0-d float64); the rates themselves are in the
+  /// optimizer's state.
+  StateDict state_dict() const {
+    StateDict sd;
+    sd["best"] = full<double>(Shape{}, best_);
+    sd["num_bad_epochs"] = full<double>(Shape{}, double(bad_));
+    sd["cooldown_counter"] = full<double>(Shape{}, double(cooldown_left_));
+    return sd;
+  }
+  void load_state_dict(const StateDict& sd) {
+    constexpr const char* op = "optim::ReduceLROnPlateau";
+    const double best = read_scalar(sd, "best", op), bad = read_scalar(sd, "num_bad_epochs", op),
+                 cool = read_scalar(sd, "cooldown_counter", op);
+    auto count = [&](double v, const char* key) {
+      EMBER_CHECK(v >= 0 && v <= 9.0e15 && v == std::floor(v), op, "::load_state_dict: ", key,
+                  " must be a non-negative integer, got ", v);
+      return std::int64_t(v);
+    };
+    EMBER_CHECK(!std::isnan(best), op, "::load_state_dict: best is NaN");
+    EMBER_CHECK(sd.size() == 3, op, "::load_state_dict: expected best, num_bad_epochs and cooldown_counter, got ",
+                sd.size(), " entries");
+    const std::int64_t b = count(bad, "num_bad_epochs"), c = count(cool, "cooldown_counter");
+    best_ = best;
+    bad_ = b;
+    cooldown_left_ = c;
+  }
 
  private:
   bool better(double a) const {
