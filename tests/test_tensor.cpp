@@ -652,6 +652,22 @@ TEST_CASE("scalar_tensor and item") {
 
 // ====================================================================================================== random
 
+TEST_CASE("random: Generator::blocks (eight counters per vector) writes what block() does, tails included") {
+  for (const std::uint64_t n : {1ull, 7ull, 8ull, 9ull, 37ull, 64ull}) {
+    std::vector<std::uint32_t> many(n * 4);
+    const std::uint64_t seed = 0x9E3779B97F4A7C15ull, first = 0xFFFFFFFFull - 20;  // counters crossing 2^32
+    Generator::blocks(seed, first, n, many.data());
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::uint32_t one[4];
+      Generator::block(seed, first + i, one);
+      for (int k = 0; k < 4; ++k) {
+        INFO("n " << n << ", block " << i << ", value " << k);
+        CHECK(many[i * 4 + std::uint64_t(k)] == one[k]);
+      }
+    }
+  }
+}
+
 TEST_CASE("random: same seed gives the same values (Generator and manual_seed)") {
   Generator g1(1234), g2(1234), g3(999);
   Tensor<float> a = rand<float>({1000}, g1), b = rand<float>({1000}, g2), c = rand<float>({1000}, g3);

@@ -40,12 +40,24 @@ namespace detail {
 inline constexpr std::int64_t kAttnBlockQ = 64;
 inline constexpr std::int64_t kAttnBlockK = 64;
 
-/// Whether position (b, i, j) survives dropout, from one Philox lane.
-inline bool attn_keep(const AttentionGeom& g, std::int64_t b, std::int64_t i, std::int64_t j) {
-  const std::uint64_t e = (std::uint64_t(b) * std::uint64_t(g.l) + std::uint64_t(i)) * std::uint64_t(g.s) + std::uint64_t(j);
-  std::uint32_t r[4];
-  Generator::block(g.seed, g.offset + e / 4, r);
-  return double(Generator::to_unit_float(r[e % 4])) >= g.dropout_p;
+/// The dropout multipliers of positions (b, i, j0 .. j0 + n): `scale` where the position survives, 0 where it is
+/// dropped; one Philox lane each, a block per four positions.
+template <class T>
+void attn_keep_row(const AttentionGeom& g, std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t n, T scale,
+                   T* keep) {
+  const std::uint64_t e0 =
+      (std::uint64_t(b) * std::uint64_t(g.l) + std::uint64_t(i)) * std::uint64_t(g.s) + std::uint64_t(j0);
+  constexpr std::int64_t kSpan = 64;  // positions per batch of Philox blocks
+  std::uint32_t r[(kSpan / 4 + 1) * 4];
+  for (std::int64_t k0 = 0; k0 < n; k0 += kSpan) {
+    const std::int64_t m = std::min(kSpan, n - k0);
+    const std::uint64_t first = (e0 + std::uint64_t(k0)) / 4, last = (e0 + std::uint64_t(k0 + m - 1)) / 4;
+    Generator::blocks(g.seed, g.offset + first, last - first + 1, r);
+    for (std::int64_t k = k0; k < k0 + m; ++k) {
+      const std::uint64_t e = e0 + std::uint64_t(k);
+      keep[k] = double(Generator::to_unit_float(r[(e / 4 - first) * 4 + e % 4])) >= g.dropout_p ? scale : T(0);
+    }
+  }
 }
 
 /// Scores of query rows [i0, i0 + bq) against keys [j0, j0 + bk) of head b into sc (bq x bk, row stride bk):
@@ -121,6 +133,7 @@ void attention_forward(const AttentionGeom& g, const T* q, const T* k, const T* 
   cpu::parallel_for(0, g.bh * nqb, 1, [&](std::int64_t t0, std::int64_t t1) {
     std::vector<T> sc(std::size_t(kAttnBlockQ * kAttnBlockK)), acc(std::size_t(kAttnBlockQ * g.ev));
     std::vector<T> m(static_cast<std::size_t>(kAttnBlockQ)), l(static_cast<std::size_t>(kAttnBlockQ));
+    std::vector<T> keep(static_cast<std::size_t>(kAttnBlockK));
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t b = t / nqb, i0 = (t % nqb) * kAttnBlockQ, bq = std::min(kAttnBlockQ, g.l - i0);
       const T* qb = q + b * g.l * g.e;
@@ -148,9 +161,10 @@ void attention_forward(const AttentionGeom& g, const T* q, const T* k, const T* 
             T* a = acc.data() + r * g.ev;
             for (std::int64_t c = 0; c < g.ev; ++c) a[c] *= alpha;
           }
-          if (drop)
-            for (std::int64_t c = 0; c < bk; ++c)
-              row[c] = attn_keep(g, b, i0 + r, j0 + c) ? row[c] * keep_scale : T(0);
+          if (drop) {
+            attn_keep_row(g, b, i0 + r, j0, bk, keep_scale, keep.data());
+            for (std::int64_t c = 0; c < bk; ++c) row[c] *= keep[std::size_t(c)];
+          }
         }
         cpu::detail::gemm_block<T, T>(bq, g.ev, bk, {sc.data(), bk, 1}, {vb + j0 * g.ev, g.ev, 1}, acc.data(), g.ev,
                                       true);
@@ -180,7 +194,8 @@ void attention_backward(const AttentionGeom& g, const T* q, const T* k, const T*
   cpu::parallel_for(0, g.bh, 1, [&](std::int64_t b0, std::int64_t b1) {
     const std::int64_t BQ = kAttnBlockQ, BK = kAttnBlockK;
     std::vector<T> p(std::size_t(BQ * BK)), dp(std::size_t(BQ * BK)), dkb(std::size_t(BK * g.e)),
-        dvb(std::size_t(BK * g.ev)), delta(std::size_t(g.l));
+        dvb(std::size_t(BK * g.ev)), delta(std::size_t(g.l)), pd;
+    std::vector<T> keep(static_cast<std::size_t>(BK));
     for (std::int64_t b = b0; b < b1; ++b) {
       const T* qb = q + b * g.l * g.e;
       const T* kb = k + b * g.s * g.e;
@@ -209,13 +224,16 @@ void attention_backward(const AttentionGeom& g, const T* q, const T* k, const T*
                                         bk, false);
           if (drop) {
             // dV uses the dropped weights; dP passes back through the same mask.
-            std::vector<T> pd(p.begin(), p.begin() + bq * bk);
-            for (std::int64_t r = 0; r < bq; ++r)
+            pd.assign(p.begin(), p.begin() + bq * bk);
+            for (std::int64_t r = 0; r < bq; ++r) {
+              attn_keep_row(g, b, i0 + r, j0, bk, keep_scale, keep.data());
+              T* pr = pd.data() + r * bk;
+              T* dr = dp.data() + r * bk;
               for (std::int64_t c = 0; c < bk; ++c) {
-                const bool keep = attn_keep(g, b, i0 + r, j0 + c);
-                pd[std::size_t(r * bk + c)] = keep ? pd[std::size_t(r * bk + c)] * keep_scale : T(0);
-                dp[std::size_t(r * bk + c)] = keep ? dp[std::size_t(r * bk + c)] * keep_scale : T(0);
+                pr[c] *= keep[std::size_t(c)];
+                dr[c] *= keep[std::size_t(c)];
               }
+            }
             cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {pd.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
                                           g.ev, true);
           } else {
