@@ -512,3 +512,36 @@ TEST_CASE("TransformerEncoderLayer matches PyTorch: post-norm ReLU and pre-norm 
     ember_test::check_close(layer.self_attn.in_proj_weight.grad(), afx()[pre + "d_in_proj_weight"], 1e-9, 1e-11);
   }
 }
+
+TEST_CASE("attention in bf16 and fp16: the layers under the mixed policies follow fp32, dropout included") {
+  manual_seed(8);
+  nn::TransformerEncoderLayerOptions o;
+  o.dim_feedforward = 32;
+  o.dropout = 0;
+  o.batch_first = true;
+  o.norm_first = true;
+  o.activation = nn::TransformerActivation::gelu;
+  nn::TransformerEncoderLayer f32(16, 2, o);
+  nn::TransformerEncoderLayerT<amp::bf16_mixed> b16(16, 2, o);
+  b16.load_state_dict(f32.state_dict());
+  const Tensor<float> x = randn<float>({2, 6, 16});
+  Tensor<bool> kpm = zeros<bool>({2, 6});
+  kpm.at(1, 5) = true;
+  const Tensor<float> want = f32(x, {}, kpm, true);
+  const Tensor<float> got = cast<float>(b16(Tensor<bfloat16>(cast<bfloat16>(x)), {}, kpm, true));
+  ember_test::check_close(got, Tensor<double>(cast<double>(want)), 0.05, 0.05);
+  // SDPA on half tensors computes in float: the float result rounded.
+  const Tensor<float> q = randn<float>({1, 2, 5, 8}), k = randn<float>({1, 2, 7, 8}), v = randn<float>({1, 2, 7, 4});
+  SdpaOptions<half> oh;
+  oh.is_causal = true;
+  SdpaOptions<float> of;
+  of.is_causal = true;
+  const Tensor<half> yh = scaled_dot_product_attention(Tensor<half>(cast<half>(q)), Tensor<half>(cast<half>(k)),
+                                                       Tensor<half>(cast<half>(v)), oh);
+  ember_test::check_close(Tensor<float>(cast<float>(yh)),
+                          Tensor<double>(cast<double>(scaled_dot_product_attention(q, k, v, of))), 0.01, 0.01);
+  // nn::Dropout on 16-bit tensors: zeros or the value scaled by 1 / (1 - p).
+  nn::Dropout drop(0.5);
+  const Tensor<bfloat16> ones16 = ones<bfloat16>({256});
+  for (bfloat16 y : drop(ones16).to_vector()) CHECK((float(y) == 0.0f || float(y) == 2.0f));
+}

@@ -86,17 +86,18 @@ Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, 
   const std::int64_t l = q.shape()[q.dim() - 2], s = k.shape()[k.dim() - 2], e = q.shape()[q.dim() - 1];
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(e));
   Tensor<T> sc = matmul(q, k.transpose(-2, -1));
-  sc = Tensor<T>(sc * T(scale));
+  sc = Tensor<T>(sc * scale);
+  const double ninf = -std::numeric_limits<double>::infinity();
   if (o.is_causal) {
     Tensor<bool> keep = empty<bool>(Shape{l, s});
     for (std::int64_t i = 0; i < l; ++i)
       for (std::int64_t j = 0; j < s; ++j) keep.data()[i * s + j] = j <= i;
     if (!q.device().is_cpu()) keep = keep.to(q.device());
-    sc = Tensor<T>(where(keep, sc, -std::numeric_limits<T>::infinity()));
+    sc = Tensor<T>(where(keep, sc, ninf));
   }
   if (o.attn_mask.keep.defined()) {
     Tensor<bool> keep = o.attn_mask.keep;
-    sc = Tensor<T>(where(keep, sc, -std::numeric_limits<T>::infinity()));
+    sc = Tensor<T>(where(keep, sc, ninf));
   } else if (o.attn_mask.add.defined()) {
     sc = Tensor<T>(sc + o.attn_mask.add);
   }
@@ -105,7 +106,7 @@ Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, 
     Generator& g = o.generator ? *o.generator : default_generator();
     Tensor<T> keep = bernoulli<T>(w.shape(), 1.0 - o.dropout_p, g);
     if (!w.device().is_cpu()) keep = keep.to(w.device());
-    w = Tensor<T>(w * keep * T(1.0 / (1.0 - o.dropout_p)));
+    w = Tensor<T>(w * keep * (1.0 / (1.0 - o.dropout_p)));
   }
   return matmul(w, v);
 }

@@ -150,6 +150,14 @@ bool sort_less(T a, T b) {
   }
 }
 
+/// A scalar for an expression over Tensor<T>: the value as double for floating T (half and bfloat16 have no
+/// scalar operands of their own), as T for integers.
+template <class T>
+auto expr_scalar(double v) {
+  if constexpr (is_floating_v<T>) return v;
+  else return T(v);
+}
+
 template <class T>
 Tensor<T> host_input(const Tensor<T>& x, const char* op) {
   x.check_cpu(op);
@@ -291,7 +299,7 @@ Tensor<T> triangle(const Tensor<T>& x, std::int64_t diagonal, bool lower, const 
   for (std::int64_t i = 0; i < r; ++i)
     for (std::int64_t j = 0; j < c; ++j) keep.data()[i * c + j] = lower ? j - i <= diagonal : j - i >= diagonal;
   if (!x.device().is_cpu()) keep = keep.to(x.device());
-  return Tensor<T>(where(keep, x, T(0)));
+  return Tensor<T>(where(keep, x, expr_scalar<T>(0)));
 }
 }  // namespace detail
 
@@ -313,7 +321,7 @@ Tensor<T> masked_fill(const Tensor<T>& x, const Tensor<bool>& mask, double value
               x.device().str());
   EMBER_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(), "masked_fill: the mask (shape ",
               mask.shape().str(), ") must broadcast to the input's shape ", x.shape().str());
-  return Tensor<T>(where(mask, T(value), x));
+  return Tensor<T>(where(mask, detail::expr_scalar<T>(value), x));
 }
 
 // ---- splitting (views: their gradients flow back through the view's backward) ---------------------------------
@@ -701,8 +709,8 @@ Tensor<T> baddbmm(const Tensor<T>& input, const Tensor<T>& b1, const Tensor<T>& 
   Tensor<T> p = bmm(b1, b2);
   EMBER_CHECK(broadcast_shapes(input.shape(), p.shape(), "baddbmm") == p.shape(), "baddbmm: input of shape ",
               input.shape().str(), " does not broadcast to the product's shape ", p.shape().str());
-  if (beta == 0) return alpha == 1 ? p : Tensor<T>(p * T(alpha));
-  return Tensor<T>(input * T(beta) + p * T(alpha));
+  if (beta == 0) return alpha == 1 ? p : Tensor<T>(p * detail::expr_scalar<T>(alpha));
+  return Tensor<T>(input * detail::expr_scalar<T>(beta) + p * detail::expr_scalar<T>(alpha));
 }
 
 namespace detail {

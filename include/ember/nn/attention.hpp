@@ -114,14 +114,14 @@ class MultiheadAttentionT : public Module {
     auto heads = [&](const Tensor<T>& x, std::int64_t len) { return x.reshape({n, len, h, e / h}).transpose(1, 2); };
     q = heads(q, l), k = heads(k, s), v = heads(v, s);
     // Every mask as one additive bias, (N, H or 1, L, S) or (L, S).
-    const T ninf = -std::numeric_limits<T>::infinity();
+    const double ninf = -std::numeric_limits<double>::infinity();
     Tensor<T> bias;
     if (o.attn_mask.defined()) {
       const Shape ms = o.attn_mask.keep.defined() ? o.attn_mask.keep.shape() : o.attn_mask.add.shape();
       EMBER_CHECK((ms.n == 2 && ms[0] == l && ms[1] == s) || (ms.n == 3 && ms[0] == n * h && ms[1] == l && ms[2] == s),
                   op, ": attn_mask must be (L, S) = (", l, ", ", s, ") or (N * num_heads, L, S) = (", n * h, ", ", l,
                   ", ", s, "), got ", ms.str());
-      bias = o.attn_mask.keep.defined() ? masked_fill(zeros<T>(ms, query.device()), o.attn_mask.keep, double(ninf))
+      bias = o.attn_mask.keep.defined() ? masked_fill(zeros<T>(ms, query.device()), o.attn_mask.keep, ninf)
                                         : o.attn_mask.add;
       if (ms.n == 3) bias = bias.reshape({n, h, l, s});
     }
@@ -131,7 +131,7 @@ class MultiheadAttentionT : public Module {
       EMBER_CHECK(ks.n == 2 && ks[0] == n && ks[1] == s, op, ": key_padding_mask must be (N, S) = (", n, ", ", s,
                   "), got ", ks.str());
       Tensor<T> kp = o.key_padding_mask.keep.defined()
-                         ? masked_fill(zeros<T>(ks, query.device()), o.key_padding_mask.keep, double(ninf))
+                         ? masked_fill(zeros<T>(ks, query.device()), o.key_padding_mask.keep, ninf)
                          : o.key_padding_mask.add;
       kp = kp.reshape({n, 1, 1, s});
       bias = bias.defined() ? Tensor<T>(bias + kp) : kp;
@@ -142,15 +142,15 @@ class MultiheadAttentionT : public Module {
       for (std::int64_t i = 0; i < l; ++i)
         for (std::int64_t j = 0; j < s; ++j) future.data()[i * s + j] = j > i;
       if (!query.device().is_cpu()) future = future.to(query.device());
-      bias = masked_fill(Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device())), future, double(ninf));
+      bias = masked_fill(Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device())), future, ninf);
     }
     const double p = is_training() ? dropout : 0.0;
     AttentionOutput<T> r;
     Tensor<T> att;  // (N, H, L, Dh)
     if (o.need_weights) {
-      Tensor<T> sc = Tensor<T>(matmul(q, k.transpose(-2, -1)) * T(1.0 / std::sqrt(double(e / h))));
+      Tensor<T> sc = Tensor<T>(matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(e / h))));
       if (bias.defined()) sc = Tensor<T>(sc + bias);
-      if (causal_flag) sc = masked_fill(sc, Tensor<bool>(triu(ones<T>(Shape{l, s}), 1) > T(0.5)), double(ninf));
+      if (causal_flag) sc = masked_fill(sc, Tensor<bool>(triu(ones<T>(Shape{l, s}), 1) > 0.5), ninf);
       Tensor<T> wts = softmax(sc, -1);
       if (p > 0) wts = functional::dropout(wts, p, true);
       att = matmul(wts, v);

@@ -24,9 +24,10 @@ template <class T>
 Tensor<T> dropout(const Tensor<T>& x, double p = 0.5, bool training = true, Generator& gen = default_generator()) {
   EMBER_CHECK(p >= 0 && p <= 1, "nn::functional::dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0) return x;
-  if (p == 1) return x * T(0);
+  // (double scalars: half and bfloat16 tensors take arithmetic scalars, not their own type)
+  if (p == 1) return x * 0.0;
   const Tensor<T> keep = bernoulli<T>(x.shape(), 1.0 - p, gen);  // 1 = kept
-  return x * keep * T(1.0 / (1.0 - p));
+  return x * keep * (1.0 / (1.0 - p));
 }
 }  // namespace functional
 
