@@ -83,7 +83,7 @@ TEST_CASE("tril, triu and masked_fill match PyTorch, gradients included") {
                "[2, 3]"});
 }
 
-TEST_CASE("split, chunk and unbind are views whose gradients reach the input") {
+TEST_CASE("split, chunk and unbind are views whose gradients reach the input; they match PyTorch") {
   TD x = arange<double>(10).reshape({2, 5}).requires_grad_(true);
   auto a = split(x, 2, 1);
   REQUIRE(a.size() == 3);
@@ -102,6 +102,21 @@ TEST_CASE("split, chunk and unbind are views whose gradients reach the input") {
   TD loss = sum(c[0] * 1.0 + 0.0) + sum(u[1] * 3.0);
   loss.backward();
   CHECK(x.grad().to_vector() == std::vector<double>{1, 1, 0, 0, 0, 4, 4, 3, 3, 3});
+  // Against PyTorch, each piece scaled by its position so every piece's gradient differs.
+  auto scaled_cat = [](const std::vector<TD>& ps, int dim) {
+    std::vector<TD> qs;
+    for (std::size_t i = 0; i < ps.size(); ++i) qs.push_back(TD(ps[i] * double(i + 1)));
+    return cat(qs, dim);
+  };
+  check_case("chunk", 1, [scaled_cat](const Inputs& v) { return scaled_cat(chunk(v[0], 3, 1), 1); });
+  check_case("split", 1, [scaled_cat](const Inputs& v) {
+    return scaled_cat(split(v[0], std::vector<std::int64_t>{2, 4, 1}, 1), 1);
+  });
+  check_case("unbind", 1, [](const Inputs& v) {
+    std::vector<TD> ps = unbind(v[0], 2), qs;
+    for (std::size_t i = 0; i < ps.size(); ++i) qs.push_back(TD(ps[i] * double(i + 1)));
+    return stack(qs, 0);
+  });
   EXPECT_ERROR([&] { (void)split(x, std::vector<std::int64_t>{1, 2}, 1); }, {"split", "add up to 3", "size 5"});
   EXPECT_ERROR([&] { (void)chunk(x, 0); }, {"chunk", "positive"});
 }

@@ -439,7 +439,8 @@ Tensor<T> scatter_impl(const Tensor<T>& x, int d, const Tensor<std::int64_t>& in
 }  // namespace detail
 
 /// x with src's values written at the positions index names along dim (out-of-place torch.scatter). Where index
-/// repeats a position the last write wins (PyTorch leaves that unspecified).
+/// repeats a position the last write wins (PyTorch leaves that unspecified). src may be larger than index: only its
+/// leading corner is read and gets a gradient (PyTorch's backward refuses such a src).
 template <class T>
 Tensor<T> scatter(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index, const Tensor<T>& src) {
   return detail::scatter_impl(x, wrap_dim(dim, x.dim(), "scatter"), index, &src, T(0), false, "scatter");
