@@ -80,6 +80,14 @@ Tensor<T> sdpa_bias(const AttnMask<T>& m, const Shape& target, std::int64_t& bat
   return bias;
 }
 
+/// The positions causal masking removes, (l, s) on `device`: true where key j is after query i (j > i).
+inline Tensor<bool> future_mask(std::int64_t l, std::int64_t s, Device device) {
+  Tensor<bool> m = empty<bool>(Shape{l, s});
+  for (std::int64_t i = 0; i < l; ++i)
+    for (std::int64_t j = 0; j < s; ++j) m.data()[i * s + j] = j > i;
+  return device.is_cpu() ? m : m.to(device);
+}
+
 /// The unfused reference: matmul, mask, softmax, dropout, matmul (materialises the L x S weights).
 template <class T>
 Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const SdpaOptions<T>& o) {
@@ -88,13 +96,7 @@ Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, 
   Tensor<T> sc = matmul(q, k.transpose(-2, -1));
   sc = Tensor<T>(sc * scale);
   const double ninf = -std::numeric_limits<double>::infinity();
-  if (o.is_causal) {
-    Tensor<bool> keep = empty<bool>(Shape{l, s});
-    for (std::int64_t i = 0; i < l; ++i)
-      for (std::int64_t j = 0; j < s; ++j) keep.data()[i * s + j] = j <= i;
-    if (!q.device().is_cpu()) keep = keep.to(q.device());
-    sc = Tensor<T>(where(keep, sc, ninf));
-  }
+  if (o.is_causal) sc = Tensor<T>(where(future_mask(l, s, q.device()), ninf, sc));
   if (o.attn_mask.keep.defined()) {
     Tensor<bool> keep = o.attn_mask.keep;
     sc = Tensor<T>(where(keep, sc, ninf));

@@ -199,7 +199,7 @@ struct ScatterNode final : TypedNode<T> {
       } else {  // the overwritten positions do not depend on the input
         Tensor<T> gx = g.clone();
         const std::int64_t* ip = index.data();
-        for_each_index([&](const std::int64_t* c) {
+        ember::detail::for_each_coord(index.shape(), [&](const std::int64_t* c) {
           gx.data()[ember::detail::offset_of(c, gx.strides(), dim, ip[ember::detail::offset_of(c, index.strides())])] = T(0);
         });
         this->template deliver<T>(0, std::move(gx));
@@ -207,10 +207,6 @@ struct ScatterNode final : TypedNode<T> {
     }
     if (this->next.size() > 1 && this->next[1])
       this->template deliver<T>(1, ember::detail::pad_to(ember::detail::gather_raw(g, dim, index), src_shape));
-  }
-  template <class F>
-  void for_each_index(F&& f) const {
-    ember::detail::for_each_coord(index.shape(), f);
   }
 };
 

@@ -137,20 +137,16 @@ class MultiheadAttentionT : public Module {
       bias = bias.defined() ? Tensor<T>(bias + kp) : kp;
     }
     const bool causal_flag = o.is_causal && !bias.defined();
-    if (o.is_causal && bias.defined()) {  // folded into the bias with the other masks
-      Tensor<bool> future = empty<bool>(Shape{l, s});
-      for (std::int64_t i = 0; i < l; ++i)
-        for (std::int64_t j = 0; j < s; ++j) future.data()[i * s + j] = j > i;
-      if (!query.device().is_cpu()) future = future.to(query.device());
-      bias = masked_fill(Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device())), future, ninf);
-    }
+    if (o.is_causal && bias.defined())  // folded into the bias with the other masks
+      bias = masked_fill(Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device())),
+                         ember::detail::future_mask(l, s, query.device()), ninf);
     const double p = is_training() ? dropout : 0.0;
     AttentionOutput<T> r;
     Tensor<T> att;  // (N, H, L, Dh)
     if (o.need_weights) {
       Tensor<T> sc = Tensor<T>(matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(e / h))));
       if (bias.defined()) sc = Tensor<T>(sc + bias);
-      if (causal_flag) sc = masked_fill(sc, Tensor<bool>(triu(ones<T>(Shape{l, s}), 1) > 0.5), ninf);
+      if (causal_flag) sc = masked_fill(sc, ember::detail::future_mask(l, s, query.device()), ninf);
       Tensor<T> wts = softmax(sc, -1);
       if (p > 0) wts = functional::dropout(wts, p, true);
       att = matmul(wts, v);
