@@ -241,12 +241,19 @@ TEST_CASE("quantized Linear equals the float math on dequantized operands and is
 }
 
 TEST_CASE("quantized Conv2d: stride, padding, dilation, groups, zero point padding, every path bit for bit") {
-  // Stride 1 reads the padded planes directly; other strides copy the taps.
+  // Stride 1 reads the padded planes directly; other strides copy the taps. With 4 or more input channels per group
+  // the AVX512-VNNI path is the direct kernel (channel quads, blocks of 16 outputs): C and O cover a partial quad
+  // and 1 to 5 blocks of outputs (each register tile shape).
+  struct Sizes {
+    i64 c, o;
+  };
+  for (const Sizes sz : {Sizes{4, 6}, Sizes{10, 6}, Sizes{16, 34}, Sizes{18, 80}, Sizes{8, 140}})
   for (const Conv2dOptions o : {Conv2dOptions{.stride = {2, 1}, .padding = {1, 2}, .dilation = {1, 2}, .groups = 2},
                                 Conv2dOptions{.stride = 1, .padding = {2, 1}, .dilation = {2, 1}, .groups = 2},
                                 Conv2dOptions{.stride = 1, .padding = 0, .dilation = 1, .groups = 2}}) {
-    INFO("stride ", o.stride.str(), " padding ", o.padding.str(), " dilation ", o.dilation.str());
-    const i64 N = 3, C = 4, H = 9, W = 8, O = 6, KH = 3, KW = 2;
+    INFO("stride ", o.stride.str(), " padding ", o.padding.str(), " dilation ", o.dilation.str(), " C ", sz.c, " O ",
+         sz.o);
+    const i64 N = 3, C = sz.c, H = 9, W = 8, O = sz.o, KH = 3, KW = 2;
     const TF x = randn_f({N, C, H, W}, 21, 1.0, 0.7), w = randn_f({O, C / 2, KH, KW}, 22, 0.5),
              bias = randn_f({O}, 23);
     quant::Observer obs;

@@ -141,24 +141,33 @@ template <bool AU, int MR, int NV>
 void tile512(const unsigned char* a, std::int64_t lda, int mr, const unsigned char* b, std::int64_t bstride, int nr,
              std::int64_t kp, std::int32_t* c, std::int64_t ldc) {
   __m512i acc[MR][NV];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_si512();
   const unsigned char* ar[MR];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) ar[i] = a + std::min(i, mr - 1) * lda;
   for (std::int64_t k = 0; k < kp; k += 4) {
     __m512i bv[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + v * bstride + k * kBlock);
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512i av = _mm512_set1_epi32(load4(ar[i] + k));
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v)
         acc[i][v] = AU ? _mm512_dpbusd_epi32(acc[i][v], av, bv[v]) : _mm512_dpbusd_epi32(acc[i][v], bv[v], av);
     }
   }
+#pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int left = nr - v * 16;
     if (left <= 0) break;
     const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    for (int i = 0; i < mr; ++i) _mm512_mask_storeu_epi32(c + i * ldc + v * 16, m, acc[i][v]);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)  // to MR, not mr: a loop the compiler unrolls keeps acc in registers
+      if (i < mr) _mm512_mask_storeu_epi32(c + i * ldc + v * 16, m, acc[i][v]);
   }
 }
 #endif
@@ -169,12 +178,16 @@ inline __m256i lane_mask256(int left) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), idx);
 }
+// Inlined, with loops to MR the compiler unrolls: otherwise acc would live in memory through the whole tile.
 template <int MR>
-void store256(const __m256i (&acc)[MR][2], int mr, int nr, std::int32_t* c, std::int64_t ldc) {
+EMBER_INLINE void store256(const __m256i (&acc)[MR][2], int mr, int nr, std::int32_t* c, std::int64_t ldc) {
+#pragma GCC unroll 2
   for (int v = 0; v < 2; ++v) {
     const int left = nr - v * 8;
     if (left <= 0) break;
-    for (int i = 0; i < mr; ++i) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      if (i >= mr) break;
       if (left >= 8)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + i * ldc + v * 8), acc[i][v]);
       else
@@ -189,12 +202,15 @@ template <bool AU, int MR>
 void tile256(const unsigned char* a, std::int64_t lda, int mr, const unsigned char* b, int nr, std::int64_t kp,
              std::int32_t* c, std::int64_t ldc) {
   __m256i acc[MR][2];
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
   const unsigned char* ar[MR];
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) ar[i] = a + std::min(i, mr - 1) * lda;
   for (std::int64_t k = 0; k < kp; k += 4) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + k * kBlock));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + k * kBlock + 32));
+    #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256i av = _mm256_set1_epi32(load4(ar[i] + k));
       if constexpr (AU) {
@@ -221,15 +237,18 @@ template <bool AU, int MR>
 void tile_avx2(const unsigned char* a, std::int64_t lda, int mr, const unsigned char* b, int nr, std::int64_t kp,
                std::int32_t* c, std::int64_t ldc) {
   __m256i acc[MR][2];
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
   const unsigned char* ar[MR];
+  #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) ar[i] = a + std::min(i, mr - 1) * lda;
   const __m256i low7 = _mm256_set1_epi8(0x7F), one = _mm256_set1_epi8(1);
   for (std::int64_t k = 0; k < kp; k += 4) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + k * kBlock));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + k * kBlock + 32));
     if constexpr (AU) {  // A unsigned (broadcast): split it once per row
-      for (int i = 0; i < MR; ++i) {
+      #pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
         const std::uint32_t w = std::uint32_t(load4(ar[i] + k));
         const __m256i lo = _mm256_set1_epi32(std::int32_t(w & 0x7F7F7F7Fu));
         const __m256i hi = _mm256_set1_epi32(std::int32_t((w >> 7) & 0x01010101u));
@@ -239,7 +258,8 @@ void tile_avx2(const unsigned char* a, std::int64_t lda, int mr, const unsigned 
     } else {  // B unsigned (the vectors): split them once per group of 4
       const __m256i lo0 = _mm256_and_si256(b0, low7), hi0 = _mm256_and_si256(_mm256_srli_epi16(b0, 7), one);
       const __m256i lo1 = _mm256_and_si256(b1, low7), hi1 = _mm256_and_si256(_mm256_srli_epi16(b1, 7), one);
-      for (int i = 0; i < MR; ++i) {
+      #pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
         const __m256i av = _mm256_set1_epi32(load4(ar[i] + k));
         acc[i][0] = _mm256_add_epi32(acc[i][0], dot4_split(lo0, hi0, av));
         acc[i][1] = _mm256_add_epi32(acc[i][1], dot4_split(lo1, hi1, av));
@@ -308,6 +328,48 @@ void gemm_u8s8(Path path, const unsigned char* a, std::int64_t lda, std::int64_t
   }
 }
 
+#if EMBER_QGEMM_VNNI512
+// One tile of the direct convolution: MR positions (rows of A, read in place from the input at in + pos[i] + koff[kg]
+// for group kg of 4 bytes; rows past mr repeat the last) against NV blocks of 16 output channels of w (each block
+// nkg · 64 bytes). C's rows are ldc apart and hold NV · 16 values.
+template <int MR, int NV>
+void conv_tile512(const unsigned char* in, const std::int64_t* pos, int mr, const std::int64_t* koff, std::int64_t nkg,
+                  const signed char* w, std::int64_t wstride, std::int32_t* c, std::int64_t ldc) {
+  __m512i acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_si512();
+  const unsigned char* ar[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) ar[i] = in + pos[std::min(i, mr - 1)];
+  for (std::int64_t kg = 0; kg < nkg; ++kg) {
+    const std::int64_t o = koff[kg];
+    __m512i bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(w + v * wstride + kg * 64);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512i av = _mm512_set1_epi32(load4(ar[i] + o));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbusd_epi32(acc[i][v], av, bv[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+    if (i < mr)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_storeu_si512(c + i * ldc + v * 16, acc[i][v]);
+}
+
+template <int MR, int NV>
+void conv_rows512(const unsigned char* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
+                  std::int64_t nkg, const signed char* w, std::int64_t wstride, std::int32_t* c, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < m; i += MR)
+    conv_tile512<MR, NV>(in, pos + i, int(std::min<std::int64_t>(MR, m - i)), koff, nkg, w, wstride, c + i * ldc, ldc);
+}
+#endif
+
 }  // namespace detail
 
 /// C[i][j] (int32, row stride ldc) = Σ_k A[i][k]·B[j][k] for i < m and j < b.n. A is row-major with row stride
@@ -331,6 +393,40 @@ void gemm_raw(const TA* a, std::int64_t lda, std::int64_t m, const TB* b, std::i
   static_assert(sizeof(TA) == 1 && sizeof(TB) == 1 && !std::is_same_v<TA, TB>);
   detail::gemm_u8s8<std::is_same_v<TA, std::uint8_t>>(path, reinterpret_cast<const unsigned char*>(a), lda, m,
                                                       reinterpret_cast<const unsigned char*>(b), n, kp, c, ldc);
+}
+
+/// Whether this build has the direct convolution kernel below (AVX512-VNNI).
+inline constexpr bool conv_direct_compiled = EMBER_QGEMM_VNNI512 != 0;
+
+/// The direct convolution's product (AVX512-VNNI builds only): for positions p < m and output channels o < 16 ·
+/// nblocks,
+///   C[p][o] = Σ_{kg < nkg} Σ_{t < 4} in[pos[p] + koff[kg] + t] · W[o][4 kg + t]
+/// with `in` uint8 (an input whose 4 consecutive bytes are 4 channels at one position, so every k-group of a position
+/// is one 4-byte read in place) and W int8, packed in blocks of 16 output channels: block b's group kg is 64 bytes
+/// at w + (b · nkg + kg) · 64, channel b·16 + l's 4 bytes at offset 4 l. C's rows are ldc ≥ 16 · nblocks apart.
+inline void conv_direct(const std::uint8_t* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
+                        std::int64_t nkg, const std::int8_t* w, std::int64_t nblocks, std::int32_t* c,
+                        std::int64_t ldc) {
+#if EMBER_QGEMM_VNNI512
+  const auto* u = reinterpret_cast<const unsigned char*>(in);
+  const auto* s = reinterpret_cast<const signed char*>(w);
+  const std::int64_t wstride = nkg * 64;
+  // 4 blocks of 16 channels against 6 positions keep 24 accumulators, 4 weight vectors and a broadcast in the 32
+  // registers; fewer blocks take more positions.
+  for (std::int64_t b = 0; b < nblocks; b += 4) {
+    const std::int64_t nb = std::min<std::int64_t>(4, nblocks - b);
+    const signed char* wb = s + b * wstride;
+    std::int32_t* cb = c + b * 16;
+    switch (nb) {
+      case 4: detail::conv_rows512<6, 4>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+      case 3: detail::conv_rows512<8, 3>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+      case 2: detail::conv_rows512<12, 2>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+      default: detail::conv_rows512<16, 1>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+    }
+  }
+#else
+  (void)in, (void)pos, (void)m, (void)koff, (void)nkg, (void)w, (void)nblocks, (void)c, (void)ldc;
+#endif
 }
 
 }  // namespace ember::cpu::q

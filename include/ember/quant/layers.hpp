@@ -2,8 +2,11 @@
 // (affine, the calibrated scale and zero point), multiplied by per-output-channel symmetric int8 weights with int32
 // accumulation (cpu/qgemm.hpp), and written back as float in one pass over each block of the product:
 //   y[o] = (acc[o] - zp · Σ_k w[o][k]) · (s_x · s_w[o]) + bias[o], then the layer's fused activation (ReLU, GELU, SiLU)
-// Activations travel between layers in float32: each quantized layer quantizes its own input (fused with building
-// the convolution's columns). The zero-point term is folded into a per-channel constant computed at conversion.
+// Activations travel between layers in float32: each quantized layer quantizes its own input. The zero-point term is
+// folded into a per-channel constant computed at conversion.
+// Convolutions with 4 or more input channels per group run, in AVX512-VNNI builds, a direct kernel
+// (cpu::q::conv_direct) on the input quantized into channel quads: no columns are built. The others, and the other
+// paths, build uint8 columns (stride 1: in place from the padded planes) for the GEMM.
 // Inputs are quantized as PyTorch does (q = clamp(round_half_even(x · (1/s)) + zp)); a NaN input is an error.
 // These layers compute no gradients: quantized models are for inference.
 #pragma once
@@ -58,6 +61,11 @@ struct QuantizedLayer {
   std::vector<std::int32_t> zp_offset;      // -zp_u8 · Σ_k weight[o][k]
   cpu::q::PackedB<std::int8_t> packed;      // linear: the weight as the GEMM's packed operand
   std::vector<std::int8_t> rows;            // conv: the weight's rows, each padded to kp with zeros
+  // conv with at least 4 input channels per group, in AVX512-VNNI builds: the weight for the direct kernel
+  // (cpu::q::conv_direct), per group: blocks of 16 output channels, then groups kg = (quad, i, j) of the 4 channels
+  // 4·quad.. at tap (i, j), zeros past the group's channels and outputs.
+  std::int64_t quads = 0, blocks = 0;  // channel quads per group, blocks of 16 output channels per group
+  std::vector<std::int8_t> blocked;
 
   /// Checks the tensors and derives the kernel operands; call after setting the fields above.
   void prepare() {
@@ -105,6 +113,24 @@ struct QuantizedLayer {
       rows.assign(std::size_t(out * kp), 0);
       for (std::int64_t o = 0; o < out; ++o)
         std::copy(w.data() + o * depth, w.data() + (o + 1) * depth, rows.data() + o * kp);
+      blocked.clear();
+      quads = blocks = 0;
+      const std::int64_t cg = weight.size(1), taps = weight.size(2) * weight.size(3);
+      if (cpu::q::conv_direct_compiled && cg >= 4) {
+        const std::int64_t G = conv_options.groups, og = out / G;
+        quads = (cg + 3) / 4;
+        blocks = (og + 15) / 16;
+        const std::int64_t nkg = quads * taps;
+        blocked.assign(std::size_t(G * blocks * nkg * 64), 0);
+        for (std::int64_t grp = 0; grp < G; ++grp)
+          for (std::int64_t o = 0; o < og; ++o)
+            for (std::int64_t ch = 0; ch < cg; ++ch)
+              for (std::int64_t tap = 0; tap < taps; ++tap) {
+                const std::int64_t kg = (ch / 4) * taps + tap;
+                blocked[std::size_t(((grp * blocks + o / 16) * nkg + kg) * 64 + (o % 16) * 4 + ch % 4)] =
+                    w.data()[((grp * og + o) * cg + ch) * taps + tap];
+              }
+      }
     } else {
       cpu::q::pack_b(w.data(), depth, out, depth, packed);
     }
@@ -285,6 +311,152 @@ inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::
 #endif
     }
 }
+#if EMBER_QGEMM_VNNI512
+// The direct path (cpu::q::conv_direct): the input quantized once into planes of 4-byte positions, the 4 channels of
+// a quad side by side, so the kernel reads each (position, tap, quad) as one broadcast in place: no columns are
+// built, and only real output positions are computed. The product comes out channels-last, which makes the
+// dequantization, the activation and the 2x2 pool vector operations across channels; the result is stored to the
+// (N, O, H, W) output at the end.
+
+/// Planes [r0, r1) of the quad layout, r = (image · G + group) · quads + quad; returns whether x held a NaN there.
+inline bool quantize_quads(const float* x, const cpu::ConvGeometry& g, std::int64_t quads, float inv, float zp,
+                           std::int64_t r0, std::int64_t r1, std::uint8_t* out) {
+  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, cg = g.cg();
+  const __m512 vinv = _mm512_set1_ps(inv), vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(),
+               hi = _mm512_set1_ps(255.0f);
+  const __mmask16 all = 0xFFFF;
+  __mmask16 nan = 0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t img = r / (g.groups * quads), grp = (r / quads) % g.groups, quad = r % quads;
+    const std::int64_t nch = std::min<std::int64_t>(4, cg - 4 * quad);
+    const float* src = x + (img * g.c + grp * cg + 4 * quad) * g.h * g.w;  // channel t's plane at src + t·h·w
+    auto* dst = reinterpret_cast<std::uint32_t*>(out + r * hp * wp * 4);
+    for (std::int64_t yy = 0; yy < hp; ++yy) {
+      const bool in_row = yy >= g.ph && yy < g.ph + g.h;
+      for (std::int64_t x0 = 0; x0 < wp; x0 += 16) {
+        // lanes x0 + l < wp are stored; those inside [pw, pw + w) of an input row read x, the others are padding:
+        // they load 0.0, which quantizes to the zero point.
+        const std::int64_t n = std::min<std::int64_t>(16, wp - x0);
+        const __mmask16 store = __mmask16((1u << n) - 1);
+        const std::int64_t a = std::clamp<std::int64_t>(g.pw - x0, 0, 16), b = std::clamp<std::int64_t>(g.pw + g.w - x0, 0, 16);
+        const __mmask16 valid = in_row && b > a ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
+        __m512i packed = _mm512_setzero_si512();
+        for (std::int64_t t = 0; t < 4; ++t) {
+          __m512 v = lo;
+          if (valid && t < nch) {
+            // x0 - pw may be negative: lanes outside `valid` are never read (masked loads do not fault)
+            const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(src + t * g.h * g.w + (yy - g.ph) * g.w) +
+                                      std::uintptr_t(x0 - g.pw) * sizeof(float);
+            v = _mm512_maskz_loadu_ps(valid, reinterpret_cast<const float*>(at));
+            nan |= _mm512_mask_cmp_ps_mask(valid, v, v, _CMP_UNORD_Q);
+          }
+          __m512 q = _mm512_maskz_roundscale_ps(all, _mm512_maskz_mul_ps(all, v, vinv),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          q = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, _mm512_maskz_add_ps(all, q, vzp), lo), hi);
+          packed = _mm512_or_si512(packed, _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtps_epu32(all, q), unsigned(8 * t)));
+        }
+        _mm512_mask_storeu_epi32(dst + yy * wp + x0, store, packed);
+      }
+    }
+  }
+  return nan != 0;
+}
+
+/// The convolution of x through the direct kernel into y (N, O, ph, pw): ph, pw are the output's size, halved by a
+/// fused pool. Returns whether x held a NaN.
+inline bool conv2d_direct(const QuantizedLayer& q, const Tensor<float>& xc, const cpu::ConvGeometry& g,
+                          Tensor<float>& y) {
+  const std::int64_t G = g.groups, og = g.og(), quads = q.quads, blocks = q.blocks, ogp = blocks * 16;
+  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, qplane = hp * wp * 4, taps = g.kh * g.kw;
+  const std::int64_t nkg = quads * taps;
+  std::vector<std::int64_t> koff(static_cast<std::size_t>(nkg));
+  for (std::int64_t quad = 0; quad < quads; ++quad)
+    for (std::int64_t i = 0; i < g.kh; ++i)
+      for (std::int64_t j = 0; j < g.kw; ++j)
+        koff[std::size_t((quad * g.kh + i) * g.kw + j)] = quad * qplane + (i * g.dh * wp + j * g.dw) * 4;
+  const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{g.n * G * quads * qplane});  // caching allocator
+  std::uint8_t* xq = xq_buf.data();
+  const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
+  std::atomic<bool> saw_nan{false};
+  cpu::parallel_for(0, g.n * G * quads, 4, [&](std::int64_t r0, std::int64_t r1) {
+    if (quantize_quads(xc.data(), g, quads, inv, zp, r0, r1, xq)) saw_nan = true;
+  });
+  if (saw_nan) return true;
+
+  // Tasks: (image, group, block of output rows): two rows (one pooled row) with a pool, else about 48 positions.
+  const bool pool = q.pool;
+  const std::int64_t rows = pool ? 2 : std::max<std::int64_t>(1, 48 / g.ow);
+  const std::int64_t rblocks = pool ? g.oh / 2 : (g.oh + rows - 1) / rows;
+  const std::int64_t yh = pool ? g.oh / 2 : g.oh, yw = pool ? g.ow / 2 : g.ow, yl = yh * yw;
+  const bool relu = q.act == cpu::Act::relu, pool_first = pool && (relu || q.act == cpu::Act::none);
+  const Tensor<float> bias = q.bias.contiguous();
+  cpu::parallel_for(0, g.n * G * rblocks, 1, [&](std::int64_t t0, std::int64_t t1) {
+    const std::int64_t pmax = rows * g.ow;
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(pmax));
+    std::vector<std::int32_t> c(std::size_t(pmax * ogp));
+    std::vector<float> f(std::size_t(pmax * ogp)), pooled(pool && !pool_first ? std::size_t(yw * ogp) : 0);
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t img = t / (G * rblocks), grp = (t / rblocks) % G, rb = t % rblocks;
+      const std::int64_t oy0 = rb * rows, oy1 = std::min(g.oh, oy0 + rows), P = (oy1 - oy0) * g.ow;
+      for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
+        for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[std::size_t(p)] = (oy * g.sh * wp + ox * g.sw) * 4;
+      cpu::q::conv_direct(xq + (img * G + grp) * quads * qplane, pos.data(), P, koff.data(), nkg,
+                          q.blocked.data() + grp * blocks * nkg * 64, blocks, c.data(), ogp);
+      // f[p][o] = (c + zp offset) · scale + bias, as dequantize_row computes it, then the activation. With a pool
+      // and no activation or ReLU (monotone, like the dequantization: scales are positive), the int32 sums are
+      // pooled first and only the pooled ones dequantized; other activations are pooled after.
+      const std::int64_t n_out = pool ? yw : P, y0 = pool ? (oy0 / 2) * yw : oy0 * g.ow;
+      for (std::int64_t o0 = 0; o0 < og; o0 += 16) {
+        const __mmask16 m = og - o0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (og - o0)) - 1);
+        const std::int64_t oc = grp * og + o0;
+        const __m512i voff = _mm512_maskz_loadu_epi32(m, q.zp_offset.data() + oc);
+        const __m512 vs = _mm512_maskz_loadu_ps(m, q.out_scale.data() + oc),
+                     vb = _mm512_maskz_loadu_ps(m, bias.data() + oc);
+        const auto dequantize = [&](__m512i v) {
+          __m512 r = _mm512_maskz_fmadd_ps(m, _mm512_maskz_cvtepi32_ps(m, _mm512_maskz_add_epi32(m, v, voff)), vs, vb);
+          return relu ? _mm512_maskz_max_ps(m, r, _mm512_setzero_ps()) : r;
+        };
+        if (pool_first) {
+          for (std::int64_t px = 0; px < yw; ++px) {
+            const std::int32_t* r0 = c.data() + 2 * px * ogp + o0;
+            const std::int32_t* r1 = r0 + g.ow * ogp;
+            const __m512i mx = _mm512_maskz_max_epi32(
+                m, _mm512_maskz_max_epi32(m, _mm512_maskz_loadu_epi32(m, r0), _mm512_maskz_loadu_epi32(m, r0 + ogp)),
+                _mm512_maskz_max_epi32(m, _mm512_maskz_loadu_epi32(m, r1), _mm512_maskz_loadu_epi32(m, r1 + ogp)));
+            _mm512_storeu_ps(f.data() + px * ogp + o0, dequantize(mx));
+          }
+        } else {
+          for (std::int64_t p = 0; p < P; ++p)
+            _mm512_storeu_ps(f.data() + p * ogp + o0, dequantize(_mm512_maskz_loadu_epi32(m, c.data() + p * ogp + o0)));
+        }
+      }
+      const float* src = f.data();
+      if (!pool_first && q.act != cpu::Act::none && !relu)
+        for (std::int64_t p = 0; p < P; ++p) cpu::act_(f.data() + p * ogp, og, q.act);
+      if (pool && !pool_first) {
+        for (std::int64_t px = 0; px < yw; ++px)
+          for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
+            const float* r0 = f.data() + 2 * px * ogp + o0;
+            const float* r1 = r0 + g.ow * ogp;
+            const __mmask16 all = 0xFFFF;
+            const __m512 mx = _mm512_maskz_max_ps(
+                all, _mm512_maskz_max_ps(all, _mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + ogp)),
+                _mm512_maskz_max_ps(all, _mm512_loadu_ps(r1), _mm512_loadu_ps(r1 + ogp)));
+            _mm512_storeu_ps(pooled.data() + px * ogp + o0, mx);
+          }
+        src = pooled.data();
+      }
+      // channels-last rows -> the output's planes
+      for (std::int64_t o = 0; o < og; ++o) {
+        float* yr = y.data() + (img * g.o + grp * og + o) * yl + y0;
+        for (std::int64_t p = 0; p < n_out; ++p) yr[p] = src[p * ogp + o];
+      }
+    }
+  });
+  return false;
+}
+#endif
+
 }  // namespace detail
 
 /// x (N, C, H, W) or (C, H, W) float -> the convolution's output, computed in int8.
@@ -319,12 +491,22 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
   g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
   const std::int64_t L = g.l(), og = g.og();
+  if (q.pool)
+    EMBER_CHECK(g.oh >= 2 && g.ow >= 2, op, " '", q.name, "': a fused 2x2 max pool needs an output of at least 2x2, got ",
+                g.oh, "x", g.ow);
+  const Tensor<float> xc = x.contiguous();
+#if EMBER_QGEMM_VNNI512
+  if (path == cpu::q::Path::vnni512 && !q.blocked.empty()) {
+    Tensor<float> y = empty<float>(q.pool ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow});
+    if (detail::conv2d_direct(q, xc, g, y)) detail::nan_input(q, x, op);
+    return y;
+  }
+#endif
 
   // The whole input quantized once, into planes padded with the zero point (the value of a padded 0.0), so the
   // columns need no bounds checks. Each plane is (H + 2ph) x (W + 2pw); `slack` bytes follow the last one.
   const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, plane = hp * wp;
   const std::int64_t slack = (g.kw - 1) * g.dw + 2 * cpu::q::kBlock;
-  const Tensor<float> xc = x.contiguous();
   // From ember's caching allocator: a fresh malloc of this size would be a new mmap (and page faults) every call.
   const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{g.n * g.c * plane + slack});
   std::uint8_t* xq = xq_buf.data();
@@ -348,9 +530,6 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   const std::int64_t lv = direct ? g.oh * wp : L;  // positions the GEMM computes
   const std::int64_t row_stride = direct ? wp : g.ow;
   const std::int64_t lp = cpu::q::round_up(lv, cpu::q::kBlock);
-  if (q.pool)
-    EMBER_CHECK(g.oh >= 2 && g.ow >= 2, op, " '", q.name, "': a fused 2x2 max pool needs an output of at least 2x2, got ",
-                g.oh, "x", g.ow);
   // With a pool, y's planes are (oh/2, ow/2). ReLU and the dequantization are monotone (scales are positive), so
   // the int32 sums are pooled first and a quarter of them dequantized; other activations are pooled after.
   const std::int64_t ph = q.pool ? g.oh / 2 : g.oh, pw = q.pool ? g.ow / 2 : g.ow, yl = ph * pw;
