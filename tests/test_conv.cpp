@@ -269,6 +269,81 @@ TEST_CASE("conv2d: batch-parallel and GEMM-parallel paths agree with one thread"
   CHECK(max_diff(yf, conv2d(xd, wd, TD(), {2, 1})) <= 1e-4);
 }
 
+// The direct float forward (cpu/conv_direct.hpp, AVX-512 builds) against im2col + GEMM and the double result, over
+// the index arithmetic (stride, padding, dilation, groups, one input channel, output channels that fill 1 to 5
+// blocks of 16: each register tile), the fused activations and 2x2 pool (odd sizes), NaN and -0.
+TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with double") {
+  ThreadsGuard guard;
+  struct Case {
+    i64 n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  };
+  const Case cases[] = {{3, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1},  {2, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+                        {1, 10, 9, 11, 20, 3, 2, 2, 1, 1, 2, 1, 2, 2}, {2, 8, 7, 7, 70, 3, 3, 1, 1, 0, 0, 1, 1, 1},
+                        {1, 6, 12, 10, 40, 5, 5, 1, 1, 2, 2, 1, 1, 1},  {2, 4, 9, 9, 18, 3, 3, 1, 1, 1, 1, 2, 2, 1}};
+  for (const Case& k : cases) {
+    cpu::ConvGeometry g;
+    g.n = k.n, g.c = k.c, g.h = k.h, g.w = k.w, g.o = k.o, g.kh = k.kh, g.kw = k.kw, g.sh = k.sh, g.sw = k.sw;
+    g.ph = k.ph, g.pw = k.pw, g.dh = k.dh, g.dw = k.dw, g.groups = k.groups;
+    g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+    g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+    INFO("input " << Shape{g.n, g.c, g.h, g.w}.str() << " weight " << Shape{g.o, g.cg(), g.kh, g.kw}.str()
+                  << " groups " << g.groups << " output " << g.oh << "x" << g.ow);
+    REQUIRE(cpu::conv_direct_applies<float>(g) == bool(EMBER_CONV_DIRECT));
+    TF x = normal_f({g.n, g.c, g.h, g.w}, 41), w = normal_f({g.o, g.cg(), g.kh, g.kw}, 42), b = normal_f({g.o}, 43);
+    x.data()[5] = -0.0f;
+    // |direct - reference| <= 2 (depth + 2) eps mag, mag the convolution of |x| and |w| plus |b|
+    const TD xd = TD(cast<double>(x)), wd = TD(cast<double>(w)), bd = TD(cast<double>(b));
+    const TD want = conv2d(xd, wd, bd, {.stride = {g.sh, g.sw}, .padding = {g.ph, g.pw}, .dilation = {g.dh, g.dw},
+                                        .groups = g.groups});
+    const TD mag = conv2d(TD(abs(xd)), TD(abs(wd)), TD(abs(bd)),
+                          {.stride = {g.sh, g.sw}, .padding = {g.ph, g.pw}, .dilation = {g.dh, g.dw}, .groups = g.groups});
+    const double eps = double(std::numeric_limits<float>::epsilon()), depth = double(g.cg() * g.kh * g.kw);
+    for (const cpu::Act act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu})
+      for (const bool pool : {false, true})
+        for (const int threads : {1, 2}) {
+          INFO("act " << std::string(cpu::act_name(act)) << " pool " << pool << " threads " << threads);
+          cpu::set_num_threads(threads);
+          const Shape ys = pool ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow};
+          TF direct = empty<float>(ys), im2col = empty<float>(ys);
+          cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), direct.data(), act, pool);
+          cpu::conv_direct_enabled() = false;
+          cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), im2col.data(), act, pool);
+          cpu::conv_direct_enabled() = true;
+          // the reference: act, then pool, of the double result; the bound is the largest in each window
+          TD ref = act == cpu::Act::relu ? TD(relu(want)) : act == cpu::Act::gelu ? TD(gelu(want)) : want;
+          TD bound = mag;
+          if (pool) {
+            ref = max_pool2d(ref, 2);
+            bound = max_pool2d(bound, 2);
+          }
+          int wrong_ref = 0, wrong_paths = 0;
+          for (i64 i = 0; i < direct.numel(); ++i) {
+            const double tol = 2 * (depth + 2) * eps * bound.data()[i];
+            wrong_ref += !(std::abs(double(direct.data()[i]) - ref.data()[i]) <= tol);
+            wrong_paths += !(std::abs(double(direct.data()[i]) - double(im2col.data()[i])) <= 2 * tol);
+          }
+          CHECK(wrong_ref == 0);
+          CHECK(wrong_paths == 0);
+        }
+    // A NaN in the input reaches the same outputs on both paths (ReLU and the pool keep it).
+    TF xn = x.clone();
+    xn.data()[xn.numel() / 2] = std::numeric_limits<float>::quiet_NaN();
+    const Shape ys{g.n, g.o, g.oh / 2, g.ow / 2};
+    TF direct = empty<float>(ys), im2col = empty<float>(ys);
+    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), direct.data(), cpu::Act::relu, true);
+    cpu::conv_direct_enabled() = false;
+    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), im2col.data(), cpu::Act::relu, true);
+    cpu::conv_direct_enabled() = true;
+    int nan_direct = 0, nan_mismatch = 0;
+    for (i64 i = 0; i < direct.numel(); ++i) {
+      nan_direct += std::isnan(direct.data()[i]);
+      nan_mismatch += std::isnan(direct.data()[i]) != std::isnan(im2col.data()[i]);
+    }
+    CHECK(nan_direct > 0);
+    CHECK(nan_mismatch == 0);
+  }
+}
+
 // Elements of got (16-bit H) farther from ref than one rounding into H plus fp32 accumulation over `depth` terms:
 // u_H |ref| + (depth + 2) eps_f32 mag (mag: the same computation on absolute values) + half H's smallest
 // subnormal, where u_H = eps_H / 2 is the unit roundoff of rounding to nearest.

@@ -1,5 +1,6 @@
 // ember — CPU 2-D convolution: im2col + GEMM (cpu::gemm) forward, backward-data (GEMM + col2im) and
-// backward-weight (im2col + GEMM), with stride, padding, dilation and groups, on contiguous NCHW buffers.
+// backward-weight (im2col + GEMM), with stride, padding, dilation and groups, on contiguous NCHW buffers. In
+// AVX-512 builds the float forward without a per-image callback runs the direct kernel of cpu/conv_direct.hpp.
 //
 // Parallelism: with at least as many images as threads, the batch is cut into a few runs of images per thread;
 // each run does its own im2col and serial GEMMs on a column buffer of its own that stays in cache (GEMMs nested in
@@ -19,6 +20,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/conv_direct.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/gemm.hpp"
 #include "ember/cpu/pool.hpp"
@@ -157,6 +159,9 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 template <class T, class ImageDone = std::nullptr_t>
 void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
                     bool pool2 = false, const ImageDone& image_done = nullptr) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<ImageDone, std::nullptr_t>) {
+    if (conv_direct_applies<T>(g)) return conv2d_forward_direct(g, x, w, b, y, act, pool2);
+  }
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));

@@ -1,0 +1,236 @@
+// ember — direct fp32 convolution forward (AVX-512): no column matrix. The input is read in place (or from a copy
+// padded with zeros when the convolution pads), one broadcast per (output position, channel, tap), against the
+// weights packed in blocks of 16 output channels; each tile holds MR positions x NV blocks of 16 channels in
+// registers over the whole depth C/groups · kh · kw. The product comes out channels-last for a few output rows at a
+// time, so the bias, the activation and a fused 2x2 max pool are vector operations across channels while the
+// block is in cache, and the result is stored to the NCHW output once.
+//
+// Compared with im2col + GEMM it skips building and packing the columns (kh · kw copies of the input) and writing
+// the full-size output before a pool. The sums run over the depth in the same order (channel, tap row, tap
+// column) with one rounding per fused multiply-add, as the GEMM's do; the GEMM may split the depth into blocks, so
+// the two paths agree to rounding, not bit for bit.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/epilogue.hpp"
+#include "ember/cpu/thread_pool.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define EMBER_CONV_DIRECT 1
+#else
+#define EMBER_CONV_DIRECT 0
+#endif
+
+namespace ember::cpu {
+
+/// Whether float convolutions may take the direct forward path (AVX-512 builds); on by default. Tests and
+/// benchmarks switch it off to compare with im2col + GEMM.
+inline std::atomic<bool>& conv_direct_enabled() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+namespace detail::direct {
+
+#if EMBER_CONV_DIRECT
+// relu as relu computes it: x < 0 ? 0 : x (NaN and -0 stay).
+inline __m512 relu(__m512 x) {
+  const __m512 zero = _mm512_setzero_ps();
+  return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), zero);
+}
+// The next element v of a max-pool window against the maximum so far, with max_pool's rule: v wins when greater
+// or NaN (so the first of equal maxima stays, and a NaN wins).
+inline __m512 pool_pick(__m512 m, __m512 v) {
+  return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+}
+
+// MR positions (rows of A: in + pos[i] + koff[k]; rows past mr repeat the last) x NV blocks of 16 output channels
+// (block v's depth k at w + v · wstride + 16 k). C's rows are ldc apart and take NV · 16 values.
+template <int MR, int NV>
+void tile(const float* in, const std::int64_t* pos, int mr, const std::int64_t* koff, std::int64_t depth,
+          const float* w, std::int64_t wstride, float* c, std::int64_t ldc) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  const float* ar[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) ar[i] = in + pos[std::min(i, mr - 1)];
+  for (std::int64_t k = 0; k < depth; ++k) {
+    const std::int64_t o = koff[k];
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(w + v * wstride + k * 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(ar[i][o]);  // an embedded broadcast of the FMA
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+    if (i < mr)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + i * ldc + v * 16, acc[i][v]);
+}
+
+template <int MR, int NV>
+void rows(const float* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff, std::int64_t depth,
+          const float* w, std::int64_t wstride, float* c, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < m; i += MR)
+    tile<MR, NV>(in, pos + i, int(std::min<std::int64_t>(MR, m - i)), koff, depth, w, wstride, c + i * ldc, ldc);
+}
+
+// C[p][o] = Σ_k in[pos[p] + koff[k]] · W[o][k] for p < m, o < 16 · nblocks (W packed as above, nblocks blocks).
+inline void product(const float* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
+                    std::int64_t depth, const float* w, std::int64_t nblocks, float* c, std::int64_t ldc) {
+  const std::int64_t wstride = depth * 16;
+  // 4 blocks against 6 positions: 24 accumulators and 4 weight vectors of the 32 registers (the broadcasts are
+  // memory operands); fewer blocks take more positions.
+  for (std::int64_t b = 0; b < nblocks; b += 4) {
+    const std::int64_t nb = std::min<std::int64_t>(4, nblocks - b);
+    const float* wb = w + b * wstride;
+    float* cb = c + b * 16;
+    switch (nb) {
+      case 4: rows<6, 4>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
+      case 3: rows<8, 3>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
+      case 2: rows<12, 2>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
+      default: rows<16, 1>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
+    }
+  }
+}
+#endif
+
+}  // namespace detail::direct
+
+/// Whether conv2d_forward takes the direct path for this call (float, AVX-512, not a 1x1 convolution that reads
+/// its input as the column matrix already).
+template <class T, class Geometry>
+bool conv_direct_applies(const Geometry& g) {
+  if constexpr (!std::is_same_v<T, float> || !EMBER_CONV_DIRECT) {
+    (void)g;
+    return false;
+  } else {
+    return conv_direct_enabled().load(std::memory_order_relaxed) && !g.pointwise();
+  }
+}
+
+/// y = act(conv2d(x, w) + b), pooled 2x2 when pool2 (the same contract as conv2d_forward), through the direct
+/// kernel. Call only where conv_direct_applies<float>(g).
+template <class Geometry>
+void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, const float* b, float* y, Act act,
+                           bool pool2) {
+#if EMBER_CONV_DIRECT
+  const std::int64_t G = g.groups, og = g.og(), cg = g.cg(), blocks = (og + 15) / 16, ogp = blocks * 16;
+  const std::int64_t taps = g.kh * g.kw, depth = cg * taps;
+  // The input, padded with zeros when the convolution pads (read in place otherwise).
+  const bool padded = g.ph > 0 || g.pw > 0;
+  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, plane = hp * wp;
+  Tensor<float> xp_buf;
+  const float* in = x;
+  if (padded) {
+    xp_buf = empty<float>(Shape{g.n * g.c * plane});
+    float* xp = xp_buf.data();
+    parallel_for(0, g.n * g.c, 4, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        float* pl = xp + r * plane;
+        std::fill(pl, pl + g.ph * wp, 0.0f);
+        for (std::int64_t i = 0; i < g.h; ++i) {
+          float* row = pl + (i + g.ph) * wp;
+          std::fill(row, row + g.pw, 0.0f);
+          std::memcpy(row + g.pw, x + (r * g.h + i) * g.w, std::size_t(g.w) * sizeof(float));
+          std::fill(row + g.pw + g.w, row + wp, 0.0f);
+        }
+        std::fill(pl + (g.ph + g.h) * wp, pl + plane, 0.0f);
+      }
+    });
+    in = xp;
+  }
+  // Weights per group: blocks of 16 output channels, 16 values per depth index (zeros past the group's outputs).
+  std::vector<float> wk(static_cast<std::size_t>(G * blocks * depth * 16), 0.0f);
+  for (std::int64_t grp = 0; grp < G; ++grp)
+    for (std::int64_t o = 0; o < og; ++o)
+      for (std::int64_t k = 0; k < depth; ++k)
+        wk[std::size_t(((grp * blocks + o / 16) * depth + k) * 16 + o % 16)] = w[(grp * og + o) * depth + k];
+  std::vector<std::int64_t> koff(static_cast<std::size_t>(depth));
+  for (std::int64_t ch = 0; ch < cg; ++ch)
+    for (std::int64_t i = 0; i < g.kh; ++i)
+      for (std::int64_t j = 0; j < g.kw; ++j)
+        koff[std::size_t((ch * g.kh + i) * g.kw + j)] = ch * plane + i * g.dh * wp + j * g.dw;
+  std::vector<float> bias(static_cast<std::size_t>(G * ogp), 0.0f);
+  if (b)
+    for (std::int64_t grp = 0; grp < G; ++grp) std::copy(b + grp * og, b + (grp + 1) * og, bias.data() + grp * ogp);
+
+  // Tasks: (image, group, block of output rows), about 48 positions each; with a pool, an even number of rows.
+  const std::int64_t want = std::max<std::int64_t>(1, (48 + g.ow - 1) / g.ow);
+  const std::int64_t rows = pool2 ? 2 * ((want + 1) / 2) : want;
+  const std::int64_t oh_used = pool2 ? g.oh / 2 * 2 : g.oh;  // a pool drops an odd last row
+  const std::int64_t rblocks = (oh_used + rows - 1) / rows;
+  const std::int64_t yh = pool2 ? g.oh / 2 : g.oh, yw = pool2 ? g.ow / 2 : g.ow, yl = yh * yw;
+  const bool relu = act == Act::relu;
+  parallel_for(0, g.n * G * rblocks, 1, [&](std::int64_t t0, std::int64_t t1) {
+    const std::int64_t pmax = rows * g.ow;
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(pmax));
+    std::vector<float> c(static_cast<std::size_t>(pmax * ogp)), pooled(pool2 ? std::size_t(rows / 2 * yw * ogp) : 0);
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t img = t / (G * rblocks), grp = (t / rblocks) % G, rb = t % rblocks;
+      const std::int64_t oy0 = rb * rows, oy1 = std::min(oh_used, oy0 + rows), P = (oy1 - oy0) * g.ow;
+      for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
+        for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[std::size_t(p)] = oy * g.sh * wp + ox * g.sw;
+      detail::direct::product(in + (img * g.c + grp * cg) * plane, pos.data(), P, koff.data(), depth,
+                              wk.data() + grp * blocks * depth * 16, blocks, c.data(), ogp);
+      // + bias, then the activation (ReLU in registers)
+      for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
+        const __m512 vb = _mm512_loadu_ps(bias.data() + grp * ogp + o0);
+        for (std::int64_t p = 0; p < P; ++p) {
+          __m512 r = _mm512_add_ps(_mm512_loadu_ps(c.data() + p * ogp + o0), vb);
+          if (relu) r = detail::direct::relu(r);
+          _mm512_storeu_ps(c.data() + p * ogp + o0, r);
+        }
+      }
+      if (!relu && act != Act::none)
+        for (std::int64_t p = 0; p < P; ++p) act_(c.data() + p * ogp, og, act);
+      const float* src = c.data();
+      std::int64_t n_out = P, y0 = oy0 * g.ow;
+      if (pool2) {
+        const std::int64_t prow = (oy1 - oy0) / 2;
+        for (std::int64_t py = 0; py < prow; ++py)
+          for (std::int64_t px = 0; px < yw; ++px)
+            for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
+              const float* r0 = c.data() + (2 * py * g.ow + 2 * px) * ogp + o0;
+              const float* r1 = r0 + g.ow * ogp;
+              using detail::direct::pool_pick;
+              const __m512 mx = pool_pick(pool_pick(pool_pick(_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + ogp)),
+                                                    _mm512_loadu_ps(r1)),
+                                          _mm512_loadu_ps(r1 + ogp));
+              _mm512_storeu_ps(pooled.data() + (py * yw + px) * ogp + o0, mx);
+            }
+        src = pooled.data();
+        n_out = prow * yw;
+        y0 = oy0 / 2 * yw;
+      }
+      // channels-last -> the output's planes
+      for (std::int64_t o = 0; o < og; ++o) {
+        float* yr = y + (img * g.o + grp * og + o) * yl + y0;
+        for (std::int64_t p = 0; p < n_out; ++p) yr[p] = src[p * ogp + o];
+      }
+    }
+  });
+#else
+  (void)g, (void)x, (void)w, (void)b, (void)y, (void)act, (void)pool2;
+#endif
+}
+
+}  // namespace ember::cpu
