@@ -272,6 +272,39 @@ TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity"
 
 // A packed once (a convolution's weights reused over a batch) gives what gemm gives, bit for bit: every k panel,
 // row blocks past mc, thread splits by rows and by columns, transposed A, accumulation, 16-bit operands and outputs.
+// One or two rows (a batch of one) take a path without packing; each row must equal the same row of a taller
+// product bit for bit (the packed kernel's order of operations), over panels of k, transposes, accumulation and
+// the column split across threads.
+TEST_CASE_TEMPLATE("gemm: one or two rows equal those rows of a taller product bit for bit", T, float, double) {
+  ThreadsGuard guard;
+  std::uint32_t seed = 700;
+  for (int threads : {1, 2})
+    for (const Case& c : {Case{1, 10, 3136, false, true, false, 0}, Case{2, 37, 700, true, false, true, 1},
+                          Case{1, 1, 5, false, false, true, 0}, Case{2, 9, 257, true, true, false, 2},
+                          Case{1, 3000, 700, false, true, false, 0}, Case{2, 2500, 513, false, false, true, 1}}) {
+      CAPTURE(threads);
+      CAPTURE(c.m);
+      CAPTURE(c.n);
+      CAPTURE(c.k);
+      cpu::set_num_threads(threads);
+      std::mt19937 g(seed++);
+      const i64 tall = 13;  // rows of the product through the packed kernel
+      Mat<T> a(tall, c.k, c.ta, c.pad), b(c.k, c.n, c.tb, c.pad);
+      Mat<T> want(tall, c.n, false, c.pad);
+      fill(a, g, false);
+      fill(b, g, false);
+      fill(want, g, false);
+      Mat<T> got = want;
+      cpu::gemm<T>(tall, c.n, c.k, a.view(), b.view(), want.v.data(), want.ld, c.accumulate);
+      cpu::gemm<T>(c.m, c.n, c.k, a.view(), b.view(), got.v.data(), got.ld, c.accumulate);
+      int diff = 0;
+      for (i64 i = 0; i < c.m; ++i)
+        for (i64 j = 0; j < got.ld; ++j)  // the padding included: it must be left alone
+          diff += std::memcmp(&got.v[std::size_t(i * got.ld + j)], &want.v[std::size_t(i * want.ld + j)], sizeof(T)) != 0;
+      CHECK(diff == 0);
+    }
+}
+
 TEST_CASE_TEMPLATE("PackedA: GEMMs with A packed once equal gemm bit for bit", T, float, double, bfloat16) {
   ThreadsGuard guard;
   std::uint32_t seed = 900;

@@ -1,5 +1,5 @@
-// ember — direct fp32 convolution forward (AVX-512): no column matrix. The input is read in place (or from a copy
-// padded with zeros when the convolution pads), one broadcast per (output position, channel, tap), against the
+// ember — direct fp32 convolution forward (AVX-512): no column matrix. Each task copies the input rows of its few
+// output rows into a zero-padded window and reads it one broadcast per (output position, channel, tap), against the
 // weights packed in blocks of 16 output channels; each tile holds MR positions x NV blocks of 16 channels in
 // registers over the whole depth C/groups · kh · kw. The product comes out channels-last for a few output rows at a
 // time, so the bias, the activation and a fused 2x2 max pool are vector operations across channels while the
@@ -15,12 +15,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "ember/config.hpp"
-#include "ember/core/creation.hpp"
-#include "ember/core/tensor.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
@@ -135,89 +134,95 @@ void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, co
 #if EMBER_CONV_DIRECT
   const std::int64_t G = g.groups, og = g.og(), cg = g.cg(), blocks = (og + 15) / 16, ogp = blocks * 16;
   const std::int64_t taps = g.kh * g.kw, depth = cg * taps;
-  // The input, padded with zeros when the convolution pads (read in place otherwise).
-  const bool padded = g.ph > 0 || g.pw > 0;
-  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, plane = hp * wp;
-  Tensor<float> xp_buf;
-  const float* in = x;
-  if (padded) {
-    xp_buf = empty<float>(Shape{g.n * g.c * plane});
-    float* xp = xp_buf.data();
-    parallel_for(0, g.n * g.c, 4, [&](std::int64_t r0, std::int64_t r1) {
-      for (std::int64_t r = r0; r < r1; ++r) {
-        float* pl = xp + r * plane;
-        std::fill(pl, pl + g.ph * wp, 0.0f);
-        for (std::int64_t i = 0; i < g.h; ++i) {
-          float* row = pl + (i + g.ph) * wp;
-          std::fill(row, row + g.pw, 0.0f);
-          std::memcpy(row + g.pw, x + (r * g.h + i) * g.w, std::size_t(g.w) * sizeof(float));
-          std::fill(row + g.pw + g.w, row + wp, 0.0f);
-        }
-        std::fill(pl + (g.ph + g.h) * wp, pl + plane, 0.0f);
-      }
-    });
-    in = xp;
-  }
-  // Weights per group: blocks of 16 output channels, 16 values per depth index (zeros past the group's outputs).
-  std::vector<float> wk(static_cast<std::size_t>(G * blocks * depth * 16), 0.0f);
+  const std::int64_t wp = g.w + 2 * g.pw;  // a padded input row
+  // Weights per group: blocks of 16 output channels, 16 values per depth index (zeros past the group's outputs),
+  // each written once (no zero fill first: at a batch of one the packing is a visible part of the call).
+  const std::unique_ptr<float[]> wk(new float[std::size_t(G * blocks * depth * 16)]);
   for (std::int64_t grp = 0; grp < G; ++grp)
-    for (std::int64_t o = 0; o < og; ++o)
-      for (std::int64_t k = 0; k < depth; ++k)
-        wk[std::size_t(((grp * blocks + o / 16) * depth + k) * 16 + o % 16)] = w[(grp * og + o) * depth + k];
+    for (std::int64_t blk = 0; blk < blocks; ++blk)
+      for (std::int64_t k = 0; k < depth; ++k) {
+        float* dst = wk.get() + ((grp * blocks + blk) * depth + k) * 16;
+        for (std::int64_t l = 0; l < 16; ++l) {
+          const std::int64_t o = blk * 16 + l;
+          dst[l] = o < og ? w[(grp * og + o) * depth + k] : 0.0f;
+        }
+      }
+  // Tasks: (image, group, block of output rows), about 48 positions each; with a pool, an even number of rows.
+  // Fewer rows per task when that leaves under 4 tasks per thread (a batch of one image).
+  const std::int64_t want = std::max<std::int64_t>(1, (48 + g.ow - 1) / g.ow), step = pool2 ? 2 : 1;
+  const std::int64_t oh_used = pool2 ? g.oh / 2 * 2 : g.oh;  // a pool drops an odd last row
+  std::int64_t rows = pool2 ? 2 * ((want + 1) / 2) : want;
+  while (rows > step && g.n * G * ((oh_used + rows - 1) / rows) < 4 * get_num_threads()) rows -= step;
+  const std::int64_t rblocks = (oh_used + rows - 1) / rows;
+  // Each task copies the input rows its output rows read (hl of them per channel, halo included) into a window of
+  // its own, zero-padded: no pass over the whole input before the convolution, and the window stays in cache.
+  const std::int64_t hl = (rows - 1) * g.sh + (g.kh - 1) * g.dh + 1, lplane = hl * wp;
   std::vector<std::int64_t> koff(static_cast<std::size_t>(depth));
   for (std::int64_t ch = 0; ch < cg; ++ch)
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
-        koff[std::size_t((ch * g.kh + i) * g.kw + j)] = ch * plane + i * g.dh * wp + j * g.dw;
+        koff[std::size_t((ch * g.kh + i) * g.kw + j)] = ch * lplane + i * g.dh * wp + j * g.dw;
   std::vector<float> bias(static_cast<std::size_t>(G * ogp), 0.0f);
   if (b)
     for (std::int64_t grp = 0; grp < G; ++grp) std::copy(b + grp * og, b + (grp + 1) * og, bias.data() + grp * ogp);
 
-  // Tasks: (image, group, block of output rows), about 48 positions each; with a pool, an even number of rows.
-  const std::int64_t want = std::max<std::int64_t>(1, (48 + g.ow - 1) / g.ow);
-  const std::int64_t rows = pool2 ? 2 * ((want + 1) / 2) : want;
-  const std::int64_t oh_used = pool2 ? g.oh / 2 * 2 : g.oh;  // a pool drops an odd last row
-  const std::int64_t rblocks = (oh_used + rows - 1) / rows;
   const std::int64_t yh = pool2 ? g.oh / 2 : g.oh, yw = pool2 ? g.ow / 2 : g.ow, yl = yh * yw;
   const bool relu = act == Act::relu;
   parallel_for(0, g.n * G * rblocks, 1, [&](std::int64_t t0, std::int64_t t1) {
+    // Scratch without a zero fill: every element read is written first.
     const std::int64_t pmax = rows * g.ow;
-    std::vector<std::int64_t> pos(static_cast<std::size_t>(pmax));
-    std::vector<float> c(static_cast<std::size_t>(pmax * ogp)), pooled(pool2 ? std::size_t(rows / 2 * yw * ogp) : 0);
+    const std::unique_ptr<std::int64_t[]> pos(new std::int64_t[std::size_t(pmax)]);
+    const std::unique_ptr<float[]> c(new float[std::size_t(pmax * ogp)]),
+        pooled(new float[pool2 ? std::size_t(rows / 2 * yw * ogp) : 1]), win(new float[std::size_t(cg * lplane)]);
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t img = t / (G * rblocks), grp = (t / rblocks) % G, rb = t % rblocks;
       const std::int64_t oy0 = rb * rows, oy1 = std::min(oh_used, oy0 + rows), P = (oy1 - oy0) * g.ow;
+      const std::int64_t iy0 = oy0 * g.sh - g.ph, rows_read = (oy1 - oy0 - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+      for (std::int64_t ch = 0; ch < cg; ++ch) {
+        const float* src = x + (img * g.c + grp * cg + ch) * g.h * g.w;
+        for (std::int64_t r = 0; r < rows_read; ++r) {
+          float* dst = win.get() + ch * lplane + r * wp;
+          const std::int64_t iy = iy0 + r;
+          if (iy < 0 || iy >= g.h) {
+            std::fill(dst, dst + wp, 0.0f);
+            continue;
+          }
+          std::fill(dst, dst + g.pw, 0.0f);
+          std::memcpy(dst + g.pw, src + iy * g.w, std::size_t(g.w) * sizeof(float));
+          std::fill(dst + g.pw + g.w, dst + wp, 0.0f);
+        }
+      }
       for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
-        for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[std::size_t(p)] = oy * g.sh * wp + ox * g.sw;
-      detail::direct::product(in + (img * g.c + grp * cg) * plane, pos.data(), P, koff.data(), depth,
-                              wk.data() + grp * blocks * depth * 16, blocks, c.data(), ogp);
+        for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[p] = (oy - oy0) * g.sh * wp + ox * g.sw;
+      detail::direct::product(win.get(), pos.get(), P, koff.data(), depth,
+                              wk.get() + grp * blocks * depth * 16, blocks, c.get(), ogp);
       // + bias, then the activation (ReLU in registers)
       for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
         const __m512 vb = _mm512_loadu_ps(bias.data() + grp * ogp + o0);
         for (std::int64_t p = 0; p < P; ++p) {
-          __m512 r = _mm512_add_ps(_mm512_loadu_ps(c.data() + p * ogp + o0), vb);
+          __m512 r = _mm512_add_ps(_mm512_loadu_ps(c.get() + p * ogp + o0), vb);
           if (relu) r = detail::direct::relu(r);
-          _mm512_storeu_ps(c.data() + p * ogp + o0, r);
+          _mm512_storeu_ps(c.get() + p * ogp + o0, r);
         }
       }
       if (!relu && act != Act::none)
-        for (std::int64_t p = 0; p < P; ++p) act_(c.data() + p * ogp, og, act);
-      const float* src = c.data();
+        for (std::int64_t p = 0; p < P; ++p) act_(c.get() + p * ogp, og, act);
+      const float* src = c.get();
       std::int64_t n_out = P, y0 = oy0 * g.ow;
       if (pool2) {
         const std::int64_t prow = (oy1 - oy0) / 2;
         for (std::int64_t py = 0; py < prow; ++py)
           for (std::int64_t px = 0; px < yw; ++px)
             for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
-              const float* r0 = c.data() + (2 * py * g.ow + 2 * px) * ogp + o0;
+              const float* r0 = c.get() + (2 * py * g.ow + 2 * px) * ogp + o0;
               const float* r1 = r0 + g.ow * ogp;
               using detail::direct::pool_pick;
               const __m512 mx = pool_pick(pool_pick(pool_pick(_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + ogp)),
                                                     _mm512_loadu_ps(r1)),
                                           _mm512_loadu_ps(r1 + ogp));
-              _mm512_storeu_ps(pooled.data() + (py * yw + px) * ogp + o0, mx);
+              _mm512_storeu_ps(pooled.get() + (py * yw + px) * ogp + o0, mx);
             }
-        src = pooled.data();
+        src = pooled.get();
         n_out = prow * yw;
         y0 = oy0 / 2 * yw;
       }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -121,6 +122,47 @@ GemmSplit choose_split(std::int64_t m, std::int64_t n, std::int64_t k, int nt, b
   const double cr = cost(true, sr), cc = cost(false, sc);
   return cr <= cc ? GemmSplit{true, sr} : GemmSplit{false, sc};
 }
+#if EMBER_GEMM_PACKED
+// a · b + c as the packed kernel's multiply-add rounds it: fused where the kernel uses FMA instructions, else as the
+// vector-extension kernel writes it (contracted by the compiler exactly when the vector form is).
+template <class T>
+EMBER_INLINE T kernel_fma(T a, T b, T c) {
+#if EMBER_GEMM_AVX512 || EMBER_GEMM_AVX2
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// Columns [j0, j1) of C (m ≤ 2 rows) = [C +] A @ B for float and double: what the packed kernel computes for these
+// elements, in its order (one multiply-add chain from zero per panel of Blocking::kc values of k, each panel's sum
+// stored or added to C in turn), so the result is bit for bit that of a taller product's rows, without packing B
+// or computing a micro-tile's padding rows. Eight columns' chains run side by side (the multiply-add latency).
+template <class T>
+void gemm_few_rows(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, MatView<T> a, MatView<T> b,
+                   T* c, std::int64_t ldc, bool accumulate) {
+  constexpr std::int64_t kc = gemm::Blocking<T>::kc;
+  constexpr int J = 8;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = j0; j < j1; j += J) {
+      const int nj = int(std::min<std::int64_t>(J, j1 - j));
+      const T* bj[J];
+      for (int t = 0; t < J; ++t) bj[t] = b.p + (j + std::min(t, nj - 1)) * b.cs;  // a tail repeats its last column
+      T* cr = c + i * ldc + j;
+      for (std::int64_t pc = 0; pc < k; pc += kc) {
+        const std::int64_t pe = std::min(k, pc + kc);
+        T acc[J] = {};
+        for (std::int64_t p = pc; p < pe; ++p) {
+          const T av = a.p[i * a.rs + p * a.cs];
+#pragma GCC unroll 8
+          for (int t = 0; t < J; ++t) acc[t] = kernel_fma(av, bj[t][p * b.rs], acc[t]);
+        }
+        const bool add = accumulate || pc > 0;
+        for (int t = 0; t < nj; ++t) cr[t] = add ? cr[t] + acc[t] : acc[t];
+      }
+    }
+}
+#endif
 }  // namespace detail
 
 /// C (m, n; row-major, leading dim ldc) = A (m, k) @ B (k, n), or += when accumulate. A and B must each have a
@@ -143,6 +185,22 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
   }
   const int nt = get_num_threads();
   const double flops = 2.0 * double(m) * double(n) * double(k);
+#if EMBER_GEMM_PACKED
+  if constexpr ((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<T, TC>) {
+    if (m <= 2) {  // a matrix-vector product (a batch of one): no packing, no padding rows
+      if (nt == 1 || flops < 4e6) {
+        detail::gemm_few_rows<T>(m, 0, n, k, a, b, c, ldc, accumulate);
+        return;
+      }
+      const std::int64_t step = std::max<std::int64_t>(8, (n / nt + 7) / 8 * 8);
+      parallel_for(0, (n + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
+        for (std::int64_t p = p0; p < p1; ++p)
+          detail::gemm_few_rows<T>(m, p * step, std::min(n, (p + 1) * step), k, a, b, c, ldc, accumulate);
+      });
+      return;
+    }
+  }
+#endif
   if (nt == 1 || flops < 4e6) {
     detail::gemm_block<T, TC>(m, n, k, a, b, c, ldc, accumulate);
     return;
