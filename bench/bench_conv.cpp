@@ -17,9 +17,12 @@ struct ConvShape {
   std::int64_t n, c, h, w, o, k, pad;
   bool input_grad;  // the first layer's input (the images) needs no gradient
 };
-// 0: conv1 of the CNN (1 -> 32 on 28x28); 1: conv2 (32 -> 64 on 14x14, after a 2x2 pool); 2: conv2 on 28x28.
-constexpr ConvShape kShapes[] = {
-    {128, 1, 28, 28, 32, 3, 1, false}, {128, 32, 14, 14, 64, 3, 1, true}, {128, 32, 28, 28, 64, 3, 1, true}};
+// 0: conv1 of the CNN (1 -> 32 on 28x28); 1: conv2 (32 -> 64 on 14x14, after a 2x2 pool); 2: conv2 on 28x28;
+// 3: vs_libtorch's conv3x3 case (64 -> 64 on 32x32, N = 32).
+constexpr ConvShape kShapes[] = {{128, 1, 28, 28, 32, 3, 1, false},
+                                 {128, 32, 14, 14, 64, 3, 1, true},
+                                 {128, 32, 28, 28, 64, 3, 1, true},
+                                 {32, 64, 32, 32, 64, 3, 1, true}};
 
 double conv_flops(const ConvShape& s) {
   return 2.0 * double(s.n * s.o * s.h * s.w) * double(s.c * s.k * s.k);  // stride 1, "same" padding
@@ -39,6 +42,21 @@ void BM_Conv2dForward(benchmark::State& state) {
     Tensor<T> y = conv2d(x, w, b, {.padding = s.pad});
     benchmark::DoNotOptimize(y.data());
   }
+  state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// The fp32 forward through the direct kernel (range(1) = 1; cpu/conv_direct.hpp, AVX-512 builds) or through
+// im2col + GEMM (0), side by side on the shapes above.
+void BM_Conv2dForwardAlgo(benchmark::State& state) {
+  const ConvShape s = kShapes[state.range(0)];
+  Tensor<float> x = randn<float>({s.n, s.c, s.h, s.w}), w = randn<float>({s.o, s.c, s.k, s.k}), b = randn<float>({s.o});
+  NoGradGuard ng;
+  cpu::conv_direct_enabled() = state.range(1) != 0;
+  for (auto _ : state) {
+    Tensor<float> y = conv2d(x, w, b, {.padding = s.pad});
+    benchmark::DoNotOptimize(y.data());
+  }
+  cpu::conv_direct_enabled() = true;
   state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
@@ -110,6 +128,7 @@ void BM_CnnInference(benchmark::State& state) {
 
 BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1, 2, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dForwardAlgo)->ArgsProduct({{0, 1, 2, 3}, {0, 1}})->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
