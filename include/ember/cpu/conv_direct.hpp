@@ -30,6 +30,12 @@
 #define EMBER_CONV_DIRECT 0
 #endif
 
+// nvcc's front end does not know `#pragma GCC unroll` (warning 1675); the host compiler still gets the pragmas.
+#if defined(__NVCC__)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 1675
+#endif
+
 namespace ember::cpu {
 
 /// Whether float convolutions may take the direct forward path (AVX-512 builds); on by default. Tests and
@@ -239,3 +245,7 @@ void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, co
 }
 
 }  // namespace ember::cpu
+
+#if defined(__NVCC__)
+#pragma nv_diagnostic pop
+#endif

@@ -154,7 +154,9 @@ void gemm_few_rows(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_
         T acc[J] = {};
         for (std::int64_t p = pc; p < pe; ++p) {
           const T av = a.p[i * a.rs + p * a.cs];
+#if !defined(__NVCC__)  // (nvcc's front end does not know the pragma)
 #pragma GCC unroll 8
+#endif
           for (int t = 0; t < J; ++t) acc[t] = kernel_fma(av, bj[t][p * b.rs], acc[t]);
         }
         const bool add = accumulate || pc > 0;
