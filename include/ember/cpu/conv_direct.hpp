@@ -138,6 +138,7 @@ template <class Geometry>
 void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, const float* b, float* y, Act act,
                            bool pool2) {
 #if EMBER_CONV_DIRECT
+  if (g.n <= 0 || g.oh <= 0 || g.ow <= 0 || g.o <= 0) return;  // nothing to write
   const std::int64_t G = g.groups, og = g.og(), cg = g.cg(), blocks = (og + 15) / 16, ogp = blocks * 16;
   const std::int64_t taps = g.kh * g.kw, depth = cg * taps;
   const std::int64_t wp = g.w + 2 * g.pw;  // a padded input row
