@@ -131,10 +131,12 @@ class DataLoader {
   using batch_type = std::remove_cvref_t<decltype(collate(std::declval<const std::vector<sample_type>&>(),
                                                            std::declval<const std::vector<std::size_t>&>()))>;
 
-  /// Sequential or shuffled (options.shuffle) batches, no transform.
+  /// Sequential or shuffled (options.shuffle) batches, no transform. (A template so that an explicit instantiation
+  /// of the class skips it for a transform without a default constructor: clang 14 ignores the constraint there.)
+  template <class Tr = Transform>
+    requires(std::is_same_v<S, DefaultSampler> && std::is_default_constructible_v<Tr>)
   DataLoader(D dataset, DataLoaderOptions opt = {})
-    requires(std::is_same_v<S, DefaultSampler> && std::is_default_constructible_v<Transform>)
-      : DataLoader(std::move(dataset), opt, Transform{}, DefaultSampler{opt.shuffle, opt.seed}) {}
+      : DataLoader(std::move(dataset), opt, Tr{}, DefaultSampler{opt.shuffle, opt.seed}) {}
   /// With a transform run in the workers.
   DataLoader(D dataset, DataLoaderOptions opt, Transform transform) requires std::is_same_v<S, DefaultSampler>
       : DataLoader(std::move(dataset), opt, std::move(transform), DefaultSampler{opt.shuffle, opt.seed}) {}
