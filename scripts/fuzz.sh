@@ -17,26 +17,39 @@ command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (scripts/deps.sh --
 
 out=${EMBER_FUZZ_OUT:-build-fuzz}
 mkdir -p "$out/artifacts"
-status=0
-for t in "${targets[@]}"; do
-  src=fuzz/fuzz_$t.cpp
-  [ -f "$src" ] || { echo "fuzz: no $src" >&2; exit 2; }
-  echo "== fuzz_$t: building"
+# One target: build it, run it, and leave a one-line verdict in $out/fuzz_<name>.verdict (its exit status says which).
+one() {
+  local t=$1 src=fuzz/fuzz_$1.cpp corpus=$out/corpus-$1 log=$out/fuzz_$1.log runs
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude \
-    "$src" -lz -o "$out/fuzz_$t"
-  corpus=$out/corpus-$t
+    "$src" -lz -o "$out/fuzz_$t" >"$out/fuzz_$t.build.log" 2>&1 ||
+    { echo "fuzz_$t: FAILED to build, see $out/fuzz_$t.build.log"; cat "$out/fuzz_$t.build.log"; return 1; }
   mkdir -p "$corpus"
   cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
-  echo "== fuzz_$t: running ${secs}s"
-  log=$out/fuzz_$t.log
   if "$out/fuzz_$t" "$corpus" -max_total_time="$secs" -max_len=262144 -rss_limit_mb=2048 -timeout=10 \
       -print_final_stats=1 -artifact_prefix="$out/artifacts/${t}-" >"$log" 2>&1; then
-    runs=$(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$log" | tail -1)
+    runs=$(grep -Eo 'Done [0-9]+ runs in [0-9]+ second' "$log" | tail -1 || true)
     echo "fuzz_$t: ok, ${runs:-see $log}; corpus $(ls "$corpus" | wc -l) inputs"
   else
-    status=1
     echo "fuzz_$t: FAILED, see $log and $out/artifacts/"
     grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5 || true
+    return 1
   fi
+}
+for t in "${targets[@]}"; do
+  [ -f "fuzz/fuzz_$t.cpp" ] || { echo "fuzz: no fuzz/fuzz_$t.cpp" >&2; exit 2; }
+done
+# Two targets at a time (a libFuzzer run is one thread; the machines CI runs on have two cores). Each one's output
+# goes to its verdict file and is printed in order at the end.
+pids=()
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n || true; done
+  echo "== fuzz_$t: building, then running ${secs}s"
+  one "$t" >"$out/fuzz_$t.verdict" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!targets[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "$out/fuzz_${targets[$i]}.verdict"
 done
 exit $status

@@ -32,7 +32,7 @@ if(MODE STREQUAL "find_package")
     message(FATAL_ERROR "consumer found ember elsewhere: ${ember_dir} (expected under ${PREFIX})")
   endif()
 endif()
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer --parallel 2)  # the C++ and the CUDA consumer side by side
 run(${WORK_DIR}/consumer/consumer)
 if(EXISTS ${WORK_DIR}/consumer/consumer_cuda)
   run(${WORK_DIR}/consumer/consumer_cuda)
