@@ -34,8 +34,8 @@ start=$SECONDS
 # -g1: line numbers in reports. CUDA, examples and benchmarks are not part of these jobs.
 cmake -S "$root" -B "$dir" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$opt -g1" \
   -DEMBER_SANITIZE="$san" \
-  -DEMBER_TEST_FILES="$files" -DEMBER_TESTS_PRECOMPILED="$pre" -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF \
-  -DEMBER_INSTALL=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+  -DEMBER_TEST_FILES="$files" -DEMBER_TESTS_PRECOMPILED="$pre" -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_EXAMPLES=OFF \
+  -DEMBER_BUILD_BENCH=OFF -DEMBER_INSTALL=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j2 --target ember_tests ember_tests_dist
 echo "sanitize $job: built in $((SECONDS - start)) s"
 cd "$root/tests"  # fixture paths are compiled in; tests that write files use their own temporary folders
