@@ -26,6 +26,12 @@ printf '%s\0' "${headers[@]}" | xargs -0 -n1 -P2 bash -c \
   'h=${!#}; i="#include <${h#include/}>"; printf "%s\n%s\n" "$i" "$i" | "${@:1:$#-1}" >"$log/${h//\//_}" 2>&1 ||
      echo "$h" >>"$log/failed"' _ "${args[@]}"
 
+# The umbrella header with the GEMM's Eigen fallback (EMBER_GEMM_EIGEN; also what nvcc's host pass gets without
+# vector-extension flags): code that only the packed kernel's builds compile must not reach it.
+eigen_case=include/ember/ember.hpp+EMBER_GEMM_EIGEN
+printf '#include <ember/ember.hpp>\n' | "${args[@]}" -DEMBER_GEMM_EIGEN >"$log/${eigen_case//\//_}" 2>&1 ||
+  echo "$eigen_case" >>"$log/failed"
+
 if [ -s "$log/failed" ]; then
   mapfile -t failed < <(sort "$log/failed")
   for h in "${failed[@]}"; do echo "==== $h"; head -n 30 "$log/${h//\//_}"; done

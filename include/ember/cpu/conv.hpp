@@ -45,6 +45,17 @@ struct ConvGeometry {
 
 namespace detail {
 
+// dst[0, n) = src[0, n) rounded to T: the packed GEMM's store where that kernel is built, a plain loop where the
+// Eigen fallback is (EMBER_GEMM_EIGEN, or nvcc without vector-extension flags).
+template <class T, class A>
+inline void store_rounded(T* EMBER_RESTRICT dst, const A* EMBER_RESTRICT src, std::int64_t n) {
+#if EMBER_GEMM_PACKED
+  gemm::store_run(dst, src, n, false);
+#else
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+#endif
+}
+
 // floor(a / b) for b > 0 and any sign of a.
 inline std::int64_t floor_div(std::int64_t a, std::int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -259,7 +270,7 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
                      acols + gi * Kg * L, L, false);
         std::fill(img, img + g.c * HW, A(0));
         detail::col2im(g, acols, img);
-        if constexpr (!wide) detail::gemm::store_run(gxi, img, g.c * HW, false);
+        if constexpr (!wide) detail::store_rounded(gxi, img, g.c * HW);
       }
     }
   });
@@ -278,8 +289,8 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
       const A* p = part.data() + t * (wn + g.o);
       for (std::int64_t k = 0; k < wn + g.o; ++k) p0[k] += p[k];
     }
-    if (gw) detail::gemm::store_run(gw, p0, wn, false);
-    if (gb) detail::gemm::store_run(gb, p0 + wn, g.o, false);
+    if (gw) detail::store_rounded(gw, p0, wn);
+    if (gb) detail::store_rounded(gb, p0 + wn, g.o);
   }
 }
 
