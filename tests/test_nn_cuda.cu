@@ -60,7 +60,8 @@ double rtol() {
   else return 3e-2;
 }
 
-/// |got - ref| <= tol * max(1, max|ref|) everywhere (got from the device, ref in double on the host).
+/// |got - ref| <= tol * max(1, max|ref|) everywhere (got from the device, ref in double on the host); NaN only where
+/// the reference is NaN (the mean of an empty batch, as PyTorch's).
 template <class T>
 void expect_close(const Tensor<T>& got_dev, const Tensor<double>& ref, double tol, const std::string& what) {
   const Tensor<double> g = dbl(to_host(got_dev));
@@ -68,16 +69,18 @@ void expect_close(const Tensor<T>& got_dev, const Tensor<double>& ref, double to
   const Tensor<double> r = ref.contiguous();
   double scale = 1, worst = 0;
   i64 at = -1;
-  for (i64 i = 0; i < r.numel(); ++i) scale = std::max(scale, std::abs(r.data()[i]));
+  for (i64 i = 0; i < r.numel(); ++i)
+    if (!std::isnan(r.data()[i])) scale = std::max(scale, std::abs(r.data()[i]));
   for (i64 i = 0; i < r.numel(); ++i) {
-    const double e = std::abs(g.data()[i] - r.data()[i]);
+    const bool both_nan = std::isnan(g.data()[i]) && std::isnan(r.data()[i]);
+    const double e = both_nan ? 0.0 : std::abs(g.data()[i] - r.data()[i]);
     if (!(e <= worst)) {  // NaN counts as worst
       worst = e;
       at = i;
     }
   }
   CHECK_MESSAGE(worst <= tol * scale, what, ": max error ", worst, " at ", at, " (tolerance ", tol * scale,
-                ", dtype ", dtype_name<T>(), ")");
+                ", dtype ", std::string(dtype_name<T>()), ")");
 }
 
 template <class T>

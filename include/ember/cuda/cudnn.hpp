@@ -411,6 +411,9 @@ void conv2d_backward_filter(const Tensor<T>& gy, const Tensor<T>& x, const Tenso
 template <class T>
 void conv2d_backward_bias(const Tensor<T>& gy, const Tensor<T>& gb) {
   const char* op = "conv2d_backward (bias)";
+  EMBER_CHECK((!std::is_same_v<T, bfloat16>), op, ": cuDNN has no bfloat16 kernel for the bias gradient (gradient of "
+              "shape ", gy.shape().str(), " on ", gy.device().str(), "); ember sums it with a reduction kernel, which "
+              "needs the convolution's backward in a translation unit compiled by nvcc");
   cudnnHandle_t h = cudnn_handle(gy.device().index);
   detail::TensorDesc yd(detail::cudnn_dtype<T>(), gy.size(0), gy.size(1), gy.size(2), gy.size(3), op);
   detail::TensorDesc bd(detail::cudnn_dtype<T>(), 1, gb.numel(), 1, 1, op);

@@ -212,6 +212,8 @@ inline Work ProcessGroup::submit(detail::Request r) {
   if (r.kind == CollectiveKind::Broadcast)
     EMBER_CHECK(r.root >= 0 && r.root < world_, "dist::broadcast: root ", r.root, " is out of range for a world of ",
                 world_);
+  // A barrier carries no tensor: it runs on the group's own backend (NCCL's all-reduces one value on its device).
+  if (r.kind == CollectiveKind::Barrier) return cpu_->submit(std::move(r));
   return backend_for(r.out.device, r.kind).submit(std::move(r));
 }
 

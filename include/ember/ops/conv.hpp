@@ -205,7 +205,18 @@ Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
     const cuda::ConvParams p = detail::cudnn_conv_params(o);
     if (need_input && r.input.numel() > 0) cuda::conv2d_backward_data<T>(gyc, detail::dense(w), r.input, p);
     if (need_weight) cuda::conv2d_backward_filter<T>(gyc, detail::dense(x), r.weight, p);
-    if (need_bias) cuda::conv2d_backward_bias<T>(gyc, r.bias);
+    if (need_bias) {
+#if defined(__CUDACC__)
+      // cuDNN's bias-gradient call has no bfloat16 kernel (CUDNN_STATUS_NOT_SUPPORTED, cuDNN 9 on an H200):
+      // bfloat16 sums on ember's reduction kernel, accumulated in double and rounded once.
+      if constexpr (std::is_same_v<T, bfloat16>) {
+        ops::reduce<expr::SumR<double>>(r.bias.reshape({1, g.o, 1, 1}), expr::TensorLeaf<T, false>{&gyc},
+                                        "conv2d_backward (bias)");
+        return r;
+      }
+#endif
+      cuda::conv2d_backward_bias<T>(gyc, r.bias);
+    }
     return r;
 #else
     EMBER_CHECK(false, "conv2d_backward: no kernel for tensors on ", x.device().str(),

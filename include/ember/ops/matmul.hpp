@@ -197,8 +197,10 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
       const cuda::Epilogue e = act == LinearAct::relu        ? cuda::Epilogue::bias_relu
                                : act == LinearAct::gelu_tanh ? cuda::Epilogue::bias_gelu_tanh
                                                              : cuda::Epilogue::bias;
-      // cuBLASLt has no epilogue for the erf GELU or SiLU: those take the GEMM + one fused pass below.
-      if ((act == LinearAct::none || act == LinearAct::relu || act == LinearAct::gelu_tanh) &&
+      // cuBLASLt has no epilogue for the erf GELU or SiLU: those take the GEMM + one fused pass below, and so does
+      // gelu_tanh in fp64, whose cuBLASLt epilogue is not accurate to fp64 (2e-9 relative, cuBLAS 13.0 on an H200).
+      constexpr bool lt_gelu = !std::is_same_v<T, double>;
+      if ((act == LinearAct::none || act == LinearAct::relu || (lt_gelu && act == LinearAct::gelu_tanh)) &&
           cuda::linear_epilogue<T>(M, N, K, detail::blas_view(x2, kx), detail::blas_view(w, kw), bc.data(), y.data(),
                                    e, x.device()))
         return y.view(out);
