@@ -63,13 +63,24 @@ int run_case(const Case& c, bool integers, std::uint32_t seed) {
   const std::vector<TC> before = out.v;
   cpu::gemm<T, TC>(c.m, c.n, c.k, a.view(), b.view(), out.v.data(), out.ld, c.accumulate);
   using Acc = cpu::acc_t<T>;
+  // The operands in double (exact for every T), A by rows and B by columns, so the reference's inner loop reads two
+  // contiguous runs: the same sums in the same order, without a conversion per product (the sanitizer job runs this
+  // at -O0, where those conversions were most of the suite's time).
+  std::vector<double> ad(std::size_t(c.m * c.k)), bd(std::size_t(c.k * c.n));
+  for (i64 i = 0; i < c.m; ++i)
+    for (i64 p = 0; p < c.k; ++p) ad[std::size_t(i * c.k + p)] = double(a.at(i, p));
+  for (i64 j = 0; j < c.n; ++j)
+    for (i64 p = 0; p < c.k; ++p) bd[std::size_t(j * c.k + p)] = double(b.at(p, j));
   int wrong = 0;
   for (i64 i = 0; i < c.m; ++i)
     for (i64 j = 0; j < c.n; ++j) {
       double ref = c.accumulate ? double(before[std::size_t(i * out.ld + j)]) : 0.0, mag = std::abs(ref);
+      const double* ar = ad.data() + i * c.k;
+      const double* bc = bd.data() + j * c.k;
       for (i64 p = 0; p < c.k; ++p) {
-        ref += double(a.at(i, p)) * double(b.at(p, j));
-        mag += std::abs(double(a.at(i, p)) * double(b.at(p, j)));
+        const double t = ar[p] * bc[p];
+        ref += t;
+        mag += std::abs(t);
       }
       const double got = double(out.at(i, j));
       if (integers) {  // an exact sum, rounded once into TC
