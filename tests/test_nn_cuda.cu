@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -512,6 +513,50 @@ TEST_CASE("cuda batch_norm: autograd backward equals the CPU") {
   expect_close(X.grad(), ref.dx, 1e-10, "d x");
   expect_close(W.grad(), ref.dweight, 1e-10, "d w");
   expect_close(Bv.grad(), ref.dbias, 1e-10, "d b");
+}
+
+TEST_CASE("cuda BatchNorm2d module moved with to(): batches counted, running statistics and eval equal the CPU") {
+  SKIP_WITHOUT_DEVICE();
+  for (const std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+    CAPTURE(momentum.has_value());
+    nn::BatchNormT<2, amp::Policy<double, double, double>> cpu_bn(3, {.momentum = momentum}),
+        dev_bn(3, {.momentum = momentum});
+    dev_bn.to(Device::cuda());
+    REQUIRE(dev_bn.num_batches_tracked.device().is_cuda());
+    for (int step = 0; step < 3; ++step) {
+      const Tensor<double> x = rnd<double>({4, 3, 5, 5}, 200 + std::uint64_t(step));
+      expect_close(dev_bn(to_dev(x)), cpu_bn(x), 1e-10, "training output");
+    }
+    CHECK(dev_bn.num_batches_tracked.item() == 3);
+    CHECK(cpu_bn.num_batches_tracked.item() == 3);
+    expect_close(dev_bn.running_mean, cpu_bn.running_mean, 1e-12, "running_mean");
+    expect_close(dev_bn.running_var, cpu_bn.running_var, 1e-12, "running_var");
+    cpu_bn.eval();
+    dev_bn.eval();
+    const Tensor<double> x = rnd<double>({2, 3, 4, 4}, 300);
+    expect_close(dev_bn(to_dev(x)), cpu_bn(x), 1e-12, "eval output");
+    CHECK(dev_bn.num_batches_tracked.item() == 3);
+  }
+}
+
+TEST_CASE("cuda dropout and nn::init on device tensors draw what the CPU draws; layer_norm across devices is an error") {
+  SKIP_WITHOUT_DEVICE();
+  const Tensor<float> x = randn<float>({64, 33});
+  Generator gc(5), gd(5);
+  expect_close(nn::functional::dropout(to_dev(x), 0.3, true, gd), dbl(nn::functional::dropout(x, 0.3, true, gc)),
+               1e-6, "dropout");
+  Tensor<float> wc = empty<float>({20, 7}), wd = empty<float>({20, 7}, Device::cuda());
+  Generator g1(6), g2(6);
+  nn::init::normal_(wc, 0.5, 2.0, g1);
+  nn::init::normal_(wd, 0.5, 2.0, g2);
+  expect_close(wd, dbl(wc), 1e-6, "init::normal_");
+  nn::init::uniform_(wc, -1.0, 3.0, g1);
+  nn::init::uniform_(wd, -1.0, 3.0, g2);
+  expect_close(wd, dbl(wc), 1e-6, "init::uniform_");
+  nn::LayerNorm ln(Shape{33});
+  ln.to(Device::cuda());
+  CHECK_THROWS_WITH_AS(ln(x), doctest::Contains("layer_norm: weight is on cuda:0 but the input of shape [64, 33] is on cpu"),
+                       Error);
 }
 
 // ---- softmax ------------------------------------------------------------------------------------------------------

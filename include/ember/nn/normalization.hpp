@@ -90,9 +90,19 @@ class BatchNormT : public Module {
     double factor = options.momentum.value_or(0.0);
     if (is_training() && options.track_running_stats) {
       Tensor<std::int64_t> n = num_batches_tracked;
-      n.data()[0] += 1;
-      n.bump_version();
-      if (!options.momentum) factor = 1.0 / double(n.data()[0]);
+      std::int64_t count = 0;
+      if (n.device().is_cpu()) {
+        count = ++n.data()[0];
+        n.bump_version();
+      } else {  // a buffer moved to a GPU by Module::to: read the count back and write the new one (8 bytes each
+                // way, plain copies: no element-wise kernel, so a TU not compiled by nvcc can train too)
+        count = n.item() + 1;
+        const Storage host = std::make_shared<StorageImpl>(static_cast<void*>(&count), sizeof count, Device::cpu(),
+                                                           nullptr);
+        copy_bytes(n.storage(), std::size_t(n.storage_offset()) * sizeof count, host, 0, sizeof count);
+        n.bump_version();
+      }
+      if (!options.momentum) factor = 1.0 / double(count);
     }
     return factor;
   }
