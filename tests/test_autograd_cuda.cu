@@ -101,6 +101,51 @@ TEST_CASE("cuda: mixing devices in one expression is an error naming both") {
   CHECK(msg.find("cuda:0") != std::string::npos);
 }
 
+TEST_CASE("cuda: backward with a gradient on another device than the output is an error naming both") {
+  SKIP_WITHOUT_CUDA();
+  Tensor<double> x = randn<double>({4, 3}).requires_grad_();
+  Tensor<double> y = x * 2.0;
+  CHECK_THROWS_WITH_AS(y.backward(to_dev(ones<double>({4, 3}))),
+                       doctest::Contains("the gradient is on cuda:0 but the output of shape [4, 3] is on cpu"), Error);
+}
+
+TEST_CASE("cuda: optimizer state follows load_state_dict to the parameter's device; a parameter moved away from its "
+          "state is an error naming it") {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(12);
+  const Tensor<double> p0 = randn<double>({50, 3});
+  std::vector<Tensor<double>> grads;
+  for (int i = 0; i < 4; ++i) grads.push_back(randn<double>({50, 3}));
+  Tensor<double> pd = to_dev(p0).requires_grad_();
+  optim::AdamW<double> od({pd}, {.lr = 0.01, .weight_decay = 0.1});
+  for (int i = 0; i < 2; ++i) {
+    pd.grad() = to_dev(grads[std::size_t(i)]);
+    od.step();
+  }
+  // A CPU copy of the parameter continues from the device optimizer's state: load_state_dict moves it to the CPU.
+  Tensor<double> pc = to_host(pd.detach()).clone().requires_grad_();
+  optim::AdamW<double> oc({pc}, {.lr = 0.01, .weight_decay = 0.1});
+  oc.load_state_dict(od.state_dict());
+  for (int i = 2; i < 4; ++i) {
+    pd.grad() = to_dev(grads[std::size_t(i)]);
+    od.step();
+    pc.grad() = grads[std::size_t(i)].clone();
+    oc.step();
+  }
+  expect_match(pc.detach(), pd.detach(), 1e-12, 1e-12, "AdamW continued on the CPU from the device's state");
+
+  // Module::to moves the parameters, not the optimizer's state (as in PyTorch): the next step says so.
+  nn::Linear lin(4, 2);
+  lin.to(Device::cuda());
+  optim::SGD sgd(lin.parameters(), {.lr = 0.1, .momentum = 0.9});
+  sum(lin(to_dev(randn<float>({3, 4})))).backward();
+  sgd.step();
+  lin.to(Device::cpu());
+  lin.zero_grad();
+  sum(lin(randn<float>({3, 4}))).backward();
+  CHECK_THROWS_WITH_AS(sgd.step(), doctest::Contains("its state 'momentum_buffer' is on cuda:0"), Error);
+}
+
 TEST_CASE("cuda: SGD (momentum, Nesterov) and Adam/AdamW (amsgrad) updates equal the CPU's") {
   SKIP_WITHOUT_CUDA();
   manual_seed(11);

@@ -62,3 +62,16 @@ TEST_CASE("dist nccl: a one-rank communicator runs every collective on device te
   Tensor<float> cpu = ones<float>(Shape{4});
   CHECK_THROWS_WITH_AS(pg.all_reduce(cpu), doctest::Contains("does not take tensors on cpu"), Error);
 }
+
+TEST_CASE("dist: a world of one (the self backend) gathers and scatters device tensors with device copies") {
+  SKIP_WITHOUT_DEVICE();
+  auto pg = dist::new_process_group({.rank = 0, .world_size = 1});
+  REQUIRE(std::string(pg->backend()) == "self");
+  Tensor<float> x = arange<float>(0, 1000).to(Device::cuda(0));
+  Tensor<float> out = zeros<float>(Shape{1000}).to(Device::cuda(0));
+  pg->all_gather_into_tensor(out, x).wait();
+  CHECK(out.to_vector()[10] == 10.f);
+  Tensor<float> rs = zeros<float>(Shape{1000}).to(Device::cuda(0));
+  pg->reduce_scatter_tensor(rs, x).wait();
+  CHECK(rs.to_vector()[999] == 999.f);
+}

@@ -35,6 +35,7 @@ GradcheckResult gradcheck(F&& f, const std::vector<Tensor<T>>& inputs, double ep
   static_assert(std::is_same_v<T, double>, "gradcheck: the inputs are double tensors");
   std::vector<Tensor<T>> xs;
   for (const auto& x : inputs) {
+    x.check_cpu("gradcheck");  // it perturbs the inputs element by element on the host
     Tensor<T> c = x.detach().clone();
     c.requires_grad_(true);
     xs.push_back(c);

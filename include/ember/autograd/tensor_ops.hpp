@@ -243,6 +243,8 @@ struct TensorOps {
       }
       EMBER_CHECK(g.shape() == root.shape(), "backward: the gradient has shape ", g.shape().str(),
                   " but the output has shape ", root.shape().str());
+      EMBER_CHECK(g.device() == root.device(), "backward: the gradient is on ", g.device().str(),
+                  " but the output of shape ", root.shape().str(), " is on ", root.device().str(), ", as in PyTorch");
       auto node = autograd::gradient_edge(root);
       static_cast<autograd::TypedNode<T>*>(node.get())->accumulate(g);
       autograd::run_backward(node, retain_graph);

@@ -239,8 +239,15 @@ inline void Collectives::execute(const Request& r) {
     const bool reduces = r.kind == CollectiveKind::AllReduce || r.kind == CollectiveKind::ReduceScatter;
     if (world_ == 1) {  // nothing to exchange; reduce_scatter and all_gather copy, Avg of one value is itself
       if ((r.kind == CollectiveKind::AllGather || r.kind == CollectiveKind::ReduceScatter) && r.out.data != r.in.data &&
-          r.out.bytes() > 0)
-        std::memcpy(r.out.data, r.in.data, r.out.bytes());
+          r.out.bytes() > 0) {
+        if (r.out.device.is_cpu() && r.in.device.is_cpu()) {
+          std::memcpy(r.out.data, r.in.data, r.out.bytes());
+        } else {  // CUDA tensors (this backend takes every device): a device copy on non-owning views
+          const std::size_t n = r.out.bytes();
+          copy_bytes(std::make_shared<StorageImpl>(r.out.data, n, r.out.device, nullptr), 0,
+                     std::make_shared<StorageImpl>(r.in.data, n, r.in.device, nullptr), 0, n);
+        }
+      }
       return;
     }
     if (narrow16 && reduces) {

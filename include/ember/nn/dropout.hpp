@@ -26,7 +26,8 @@ Tensor<T> dropout(const Tensor<T>& x, double p = 0.5, bool training = true, Gene
   if (!training || p == 0) return x;
   // (double scalars: half and bfloat16 tensors take arithmetic scalars, not their own type)
   if (p == 1) return x * 0.0;
-  const Tensor<T> keep = bernoulli<T>(x.shape(), 1.0 - p, gen);  // 1 = kept
+  Tensor<T> keep = bernoulli<T>(x.shape(), 1.0 - p, gen);  // 1 = kept; drawn on the host on every device
+  if (!x.device().is_cpu()) keep = keep.to(x.device());
   return x * keep * (1.0 / (1.0 - p));
 }
 }  // namespace functional

@@ -45,7 +45,8 @@ Tensor<T>& uniform_(Tensor<T>& t, double a = 0.0, double b = 1.0, Generator& g =
   EMBER_CHECK(a <= b, "init::uniform_: expected a <= b, got [", a, ", ", b, "]");
   NoGradGuard ng;
   Tensor<T> r = rand<T>(t.shape(), g);
-  t = r * T(b - a) + T(a);
+  if (t.device().is_cpu()) t = r * T(b - a) + T(a);
+  else t.copy_(Tensor<T>(r * T(b - a) + T(a)));  // drawn on the host, as on the CPU, then copied to the device
   return t;
 }
 /// Fills t with N(mean, std²).
@@ -54,7 +55,8 @@ Tensor<T>& normal_(Tensor<T>& t, double mean = 0.0, double std = 1.0, Generator&
   EMBER_CHECK(std >= 0, "init::normal_: std must be non-negative, got ", std);
   NoGradGuard ng;
   Tensor<T> r = randn<T>(t.shape(), g);
-  t = r * T(std) + T(mean);
+  if (t.device().is_cpu()) t = r * T(std) + T(mean);
+  else t.copy_(Tensor<T>(r * T(std) + T(mean)));  // drawn on the host, as on the CPU, then copied to the device
   return t;
 }
 template <class T>

@@ -580,6 +580,10 @@ std::int64_t check_layer_norm(const Tensor<T>& x, const Shape& ns, const Tensor<
   EMBER_CHECK(!b.defined() || b.shape() == ns, "layer_norm: bias has shape ", b.shape().str(),
               " but normalized_shape is ", ns.str());
   x.check_cpu("layer_norm");
+  EMBER_CHECK(!w.defined() || w.device() == x.device(), "layer_norm: weight is on ", w.device().str(),
+              " but the input of shape ", x.shape().str(), " is on ", x.device().str());
+  EMBER_CHECK(!b.defined() || b.device() == x.device(), "layer_norm: bias is on ", b.device().str(),
+              " but the input of shape ", x.shape().str(), " is on ", x.device().str());
   return ns.numel();
 }
 }  // namespace detail
@@ -685,6 +689,10 @@ LayerNormGrads<T> layer_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
   EMBER_PROFILE_RANGE("layer_norm_backward");
   EMBER_CHECK(grad.shape() == x.shape(), "layer_norm_backward: the gradient has shape ", grad.shape().str(),
               " but the input has ", x.shape().str());
+  x.check_cpu("layer_norm_backward");
+  grad.check_cpu("layer_norm_backward");
+  EMBER_CHECK(!weight.defined() || weight.device() == x.device(), "layer_norm_backward: weight is on ",
+              weight.device().str(), " but the input of shape ", x.shape().str(), " is on ", x.device().str());
   const std::int64_t D = normalized_shape.numel();
   const std::int64_t R = D > 0 ? x.numel() / D : 0;
   LayerNormGrads<T> r;

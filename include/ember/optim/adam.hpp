@@ -104,6 +104,9 @@ class BasicAdam : public Optimizer {
           s.v = zeros<T>(p.shape(), p.device());
           if (o.amsgrad) s.vmax = zeros<T>(p.shape(), p.device());
         }
+        detail::check_state_device(p, s.m, kName, "exp_avg");
+        detail::check_state_device(p, s.v, kName, "exp_avg_sq");
+        detail::check_state_device(p, s.vmax, kName, "max_exp_avg_sq");
         ++s.step;
         const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
         const T step_size = T(o.lr / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o.eps);

@@ -57,6 +57,16 @@ Tensor<T> checked_grad(const Tensor<T>& p, const char* op) {
   return g.is_contiguous() ? g : g.contiguous();
 }
 
+/// Checks that an optimizer state tensor (when there is one) lives where its parameter does: Module::to moves the
+/// parameters but not the optimizer's state, as in PyTorch.
+template <class T>
+void check_state_device(const Tensor<T>& p, const Tensor<T>& state, const char* op, const char* name) {
+  EMBER_CHECK(!state.defined() || state.device() == p.device(), op, ": the parameter of shape ", p.shape().str(),
+              " is on ", p.device().str(), " but its state '", name, "' is on ", state.device().str(),
+              "; the optimizer's state stays where it was made when the model moves: create the optimizer after "
+              "Module::to, or load its state_dict again (state is moved to each parameter's device)");
+}
+
 /// The error of an optimizer step on CUDA tensors in a translation unit that nvcc did not compile.
 [[noreturn, gnu::cold]] inline void no_cuda_update(const char* op, Device d) {
   throw Error(::ember::detail::concat(op, ": a parameter is on ", d.str(), "; the update of CUDA parameters is "
@@ -78,7 +88,7 @@ void zero_grads(const std::vector<Tensor<T>>& params, bool set_to_none) {
 
 inline Tensor<double> scalar(double v) { return full<double>(Shape{}, v); }
 using ::ember::read_scalar;
-/// Copies a saved state tensor into (or creates) a buffer of the parameter's shape.
+/// Copies a saved state tensor into (or creates) a buffer of the parameter's shape, on the parameter's device.
 template <class T>
 void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,
                  const char* op) {
@@ -90,7 +100,7 @@ void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T
   const auto* t = std::get_if<Tensor<T>>(&it->second);
   EMBER_CHECK(t && t->shape() == like.shape(), op, "::load_state_dict: '", key, "' is ", nn::describe(it->second),
               ", expected ", dtype_name<T>(), " ", like.shape().str());
-  buf = t->clone();
+  buf = t->device() == like.device() ? t->clone() : t->to(like.device());  // on the parameter's device, as PyTorch
 }
 
 }  // namespace detail

@@ -81,6 +81,7 @@ class SGD final : public Optimizer {
 #endif
         const bool first = !buf.defined();
         if (o.momentum != 0 && first) buf = empty<T>(p.shape(), p.device());
+        detail::check_state_device(p, buf, "optim::SGD", "momentum_buffer");
         if (p.device().is_cuda()) {
           // The same update as fused expressions (one pass per written tensor) through the CUDA executor.
 #if EMBER_CUDA_EXECUTOR
