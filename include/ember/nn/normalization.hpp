@@ -97,10 +97,7 @@ class BatchNormT : public Module {
       } else {  // a buffer moved to a GPU by Module::to: read the count back and write the new one (8 bytes each
                 // way, plain copies: no element-wise kernel, so a TU not compiled by nvcc can train too)
         count = n.item() + 1;
-        const Storage host = std::make_shared<StorageImpl>(static_cast<void*>(&count), sizeof count, Device::cpu(),
-                                                           nullptr);
-        copy_bytes(n.storage(), std::size_t(n.storage_offset()) * sizeof count, host, 0, sizeof count);
-        n.bump_version();
+        n.copy_(full<std::int64_t>(Shape{}, count));
       }
       if (!options.momentum) factor = 1.0 / double(count);
     }
