@@ -31,3 +31,28 @@ function(ember_set_target_options target)
   endif()
   set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF)  # -std=c++20, not gnu++20
 endfunction()
+
+# The CUDA architectures of ember's own nvcc targets (the CUDA tests and benchmarks) when CMAKE_CUDA_ARCHITECTURES is
+# not given: the GPU's on a machine that has one (nvidia-smi's compute capability, e.g. 9.0 -> 90), and sm_90's PTX
+# only ("90-virtual") on a machine without one, such as CI. cicc still compiles every kernel there; what is skipped is
+# ptxas (about 15% of each nvcc TU), whose work the driver does when the binary first runs on a GPU (and caches).
+# To build SASS on this machine for a GPU elsewhere: -DCMAKE_CUDA_ARCHITECTURES=90 (or 80, ...).
+#   ember_default_cuda_architectures()   (a macro: sets CMAKE_CUDA_ARCHITECTURES in the caller's scope)
+macro(ember_default_cuda_architectures)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    if(NOT DEFINED EMBER_DETECTED_CUDA_ARCHITECTURES)
+      execute_process(COMMAND nvidia-smi --query-gpu=compute_cap --format=csv,noheader
+                      OUTPUT_VARIABLE _ember_cc RESULT_VARIABLE _ember_rc ERROR_QUIET
+                      OUTPUT_STRIP_TRAILING_WHITESPACE)
+      if(_ember_rc EQUAL 0 AND _ember_cc MATCHES "^([0-9]+)\\.([0-9]+)")
+        set(EMBER_DETECTED_CUDA_ARCHITECTURES "${CMAKE_MATCH_1}${CMAKE_MATCH_2}" CACHE INTERNAL "")
+        message(STATUS "ember: CUDA tests and benchmarks built for this machine's GPU (sm_${CMAKE_MATCH_1}${CMAKE_MATCH_2})")
+      else()
+        set(EMBER_DETECTED_CUDA_ARCHITECTURES 90-virtual CACHE INTERNAL "")
+        message(STATUS "ember: no GPU here; CUDA tests and benchmarks built as sm_90 PTX "
+                       "(-DCMAKE_CUDA_ARCHITECTURES=90 for SASS)")
+      endif()
+    endif()
+    set(CMAKE_CUDA_ARCHITECTURES ${EMBER_DETECTED_CUDA_ARCHITECTURES})
+  endif()
+endmacro()
