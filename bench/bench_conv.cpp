@@ -45,18 +45,21 @@ void BM_Conv2dForward(benchmark::State& state) {
   state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-// The fp32 forward through the direct kernel (range(1) = 1; cpu/conv_direct.hpp, AVX-512 builds) or through
-// im2col + GEMM (0), side by side on the shapes above.
+// The fp32 forward through im2col + GEMM (range(1) = 0), the direct kernel (1; cpu/conv_direct.hpp, AVX-512 builds)
+// or the Winograd kernel where it applies (2; cpu/conv_winograd.hpp, the default for shapes 1-3), side by side on
+// the shapes above.
 void BM_Conv2dForwardAlgo(benchmark::State& state) {
   const ConvShape s = kShapes[state.range(0)];
   Tensor<float> x = randn<float>({s.n, s.c, s.h, s.w}), w = randn<float>({s.o, s.c, s.k, s.k}), b = randn<float>({s.o});
   NoGradGuard ng;
   cpu::conv_direct_enabled() = state.range(1) != 0;
+  cpu::conv_winograd_enabled() = state.range(1) == 2;
   for (auto _ : state) {
     Tensor<float> y = conv2d(x, w, b, {.padding = s.pad});
     benchmark::DoNotOptimize(y.data());
   }
   cpu::conv_direct_enabled() = true;
+  cpu::conv_winograd_enabled() = true;
   state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
@@ -79,6 +82,14 @@ void BM_Conv2dTrain(benchmark::State& state) {
   }
   state.counters["FLOP/s"] = benchmark::Counter(conv_flops(s) * (s.input_grad ? 3.0 : 2.0) * double(state.iterations()),
                                                 benchmark::Counter::kIsRate);
+}
+
+// The fp32 training step with the input gradient through the Winograd kernel (range(1) = 1, the default) or through
+// GEMM + col2im (0), and the forward through Winograd or the direct kernel alike.
+void BM_Conv2dTrainAlgo(benchmark::State& state) {
+  cpu::conv_winograd_enabled() = state.range(1) != 0;
+  BM_Conv2dTrain<float>(state);
+  cpu::conv_winograd_enabled() = true;
 }
 
 // 2x2 max pooling after conv1 (128, 32, 28, 28) and after conv2 (128, 64, 14, 14), forward and backward.
@@ -128,8 +139,9 @@ void BM_CnnInference(benchmark::State& state) {
 
 BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1, 2, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Conv2dForwardAlgo)->ArgsProduct({{0, 1, 2, 3}, {0, 1}})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dForwardAlgo)->ArgsProduct({{0, 1, 2, 3}, {0, 1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dTrainAlgo)->ArgsProduct({{1, 2, 3}, {0, 1}})->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<bfloat16>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward<half>)->DenseRange(1, 2)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -8,6 +8,7 @@
 // dtypes; convert one with cast<T>(x)".
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -272,8 +273,15 @@ TEST_CASE("conv2d: batch-parallel and GEMM-parallel paths agree with one thread"
 // The direct float forward (cpu/conv_direct.hpp, AVX-512 builds) against im2col + GEMM and the double result, over
 // the index arithmetic (stride, padding, dilation, groups, output channels that fill 1 to 5 blocks of 16: each
 // register tile), the fused activations and 2x2 pool (odd sizes), NaN and -0; one input channel stays on im2col.
+// Switches the Winograd path off for a scope (tests of the kernels it would take over).
+struct NoWinograd {
+  bool saved = cpu::conv_winograd_enabled().exchange(false);
+  ~NoWinograd() { cpu::conv_winograd_enabled() = saved; }
+};
+
 TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with double") {
   ThreadsGuard guard;
+  NoWinograd no_winograd;
   struct Case {
     i64 n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups;
   };
@@ -342,6 +350,131 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
     }
     CHECK(nan_direct > 0);
     CHECK(nan_mismatch == 0);
+  }
+}
+
+// The Winograd F(4x4, 3x3) path (AVX-512 builds): the forward and the gradient to the input against double, over
+// channel counts that are and are not multiples of 16, paddings 0-2 (the gradient's convolution is padded by
+// 2 - padding), sizes that do and do not divide into 4x4 tiles and bands of several tile rows. The bound is the
+// direct kernel's, 2 (depth + 2) eps mag, mag the same convolution of absolute values; the transforms' rounding
+// (their entries reach 5, 1/4 and 8) stays well inside it (the largest error / ((depth + 2) eps mag) over the cases
+// is printed: about 0.5). A wrong transform entry gives errors of the order of mag itself, 10^4 times the bound.
+// Thread counts give identical bits (each tile's sums do not depend on how tiles are grouped).
+TEST_CASE("conv2d float: the Winograd forward and input gradient agree with double") {
+  ThreadsGuard guard;
+  if (!EMBER_CONV_DIRECT) return;
+  constexpr double wino_bound = 2;
+  struct Case {
+    i64 n, c, h, w, o, ph, pw;
+  };
+  const Case cases[] = {{2, 16, 8, 8, 16, 1, 1},   {1, 17, 9, 11, 33, 1, 1}, {2, 32, 14, 14, 64, 1, 1},
+                        {1, 20, 7, 5, 18, 0, 0},   {1, 16, 6, 6, 24, 2, 2},  {1, 16, 10, 13, 16, 0, 2},
+                        {1, 64, 30, 30, 64, 1, 1}, {3, 24, 3, 3, 40, 1, 0}};
+  double worst = 0;
+  for (const Case& k : cases) {
+    cpu::ConvGeometry g;
+    g.n = k.n, g.c = k.c, g.h = k.h, g.w = k.w, g.o = k.o, g.kh = 3, g.kw = 3, g.ph = k.ph, g.pw = k.pw;
+    g.oh = g.h + 2 * g.ph - 2;
+    g.ow = g.w + 2 * g.pw - 2;
+    INFO("input " << Shape{g.n, g.c, g.h, g.w}.str() << " output channels " << g.o << " padding " << g.ph << ","
+                  << g.pw);
+    REQUIRE(cpu::conv_winograd_applies<float>(g));
+    TF x = normal_f({g.n, g.c, g.h, g.w}, 61), w = normal_f({g.o, g.c, 3, 3}, 62), b = normal_f({g.o}, 63);
+    const TF gy = normal_f({g.n, g.o, g.oh, g.ow}, 64);
+    const Conv2dOptions co{.padding = {g.ph, g.pw}};
+    // double references: y, its magnitude, and the input gradient and its magnitude (autograd in double)
+    TD xd = TD(cast<double>(x)), xa = TD(abs(xd));
+    const TD wd = TD(cast<double>(w)), bd = TD(cast<double>(b)), gyd = TD(cast<double>(gy));
+    xd.requires_grad_(true);
+    xa.requires_grad_(true);
+    const TD want = conv2d(xd, wd, bd, co), mag = conv2d(xa, TD(abs(wd)), TD(abs(bd)), co);
+    TD(want).backward(gyd);
+    TD(mag).backward(TD(abs(gyd)));
+    const TD gx_want = xd.grad(), gx_mag = xa.grad();
+    const double eps = double(std::numeric_limits<float>::epsilon());
+    auto count_wrong = [&](const TF& got, const TD& ref, const TD& bound, double depth) {
+      int wrong = 0;
+      for (i64 i = 0; i < got.numel(); ++i) {
+        const double err = std::abs(double(got.data()[i]) - ref.data()[i]), unit = (depth + 2) * eps * bound.data()[i];
+        worst = std::max(worst, err / unit);
+        wrong += !(err <= wino_bound * unit);
+      }
+      return wrong;
+    };
+    TF first_y, first_gx;
+    for (const int threads : {1, 2}) {
+      cpu::set_num_threads(threads);
+      for (const cpu::Act act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu}) {
+        INFO("act " << std::string(cpu::act_name(act)) << " threads " << threads);
+        TF y = empty<float>({g.n, g.o, g.oh, g.ow});
+        cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), act);
+        const TD ref = act == cpu::Act::relu ? TD(relu(want)) : act == cpu::Act::gelu ? TD(gelu(want)) : want;
+        CHECK(count_wrong(y, ref, mag, double(g.c * 9)) == 0);
+        if (act == cpu::Act::none) {
+          if (threads == 1) first_y = y;
+          else CHECK(ember_test::bitwise_equal(y, first_y));
+        }
+        if (g.oh >= 2 && g.ow >= 2) {  // the fused 2x2 max pool equals max_pool2d of the output
+          TF yp = empty<float>({g.n, g.o, g.oh / 2, g.ow / 2});
+          cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), yp.data(), act, true);
+          CHECK(ember_test::bitwise_equal(yp, max_pool2d(y, 2)));
+        }
+      }
+      // A per-image callback (the fused conv + batch norm's statistics) sees each image's final output once, from
+      // the task that computed it or after the convolution when images span several tasks.
+      {
+        TF y = empty<float>({g.n, g.o, g.oh, g.ow});
+        std::vector<int> calls(std::size_t(g.n), 0);
+        std::vector<std::vector<float>> seen(std::size_t(g.n));
+        std::vector<const float*> where(std::size_t(g.n));
+        cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), cpu::Act::none, false,
+                                   [&](i64 i, const float* yi) {  // (no doctest assertions on the workers)
+                                     ++calls[std::size_t(i)];
+                                     where[std::size_t(i)] = yi;
+                                     seen[std::size_t(i)].assign(yi, yi + g.o * g.oh * g.ow);
+                                   });
+        CHECK(ember_test::bitwise_equal(y, first_y));
+        for (i64 i = 0; i < g.n; ++i) {
+          CHECK(calls[std::size_t(i)] == 1);
+          CHECK(where[std::size_t(i)] == y.data() + i * g.o * g.oh * g.ow);
+          CHECK(std::equal(seen[std::size_t(i)].begin(), seen[std::size_t(i)].end(), y.data() + i * g.o * g.oh * g.ow));
+        }
+      }
+      TF gx = empty<float>({g.n, g.c, g.h, g.w});
+      cpu::conv2d_backward<float>(g, x.data(), w.data(), gy.data(), gx.data(), nullptr, nullptr);
+      INFO("input gradient, threads " << threads);
+      CHECK(count_wrong(gx, gx_want, gx_mag, double(g.o * 9)) == 0);
+      if (threads == 1) first_gx = gx;
+      else CHECK(ember_test::bitwise_equal(gx, first_gx));
+    }
+    // Through the op and autograd too: the weight and bias gradients keep im2col + GEMM.
+    TF xf = x.clone(), wf = w.clone(), bf = b.clone();
+    for (TF* t : {&xf, &wf, &bf}) t->requires_grad_(true);
+    conv2d(xf, wf, bf, co).backward(gy);
+    CHECK(count_wrong(xf.grad(), gx_want, gx_mag, double(g.o * 9)) == 0);
+    // A NaN in the input reaches outputs (the transforms do not hide it).
+    TF xn = x.clone();
+    xn.data()[xn.numel() / 2] = std::numeric_limits<float>::quiet_NaN();
+    TF yn = empty<float>({g.n, g.o, g.oh, g.ow});
+    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), yn.data());
+    int nan_out = 0;
+    for (i64 i = 0; i < yn.numel(); ++i) nan_out += std::isnan(yn.data()[i]);
+    CHECK(nan_out > 0);
+  }
+  MESSAGE("Winograd: largest error / ((depth + 2) eps mag) over the cases: " << worst);
+  // Not taken: a 3x3 stride-2, dilated, grouped or 5x5 convolution, fewer than 16 channels in or out.
+  cpu::ConvGeometry g;
+  g.n = 1, g.c = 16, g.h = 8, g.w = 8, g.o = 16, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1, g.oh = 8, g.ow = 8;
+  CHECK(cpu::conv_winograd_applies<float>(g));
+  CHECK_FALSE(cpu::conv_winograd_applies<double>(g));
+  for (auto change : std::vector<std::function<void(cpu::ConvGeometry&)>>{
+           [](cpu::ConvGeometry& h) { h.sh = 2; }, [](cpu::ConvGeometry& h) { h.dw = 2; },
+           [](cpu::ConvGeometry& h) { h.groups = 2; }, [](cpu::ConvGeometry& h) { h.kh = h.kw = 5; },
+           [](cpu::ConvGeometry& h) { h.c = 15; }, [](cpu::ConvGeometry& h) { h.o = 8; },
+           [](cpu::ConvGeometry& h) { h.ph = 3; }}) {
+    cpu::ConvGeometry h = g;
+    change(h);
+    CHECK_FALSE(cpu::conv_winograd_applies<float>(h));
   }
 }
 
@@ -797,48 +930,51 @@ TEST_CASE("conv2d_batch_norm gradcheck: every tail, with and without biases and 
 // four ops bit for bit: outputs, every gradient and the running statistics, at one and two threads.
 TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d bit for bit") {
   ThreadsGuard guard;
-  for (int threads : {1, 2})
-    for (int tail = 0; tail < 4; ++tail) {
-      cpu::set_num_threads(threads);
-      const bool relu_on = tail & 1, pool_on = tail & 2;
-      INFO("threads " << threads << ", relu " << relu_on << ", pool " << pool_on);
-      // 17 images: more than the 16 batch blocks of the statistics; an odd output size for the pool.
-      const TF x0 = normal_f({17, 3, 11, 11}, 51), w0 = normal_f({6, 3, 3, 3}, 52), b0 = normal_f({6}, 53);
-      const TF g0 = TF(normal_f({6}, 54) * 0.5f + 1.f), be0 = normal_f({6}, 55);
-      TF out[2], gx[2], gw[2], gb[2], gg[2], gbe[2], rm[2], rv[2];
-      for (int fused = 0; fused < 2; ++fused) {
-        TF x = x0.clone(), w = w0.clone(), b = b0.clone(), gamma = g0.clone(), beta = be0.clone();
-        for (TF* t : {&x, &w, &b, &gamma, &beta}) t->requires_grad_(true);
-        rm[fused] = zeros<float>({6});
-        rv[fused] = ones<float>({6});
-        ops::ConvBnOptions bo;
-        bo.relu = relu_on;
-        bo.pool2 = pool_on;
-        TF y;
-        if (fused) {
-          y = conv2d_batch_norm(x, w, b, rm[1], rv[1], gamma, beta, {1, 1}, bo);
-        } else {
-          y = batch_norm(conv2d(x, w, b, {1, 1}), rm[0], rv[0], gamma, beta, true, bo.momentum, bo.eps);
-          if (relu_on) y = TF(relu(y));
-          if (pool_on) y = max_pool2d(y, 2);
+  // 3 -> 6 channels (im2col + GEMM) and 16 -> 24 (the Winograd kernel in AVX-512 builds, with the statistics' callback)
+  for (const auto& [ci, co] : {std::pair<i64, i64>{3, 6}, std::pair<i64, i64>{16, 24}})
+    for (int threads : {1, 2})
+      for (int tail = 0; tail < 4; ++tail) {
+        cpu::set_num_threads(threads);
+        const bool relu_on = tail & 1, pool_on = tail & 2;
+        INFO("channels " << ci << " -> " << co << ", threads " << threads << ", relu " << relu_on << ", pool "
+                         << pool_on);
+        // 17 images: more than the 16 batch blocks of the statistics; an odd output size for the pool.
+        const TF x0 = normal_f({17, ci, 11, 11}, 51), w0 = normal_f({co, ci, 3, 3}, 52), b0 = normal_f({co}, 53);
+        const TF g0 = TF(normal_f({co}, 54) * 0.5f + 1.f), be0 = normal_f({co}, 55);
+        TF out[2], gx[2], gw[2], gb[2], gg[2], gbe[2], rm[2], rv[2];
+        for (int fused = 0; fused < 2; ++fused) {
+          TF x = x0.clone(), w = w0.clone(), b = b0.clone(), gamma = g0.clone(), beta = be0.clone();
+          for (TF* t : {&x, &w, &b, &gamma, &beta}) t->requires_grad_(true);
+          rm[fused] = zeros<float>({co});
+          rv[fused] = ones<float>({co});
+          ops::ConvBnOptions bo;
+          bo.relu = relu_on;
+          bo.pool2 = pool_on;
+          TF y;
+          if (fused) {
+            y = conv2d_batch_norm(x, w, b, rm[1], rv[1], gamma, beta, {1, 1}, bo);
+          } else {
+            y = batch_norm(conv2d(x, w, b, {1, 1}), rm[0], rv[0], gamma, beta, true, bo.momentum, bo.eps);
+            if (relu_on) y = TF(relu(y));
+            if (pool_on) y = max_pool2d(y, 2);
+          }
+          y.backward(normal_f(y.shape(), 56));
+          out[fused] = y.detach();
+          gx[fused] = x.grad();
+          gw[fused] = w.grad();
+          gb[fused] = b.grad();
+          gg[fused] = gamma.grad();
+          gbe[fused] = beta.grad();
         }
-        y.backward(normal_f(y.shape(), 56));
-        out[fused] = y.detach();
-        gx[fused] = x.grad();
-        gw[fused] = w.grad();
-        gb[fused] = b.grad();
-        gg[fused] = gamma.grad();
-        gbe[fused] = beta.grad();
+        CHECK(ember_test::bitwise_equal(out[0], out[1]));
+        CHECK(ember_test::bitwise_equal(gx[0], gx[1]));
+        CHECK(ember_test::bitwise_equal(gw[0], gw[1]));
+        CHECK(ember_test::bitwise_equal(gb[0], gb[1]));
+        CHECK(ember_test::bitwise_equal(gg[0], gg[1]));
+        CHECK(ember_test::bitwise_equal(gbe[0], gbe[1]));
+        CHECK(ember_test::bitwise_equal(rm[0], rm[1]));
+        CHECK(ember_test::bitwise_equal(rv[0], rv[1]));
       }
-      CHECK(ember_test::bitwise_equal(out[0], out[1]));
-      CHECK(ember_test::bitwise_equal(gx[0], gx[1]));
-      CHECK(ember_test::bitwise_equal(gw[0], gw[1]));
-      CHECK(ember_test::bitwise_equal(gb[0], gb[1]));
-      CHECK(ember_test::bitwise_equal(gg[0], gg[1]));
-      CHECK(ember_test::bitwise_equal(gbe[0], gbe[1]));
-      CHECK(ember_test::bitwise_equal(rm[0], rm[1]));
-      CHECK(ember_test::bitwise_equal(rv[0], rv[1]));
-    }
 }
 
 // Ties in the pool's windows (few distinct values): the gradient goes to the first maximum, as max_pool2d's.

@@ -7,7 +7,8 @@
 // the parallel loop run serially); weight gradients are summed per run and reduced in a fixed order, so results
 // do not depend on scheduling. With fewer images than threads, images run one after another and each GEMM is
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
-// column matrix.
+// column matrix. In AVX-512 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out take the
+// Winograd kernel of cpu/conv_winograd.hpp for the forward and the gradient to the input.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/conv_direct.hpp"
+#include "ember/cpu/conv_winograd.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/gemm.hpp"
 #include "ember/cpu/pool.hpp"
@@ -170,8 +172,13 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 template <class T, class ImageDone = std::nullptr_t>
 void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
                     bool pool2 = false, const ImageDone& image_done = nullptr) {
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<ImageDone, std::nullptr_t>) {
-    if (conv_direct_applies<T>(g)) return conv2d_forward_direct(g, x, w, b, y, act, pool2);
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
+    if ((no_done || !pool2) && conv_winograd_applies<T>(g))
+      return conv2d_forward_winograd(g, x, w, b, y, act, pool2, image_done);
+    if constexpr (no_done) {
+      if (conv_direct_applies<T>(g)) return conv2d_forward_direct(g, x, w, b, y, act, pool2);
+    }
   }
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
@@ -222,6 +229,13 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
 /// back onto the input are fp32 buffers, each output is rounded once.
 template <class T>
 void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (gx && conv_winograd_applies<T>(g)) {  // gx through the Winograd kernel, the weight and bias sums below
+      conv2d_backward_data_winograd(g, w, gy, gx);
+      if (gw || gb) conv2d_backward(g, x, w, gy, static_cast<T*>(nullptr), gw, gb);
+      return;
+    }
+  }
   using A = acc_t<T>;
   constexpr bool wide = std::is_same_v<A, T>;  // float and double accumulate in place
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg(), HW = g.h * g.w;
@@ -276,7 +290,7 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
   });
   // Sum the other runs' partials in order (in fp32 for 16-bit T, rounded once).
   if constexpr (wide) {
-    for (std::int64_t t = 1; t < tasks; ++t) {
+    for (std::int64_t t = 1; t < tasks && (gw || gb); ++t) {
       const A* p = part.data() + (t - 1) * (wn + g.o);
       if (gw)
         for (std::int64_t k = 0; k < wn; ++k) gw[k] += p[k];
