@@ -231,6 +231,18 @@ TEST_CASE("conv2d: only the gradients that are needed, and unbatched shapes") {
   const TD yu = conv2d(x[1], w.detach(), b, {1, 1});
   CHECK(yu.shape() == Shape({4, 5, 5}));
   CHECK(max_diff(yu, y.detach()[1]) == 0);
+  // Only the input's gradient (a frozen layer), over enough images for several runs of the batch: the same values
+  // as when the weight's gradient is computed beside it.
+  ThreadsGuard guard;
+  cpu::set_num_threads(2);
+  TD xi = normal({9, 3, 5, 5}, 5), wf = w.detach(), wg = w.detach().clone();
+  xi.requires_grad_(true);
+  sum(conv2d(xi, wf, b, {1, 1})).backward();
+  TD xj = xi.detach().clone();
+  xj.requires_grad_(true);
+  wg.requires_grad_(true);
+  sum(conv2d(xj, wg, b, {1, 1})).backward();
+  CHECK(max_diff(xi.grad(), xj.grad()) == 0);
   NoGradGuard ng;
   TD x2 = normal({1, 3, 5, 5}, 4);
   x2.requires_grad_(true);
