@@ -8,7 +8,7 @@
 // do not depend on scheduling. With fewer images than threads, images run one after another and each GEMM is
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
 // column matrix. In AVX-512 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out take the
-// Winograd kernel of cpu/conv_winograd.hpp for the forward and the gradient to the input.
+// Winograd kernels of cpu/conv_winograd.hpp for the forward and the gradients to the input and the weight.
 #pragma once
 
 #include <algorithm>
@@ -230,9 +230,10 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
 template <class T>
 void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
   if constexpr (std::is_same_v<T, float>) {
-    if (gx && conv_winograd_applies<T>(g)) {  // gx through the Winograd kernel, the weight and bias sums below
-      conv2d_backward_data_winograd(g, w, gy, gx);
-      if (gw || gb) conv2d_backward(g, x, w, gy, static_cast<T*>(nullptr), gw, gb);
+    if ((gx || gw) && conv_winograd_applies<T>(g)) {  // gx and gw through the Winograd kernels, gb below
+      if (gx) conv2d_backward_data_winograd(g, w, gy, gx);
+      if (gw) conv2d_backward_weight_winograd(g, x, gy, gw);
+      if (gb) conv2d_backward(g, x, w, gy, static_cast<T*>(nullptr), static_cast<T*>(nullptr), gb);
       return;
     }
   }

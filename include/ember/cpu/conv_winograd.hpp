@@ -172,24 +172,93 @@ inline std::unique_ptr<float[]> transform_kernels(const float* w, std::int64_t o
   return u;
 }
 
+// How a call is cut into tasks: bands of tile rows of one image, or, for small images, groups of whole images, of
+// about 24-48 tiles each (the transformed tiles, 36 x tiles x channels, stay in L2); fewer tiles when that leaves
+// under 4 tasks per thread. Task i covers images [img0, img0 + nimg) and tile rows [ty0, ty0 + nty).
+struct Plan {
+  std::int64_t tx = 0, ty = 0, ww = 0, band = 1, bands = 1, group = 1, groups = 1, tmax = 0;
+  template <class Geometry>
+  explicit Plan(const Geometry& g) : tx((g.ow + 3) / 4), ty((g.oh + 3) / 4), ww(tx * 4 + 2) {
+    const std::int64_t min_tasks = 4 * get_num_threads();
+    band = std::max<std::int64_t>(1, (24 + tx / 2) / tx);
+    while (band > 1 && g.n * ((ty + band - 1) / band) < min_tasks) --band;
+    band = std::min(band, ty);
+    bands = (ty + band - 1) / band;
+    if (bands == 1)
+      while ((group + 1) * ty * tx <= 48 && (g.n + group) / (group + 1) >= min_tasks) ++group;
+    groups = (g.n + group - 1) / group;
+    tmax = group * band * tx;
+  }
+  std::int64_t tasks() const { return groups * bands; }
+};
+
+#if EMBER_CONV_DIRECT
+// The input rows [iy0, iy0 + rows) of one image x (C, h, w), channels-last with Cp channels (zeros past C), each
+// row ww wide with pw zero columns on the left (and zeros past the image): win[(r · ww + col) · Cp + c].
+inline void window(const float* x, std::int64_t C, std::int64_t Cp, std::int64_t h, std::int64_t w, std::int64_t pw,
+                   std::int64_t ww, std::int64_t iy0, std::int64_t rows, float* win) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* dst = win + r * ww * Cp;
+    const std::int64_t iy = iy0 + r;
+    if (iy < 0 || iy >= h) {
+      std::fill(dst, dst + ww * Cp, 0.0f);
+      continue;
+    }
+    std::fill(dst, dst + pw * Cp, 0.0f);
+    std::fill(dst + (pw + w) * Cp, dst + ww * Cp, 0.0f);  // (ww >= w + pw)
+    for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)  // 16 channels x 16 columns at a time
+      for (std::int64_t ix = 0; ix < w; ix += 16)
+        to_channels_last(x + c0 * h * w + iy * w + ix, h * w, int(std::min<std::int64_t>(16, C - c0)),
+                         int(std::min<std::int64_t>(16, w - ix)), dst + (pw + ix) * Cp + c0, Cp);
+  }
+}
+
+// Bᵀ d B of the 6x6 block at `base` of a window (rows ww · Cp apart), 16 channels from c0: point p = 6 i + j goes to
+// out + p · pstride.
+inline void input_tile(const float* base, std::int64_t ww, std::int64_t Cp, float* out, std::int64_t pstride) {
+  __m512 tmp[6][6];
+  for (int j = 0; j < 6; ++j) {  // columns: Bᵀ over the rows
+    __m512 d[6], r[6];
+    for (int i = 0; i < 6; ++i) d[i] = _mm512_loadu_ps(base + (i * ww + j) * Cp);
+    input_1d(d, r);
+    for (int i = 0; i < 6; ++i) tmp[i][j] = r[i];
+  }
+  for (int i = 0; i < 6; ++i) {  // rows: B on the right
+    __m512 r[6];
+    input_1d(tmp[i], r);
+    for (int j = 0; j < 6; ++j) _mm512_storeu_ps(out + (i * 6 + j) * pstride, r[j]);
+  }
+}
+
+// m = A y for one 4-vector of 16 lanes: 6 values (the transpose of output_1d, for the weight gradient).
+inline void grad_1d(const __m512 y[4], __m512 m[6]) {
+  const __m512 two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f), eight = _mm512_set1_ps(8.0f);
+  const __m512 e = _mm512_add_ps(y[0], y[2]), o = _mm512_add_ps(y[1], y[3]);
+  const __m512 e2 = _mm512_fmadd_ps(four, y[2], y[0]), o2 = _mm512_fmadd_ps(eight, y[3], _mm512_mul_ps(two, y[1]));
+  m[0] = y[0];
+  m[1] = _mm512_add_ps(e, o);
+  m[2] = _mm512_sub_ps(e, o);
+  m[3] = _mm512_add_ps(e2, o2);
+  m[4] = _mm512_sub_ps(e2, o2);
+  m[5] = y[3];
+}
+#endif
+
 }  // namespace detail::winograd
 
 /// y = act(conv2d(x, u) + b) for a geometry where conv_winograd_applies<float>(g), from kernels transformed by
 /// detail::winograd::transform_kernels (g.o outputs, g.c inputs). b may be null. pool2 and image_done as
 /// conv2d_forward's: a 2x2 max pool of the output (stride 2, floor; y is then (N, O, oh/2, ow/2)), and a call
 /// image_done(i, yi) with each image's output (O, oh, ow) (possible only without the pool), made by the task that
-/// computed the image where one task covers a whole image, else after the convolution.
+/// computed the image where tasks cover whole images, else after the convolution.
 template <class Geometry, class ImageDone = std::nullptr_t>
 void conv2d_winograd(const Geometry& g, const float* x, const float* u, const float* b, float* y, Act act,
                      bool pool2 = false, const ImageDone& image_done = nullptr) {
 #if EMBER_CONV_DIRECT
   const std::int64_t C = g.c, O = g.o, Cp = (C + 15) / 16 * 16, blocks = (O + 15) / 16, Op = blocks * 16;
-  const std::int64_t tx = (g.ow + 3) / 4, ty = (g.oh + 3) / 4, ww = tx * 4 + 2;  // a window row: tx tiles + halo
-  // Bands of tile rows: about 24 tiles each (the transformed band, 36 x tiles x channels, stays in L2), fewer when
-  // that leaves under 4 tasks per thread.
-  std::int64_t band = std::max<std::int64_t>(1, (24 + tx / 2) / tx);
-  while (band > 1 && g.n * ((ty + band - 1) / band) < 4 * get_num_threads()) --band;
-  const std::int64_t bands = (ty + band - 1) / band, tmax = band * tx;
+  const detail::winograd::Plan plan(g);
+  const std::int64_t tx = plan.tx, ty = plan.ty, ww = plan.ww, band = plan.band, bands = plan.bands;
+  const std::int64_t group = plan.group, tmax = plan.tmax;
   constexpr bool has_done = !std::is_same_v<ImageDone, std::nullptr_t>;
   const std::int64_t point = blocks * C * 16;  // one point's transformed kernels
   std::vector<std::int64_t> koff(static_cast<std::size_t>(C));
@@ -198,65 +267,36 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
   if (b) std::copy(b, b + O, bias.data());
   const bool relu = act == Act::relu;
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow, pw2 = g.ow / 2, pl = (g.oh / 2) * pw2;  // pooled plane
+  const std::int64_t ybw = tx * 4, ybimg = band * 4 * ybw * Op;  // a row of yb; one image's band in yb
 
-  parallel_for(0, g.n * bands, 1, [&](std::int64_t t0, std::int64_t t1) {
-    const std::int64_t wrows = band * 4 + 2;
+  parallel_for(0, plan.tasks(), 1, [&](std::int64_t t0, std::int64_t t1) {
     // Scratch without a zero fill: every element read is written first.
-    const std::unique_ptr<float[]> win(new float[std::size_t(wrows * ww * Cp)]),
+    const std::unique_ptr<float[]> win(new float[std::size_t((band * 4 + 2) * ww * Cp)]),
         v(new float[std::size_t(36 * tmax * Cp)]), m(new float[std::size_t(36 * tmax * Op)]),
-        yb(new float[std::size_t(band * 4 * tx * 4 * Op)]),
-        pooled(new float[pool2 ? std::size_t(band * 2 * pw2 * Op) : 1]);
+        yb(new float[std::size_t(group * ybimg)]), pooled(new float[pool2 ? std::size_t(band * 2 * pw2 * Op) : 1]);
     const std::unique_ptr<std::int64_t[]> pos(new std::int64_t[std::size_t(tmax)]);
     for (std::int64_t i = 0; i < tmax; ++i) pos[i] = i * Cp;
     for (std::int64_t task = t0; task < t1; ++task) {
-      const std::int64_t img = task / bands, by = task % bands;
-      const std::int64_t ty0 = by * band, nty = std::min(band, ty - ty0), T = nty * tx;
+      const std::int64_t img0 = task / bands * group, nimg = std::min(group, g.n - img0), by = task % bands;
+      const std::int64_t ty0 = by * band, nty = std::min(band, ty - ty0), Ti = nty * tx, T = nimg * Ti;
       const std::int64_t iy0 = ty0 * 4 - g.ph, rows = nty * 4 + 2;
-      // 1. The band's input rows, channels-last, zero-padded (channels past C too).
-      const float* xi = x + img * C * HW;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        float* dst = win.get() + r * ww * Cp;
-        const std::int64_t iy = iy0 + r;
-        if (iy < 0 || iy >= g.h) {
-          std::fill(dst, dst + ww * Cp, 0.0f);
-          continue;
-        }
-        const std::int64_t x0 = g.pw, x1 = g.pw + g.w;  // [x0, x1) reads the image (ww >= w + 2 pw)
-        std::fill(dst, dst + x0 * Cp, 0.0f);
-        std::fill(dst + x1 * Cp, dst + ww * Cp, 0.0f);
-        for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)  // 16 channels x 16 columns at a time (zeros past C)
-          for (std::int64_t ix = 0; ix < g.w; ix += 16)
-            detail::winograd::to_channels_last(xi + c0 * HW + iy * g.w + ix, HW,
-                                               int(std::min<std::int64_t>(16, C - c0)),
-                                               int(std::min<std::int64_t>(16, g.w - ix)), dst + (x0 + ix) * Cp + c0,
-                                               Cp);
-      }
-      // 2. V[point][tile][channel] = Bᵀ d B for each tile's 6x6 block, 16 channels at a time.
-      for (std::int64_t t = 0; t < T; ++t) {
-        const float* base = win.get() + ((t / tx) * 4 * ww + (t % tx) * 4) * Cp;
-        for (std::int64_t c0 = 0; c0 < Cp; c0 += 16) {
-          __m512 tmp[6][6];
-          for (int j = 0; j < 6; ++j) {  // columns: Bᵀ over the rows
-            __m512 d[6], r[6];
-            for (int i = 0; i < 6; ++i) d[i] = _mm512_loadu_ps(base + (i * ww + j) * Cp + c0);
-            detail::winograd::input_1d(d, r);
-            for (int i = 0; i < 6; ++i) tmp[i][j] = r[i];
-          }
-          for (int i = 0; i < 6; ++i) {  // rows: B on the right
-            __m512 r[6];
-            detail::winograd::input_1d(tmp[i], r);
-            for (int j = 0; j < 6; ++j) _mm512_storeu_ps(v.get() + ((i * 6 + j) * tmax + t) * Cp + c0, r[j]);
-          }
-        }
+      for (std::int64_t k = 0; k < nimg; ++k) {
+        // 1. The band's input rows, channels-last, zero-padded (channels past C too).
+        detail::winograd::window(x + (img0 + k) * C * HW, C, Cp, g.h, g.w, g.pw, ww, iy0, rows, win.get());
+        // 2. V[point][tile][channel] = Bᵀ d B for each tile's 6x6 block, 16 channels at a time.
+        for (std::int64_t t = 0; t < Ti; ++t)
+          for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)
+            detail::winograd::input_tile(win.get() + ((t / tx) * 4 * ww + (t % tx) * 4) * Cp + c0, ww, Cp,
+                                         v.get() + (k * Ti + t) * Cp + c0, tmax * Cp);
       }
       // 3. M[point] = V[point] · U[point]: the direct kernel's tiles, tiles as rows, outputs as 16-lane blocks.
       for (int p = 0; p < 36; ++p)
         detail::direct::product(v.get() + p * tmax * Cp, pos.get(), T, koff.data(), C, u + p * point, blocks,
                                 m.get() + p * tmax * Op, Op);
-      // 4. Y = Aᵀ M A per tile, + bias, ReLU, channels-last into the band's output rows.
-      const std::int64_t ybw = tx * 4;  // a row of yb
+      // 4. Y = Aᵀ M A per tile, + bias, ReLU, channels-last into each image's band of output rows.
       for (std::int64_t t = 0; t < T; ++t) {
-        float* yt = yb.get() + ((t / tx) * 4 * ybw + (t % tx) * 4) * Op;
+        const std::int64_t k = t / Ti, tl = t % Ti;
+        float* yt = yb.get() + k * ybimg + ((tl / tx) * 4 * ybw + (tl % tx) * 4) * Op;
         for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
           const __m512 vb = _mm512_loadu_ps(bias.data() + o0);
           __m512 tmp[4][6];
@@ -277,41 +317,45 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
           }
         }
       }
-      // 5. The band's rows (inside the output) to the NCHW planes, with any other activation on the way.
+      // 5. Each image's rows (inside the output) to the NCHW planes, with any other activation on the way.
       const std::int64_t oy0 = ty0 * 4, oy1 = std::min(g.oh, oy0 + nty * 4);
-      if (!relu && act != Act::none)
-        for (std::int64_t r = 0; r < (oy1 - oy0) * ybw; ++r) act_(yb.get() + r * Op, O, act);
-      if (pool2) {  // 2x2 windows of whole rows (bands start at even rows), max_pool2d's rule for ties and NaN
-        const std::int64_t prows = (std::min(oy1, g.oh / 2 * 2) - oy0) / 2;
-        for (std::int64_t py = 0; py < prows; ++py)
-          for (std::int64_t px = 0; px < pw2; ++px)
-            for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
-              const float* r0 = yb.get() + (2 * py * ybw + 2 * px) * Op + o0;
-              const float* r1 = r0 + ybw * Op;
-              using detail::direct::pool_pick;
-              const __m512 mx = pool_pick(
-                  pool_pick(pool_pick(_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + Op)), _mm512_loadu_ps(r1)),
-                  _mm512_loadu_ps(r1 + Op));
-              _mm512_storeu_ps(pooled.get() + (py * pw2 + px) * Op + o0, mx);
-            }
-        for (std::int64_t py = 0; py < prows; ++py)
+      for (std::int64_t k = 0; k < nimg; ++k) {
+        const std::int64_t img = img0 + k;
+        float* ybk = yb.get() + k * ybimg;
+        if (!relu && act != Act::none)
+          for (std::int64_t r = 0; r < (oy1 - oy0) * ybw; ++r) act_(ybk + r * Op, O, act);
+        if (pool2) {  // 2x2 windows of whole rows (bands start at even rows), max_pool2d's rule for ties and NaN
+          const std::int64_t prows = (std::min(oy1, g.oh / 2 * 2) - oy0) / 2;
+          for (std::int64_t py = 0; py < prows; ++py)
+            for (std::int64_t px = 0; px < pw2; ++px)
+              for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
+                const float* r0 = ybk + (2 * py * ybw + 2 * px) * Op + o0;
+                const float* r1 = r0 + ybw * Op;
+                using detail::direct::pool_pick;
+                const __m512 mx = pool_pick(
+                    pool_pick(pool_pick(_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + Op)), _mm512_loadu_ps(r1)),
+                    _mm512_loadu_ps(r1 + Op));
+                _mm512_storeu_ps(pooled.get() + (py * pw2 + px) * Op + o0, mx);
+              }
+          for (std::int64_t py = 0; py < prows; ++py)
+            for (std::int64_t o0 = 0; o0 < O; o0 += 16)
+              for (std::int64_t px = 0; px < pw2; px += 16)
+                detail::winograd::to_planes(pooled.get() + (py * pw2 + px) * Op + o0, Op,
+                                            int(std::min<std::int64_t>(16, pw2 - px)),
+                                            y + (img * O + o0) * pl + (oy0 / 2 + py) * pw2 + px, pl,
+                                            int(std::min<std::int64_t>(16, O - o0)));
+          continue;
+        }
+        for (std::int64_t oy = oy0; oy < oy1; ++oy)
           for (std::int64_t o0 = 0; o0 < O; o0 += 16)
-            for (std::int64_t px = 0; px < pw2; px += 16)
-              detail::winograd::to_planes(pooled.get() + (py * pw2 + px) * Op + o0, Op,
-                                          int(std::min<std::int64_t>(16, pw2 - px)),
-                                          y + (img * O + o0) * pl + (oy0 / 2 + py) * pw2 + px, pl,
+            for (std::int64_t ox = 0; ox < g.ow; ox += 16)
+              detail::winograd::to_planes(ybk + ((oy - oy0) * ybw + ox) * Op + o0, Op,
+                                          int(std::min<std::int64_t>(16, g.ow - ox)),
+                                          y + (img * O + o0) * L + oy * g.ow + ox, L,
                                           int(std::min<std::int64_t>(16, O - o0)));
-        continue;
-      }
-      for (std::int64_t oy = oy0; oy < oy1; ++oy)
-        for (std::int64_t o0 = 0; o0 < O; o0 += 16)
-          for (std::int64_t ox = 0; ox < g.ow; ox += 16)
-            detail::winograd::to_planes(yb.get() + ((oy - oy0) * ybw + ox) * Op + o0, Op,
-                                        int(std::min<std::int64_t>(16, g.ow - ox)),
-                                        y + (img * O + o0) * L + oy * g.ow + ox, L,
-                                        int(std::min<std::int64_t>(16, O - o0)));
-      if constexpr (has_done) {
-        if (bands == 1) image_done(img, static_cast<const float*>(y + img * O * L));
+        if constexpr (has_done) {
+          if (bands == 1) image_done(img, static_cast<const float*>(y + img * O * L));
+        }
       }
     }
   });
@@ -353,6 +397,118 @@ void conv2d_backward_data_winograd(const Geometry& g, const float* w, const floa
   t.pw = 2 - g.pw;
   const auto u = detail::winograd::transform_kernels(w, g.c, g.o, true);
   conv2d_winograd(t, gy, u.get(), nullptr, gx, Act::none);
+}
+
+/// gw (O, C, 3, 3) = the gradient of conv2d(x, w) to w from gy (N, O, oh, ow), for a geometry where
+/// conv_winograd_applies<float>(g). With V = Bᵀ d B the input tiles' transforms and Mg = A gy_tile Aᵀ the output
+/// gradient's, the transformed kernels' gradient is dU = Σ_tiles Mg ⊙ V (36 GEMMs over the tiles: outputs x channels),
+/// and gw = Gᵀ dU G. The tasks are cut into fixed runs (as conv2d_backward's batch runs, a number that depends on the
+/// thread count only); each run sums its tiles in order into its own dU, and the runs are added in order.
+template <class Geometry>
+void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const float* gy, float* gw) {
+#if EMBER_CONV_DIRECT
+  const std::int64_t C = g.c, O = g.o, Cp = (C + 15) / 16 * 16, cblocks = Cp / 16, Op = (O + 15) / 16 * 16;
+  const detail::winograd::Plan plan(g);
+  const std::int64_t tx = plan.tx, ww = plan.ww, band = plan.band, bands = plan.bands, group = plan.group;
+  const std::int64_t tmax = plan.tmax, HW = g.h * g.w, L = g.oh * g.ow, ybw = tx * 4, du_n = 36 * O * Cp;
+  const std::int64_t runs = std::min(plan.tasks(), std::int64_t(get_num_threads()) * 2);
+  std::vector<float> du(static_cast<std::size_t>(runs * du_n));
+  std::vector<std::int64_t> koff(static_cast<std::size_t>(tmax)), rows_o(static_cast<std::size_t>(O));
+  for (std::int64_t t = 0; t < tmax; ++t) koff[std::size_t(t)] = t * Op;
+  for (std::int64_t o = 0; o < O; ++o) rows_o[std::size_t(o)] = o;
+  parallel_for(0, runs, 1, [&](std::int64_t r0, std::int64_t r1) {
+    const std::unique_ptr<float[]> win(new float[std::size_t((band * 4 + 2) * ww * Cp)]),
+        gwin(new float[std::size_t(band * 4 * ybw * Op)]), v(new float[std::size_t(36 * tmax * Cp)]),
+        mg(new float[std::size_t(36 * tmax * Op)]), prod(new float[std::size_t(O * Cp)]);
+    for (std::int64_t run = r0; run < r1; ++run) {
+      float* dur = du.data() + run * du_n;
+      std::fill(dur, dur + du_n, 0.0f);
+      for (std::int64_t task = plan.tasks() * run / runs; task < plan.tasks() * (run + 1) / runs; ++task) {
+        const std::int64_t img0 = task / bands * group, nimg = std::min(group, g.n - img0), by = task % bands;
+        const std::int64_t ty0 = by * band, nty = std::min(band, plan.ty - ty0), Ti = nty * tx, T = nimg * Ti;
+        const std::int64_t oy0 = ty0 * 4, oy1 = std::min(g.oh, oy0 + nty * 4);
+        for (std::int64_t k = 0; k < nimg; ++k) {
+          const std::int64_t img = img0 + k;
+          // V in blocks of 16 channels, each T x 16 (the layout of the direct kernel's weights).
+          detail::winograd::window(x + img * C * HW, C, Cp, g.h, g.w, g.pw, ww, oy0 - g.ph, nty * 4 + 2, win.get());
+          for (std::int64_t t = 0; t < Ti; ++t)
+            for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)
+              detail::winograd::input_tile(win.get() + ((t / tx) * 4 * ww + (t % tx) * 4) * Cp + c0, ww, Cp,
+                                           v.get() + ((c0 / 16) * T + k * Ti + t) * 16, cblocks * T * 16);
+          // gy's rows of the band, channels-last (zeros past the output), and Mg = A gy_tile Aᵀ per tile.
+          for (std::int64_t r = 0; r < nty * 4; ++r) {
+            float* dst = gwin.get() + r * ybw * Op;
+            const std::int64_t oy = oy0 + r;
+            if (oy >= oy1) {
+              std::fill(dst, dst + ybw * Op, 0.0f);
+              continue;
+            }
+            std::fill(dst + g.ow * Op, dst + ybw * Op, 0.0f);
+            for (std::int64_t o0 = 0; o0 < Op; o0 += 16)
+              for (std::int64_t ox = 0; ox < g.ow; ox += 16)
+                detail::winograd::to_channels_last(gy + (img * O + o0) * L + oy * g.ow + ox, L,
+                                                   int(std::min<std::int64_t>(16, O - o0)),
+                                                   int(std::min<std::int64_t>(16, g.ow - ox)), dst + ox * Op + o0, Op);
+          }
+          for (std::int64_t t = 0; t < Ti; ++t) {
+            const float* base = gwin.get() + ((t / tx) * 4 * ybw + (t % tx) * 4) * Op;
+            for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
+              __m512 tmp[6][4];
+              for (int j = 0; j < 4; ++j) {
+                __m512 d[4], r[6];
+                for (int i = 0; i < 4; ++i) d[i] = _mm512_loadu_ps(base + (i * ybw + j) * Op + o0);
+                detail::winograd::grad_1d(d, r);
+                for (int i = 0; i < 6; ++i) tmp[i][j] = r[i];
+              }
+              for (int i = 0; i < 6; ++i) {
+                __m512 r[6];
+                detail::winograd::grad_1d(tmp[i], r);
+                for (int j = 0; j < 6; ++j)
+                  _mm512_storeu_ps(mg.get() + ((i * 6 + j) * tmax + k * Ti + t) * Op + o0, r[j]);
+              }
+            }
+          }
+        }
+        // dU[point][o][c] += Σ_t Mg[point][t][o] V[point][t][c]: rows o, depth t, 16-channel blocks.
+        for (int p = 0; p < 36; ++p) {
+          detail::direct::product(mg.get() + p * tmax * Op, rows_o.data(), O, koff.data(), T,
+                                  v.get() + p * cblocks * T * 16, cblocks, prod.get(), Cp);
+          float* dp = dur + p * O * Cp;
+          for (std::int64_t i = 0; i < O * Cp; i += 16)
+            _mm512_storeu_ps(dp + i, _mm512_add_ps(_mm512_loadu_ps(dp + i), _mm512_loadu_ps(prod.get() + i)));
+        }
+      }
+    }
+  });
+  for (std::int64_t run = 1; run < runs; ++run)
+    for (std::int64_t i = 0; i < du_n; ++i) du[std::size_t(i)] += du[std::size_t(run * du_n + i)];
+  // gw[o][c] = Gᵀ dU[o][c] G, in double, rounded once.
+  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},
+                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                     {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                     {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                     {0, 0, 1}};
+  parallel_for(0, O, 1, [&](std::int64_t o0, std::int64_t o1) {
+    for (std::int64_t o = o0; o < o1; ++o)
+      for (std::int64_t c = 0; c < C; ++c) {
+        double t[6][3] = {};
+        for (int a = 0; a < 6; ++a)
+          for (int b = 0; b < 6; ++b) {
+            const double d = du[std::size_t((a * 6 + b) * O * Cp + o * Cp + c)];
+            for (int j = 0; j < 3; ++j) t[a][j] += d * G[b][j];
+          }
+        for (int i = 0; i < 3; ++i)
+          for (int j = 0; j < 3; ++j) {
+            double sum = 0;
+            for (int a = 0; a < 6; ++a) sum += G[a][i] * t[a][j];
+            gw[((o * C + c) * 3 + i) * 3 + j] = float(sum);
+          }
+      }
+  });
+#else
+  (void)g, (void)x, (void)gy, (void)gw;
+#endif
 }
 
 }  // namespace ember::cpu
