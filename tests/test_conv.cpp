@@ -953,9 +953,11 @@ TEST_CASE("conv2d_batch_norm gradcheck: every tail, with and without biases and 
 TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d bit for bit") {
   ThreadsGuard guard;
   // 3 -> 6 channels (im2col + GEMM) and 16 -> 24 (the Winograd kernel in AVX-512 builds, with the statistics' callback)
-  for (const auto& [ci, co] : {std::pair<i64, i64>{3, 6}, std::pair<i64, i64>{16, 24}})
+  // (plain variables, not structured bindings: clang 14 cannot capture those in INFO's lambda)
+  for (const auto& channels : {std::pair<i64, i64>{3, 6}, std::pair<i64, i64>{16, 24}})
     for (int threads : {1, 2})
       for (int tail = 0; tail < 4; ++tail) {
+        const i64 ci = channels.first, co = channels.second;
         cpu::set_num_threads(threads);
         const bool relu_on = tail & 1, pool_on = tail & 2;
         INFO("channels " << ci << " -> " << co << ", threads " << threads << ", relu " << relu_on << ", pool "

@@ -13,7 +13,10 @@
 // Numerics: the transforms are exact in real arithmetic; in fp32 their rounding makes the result differ from a
 // direct sum by a few units in the last place of the largest terms (the kernel transform is computed in double and
 // rounded once). tests/test_conv.cpp bounds the error against a double reference; cpu::conv_winograd_enabled()
-// switches the path off for bit-for-bit comparisons with the direct kernel.
+// switches the path off for bit-for-bit comparisons with the direct kernel. Non-finite inputs spread further than
+// in a direct sum, as the transforms mix each 6x6 input block: a NaN or an infinity makes NaN of every output in the
+// 4x4 blocks whose input block holds it, where a direct sum gives NaN (or ±inf) in the outputs whose 3x3 window
+// holds it only.
 #pragma once
 
 #include <algorithm>
@@ -411,7 +414,8 @@ void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const fl
   const detail::winograd::Plan plan(g);
   const std::int64_t tx = plan.tx, ww = plan.ww, band = plan.band, bands = plan.bands, group = plan.group;
   const std::int64_t tmax = plan.tmax, HW = g.h * g.w, L = g.oh * g.ow, ybw = tx * 4, du_n = 36 * O * Cp;
-  const std::int64_t runs = std::min(plan.tasks(), std::int64_t(get_num_threads()) * 2);
+  // One run per thread: each run's dU is 36 O C floats, four times the weight's size.
+  const std::int64_t runs = std::min<std::int64_t>(plan.tasks(), get_num_threads());
   std::vector<float> du(static_cast<std::size_t>(runs * du_n));
   std::vector<std::int64_t> koff(static_cast<std::size_t>(tmax)), rows_o(static_cast<std::size_t>(O));
   for (std::int64_t t = 0; t < tmax; ++t) koff[std::size_t(t)] = t * Op;
