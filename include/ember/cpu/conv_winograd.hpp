@@ -1,14 +1,15 @@
 // ember — Winograd F(4x4, 3x3) fp32 convolution (AVX-512) for 3x3 kernels with stride 1, no dilation and one group:
-// the forward, and the gradient to the input (the same convolution of the output gradient with the kernels flipped
-// and their channels swapped). Each 4x4 block of outputs comes from a 6x6 block of the input with 36 products per
+// the forward, the gradient to the input (the same convolution of the output gradient with the kernels flipped and
+// their channels swapped) and the gradient to the weight (the transformed kernels' gradient, summed over the tiles,
+// transformed back). Each 4x4 block of outputs comes from a 6x6 block of the input with 36 products per
 // (output, input channel) pair instead of 144: the input block is transformed (Bᵀ d B), multiplied by the
 // transformed kernels (G g Gᵀ, once per call) in 36 independent GEMMs over the channels, and transformed back
 // (Aᵀ m A). The GEMMs are the direct kernel's tiles (cpu/conv_direct.hpp).
 //
-// Layout: each task takes one image and a band of tile rows. It copies the band's input rows channels-last into a
-// zero-padded window, so every transform is a vector operation across 16 channels; the GEMMs run on the
-// transformed band while it is in cache; the output is transformed channels-last, the bias and activation are
-// applied there, and it is stored to the NCHW output once.
+// Layout: each task takes one image and a band of tile rows (or, for small images, a few whole images). It copies
+// the band's input rows channels-last into a zero-padded window, so every transform is a vector operation across 16
+// channels; the GEMMs run on the transformed band while it is in cache; the output is transformed channels-last,
+// the bias and activation are applied there, and it is stored to the NCHW output once.
 //
 // Numerics: the transforms are exact in real arithmetic; in fp32 their rounding makes the result differ from a
 // direct sum by a few units in the last place of the largest terms (the kernel transform is computed in double and
@@ -42,8 +43,8 @@ inline std::atomic<bool>& conv_winograd_enabled() {
 }
 
 /// Whether the Winograd kernel computes conv2d with geometry g (float, AVX-512, 3x3, stride 1, no dilation, one
-/// group, padding at most 2, and at least 16 input and 16 output channels: with fewer, the transforms cost more
-/// than the products they save).
+/// group, padding at most 2, and at least 16 input and 16 output channels: the fewest measured, where the forward
+/// still takes about half the direct kernel's time; bench_conv's BM_Conv2dForwardAlgo).
 template <class T, class Geometry>
 bool conv_winograd_applies(const Geometry& g) {
   if constexpr (!std::is_same_v<T, float> || !EMBER_CONV_DIRECT) {
