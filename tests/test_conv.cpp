@@ -488,6 +488,16 @@ TEST_CASE("conv2d float: the Winograd forward and input gradient agree with doub
   cpu::ConvGeometry g;
   g.n = 1, g.c = 16, g.h = 8, g.w = 8, g.o = 16, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1, g.oh = 8, g.ow = 8;
   CHECK(cpu::conv_winograd_applies<float>(g));
+  {  // an empty batch: nothing written by the forward, zero weight gradient (there are no runs to sum)
+    cpu::ConvGeometry e = g;
+    e.n = 0;
+    const TF w = normal_f({16, 16, 3, 3}, 65);
+    TF gw = full<float>({16, 16, 3, 3}, 1.f), y = full<float>({1}, 7.f);
+    cpu::conv2d_forward<float>(e, nullptr, w.data(), nullptr, y.data());
+    cpu::conv2d_backward<float>(e, nullptr, w.data(), nullptr, nullptr, gw.data(), nullptr);
+    CHECK(y.data()[0] == 7.f);
+    CHECK(max_diff(gw, zeros<float>({16, 16, 3, 3})) == 0);
+  }
   CHECK_FALSE(cpu::conv_winograd_applies<double>(g));
   for (auto change : std::vector<std::function<void(cpu::ConvGeometry&)>>{
            [](cpu::ConvGeometry& h) { h.sh = 2; }, [](cpu::ConvGeometry& h) { h.dw = 2; },

@@ -410,6 +410,10 @@ void conv2d_backward_data_winograd(const Geometry& g, const float* w, const floa
 /// thread count only); each run sums its tiles in order into its own dU, and the runs are added in order.
 template <class Geometry>
 void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const float* gy, float* gw) {
+  if (g.n <= 0) {  // no positions: a zero gradient (and no runs to sum)
+    std::fill(gw, gw + g.o * g.c * 9, 0.0f);
+    return;
+  }
 #if EMBER_CONV_DIRECT
   const std::int64_t C = g.c, O = g.o, Cp = (C + 15) / 16 * 16, cblocks = Cp / 16, Op = (O + 15) / 16 * 16;
   const detail::winograd::Plan plan(g);
