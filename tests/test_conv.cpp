@@ -365,17 +365,17 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
   }
 }
 
-// The Winograd F(4x4, 3x3) path (AVX-512 builds): the forward and the gradient to the input against double, over
+// The Winograd F(4x4, 3x3) path (AVX-512 builds): the forward and both gradients against double, over
 // channel counts that are and are not multiples of 16, paddings 0-2 (the gradient's convolution is padded by
 // 2 - padding), sizes that do and do not divide into 4x4 tiles, bands of several tile rows, and small images
 // grouped several to a task (differently at one and two threads; the last group short). The bound is the
 // direct kernel's, 2 (depth + 2) eps mag, mag the same convolution of absolute values; the transforms' rounding
 // (their entries reach 5, 1/4 and 8) stays well inside it (the largest error / ((depth + 2) eps mag) over the cases
-// is printed: about 0.5). The weight gradient, depth N · oh · ow, gets twice that bound: where the depth is small
+// is printed: 0.35). The weight gradient, depth N · oh · ow, gets twice that bound: where the depth is small
 // (9 positions) the transforms' rounding is most of its error, measured at up to 1.8 (depth + 2) eps mag. A wrong
 // transform entry gives errors of the order of mag itself, 10^4 times either bound.
 // Thread counts give identical bits (each tile's sums do not depend on how tiles are grouped).
-TEST_CASE("conv2d float: the Winograd forward and input gradient agree with double") {
+TEST_CASE("conv2d float: the Winograd forward and both gradients agree with double") {
   ThreadsGuard guard;
   if (!EMBER_CONV_DIRECT) return;
   constexpr double wino_bound = 2, gw_bound = 4;
