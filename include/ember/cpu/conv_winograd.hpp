@@ -134,14 +134,16 @@ inline void to_planes(const float* src, std::int64_t ld, int ncol, float* dst, s
 }
 #endif
 
+// The kernel transform's matrix (6x3), for the interpolation points 0, ±1, ±2 and ∞.
+inline constexpr double G[6][3] = {{1.0 / 4, 0, 0},
+                                   {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                   {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                   {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                   {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                   {0, 0, 1}};
+
 // U = G k Gᵀ (6x6) of one 3x3 kernel k, in double, rounded once.
 inline void kernel_6x6(const double k[3][3], float u[36]) {
-  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},
-                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                     {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                     {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                                     {0, 0, 1}};
   double gk[6][3];
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 3; ++j) gk[i][j] = G[i][0] * k[0][j] + G[i][1] * k[1][j] + G[i][2] * k[2][j];
@@ -492,12 +494,7 @@ void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const fl
   for (std::int64_t run = 1; run < runs; ++run)
     for (std::int64_t i = 0; i < du_n; ++i) du[std::size_t(i)] += du[std::size_t(run * du_n + i)];
   // gw[o][c] = Gᵀ dU[o][c] G, in double, rounded once.
-  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},
-                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                     {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                     {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                                     {0, 0, 1}};
+  using detail::winograd::G;
   parallel_for(0, O, 1, [&](std::int64_t o0, std::int64_t o1) {
     for (std::int64_t o = o0; o < o1; ++o)
       for (std::int64_t c = 0; c < C; ++c) {
