@@ -1,9 +1,12 @@
 // ember — the CPU thread pool: persistent workers that split a range into chunks; the calling thread works too.
-// Small ranges never touch the pool.
+// Small ranges never touch the pool. A worker that finishes a loop polls for the next one for a short while
+// (EMBER_SPIN_US microseconds, 200 by default, yielding its core to anything else runnable) before it sleeps: a
+// sleeping worker takes tens of microseconds to wake, as long as a small GEMM's whole half.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -23,6 +26,11 @@ class ThreadPool {
   static int default_threads() {
     if (const char* s = std::getenv("EMBER_NUM_THREADS")) return std::max(1, std::atoi(s));
     return std::max(1u, std::thread::hardware_concurrency());
+  }
+  /// How long an idle worker polls for the next loop before it sleeps (EMBER_SPIN_US, 0 to 100000 µs).
+  static std::int64_t default_spin_ns() {
+    if (const char* s = std::getenv("EMBER_SPIN_US")) return std::clamp<std::int64_t>(std::atoll(s), 0, 100000) * 1000;
+    return 200 * 1000;
   }
 
   int num_threads() const { return nthreads_.load(std::memory_order_relaxed); }
@@ -74,7 +82,7 @@ class ThreadPool {
   // inline nor noinline: GCC warns when a declaration with one is followed by one with the other.
   void run_parallel(std::int64_t begin, std::int64_t end, std::int64_t grain, RangeFn call, const void* fn);
 
-  explicit ThreadPool(int n) : nthreads_(n) { start_workers(); }
+  explicit ThreadPool(int n) : nthreads_(n), spin_ns_(default_spin_ns()) { start_workers(); }
 
   static bool& in_worker() {
     thread_local bool w = false;
@@ -96,19 +104,46 @@ class ThreadPool {
     }
   }
 
+  // Polls until a loop newer than `seen` is posted, quit is asked, or spin_ns_ pass; true if one was seen. Every
+  // 64 polls it yields (so another runnable thread gets the core) and reads the clock.
+  bool spin_for_job(std::uint64_t seen) const {
+    if (spin_ns_ <= 0) return false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
+    for (unsigned i = 1;; ++i) {
+      if (generation_.load(std::memory_order_acquire) != seen || quit_.load(std::memory_order_relaxed)) return true;
+      if (i % 64 == 0) {
+        std::this_thread::yield();
+        if (std::chrono::steady_clock::now() >= until) return false;
+      } else {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+    }
+  }
+
   void start_workers() {
-    quit_ = false;
+    quit_.store(false, std::memory_order_relaxed);
     for (int i = 1, n = nthreads_.load(std::memory_order_relaxed); i < n; ++i)
       workers_.emplace_back([this] {
         in_worker() = true;
-        std::uint64_t seen = 0;
+        std::uint64_t seen = generation_.load(std::memory_order_relaxed);
         for (;;) {
           Job* job = nullptr;
+          spin_for_job(seen);
           {
             std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return quit_ || (job_ != nullptr && generation_ != seen); });
-            if (quit_) return;
-            seen = generation_;
+            auto ready = [&] {
+              return quit_.load(std::memory_order_relaxed) ||
+                     (job_ != nullptr && generation_.load(std::memory_order_relaxed) != seen);
+            };
+            if (!ready()) {
+              ++sleepers_;
+              cv_.wait(lk, ready);
+              --sleepers_;
+            }
+            if (quit_.load(std::memory_order_relaxed)) return;
+            seen = generation_.load(std::memory_order_relaxed);
             job = job_;
             job->active.fetch_add(1, std::memory_order_acq_rel);
           }
@@ -120,7 +155,7 @@ class ThreadPool {
   void stop_workers() {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      quit_ = true;
+      quit_.store(true, std::memory_order_relaxed);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -133,9 +168,12 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_;
+  const std::int64_t spin_ns_;
+  // job_, generation_'s changes and sleepers_ are under mu_; generation_ and quit_ are also polled without it.
   Job* job_ = nullptr;
-  std::uint64_t generation_ = 0;
-  bool quit_ = false;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> quit_{false};
+  int sleepers_ = 0;
 };
 
 #if EMBER_HEADER_BODIES
@@ -157,12 +195,14 @@ EMBER_HEADER_INLINE ThreadPool& ThreadPool::instance() {
   job.end = end;
   job.step = (n + nchunks - 1) / nchunks;
   job.nchunks = nchunks;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &job;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;  // a worker still polling sees the new generation by itself
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   // The caller works too; a parallel_for nested in its chunks must run serially, as in the workers (taking
   // run_mu_ again would deadlock).
   in_worker() = true;
