@@ -510,6 +510,107 @@ TEST_CASE("conv2d float: the Winograd forward and both gradients agree with doub
   }
 }
 
+// Benchmark mode on for a test, its cache empty before and after.
+struct ConvBenchmarkOn {
+  bool saved = cpu::conv_benchmark();
+  ConvBenchmarkOn() {
+    cpu::clear_conv_benchmark_cache();
+    cpu::set_conv_benchmark(true);
+  }
+  ~ConvBenchmarkOn() {
+    cpu::set_conv_benchmark(saved);
+    cpu::clear_conv_benchmark_cache();
+  }
+};
+
+TEST_CASE("conv benchmark mode: each problem timed once among the algorithms that apply, with that one's result") {
+  ThreadsGuard guard;
+  cpu::set_num_threads(2);
+  cpu::ConvGeometry g;
+  g.n = 3, g.c = 16, g.h = 10, g.w = 9, g.o = 24, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1, g.oh = 10, g.ow = 9;
+  const TF x = normal_f({g.n, g.c, g.h, g.w}, 71), w = normal_f({g.o, g.c, 3, 3}, 72), b = normal_f({g.o}, 73);
+  const TF gy = normal_f({g.n, g.o, g.oh, g.ow}, 74);
+  auto forward = [&](cpu::Act act = cpu::Act::none) {
+    TF y = empty<float>({g.n, g.o, g.oh, g.ow});
+    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), act);
+    return y;
+  };
+  auto grads = [&] {
+    std::pair<TF, TF> r{empty<float>({g.n, g.c, g.h, g.w}), empty<float>({g.o, g.c, 3, 3})};
+    cpu::conv2d_backward<float>(g, x.data(), w.data(), gy.data(), r.first.data(), r.second.data(), nullptr);
+    return r;
+  };
+  // Each algorithm's own results, with the mode off: Winograd (the default here), direct, im2col + GEMM.
+  std::vector<TF> ys;
+  std::vector<std::pair<TF, TF>> gs;
+  ys.push_back(forward());
+  gs.push_back(grads());
+  {
+    NoWinograd no_winograd;
+    ys.push_back(forward());
+    gs.push_back(grads());
+    const bool saved = cpu::conv_direct_enabled().exchange(false);
+    ys.push_back(forward());
+    cpu::conv_direct_enabled() = saved;
+  }
+  auto one_of = [](const TF& t, const auto& list, auto get) {
+    int same = 0;
+    for (const auto& c : list) same += ember_test::bitwise_equal(t, get(c));
+    return same > 0;
+  };
+  auto self = [](const TF& t) { return t; };
+  const std::size_t fast = EMBER_CONV_DIRECT ? 1 : 0;  // problems with more than one algorithm (AVX-512 builds)
+  ConvBenchmarkOn on;
+  const TF y1 = forward();
+  CHECK(cpu::conv_benchmark_cache_size() == fast);
+  CHECK(one_of(y1, ys, self));
+  CHECK(ember_test::bitwise_equal(forward(), y1));  // the cached choice again, not timed again
+  CHECK(cpu::conv_benchmark_cache_size() == fast);
+  (void)forward(cpu::Act::relu);  // another epilogue is another problem
+  CHECK(cpu::conv_benchmark_cache_size() == 2 * fast);
+  const std::pair<TF, TF> gg = grads();  // two more problems: the input's and the weight's gradients
+  CHECK(cpu::conv_benchmark_cache_size() == 4 * fast);
+  CHECK(one_of(gg.first, gs, [](const auto& p) { return p.first; }));
+  CHECK(one_of(gg.second, gs, [](const auto& p) { return p.second; }));
+  cpu::set_num_threads(1);  // another thread count is another problem
+  (void)forward();
+  CHECK(cpu::conv_benchmark_cache_size() == 5 * fast);
+  cpu::set_num_threads(2);
+
+  // A per-image callback sees each image once: the candidates are timed without it.
+  {
+    std::vector<int> calls(std::size_t(g.n), 0);
+    TF y = empty<float>({g.n, g.o, g.oh, g.ow});
+    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), cpu::Act::none, false,
+                               [&](i64 i, const float*) { ++calls[std::size_t(i)]; });
+    CHECK(cpu::conv_benchmark_cache_size() == 6 * fast);
+    CHECK(one_of(y, ys, self));
+    for (int c : calls) CHECK(c == 1);
+    // With the pool as well only im2col + GEMM takes a callback: nothing to time.
+    TF yp = empty<float>({g.n, g.o, g.oh / 2, g.ow / 2});
+    std::fill(calls.begin(), calls.end(), 0);
+    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), yp.data(), cpu::Act::none, true,
+                               [&](i64 i, const float*) { ++calls[std::size_t(i)]; });
+    CHECK(cpu::conv_benchmark_cache_size() == 6 * fast);
+    CHECK(ember_test::bitwise_equal(yp, max_pool2d(ys.back(), 2)));
+    for (int c : calls) CHECK(c == 1);
+  }
+  // One algorithm only (a single input channel: neither Winograd nor the direct kernel), or double: nothing timed.
+  {
+    cpu::ConvGeometry h = g;
+    h.c = 1;
+    const TF x1 = normal_f({h.n, 1, h.h, h.w}, 75), w1 = normal_f({h.o, 1, 3, 3}, 76);
+    TF y = empty<float>({h.n, h.o, h.oh, h.ow});
+    cpu::conv2d_forward<float>(h, x1.data(), w1.data(), nullptr, y.data());
+    const TD xd = TD(cast<double>(x)), wd = TD(cast<double>(w));
+    TD yd = empty<double>({g.n, g.o, g.oh, g.ow});
+    cpu::conv2d_forward<double>(g, xd.data(), wd.data(), nullptr, yd.data());
+    CHECK(cpu::conv_benchmark_cache_size() == 6 * fast);
+  }
+  cpu::clear_conv_benchmark_cache();
+  CHECK(cpu::conv_benchmark_cache_size() == 0);
+}
+
 // Elements of got (16-bit H) farther from ref than one rounding into H plus fp32 accumulation over `depth` terms:
 // u_H |ref| + (depth + 2) eps_f32 mag (mag: the same computation on absolute values) + half H's smallest
 // subnormal, where u_H = eps_H / 2 is the unit roundoff of rounding to nearest.

@@ -9,12 +9,23 @@
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
 // column matrix. In AVX-512 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out take the
 // Winograd kernels of cpu/conv_winograd.hpp for the forward and the gradients to the input and the weight.
+//
+// Choosing the algorithm: by default each pass runs the first that applies of Winograd, the direct kernel (forward
+// only) and im2col + GEMM, an order measured on this project's shapes (bench_conv's *Algo benchmarks). In benchmark
+// mode (set_conv_benchmark(true), like torch.backends.cudnn.benchmark) the first call of each problem times every
+// algorithm that applies and the fastest is cached for the problem (pass, shapes, padding, stride, dilation, groups,
+// dtype, fused epilogue, thread count).
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstddef>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -44,6 +55,45 @@ struct ConvGeometry {
   /// The input is its own column matrix (1x1 kernel, stride 1, no padding).
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
+
+/// The CPU convolution algorithms and the passes each is chosen for.
+enum class ConvAlgo : int { im2col = 0, direct = 1, winograd = 2 };
+enum class ConvPass : int { forward = 0, backward_data = 1, backward_weight = 2 };
+
+namespace detail {
+inline std::atomic<bool>& conv_benchmark_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+}  // namespace detail
+
+/// Benchmark mode (off by default, as torch.backends.cudnn.benchmark): the first call of each convolution problem
+/// times every algorithm that applies to it (one untimed run each, then the faster of two timed runs) and later
+/// calls run the fastest. Results then depend on which algorithm won, which can differ from run to run (each is
+/// tested against double; they differ in rounding); with the mode off the choice is fixed.
+inline void set_conv_benchmark(bool on) { detail::conv_benchmark_flag().store(on, std::memory_order_relaxed); }
+inline bool conv_benchmark() { return detail::conv_benchmark_flag().load(std::memory_order_relaxed); }
+
+namespace detail {
+/// What benchmark mode's cache tells problems apart by: the pass, the geometry, the element size, the fused
+/// epilogue (activation, pool, per-image callback) and the thread count.
+using ConvChoiceKey = std::array<std::int64_t, 21>;
+inline ConvChoiceKey conv_choice_key(ConvPass pass, const ConvGeometry& g, std::int64_t elem_size, Act act,
+                                     bool pool2, bool callback) {
+  return {std::int64_t(pass), g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups,
+          elem_size, std::int64_t(act), pool2 ? 1 : 0, callback ? 1 : 0, get_num_threads(), 0};
+}
+/// Runs one pass of the problem being chosen for with algorithm a (its outputs are overwritten).
+using ConvRunFn = void (*)(const void* ctx, ConvAlgo a);
+/// The algorithm cached for key, or, on the first call, the fastest of cands[0, n) timed through run, cached.
+EMBER_HEADER_INLINE ConvAlgo choose_conv_algo(const ConvChoiceKey& key, const ConvAlgo* cands, int n, ConvRunFn run,
+                                              const void* ctx);
+EMBER_HEADER_INLINE std::size_t conv_choice_cache_size(bool clear);
+}  // namespace detail
+
+/// How many problems benchmark mode has timed and cached; clear_conv_benchmark_cache() forgets them.
+inline std::size_t conv_benchmark_cache_size() { return detail::conv_choice_cache_size(false); }
+inline void clear_conv_benchmark_cache() { (void)detail::conv_choice_cache_size(true); }
 
 namespace detail {
 
@@ -163,6 +213,7 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 
 }  // namespace detail
 
+/// conv2d_forward through im2col + GEMM, whatever the geometry (every dtype; the fallback of the faster kernels).
 /// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null)). All contiguous.
 /// The activation is applied to each image's output right after its GEMMs, while it is in cache. With pool2, y is
 /// (N, O, oh/2, ow/2): a 2x2 max pool (stride 2, floor) of that output, taken while it is in cache too.
@@ -170,16 +221,8 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 /// before the pool, while it is in cache (a batch norm's statistics are gathered there); calls for different images
 /// may run concurrently.
 template <class T, class ImageDone = std::nullptr_t>
-void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
-                    bool pool2 = false, const ImageDone& image_done = nullptr) {
-  if constexpr (std::is_same_v<T, float>) {
-    constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
-    if ((no_done || !pool2) && conv_winograd_applies<T>(g))
-      return conv2d_forward_winograd(g, x, w, b, y, act, pool2, image_done);
-    if constexpr (no_done) {
-      if (conv_direct_applies<T>(g)) return conv2d_forward_direct(g, x, w, b, y, act, pool2);
-    }
-  }
+void conv2d_forward_im2col(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
+                           bool pool2 = false, const ImageDone& image_done = nullptr) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
@@ -223,20 +266,13 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
   });
 }
 
+/// conv2d_backward through GEMMs, im2col and col2im, whatever the geometry (every dtype).
 /// Gradients of conv2d from gy (N, O, oh, ow): gx (N, C, H, W), gw (O, C/groups, kh, kw) and gb (O); each may
 /// be null when not wanted. x is needed only for gw, w only for gx. Outputs are overwritten. All contiguous.
 /// 16-bit tensors accumulate in fp32 (acc_t<T>): the weight and bias sums over the batch and the columns folded
 /// back onto the input are fp32 buffers, each output is rounded once.
 template <class T>
-void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
-  if constexpr (std::is_same_v<T, float>) {
-    if ((gx || gw) && conv_winograd_applies<T>(g)) {  // gx and gw through the Winograd kernels, gb below
-      if (gx) conv2d_backward_data_winograd(g, w, gy, gx);
-      if (gw) conv2d_backward_weight_winograd(g, x, gy, gw);
-      if (gb) conv2d_backward(g, x, w, gy, static_cast<T*>(nullptr), static_cast<T*>(nullptr), gb);
-      return;
-    }
-  }
+void conv2d_backward_im2col(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
   using A = acc_t<T>;
   constexpr bool wide = std::is_same_v<A, T>;  // float and double accumulate in place
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg(), HW = g.h * g.w;
@@ -308,5 +344,144 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
     if (gb) detail::store_rounded(gb, p0 + wn, g.o);
   }
 }
+
+/// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be null)). All contiguous.
+/// With pool2, y is (N, O, oh/2, ow/2): a 2x2 max pool (stride 2, floor) of the activated output. image_done
+/// (optional): called as image_done(i, yi) with image i's output (O, oh, ow) after the activation and before the
+/// pool, once per image; calls for different images may run concurrently. Runs Winograd, the direct kernel or
+/// im2col + GEMM (the header's comment says which).
+template <class T, class ImageDone = std::nullptr_t>
+void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
+                    bool pool2 = false, const ImageDone& image_done = nullptr) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
+    ConvAlgo cands[3];
+    int nc = 0;
+    if ((no_done || !pool2) && conv_winograd_applies<T>(g)) cands[nc++] = ConvAlgo::winograd;
+    if (no_done && conv_direct_applies<T>(g)) cands[nc++] = ConvAlgo::direct;
+    cands[nc++] = ConvAlgo::im2col;
+    ConvAlgo a = cands[0];
+    if (nc > 1 && conv_benchmark()) {
+      // Timed without the callback (it may gather statistics: it must see each image once, in the real run).
+      struct Ctx {
+        const ConvGeometry* g;
+        const T *x, *w, *b;
+        T* y;
+        Act act;
+        bool pool2;
+      } ctx{&g, x, w, b, y, act, pool2};
+      auto run = [](const void* p, ConvAlgo c) {
+        const Ctx& k = *static_cast<const Ctx*>(p);
+        if (c == ConvAlgo::winograd) conv2d_forward_winograd(*k.g, k.x, k.w, k.b, k.y, k.act, k.pool2, nullptr);
+        else if (c == ConvAlgo::direct) conv2d_forward_direct(*k.g, k.x, k.w, k.b, k.y, k.act, k.pool2);
+        else conv2d_forward_im2col(*k.g, k.x, k.w, k.b, k.y, k.act, k.pool2, nullptr);
+      };
+      a = detail::choose_conv_algo(detail::conv_choice_key(ConvPass::forward, g, sizeof(T), act, pool2, !no_done),
+                                   cands, nc, run, &ctx);
+    }
+    if (a == ConvAlgo::winograd) return conv2d_forward_winograd(g, x, w, b, y, act, pool2, image_done);
+    if constexpr (no_done) {
+      if (a == ConvAlgo::direct) return conv2d_forward_direct(g, x, w, b, y, act, pool2);
+    }
+  }
+  conv2d_forward_im2col(g, x, w, b, y, act, pool2, image_done);
+}
+
+/// Gradients of conv2d from gy (N, O, oh, ow): gx (N, C, H, W), gw (O, C/groups, kh, kw) and gb (O); each may
+/// be null when not wanted. x is needed only for gw, w only for gx. Outputs are overwritten. All contiguous. The
+/// input's and the weight's gradients each run Winograd or the GEMMs (the header's comment says which).
+template <class T>
+void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
+  if constexpr (std::is_same_v<T, float>) {
+    if ((gx || gw) && conv_winograd_applies<T>(g)) {
+      ConvAlgo ax = ConvAlgo::winograd, aw = ConvAlgo::winograd;
+      if (conv_benchmark()) {
+        struct Ctx {
+          const ConvGeometry* g;
+          const T *x, *w, *gy;
+          T *gx, *gw;
+        } ctx{&g, x, w, gy, gx, gw};
+        const ConvAlgo cands[2] = {ConvAlgo::winograd, ConvAlgo::im2col};
+        auto run_x = [](const void* p, ConvAlgo c) {
+          const Ctx& k = *static_cast<const Ctx*>(p);
+          if (c == ConvAlgo::winograd) conv2d_backward_data_winograd(*k.g, k.w, k.gy, k.gx);
+          else conv2d_backward_im2col<T>(*k.g, k.x, k.w, k.gy, k.gx, nullptr, nullptr);
+        };
+        auto run_w = [](const void* p, ConvAlgo c) {
+          const Ctx& k = *static_cast<const Ctx*>(p);
+          if (c == ConvAlgo::winograd) conv2d_backward_weight_winograd(*k.g, k.x, k.gy, k.gw);
+          else conv2d_backward_im2col<T>(*k.g, k.x, k.w, k.gy, nullptr, k.gw, nullptr);
+        };
+        if (gx)
+          ax = detail::choose_conv_algo(
+              detail::conv_choice_key(ConvPass::backward_data, g, sizeof(T), Act::none, false, false), cands, 2, run_x,
+              &ctx);
+        if (gw)
+          aw = detail::choose_conv_algo(
+              detail::conv_choice_key(ConvPass::backward_weight, g, sizeof(T), Act::none, false, false), cands, 2,
+              run_w, &ctx);
+      }
+      if (gx && ax == ConvAlgo::winograd) {
+        conv2d_backward_data_winograd(g, w, gy, gx);
+        gx = nullptr;
+      }
+      if (gw && aw == ConvAlgo::winograd) {
+        conv2d_backward_weight_winograd(g, x, gy, gw);
+        gw = nullptr;
+      }
+      if (!gx && !gw && !gb) return;  // the rest (the bias, a gradient im2col won) below
+    }
+  }
+  conv2d_backward_im2col(g, x, w, gy, gx, gw, gb);
+}
+
+#if EMBER_HEADER_BODIES
+namespace detail {
+struct ConvChoiceCache {
+  std::mutex mu;
+  std::map<ConvChoiceKey, ConvAlgo> map;
+  static ConvChoiceCache& instance() {
+    static ConvChoiceCache* c = new ConvChoiceCache;  // never destroyed: convolutions may run at exit
+    return *c;
+  }
+};
+
+EMBER_HEADER_INLINE ConvAlgo choose_conv_algo(const ConvChoiceKey& key, const ConvAlgo* cands, int n, ConvRunFn run,
+                                              const void* ctx) {
+  ConvChoiceCache& cache = ConvChoiceCache::instance();
+  {
+    std::lock_guard<std::mutex> lk(cache.mu);
+    const auto it = cache.map.find(key);
+    if (it != cache.map.end()) return it->second;
+  }
+  // Timed without the lock (two threads meeting a new problem both time it; the first answer stored wins).
+  ConvAlgo best = cands[0];
+  double best_s = 0;
+  for (int i = 0; i < n; ++i) {
+    run(ctx, cands[i]);  // untimed: buffers, page faults, caches
+    double s = 0;
+    for (int r = 0; r < 2; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run(ctx, cands[i]);
+      const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      s = r == 0 ? d : std::min(s, d);
+    }
+    if (i == 0 || s < best_s) {
+      best = cands[i];
+      best_s = s;
+    }
+  }
+  std::lock_guard<std::mutex> lk(cache.mu);
+  return cache.map.emplace(key, best).first->second;
+}
+
+EMBER_HEADER_INLINE std::size_t conv_choice_cache_size(bool clear) {
+  ConvChoiceCache& cache = ConvChoiceCache::instance();
+  std::lock_guard<std::mutex> lk(cache.mu);
+  if (clear) cache.map.clear();
+  return cache.map.size();
+}
+}  // namespace detail
+#endif
 
 }  // namespace ember::cpu
