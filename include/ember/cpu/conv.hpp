@@ -77,11 +77,11 @@ inline bool conv_benchmark() { return detail::conv_benchmark_flag().load(std::me
 namespace detail {
 /// What benchmark mode's cache tells problems apart by: the pass, the geometry, the element size, the fused
 /// epilogue (activation, pool, per-image callback) and the thread count.
-using ConvChoiceKey = std::array<std::int64_t, 21>;
+using ConvChoiceKey = std::array<std::int64_t, 20>;
 inline ConvChoiceKey conv_choice_key(ConvPass pass, const ConvGeometry& g, std::int64_t elem_size, Act act,
                                      bool pool2, bool callback) {
   return {std::int64_t(pass), g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups,
-          elem_size, std::int64_t(act), pool2 ? 1 : 0, callback ? 1 : 0, get_num_threads(), 0};
+          elem_size, std::int64_t(act), pool2 ? 1 : 0, callback ? 1 : 0, get_num_threads()};
 }
 /// Runs one pass of the problem being chosen for with algorithm a (its outputs are overwritten).
 using ConvRunFn = void (*)(const void* ctx, ConvAlgo a);
