@@ -62,7 +62,8 @@ BENCHMARK(BM_MatmulDtype<half>)->Apply(dtype_args);
 
 // The eight GEMMs of one training step of example 03's MLP (784-256-128-10, batch 128) through cpu::gemm, with the
 // operand layouts linear and linear_backward pass: forward x @ wᵀ, input gradients gz @ w, weight gradients gzᵀ @ x.
-// Small GEMMs split in two across the threads, where waking the pool's worker is part of the cost.
+// Small GEMMs split in two across the threads, where waking the pool's worker is part of the cost. Argument 8: all
+// eight in turn; 0 to 7: that one alone (the order of gs).
 void BM_MlpStepGemms(benchmark::State& state) {
   struct G {
     std::int64_t m, n, k, ars, acs, brs, bcs;
@@ -72,14 +73,49 @@ void BM_MlpStepGemms(benchmark::State& state) {
                   {128, 256, 128, 1, 128, 256, 1}, {256, 784, 128, 1, 256, 784, 1}};
   const Tensor<float> a = ember::randn<float>({1 << 17}), b = ember::randn<float>({1 << 18});
   Tensor<float> c = ember::empty<float>({1 << 18});
+  const std::int64_t only = state.range(0);
   double flops = 0;
-  for (const G& g : gs) flops += 2.0 * double(g.m * g.n * g.k);
+  for (std::int64_t i = 0; i < 8; ++i)
+    if (only == 8 || only == i) flops += 2.0 * double(gs[i].m * gs[i].n * gs[i].k);
   for (auto _ : state)
-    for (const G& g : gs) {
+    for (std::int64_t i = 0; i < 8; ++i) {
+      if (only != 8 && only != i) continue;
+      const G& g = gs[i];
       cpu::gemm<float>(g.m, g.n, g.k, {a.data(), g.ars, g.acs}, {b.data(), g.brs, g.bcs}, c.data(), g.n);
       benchmark::ClobberMemory();
     }
   state.counters["FLOP/s"] = benchmark::Counter(flops * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// The MLP's forward GEMMs x @ wᵀ (x 128 x 784 by w 256 x 784, and 128 x 256 by 128 x 256) three ways: cpu::gemm
+// (each thread packs its columns of wᵀ and all of x), cpu::PackedB built for the call (wᵀ packed once, the threads
+// sharing the work, then each packs its rows of x: what pre-packing a weight once per training step costs), and a
+// PackedB built once and reused (the weight unchanged between calls, as in evaluation); mode 3 builds the PackedB
+// alone (what modes 1 and 2 leave out of the difference: mode 1 - mode 2 - mode 3 is the cost of one core reading
+// panels the other packed).
+void BM_LinearPackedWeight(benchmark::State& state) {
+  const std::int64_t m = 128, k = state.range(0) == 0 ? 784 : 256, n = state.range(0) == 0 ? 256 : 128;
+  const int mode = int(state.range(1));
+  const Tensor<float> x = ember::randn<float>({m, k}), w = ember::randn<float>({n, k});
+  Tensor<float> y = ember::empty<float>({m, n});
+  const cpu::MatView<float> xv{x.data(), k, 1}, wt{w.data(), 1, k};
+  const cpu::PackedB<float> reused(k, n, wt);
+  for (auto _ : state) {
+    if (mode == 0) {
+      cpu::gemm<float>(m, n, k, xv, wt, y.data(), n);
+    } else if (mode == 1) {
+      const cpu::PackedB<float> pb(k, n, wt);
+      pb.gemm(m, xv, y.data(), n);
+    } else if (mode == 2) {
+      reused.gemm(m, xv, y.data(), n);
+    } else {
+      const cpu::PackedB<float> pb(k, n, wt);
+      benchmark::DoNotOptimize(&pb);
+    }
+    benchmark::ClobberMemory();
+  }
+  const char* labels[] = {"gemm", "PackedB per call", "PackedB reused", "PackedB construction"};
+  state.SetLabel(labels[mode]);
 }
 
 // The thread pool's fork and join: parallel_for over two chunks of about `work` microseconds of arithmetic each,
@@ -105,7 +141,8 @@ void BM_ParallelForTwoChunks(benchmark::State& state) {
   benchmark::DoNotOptimize(sink);
 }
 
-BENCHMARK(BM_MlpStepGemms)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MlpStepGemms)->DenseRange(0, 8)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearPackedWeight)->ArgsProduct({{0, 1}, {0, 1, 2, 3}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ParallelForTwoChunks)->ArgsProduct({{5, 50}, {0, 50}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul)->RangeMultiplier(2)->Range(256, 2048)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MatmulTransposedB)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -281,8 +281,7 @@ TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity"
   CHECK(float(hc[0]) > 0);
 }
 
-// A packed once (a convolution's weights reused over a batch) gives what gemm gives, bit for bit: every k panel,
-// row blocks past mc, thread splits by rows and by columns, transposed A, accumulation, 16-bit operands and outputs.
+#if EMBER_GEMM_PACKED  // (a property of ember's packed kernel; Eigen's fallback does not promise it)
 // One or two rows (a batch of one) take a path without packing; each row must equal the same row of a taller
 // product bit for bit (the packed kernel's order of operations), over panels of k, transposes, accumulation and
 // the column split across threads.
@@ -316,6 +315,10 @@ TEST_CASE_TEMPLATE("gemm: one or two rows equal those rows of a taller product b
     }
 }
 
+#endif
+
+// A packed once (a convolution's weights reused over a batch) gives what gemm gives, bit for bit: every k panel,
+// row blocks past mc, thread splits by rows and by columns, transposed A, accumulation, 16-bit operands and outputs.
 TEST_CASE_TEMPLATE("PackedA: GEMMs with A packed once equal gemm bit for bit", T, float, double, bfloat16) {
   ThreadsGuard guard;
   std::uint32_t seed = 900;
@@ -347,6 +350,53 @@ TEST_CASE_TEMPLATE("PackedA: GEMMs with A packed once equal gemm bit for bit", T
         Mat<float> w32(c.m, c.n, false, 0), g32(c.m, c.n, false, 0);
         cpu::gemm<T, float>(c.m, c.n, c.k, a.view(), b.view(), w32.v.data(), w32.ld, false);
         pa.gemm(c.n, b.view(), g32.v.data(), g32.ld, false);
+        CHECK(w32.v == g32.v);
+      }
+    }
+  }
+}
+
+// B packed once (a weight applied to many batches) likewise, and the same packed B serves several left operands.
+TEST_CASE_TEMPLATE("PackedB: GEMMs with B packed once equal gemm bit for bit", T, float, double, bfloat16) {
+  ThreadsGuard guard;
+  std::uint32_t seed = 950;
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    // k past one panel and n past one block of columns (a 16-bit output's fp32 blocks), one tile of rows (split
+    // along the columns), one and two rows, edges.
+    for (const Case& c : {Case{64, 196, 288, false, true, false, 0}, Case{300, 70, 1100, true, true, true, 1},
+                          Case{13, 4200, 300, false, false, true, 2}, Case{10, 700, 600, true, true, false, 1},
+                          Case{7, 5, 3, false, false, false, 0}, Case{2, 100, 700, false, true, true, 0},
+                          Case{1000, 30, 513, true, false, false, 1}}) {
+      CAPTURE(threads);
+      CAPTURE(c.m);
+      CAPTURE(c.n);
+      CAPTURE(c.k);
+      std::mt19937 g(seed++);
+      Mat<T> a(c.m, c.k, c.ta, c.pad), b(c.k, c.n, c.tb, c.pad);
+      Mat<T> want(c.m, c.n, false, c.pad);
+      fill(a, g, false);
+      fill(b, g, false);
+      fill(want, g, false);
+      Mat<T> got = want;
+      cpu::gemm<T>(c.m, c.n, c.k, a.view(), b.view(), want.v.data(), want.ld, c.accumulate);
+      const cpu::PackedB<T> pb(c.k, c.n, b.view());
+      pb.gemm(c.m, a.view(), got.v.data(), got.ld, c.accumulate);
+      int diff = 0;  // bit patterns (NaN-free data; -0 and +0 would differ), the padding included
+      for (std::size_t i = 0; i < got.v.size(); ++i)
+        diff += std::memcmp(&got.v[i], &want.v[i], sizeof(T)) != 0;
+      CHECK(diff == 0);
+      // The same packed B serves another left-hand side (it is not consumed); a 16-bit one also an fp32 output.
+      Mat<T> a2(c.m, c.k, !c.ta, 0);
+      fill(a2, g, false);
+      Mat<T> w2(c.m, c.n, false, 0), g2(c.m, c.n, false, 0);
+      cpu::gemm<T>(c.m, c.n, c.k, a2.view(), b.view(), w2.v.data(), w2.ld, false);
+      pb.gemm(c.m, a2.view(), g2.v.data(), g2.ld, false);
+      CHECK(std::memcmp(w2.v.data(), g2.v.data(), w2.v.size() * sizeof(T)) == 0);
+      if constexpr (sizeof(T) == 2) {
+        Mat<float> w32(c.m, c.n, false, 0), g32(c.m, c.n, false, 0);
+        cpu::gemm<T, float>(c.m, c.n, c.k, a.view(), b.view(), w32.v.data(), w32.ld, false);
+        pb.gemm(c.m, a.view(), g32.v.data(), g32.ld, false);
         CHECK(w32.v == g32.v);
       }
     }

@@ -100,13 +100,16 @@ void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, Ma
 /// along the columns (all of A and its columns of B), in panels of `step` (whole micro-tiles). The split taken is
 /// the one whose busiest thread has the least work, counting its micro-tiles (the kernel's multiply-adds, which
 /// whole tiles make uneven: 128 rows are 11 tiles of 12, 6 for one thread and 5 for the other) and the values it
-/// packs (about one multiply-add's time each). a_packed: A is packed already (PackedA).
+/// packs (about one multiply-add's time each). a_packed, b_packed: that operand is packed already (PackedA,
+/// PackedB). (Packing the operand every thread needs whole once, the threads sharing the work, before the split
+/// was measured slower on the MLP's GEMMs: one more fork and join, and half of it read from the other core's cache.)
 struct GemmSplit {
   bool rows;
   std::int64_t step;
 };
 template <class T>
-GemmSplit choose_split(std::int64_t m, std::int64_t n, std::int64_t k, int nt, bool a_packed = false) {
+GemmSplit choose_split(std::int64_t m, std::int64_t n, std::int64_t k, int nt, bool a_packed = false,
+                       bool b_packed = false) {
   const std::int64_t mr = kGemmRowAlign<T>, nr = kGemmColAlign<T>;
   const std::int64_t mu = (m + mr - 1) / mr, nu = (n + nr - 1) / nr;  // tiles along each side
   auto cost = [&](bool rows, std::int64_t& step) {
@@ -115,7 +118,7 @@ GemmSplit choose_split(std::int64_t m, std::int64_t n, std::int64_t k, int nt, b
     const double mt = double(rows ? std::min(m, step) : m), nt_cols = double(rows ? n : std::min(n, step));
     const double tiles = double(per) * double(rows ? nu : mu);
     const double fma = tiles * double(k) * double(mr) * double(nr);
-    const double pack = (a_packed ? 0.0 : mt * double(k)) + double(k) * nt_cols;
+    const double pack = (a_packed ? 0.0 : mt * double(k)) + (b_packed ? 0.0 : double(k) * nt_cols);
     return fma / 16.0 + pack;  // a multiply-add instruction covers 16 products on AVX-512 (fewer elsewhere)
   };
   std::int64_t sr = 0, sc = 0;
@@ -163,6 +166,37 @@ void gemm_few_rows(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_
         for (int t = 0; t < nj; ++t) cr[t] = add ? cr[t] + acc[t] : acc[t];
       }
     }
+}
+
+/// Packs all of B (k, n) in pack_b_all's layout into dst, the threads each packing whole micro-panels.
+template <class T>
+void pack_b_parallel(std::int64_t k, std::int64_t n, MatView<T> b, gemm::compute_t<T>* dst) {
+  constexpr std::int64_t nr = gemm::kNR<gemm::compute_t<T>>;
+  parallel_for(0, (n + nr - 1) / nr, 1, [&](std::int64_t q0, std::int64_t q1) {
+    gemm::pack_b_all(k, n, b.p, b.rs, b.cs, dst, q0 * nr, std::min(n, q1 * nr));
+  });
+}
+
+/// C = [C +] A @ B on the threads, split as sp says, reading the operands pre holds packed in place.
+template <class T, class TC>
+void gemm_split(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
+                bool accumulate, const gemm::Prepacked<gemm::compute_t<T>>& pre, GemmSplit sp) {
+  const std::int64_t len = sp.rows ? m : n;
+  parallel_for(0, (len + sp.step - 1) / sp.step, 1, [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const std::int64_t i0 = p * sp.step, i1 = std::min(len, i0 + sp.step);
+      gemm::Prepacked<gemm::compute_t<T>> q = pre;
+      if (sp.rows) {
+        q.a_row0 += i0;
+        gemm::gemm_packed<T, TC>(i1 - i0, n, k, a.p + i0 * a.rs, a.rs, a.cs, b.p, b.rs, b.cs, c + i0 * ldc, ldc,
+                                 accumulate, q);
+      } else {
+        q.b_col0 += i0;
+        gemm::gemm_packed<T, TC>(m, i1 - i0, k, a.p, a.rs, a.cs, b.p + i0 * b.cs, b.rs, b.cs, c + i0, ldc,
+                                 accumulate, q);
+      }
+    }
+  });
 }
 #endif
 }  // namespace detail
@@ -223,8 +257,8 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
 }
 
 /// A left operand A (m, k) packed once for many GEMMs (a convolution's weights, reused for every image of a
-/// batch): each GEMM then reads the packed panels instead of packing A again. Without ember's packed kernel it
-/// keeps the view, and each GEMM reads A in place as gemm does.
+/// batch): each GEMM then reads the packed panels instead of packing A again, and its threads share them. Without
+/// ember's packed kernel it keeps the view, and each GEMM reads A in place as gemm does.
 template <class T>
 class PackedA {
  public:
@@ -246,26 +280,15 @@ class PackedA {
       cpu::gemm<T, TC>(m, n, k, a_, b, c, ldc, accumulate);
       return;
     }
-    const std::int64_t rows = detail::gemm::packed_rows(m);
-    auto block = [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
-      detail::gemm::gemm_packed<T, TC>(i1 - i0, j1 - j0, k, a_.p, a_.rs, a_.cs, b.p + j0 * b.cs, b.rs, b.cs,
-                                       c + i0 * ldc + j0, ldc, accumulate, packed_.data(), rows, i0);
-    };
+    detail::gemm::Prepacked<detail::gemm::compute_t<T>> pre;
+    pre.a = packed_.data();
+    pre.a_rows = detail::gemm::packed_rows(m);
     const int nt = get_num_threads();
     if (nt == 1 || 2.0 * double(m) * double(n) * double(k) < 4e6) {
-      block(0, m, 0, n);
+      detail::gemm::gemm_packed<T, TC>(m, n, k, a_.p, a_.rs, a_.cs, b.p, b.rs, b.cs, c, ldc, accumulate, pre);
       return;
     }
-    const detail::GemmSplit sp = detail::choose_split<T>(m, n, k, nt, true);
-    const bool split_rows = sp.rows;
-    const std::int64_t len = split_rows ? m : n, step = sp.step;
-    parallel_for(0, (len + step - 1) / step, 1, [&](std::int64_t p0, std::int64_t p1) {
-      for (std::int64_t p = p0; p < p1; ++p) {
-        const std::int64_t i0 = p * step, i1 = std::min(len, i0 + step);
-        if (split_rows) block(i0, i1, 0, n);
-        else block(0, m, i0, i1);
-      }
-    });
+    detail::gemm_split<T, TC>(m, n, k, a_, b, c, ldc, accumulate, pre, detail::choose_split<T>(m, n, k, nt, true));
 #else
     cpu::gemm<T, TC>(m_, n, k_, a_, b, c, ldc, accumulate);
 #endif
@@ -276,6 +299,62 @@ class PackedA {
   MatView<T> a_;
 #if EMBER_GEMM_PACKED
   std::vector<detail::gemm::compute_t<T>> packed_;
+#endif
+};
+
+/// A right operand B (k, n) packed once for many GEMMs (a layer's weight applied to many batches with the same
+/// values, as in evaluation): each GEMM reads the packed panels instead of packing B again, and its threads share
+/// them, each packing only its own rows of A. The packing itself is split across the threads. Results equal gemm's
+/// bit for bit. Without ember's packed kernel it keeps the view; either way the matrix b views must outlive the
+/// object. (Packing a weight once per training step, for a single use, was measured not to pay: bench_matmul's
+/// BM_LinearPackedWeight.)
+template <class T>
+class PackedB {
+ public:
+  PackedB(std::int64_t k, std::int64_t n, MatView<T> b) : k_(k), n_(n), b_(b) {
+#if EMBER_GEMM_PACKED
+    if (k > 0 && n > 0) {
+      packed_.get<C>(std::size_t(detail::gemm::packed_cols<C>(n) * k));  // 64-byte aligned, as the kernel loads B
+      if (get_num_threads() > 1 && k * n >= 65536) detail::pack_b_parallel<T>(k, n, b, data());
+      else detail::gemm::pack_b_all(k, n, b.p, b.rs, b.cs, data());
+    }
+#endif
+  }
+  PackedB(const PackedB&) = delete;
+  PackedB& operator=(const PackedB&) = delete;
+
+  /// C (m, n; leading dim ldc) = A (m, k) @ B, or += when accumulate; split across threads as gemm.
+  template <class TC = T>
+  void gemm(std::int64_t m, MatView<T> a, TC* c, std::int64_t ldc, bool accumulate = false) const {
+#if EMBER_GEMM_PACKED
+    const std::int64_t n = n_, k = k_;
+    // Nothing to multiply, or one or two rows (gemm reads B in place for those, without packing): as gemm.
+    if (m == 0 || n == 0 || k == 0 || (m <= 2 && sizeof(T) > 2 && std::is_same_v<T, TC>)) {
+      cpu::gemm<T, TC>(m, n, k, a, b_, c, ldc, accumulate);
+      return;
+    }
+    detail::gemm::Prepacked<C> pre;
+    pre.b = data();
+    pre.b_cols = detail::gemm::packed_cols<C>(n);
+    const int nt = get_num_threads();
+    if (nt == 1 || 2.0 * double(m) * double(n) * double(k) < 4e6) {
+      detail::gemm::gemm_packed<T, TC>(m, n, k, a.p, a.rs, a.cs, b_.p, b_.rs, b_.cs, c, ldc, accumulate, pre);
+      return;
+    }
+    detail::gemm_split<T, TC>(m, n, k, a, b_, c, ldc, accumulate, pre,
+                              detail::choose_split<T>(m, n, k, nt, false, true));
+#else
+    cpu::gemm<T, TC>(m, n_, k_, a, b_, c, ldc, accumulate);
+#endif
+  }
+
+ private:
+  std::int64_t k_, n_;
+  MatView<T> b_;
+#if EMBER_GEMM_PACKED
+  using C = detail::gemm::compute_t<T>;
+  C* data() const { return static_cast<C*>(packed_.p); }
+  detail::gemm::Scratch packed_;
 #endif
 };
 

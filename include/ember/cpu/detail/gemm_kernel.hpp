@@ -423,10 +423,13 @@ inline Scratch& scratch_c() {
   return s;
 }
 
-/// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread, for k within one
-/// panel or C of the compute type. See gemm_packed.
 /// Rows of A rounded up to whole micro-panels: the row count of a packed A.
 inline std::int64_t packed_rows(std::int64_t m) { return (m + kMR - 1) / kMR * kMR; }
+/// Columns of B rounded up to whole micro-panels: the column count of a packed B.
+template <class T>
+std::int64_t packed_cols(std::int64_t n) {
+  return (n + kNR<T> - 1) / kNR<T> * kNR<T>;
+}
 
 /// Packs all of A (m, k) once, in the order gemm_panels reads it: for each k panel pc (Blocking::kc wide), the
 /// micro-panels of every row, so row r (a multiple of kMR) of panel pc starts at pc * packed_rows(m) + r * kc.
@@ -441,10 +444,38 @@ void pack_a_all(std::int64_t m, std::int64_t k, const S* a, std::int64_t ars, st
   }
 }
 
+/// Packs columns [j0, j1) of B (k, n; j1 = -1: to n) into the layout of all of B packed once: for each k panel pc,
+/// the micro-panels of every column, so column j (a multiple of NR) of panel pc starts at pc * packed_cols(n) +
+/// j * kc. dst holds packed_cols(n) * k values; j0 is a multiple of NR (threads pack disjoint column ranges).
+template <class S>
+void pack_b_all(std::int64_t k, std::int64_t n, const S* b, std::int64_t brs, std::int64_t bcs, compute_t<S>* dst,
+                std::int64_t j0 = 0, std::int64_t j1 = -1) {
+  using T = compute_t<S>;
+  using Blk = Blocking<T>;
+  const std::int64_t np = packed_cols<T>(n), e = j1 < 0 ? n : j1;
+  for (std::int64_t pc = 0; pc < k; pc += Blk::kc) {
+    const std::int64_t kc = std::min(Blk::kc, k - pc);
+    pack_b(kc, e - j0, b + pc * brs + j0 * bcs, brs, bcs, dst + pc * np + j0 * kc);
+  }
+}
+
+/// Operands packed beforehand (either may be absent): a by pack_a_all (a_rows = packed_rows of the whole A, of
+/// which a GEMM's rows start at a_row0, a multiple of kMR), b by pack_b_all (b_cols = packed_cols of the whole B,
+/// a GEMM's columns from b_col0, a multiple of NR). A GEMM then reads them in place and packs only the other.
+template <class T>
+struct Prepacked {
+  const T* a = nullptr;
+  std::int64_t a_rows = 0, a_row0 = 0;
+  const T* b = nullptr;
+  std::int64_t b_cols = 0, b_col0 = 0;
+};
+
+/// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread, for k within one
+/// panel or C of the compute type. See gemm_packed.
 template <class S, class TC>
 void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs,
                  const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate,
-                 const compute_t<S>* apre = nullptr, std::int64_t apre_rows = 0, std::int64_t apre_row0 = 0) {
+                 const Prepacked<compute_t<S>>& pre) {
   using T = compute_t<S>;
   using Blk = Blocking<T>;
   constexpr int NR = kNR<T>;
@@ -452,23 +483,24 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
   const std::int64_t kc_max = std::min(Blk::kc, k);
   const std::int64_t nc_max = std::min(Blk::nc, (n + NR - 1) / NR * NR);
   const std::int64_t mc_max = std::min(Blk::mc, (m + kMR - 1) / kMR * kMR);
-  T* bpack = scratch_b().get<T>(std::size_t(kc_max * nc_max));
-  T* apack = apre ? nullptr : scratch_a().get<T>(std::size_t(kc_max * mc_max));
+  T* bpack = pre.b ? nullptr : scratch_b().get<T>(std::size_t(kc_max * nc_max));
+  T* apack = pre.a ? nullptr : scratch_a().get<T>(std::size_t(kc_max * mc_max));
   alignas(64) T edge[kMR * NR];
   for (std::int64_t jc = 0; jc < n; jc += Blk::nc) {
     const std::int64_t nc = std::min(Blk::nc, n - jc);
     for (std::int64_t pc = 0; pc < k; pc += Blk::kc) {
       const std::int64_t kc = std::min(Blk::kc, k - pc);
       const bool add = accumulate || pc > 0;
-      pack_b(kc, nc, b + pc * brs + jc * bcs, brs, bcs, bpack);
+      // An operand packed beforehand (pre) is read in place; otherwise this block of it is packed now.
+      const T* bblk = pre.b ? pre.b + pc * pre.b_cols + (pre.b_col0 + jc) * kc : bpack;
+      if (!pre.b) pack_b(kc, nc, b + pc * brs + jc * bcs, brs, bcs, bpack);
       for (std::int64_t ic = 0; ic < m; ic += Blk::mc) {
         const std::int64_t mc = std::min(Blk::mc, m - ic);
-        // A packed beforehand (pack_a_all, apre_rows rows) is read in place; otherwise this block is packed now.
-        const T* ablk = apre ? apre + pc * apre_rows + (apre_row0 + ic) * kc : apack;
-        if (!apre) pack_a(mc, kc, a + ic * ars + pc * acs, ars, acs, apack);
+        const T* ablk = pre.a ? pre.a + pc * pre.a_rows + (pre.a_row0 + ic) * kc : apack;
+        if (!pre.a) pack_a(mc, kc, a + ic * ars + pc * acs, ars, acs, apack);
         for (std::int64_t jr = 0; jr < nc; jr += NR) {
           const int cols = int(std::min<std::int64_t>(NR, nc - jr));
-          const T* bp = bpack + jr * kc;
+          const T* bp = bblk + jr * kc;
           for (std::int64_t ir = 0; ir < mc; ir += kMR) {
             const int rows = int(std::min<std::int64_t>(kMR, mc - ir));
             const T* ap = ablk + ir * kc;
@@ -489,15 +521,14 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
 /// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread. A's element (i, p)
 /// is a[i * ars + p * acs], B's (p, j) is b[p * brs + j * bcs]: any strides, read in place while packing. S is
 /// float, double, half or bfloat16 (computed in compute_t<S>); C is S or compute_t<S>.
-/// apre: A packed beforehand by pack_a_all (apre_rows = packed_rows of the whole A), of which these are the rows
-/// from apre_row0 (a multiple of kMR) on; a and its strides are then unused.
+/// pre: operands packed beforehand (Prepacked); a packed operand's pointer and strides are then unused.
 template <class S, class TC = S>
 void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t ars, std::int64_t acs,
                  const S* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate,
-                 const compute_t<S>* apre = nullptr, std::int64_t apre_rows = 0, std::int64_t apre_row0 = 0) {
+                 const Prepacked<compute_t<S>>& pre = {}) {
   using T = compute_t<S>;
   if (std::is_same_v<TC, T> || k <= Blocking<T>::kc) {
-    gemm_panels<S, TC>(m, n, k, a, ars, acs, b, brs, bcs, c, ldc, accumulate, apre, apre_rows, apre_row0);
+    gemm_panels<S, TC>(m, n, k, a, ars, acs, b, brs, bcs, c, ldc, accumulate, pre);
     return;
   }
   // A 16-bit C and several k panels: accumulate each block of nc columns in fp32, round it once.
@@ -507,7 +538,9 @@ void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
     const std::int64_t w = std::min(nb, n - j0);
     if (accumulate)
       for (std::int64_t i = 0; i < m; ++i) to_compute_run(c + i * ldc + j0, acc + i * w, w);
-    gemm_panels<S, T>(m, w, k, a, ars, acs, b + j0 * bcs, brs, bcs, acc, w, accumulate, apre, apre_rows, apre_row0);
+    Prepacked<T> p = pre;
+    p.b_col0 += j0;  // (j0 is a multiple of nc, so of NR)
+    gemm_panels<S, T>(m, w, k, a, ars, acs, b + j0 * bcs, brs, bcs, acc, w, accumulate, p);
     for (std::int64_t i = 0; i < m; ++i) store_run(c + i * ldc + j0, acc + i * w, w, false);
   }
 }
