@@ -42,6 +42,15 @@ void fill(Mat<T>& m, std::mt19937& g, bool integers) {
     for (i64 j = 0; j < m.cols; ++j) m.at(i, j) = integers ? T(di(g)) : T(dn(g));
 }
 
+// Elements of two same-shaped matrices (their padding included) whose bit patterns differ (the data are NaN-free;
+// -0 and +0 would differ).
+template <class T>
+int bit_diffs(const Mat<T>& got, const Mat<T>& want) {
+  int diff = 0;
+  for (std::size_t i = 0; i < got.v.size(); ++i) diff += std::memcmp(&got.v[i], &want.v[i], sizeof(T)) != 0;
+  return diff;
+}
+
 struct Case {
   i64 m, n, k;
   bool ta, tb, accumulate;
@@ -341,10 +350,7 @@ TEST_CASE_TEMPLATE("PackedA: GEMMs with A packed once equal gemm bit for bit", T
       cpu::gemm<T>(c.m, c.n, c.k, a.view(), b.view(), want.v.data(), want.ld, c.accumulate);
       const cpu::PackedA<T> pa(c.m, c.k, a.view());
       pa.gemm(c.n, b.view(), got.v.data(), got.ld, c.accumulate);
-      int diff = 0;  // bit patterns (NaN-free data; -0 and +0 would differ)
-      for (std::size_t i = 0; i < got.v.size(); ++i)
-        diff += std::memcmp(&got.v[i], &want.v[i], sizeof(T)) != 0;
-      CHECK(diff == 0);
+      CHECK(bit_diffs(got, want) == 0);
       // The same packed A serves another right-hand side (it is not consumed).
       if constexpr (sizeof(T) == 2) {
         Mat<float> w32(c.m, c.n, false, 0), g32(c.m, c.n, false, 0);
@@ -382,17 +388,14 @@ TEST_CASE_TEMPLATE("PackedB: GEMMs with B packed once equal gemm bit for bit", T
       cpu::gemm<T>(c.m, c.n, c.k, a.view(), b.view(), want.v.data(), want.ld, c.accumulate);
       const cpu::PackedB<T> pb(c.k, c.n, b.view());
       pb.gemm(c.m, a.view(), got.v.data(), got.ld, c.accumulate);
-      int diff = 0;  // bit patterns (NaN-free data; -0 and +0 would differ), the padding included
-      for (std::size_t i = 0; i < got.v.size(); ++i)
-        diff += std::memcmp(&got.v[i], &want.v[i], sizeof(T)) != 0;
-      CHECK(diff == 0);
+      CHECK(bit_diffs(got, want) == 0);
       // The same packed B serves another left-hand side (it is not consumed); a 16-bit one also an fp32 output.
       Mat<T> a2(c.m, c.k, !c.ta, 0);
       fill(a2, g, false);
       Mat<T> w2(c.m, c.n, false, 0), g2(c.m, c.n, false, 0);
       cpu::gemm<T>(c.m, c.n, c.k, a2.view(), b.view(), w2.v.data(), w2.ld, false);
       pb.gemm(c.m, a2.view(), g2.v.data(), g2.ld, false);
-      CHECK(std::memcmp(w2.v.data(), g2.v.data(), w2.v.size() * sizeof(T)) == 0);
+      CHECK(bit_diffs(g2, w2) == 0);
       if constexpr (sizeof(T) == 2) {
         Mat<float> w32(c.m, c.n, false, 0), g32(c.m, c.n, false, 0);
         cpu::gemm<T, float>(c.m, c.n, c.k, a.view(), b.view(), w32.v.data(), w32.ld, false);

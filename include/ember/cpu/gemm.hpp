@@ -177,10 +177,17 @@ void pack_b_parallel(std::int64_t k, std::int64_t n, MatView<T> b, gemm::compute
   });
 }
 
-/// C = [C +] A @ B on the threads, split as sp says, reading the operands pre holds packed in place.
+/// C = [C +] A @ B (none of m, n, k zero) reading the operands pre holds packed in place (PackedA, PackedB): on the
+/// calling thread when small, as gemm, else split across the threads as choose_split says.
 template <class T, class TC>
-void gemm_split(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
-                bool accumulate, const gemm::Prepacked<gemm::compute_t<T>>& pre, GemmSplit sp) {
+void gemm_prepacked(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c,
+                    std::int64_t ldc, bool accumulate, const gemm::Prepacked<gemm::compute_t<T>>& pre) {
+  const int nt = get_num_threads();
+  if (nt == 1 || 2.0 * double(m) * double(n) * double(k) < 4e6) {
+    gemm::gemm_packed<T, TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate, pre);
+    return;
+  }
+  const GemmSplit sp = choose_split<T>(m, n, k, nt, pre.a != nullptr, pre.b != nullptr);
   const std::int64_t len = sp.rows ? m : n;
   parallel_for(0, (len + sp.step - 1) / sp.step, 1, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
@@ -283,12 +290,7 @@ class PackedA {
     detail::gemm::Prepacked<detail::gemm::compute_t<T>> pre;
     pre.a = packed_.data();
     pre.a_rows = detail::gemm::packed_rows(m);
-    const int nt = get_num_threads();
-    if (nt == 1 || 2.0 * double(m) * double(n) * double(k) < 4e6) {
-      detail::gemm::gemm_packed<T, TC>(m, n, k, a_.p, a_.rs, a_.cs, b.p, b.rs, b.cs, c, ldc, accumulate, pre);
-      return;
-    }
-    detail::gemm_split<T, TC>(m, n, k, a_, b, c, ldc, accumulate, pre, detail::choose_split<T>(m, n, k, nt, true));
+    detail::gemm_prepacked<T, TC>(m, n, k, a_, b, c, ldc, accumulate, pre);
 #else
     cpu::gemm<T, TC>(m_, n, k_, a_, b, c, ldc, accumulate);
 #endif
@@ -315,6 +317,7 @@ class PackedB {
 #if EMBER_GEMM_PACKED
     if (k > 0 && n > 0) {
       packed_.get<C>(std::size_t(detail::gemm::packed_cols<C>(n) * k));  // 64-byte aligned, as the kernel loads B
+      // Split across the threads from 64 Ki values (a quarter MiB of floats; w2 of the MLP, 32 Ki, packs alone).
       if (get_num_threads() > 1 && k * n >= 65536) detail::pack_b_parallel<T>(k, n, b, data());
       else detail::gemm::pack_b_all(k, n, b.p, b.rs, b.cs, data());
     }
@@ -336,13 +339,7 @@ class PackedB {
     detail::gemm::Prepacked<C> pre;
     pre.b = data();
     pre.b_cols = detail::gemm::packed_cols<C>(n);
-    const int nt = get_num_threads();
-    if (nt == 1 || 2.0 * double(m) * double(n) * double(k) < 4e6) {
-      detail::gemm::gemm_packed<T, TC>(m, n, k, a.p, a.rs, a.cs, b_.p, b_.rs, b_.cs, c, ldc, accumulate, pre);
-      return;
-    }
-    detail::gemm_split<T, TC>(m, n, k, a, b_, c, ldc, accumulate, pre,
-                              detail::choose_split<T>(m, n, k, nt, false, true));
+    detail::gemm_prepacked<T, TC>(m, n, k, a, b_, c, ldc, accumulate, pre);
 #else
     cpu::gemm<T, TC>(m, n_, k_, a, b_, c, ldc, accumulate);
 #endif
