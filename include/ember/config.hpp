@@ -63,6 +63,28 @@
 #endif
 #endif
 
+// EMBER_HOST_ONLY: 1 when every tensor a TU handles lives on the CPU, so that Tensor::device() is the constant
+// Device::cpu() and the optimiser drops each op's CUDA branch and what only that branch calls (a sixth of the
+// object code of bench/compile_time/cnn_fmnist.cpp: the unfused fallbacks, the device copies and staging). The
+// default is 1 in a TU without EMBER_WITH_CUDA, where no CUDA allocator exists, and 0 with EMBER_WITH_CUDA and
+// with ember::precompiled (built once with 0: ember's tests are among its users). A TU with EMBER_HOST_ONLY=1 that
+// meets a tensor on another device anyway (memory labelled so by from_blob, or a backend installed by hand) throws
+// ember::Error from device(): it never runs a CPU loop over device memory. Like EMBER_WITH_CUDA, one value for
+// every TU of a program; ember's tests set 0 (they stand in for a CUDA backend on the host).
+#ifndef EMBER_HOST_ONLY
+#if EMBER_WITH_CUDA || defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD)
+#define EMBER_HOST_ONLY 0
+#else
+#define EMBER_HOST_ONLY 1
+#endif
+#endif
+#if EMBER_HOST_ONLY && EMBER_WITH_CUDA
+#error "EMBER_HOST_ONLY=1 with EMBER_WITH_CUDA: a TU with the CUDA backend handles CUDA tensors"
+#endif
+#if EMBER_HOST_ONLY && (defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD))
+#error "EMBER_HOST_ONLY=1 with ember::precompiled, which is built with EMBER_HOST_ONLY=0"
+#endif
+
 // The same switch for the larger non-template functions (file parsing, shape checks and their messages, the autograd
 // engine's graph walk, module bookkeeping, the thread pool's machinery, schedulers, transforms): each is declared
 // EMBER_HEADER_INLINE and its body sits in an `#if EMBER_HEADER_BODIES` block. Header-only, EMBER_HEADER_INLINE is

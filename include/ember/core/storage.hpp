@@ -66,6 +66,13 @@ inline const char* no_cuda_backend() {
   return "this program was built without ember's CUDA backend (compile with nvcc, or define EMBER_WITH_CUDA=1, "
          "include <ember/ember.hpp> and link ember::cuda)";
 }
+
+/// Tensor::device()'s error under EMBER_HOST_ONLY (config.hpp) for a tensor that is not on the CPU.
+[[noreturn, gnu::cold, gnu::noinline]] inline void device_in_host_only_tu(Device d) {
+  throw Error(concat("a tensor on ", d.str(), " reached a translation unit compiled with EMBER_HOST_ONLY=1 (the "
+                     "default without EMBER_WITH_CUDA), where every tensor is on the CPU; compile every TU of a "
+                     "program that handles CUDA tensors with EMBER_WITH_CUDA=1 (link ember::cuda)"));
+}
 }  // namespace detail
 
 /// The allocator for a device.

@@ -132,7 +132,17 @@ class Tensor {
   int dim() const { return impl().sizes.n; }
   std::int64_t numel() const { return impl().sizes.numel(); }
   std::int64_t storage_offset() const { return impl().offset; }
-  Device device() const { return impl().storage->device; }
+  /// Where the elements live. Under EMBER_HOST_ONLY (config.hpp; the default without CUDA) the constant
+  /// Device::cpu(), and another device an error.
+  EMBER_INLINE Device device() const {
+#if EMBER_HOST_ONLY
+    // Small enough to inline everywhere (the errors are out of line), so every caller sees the constant.
+    if (impl_ == nullptr || !impl_->storage->device.is_cpu()) [[unlikely]] device_error();
+    return Device::cpu();
+#else
+    return impl().storage->device;
+#endif
+  }
   bool is_contiguous() const { return ember::is_contiguous(shape(), strides()); }
   bool is_view() const { return impl().is_view; }
   const Storage& storage() const { return impl().storage; }
@@ -485,6 +495,11 @@ class Tensor {
     EMBER_CHECK(impl_ != nullptr, "use of an undefined tensor");
     return *impl_;
   }
+#if EMBER_HOST_ONLY
+  [[noreturn, gnu::cold, gnu::noinline]] void device_error() const {
+    detail::device_in_host_only_tu(impl().storage->device);  // (impl() throws first for an undefined tensor)
+  }
+#endif
   Tensor view_of(const Shape& sz, const Shape& st, std::int64_t offset, const ViewOp& op) const {
     Tensor v = as_strided_raw(sz, st, offset);
     if (requires_grad()) detail::TensorOps<T>::record_view(*this, v, op);

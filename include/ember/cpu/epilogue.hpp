@@ -119,12 +119,16 @@ EMBER_VECTORIZE void sum_run(const T* EMBER_RESTRICT g, A* EMBER_RESTRICT acc, s
 /// The backward epilogue of linear (rows x n, row-major, g and s with leading dim n): gz = g * act'(s), where s is
 /// what the activation's derivative reads (the layer's output for ReLU), and db[j] = sum over rows of gz[r, j]
 /// when db is not null (db holds n values; it is overwritten). With Act::none gz is g itself and is not written.
+/// act is none or relu: those are the activations linear fuses in training (GELU's and SiLU's derivatives read
+/// the pre-activation, which the fused forward does not keep), so only ReLU's derivative is compiled here.
 /// Threads take blocks of columns, so each column's sum runs down the rows in order on one thread: the result
 /// does not depend on the thread count.
 template <class T>
 void linear_act_grad(const T* g, const T* s, T* gz, std::int64_t rows, std::int64_t n, Act a,
                      bias_grad_acc_t<T>* db) {
   using A = bias_grad_acc_t<T>;
+  EMBER_CHECK(a == Act::none || a == Act::relu, "linear_act_grad: activation ", act_name(a),
+              " is not fused in training (only none and relu are)");
   if (n <= 0) return;
   if (db)
     for (std::int64_t j = 0; j < n; ++j) db[j] = A(0);
@@ -138,13 +142,11 @@ void linear_act_grad(const T* g, const T* s, T* gz, std::int64_t rows, std::int6
       for (std::int64_t r = 0; r < rows; ++r) detail::sum_run(g + r * n + j0, db + j0, w);
       return;
     }
-    detail::dispatch_act<T>(a, [&](auto f) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t o = r * n + j0;
-        if (db) detail::act_grad_run<true>(g + o, s + o, gz + o, db + j0, w, f);
-        else detail::act_grad_run<false>(g + o, s + o, gz + o, static_cast<A*>(nullptr), w, f);
-      }
-    });
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t o = r * n + j0;
+      if (db) detail::act_grad_run<true>(g + o, s + o, gz + o, db + j0, w, ops_table::Relu{});
+      else detail::act_grad_run<false>(g + o, s + o, gz + o, static_cast<A*>(nullptr), w, ops_table::Relu{});
+    }
   });
 }
 
