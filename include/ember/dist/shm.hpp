@@ -330,21 +330,25 @@ class ShmChannel {
       if (now > pause_until) std::this_thread::yield();
     }
     while (!changed(token, want_send, want_recv)) {
-      check(deadline, prog);
+      check(deadline, prog, token, want_send, want_recv);
       g_.sleep(rank_, [&] { return changed(token, want_send, want_recv); }, 20);
     }
   }
 
  private:
-  void check(Deadline deadline, const RingProgress& prog) {
+  // Fails the wait when the group was aborted, when a rank this wait depends on has exited without what it waits
+  // for having come (the previous rank for data, the next for space: a rank further round the ring may finish its
+  // part of a broadcast and exit normally while this one still waits on a live neighbour; if it died mid-collective,
+  // its neighbours fail and abort the group, which names it), or at the deadline.
+  void check(Deadline deadline, const RingProgress& prog, const Token& token, bool want_send, bool want_recv) {
     const std::string why = g_.abort_reason();
     if (!why.empty()) detail::fail(ctx_.str(), why);
     const auto now = Clock::now();
     if (now >= next_liveness_check_) {
       next_liveness_check_ = now + std::chrono::milliseconds(100);
       const ShmControl& c = g_.control();
-      for (int r = 0; r < g_.world(); ++r)
-        if (r != rank_ && process_gone(c.pid[r]))
+      for (int r : {want_recv ? prev_ : -1, want_send ? next_ : -1})
+        if (r >= 0 && r != rank_ && process_gone(c.pid[r]) && !changed(token, want_send, want_recv))
           detail::fail(ctx_.str(), "rank " + std::to_string(r) + " (pid " + std::to_string(c.pid[r]) +
                                  ") has exited (" + prog.str() + ")");
     }
