@@ -1,7 +1,8 @@
 // Matrix multiply (n, n) @ (n, n) through ember::matmul (the packed GEMM, split over the thread pool), as FLOP/s
 // (2 n^3 per product; the "FLOP/s" counter). Wall-clock time because the work runs on the thread pool. The dtype
 // cases run fp32, bfloat16 and half side by side in one process: 16-bit operands are converted while packed and
-// accumulate in fp32, so their ratio to fp32 shows the cost (or, with a bf16 dot-product kernel, the gain). Also:
+// accumulate in fp32, so their ratio to fp32 shows the cost; BM_MatmulBf16Amx runs bfloat16 on AMX tiles (the
+// gain, where the CPU has them). Also:
 // the MLP training step's GEMMs, and the thread pool's cost to start and join a loop.
 #include <benchmark/benchmark.h>
 
@@ -52,12 +53,24 @@ void BM_MatmulDtype(benchmark::State& state) {
   set_flops(state, m, n, k);
 }
 
+// The same bfloat16 product on AMX tiles (cpu::set_amx), where the CPU and OS run them; skipped elsewhere.
+void BM_MatmulBf16Amx(benchmark::State& state) {
+  if (!cpu::amx_available()) {
+    state.SkipWithError("no AMX-BF16 tiles on this CPU or OS");
+    return;
+  }
+  cpu::set_amx(true);
+  BM_MatmulDtype<bfloat16>(state);
+  cpu::set_amx(false);
+}
+
 void dtype_args(benchmark::internal::Benchmark* b) {
   b->Args({1024, 1024, 1024})->Args({2048, 2048, 2048})->Args({128, 784, 256});
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_MatmulDtype<float>)->Apply(dtype_args);
 BENCHMARK(BM_MatmulDtype<bfloat16>)->Apply(dtype_args);
+BENCHMARK(BM_MatmulBf16Amx)->Apply(dtype_args);
 BENCHMARK(BM_MatmulDtype<half>)->Apply(dtype_args);
 
 // The eight GEMMs of one training step of example 03's MLP (784-256-128-10, batch 128) through cpu::gemm, with the

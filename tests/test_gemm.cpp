@@ -231,7 +231,9 @@ TEST_CASE("ops::linear: bias and activation in one pass equal matmul, add and th
 
 // bfloat16 and half operands are converted while packed (never copied whole) and accumulate in fp32; the output is
 // written once, in the operands' type or in float.
-TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into the output type", T, bfloat16, half) {
+// Small sizes on one and two threads: exact integer sums and real values, T and float outputs.
+template <class T>
+void sweeps_16bit() {
   ThreadsGuard guard;
   for (int threads : {1, 2}) {
     cpu::set_num_threads(threads);
@@ -240,6 +242,10 @@ TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into 
     sweep<T>({2, 31, 100}, false);
     sweep<T, float>({5, 40}, false);
   }
+}
+
+TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into the output type", T, bfloat16, half) {
+  sweeps_16bit<T>();
   // Every cache block and the fp32 accumulation block of a 16-bit output (k > kc), transposed views included.
   std::uint32_t seed = 500;
   for (const Case& c : {Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
@@ -252,6 +258,47 @@ TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into 
     CHECK(run_case<T>(c, false, seed++) == 0);
     CHECK(run_case<T, float>(c, false, seed++) == 0);
   }
+}
+
+// bfloat16 on Intel AMX tiles (cpu::set_amx): the same checks as the AVX-512 kernel's above (exact integer sums
+// rounded once, real values within the rounding bound of any summation order), every layout and edge, both thread
+// counts, k past the AMX panel (kKC) with fp32 and bfloat16 outputs; NaN and infinity carried through.
+TEST_CASE("gemm: bfloat16 on AMX tiles (cpu::set_amx) within the rounding bound, every layout") {
+  if (!cpu::amx_available()) {
+    MESSAGE("this CPU or OS runs no AMX-BF16 tiles: the AMX kernel is not tested here");
+    CHECK_FALSE(cpu::amx_active());
+    return;
+  }
+  struct AmxGuard {
+    AmxGuard() { cpu::set_amx(true); }
+    ~AmxGuard() { cpu::set_amx(false); }
+  } amx_on;
+  REQUIRE(cpu::amx_active());
+  sweeps_16bit<bfloat16>();
+  std::uint32_t seed = 600;
+  for (const Case& c : {Case{300, 70, 2100, false, false, true, 1}, Case{13, 1100, 40, false, true, true, 2},
+                        Case{37, 600, 4300, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
+                        Case{129, 45, 600, false, true, true, 3}, Case{260, 530, 64, true, false, false, 1}}) {
+    CAPTURE(c.m);
+    CAPTURE(c.n);
+    CAPTURE(c.k);
+    CHECK(run_case<bfloat16>(c, true, seed++) == 0);
+    CHECK(run_case<bfloat16>(c, false, seed++) == 0);
+    CHECK(run_case<bfloat16, float>(c, false, seed++) == 0);
+  }
+  // A NaN in A makes its row NaN; an infinity its row infinite (with the sign of the products).
+  std::vector<bfloat16> a(3 * 4, bfloat16(1.0f)), b(4 * 5, bfloat16(0.5f));
+  a[1] = bfloat16(std::numeric_limits<float>::quiet_NaN());
+  a[4 + 2] = bfloat16(-std::numeric_limits<float>::infinity());
+  std::vector<float> c(3 * 5);
+  cpu::gemm<bfloat16, float>(3, 5, 4, {a.data(), 4, 1}, {b.data(), 5, 1}, c.data(), 5, false);
+  for (int j = 0; j < 5; ++j) {
+    CHECK(std::isnan(c[std::size_t(j)]));
+    CHECK(c[std::size_t(5 + j)] == -std::numeric_limits<float>::infinity());
+    CHECK(c[std::size_t(10 + j)] == 2.0f);
+  }
+  cpu::set_amx(false);
+  CHECK_FALSE(cpu::amx_active());
 }
 
 TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity") {

@@ -12,6 +12,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/float16.hpp"
+#include "ember/cpu/detail/gemm_amx.hpp"
 #include "ember/cpu/detail/gemm_kernel.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
@@ -48,6 +49,14 @@ inline constexpr std::int64_t kGemmColAlign = gemm::kNR<gemm::compute_t<T>>;
 template <class T, class TC>
 void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
                 bool accumulate) {
+#if EMBER_GEMM_AMX
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (gemm::amx::active()) {  // (cpu::set_amx)
+      gemm::amx::gemm<TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
+      return;
+    }
+  }
+#endif
   gemm::gemm_packed<T, TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
 }
 #else
