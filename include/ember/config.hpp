@@ -192,6 +192,24 @@ std::string concat(const Args&... args) {
   }
 }
 
+// EMBER_CHECK's failure path, out of line and cold: a check site only lists its parts and makes one call (no
+// exception object, string or unwinding code of its own).
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_parts(std::initializer_list<MsgPart> parts) {
+  throw Error(concat_parts(parts));
+}
+template <class... Args>
+[[noreturn, gnu::cold, gnu::noinline]] void throw_concat(const Args&... args) {
+  throw Error(concat(args...));
+}
+/// Throws ember::Error with the concatenation of the parts as an ostream prints them.
+template <class... Args>
+[[noreturn]] EMBER_INLINE void fail(const Args&... args) {
+  if constexpr ((is_msg_part_v<Args> && ...))
+    throw_parts({MsgPart(args)...});
+  else
+    throw_concat(args...);
+}
+
 /// Text read from a file (tensor names, keys, metadata), made safe to quote in an error message: in double
 /// quotes, with `"`, `\` and every byte that is not printable ASCII escaped (`\n`, `\t`, `\xNN`), so no terminal
 /// escape sequence reaches the user's terminal; longer than `max_chars`, it is cut and says how long it was.
@@ -226,7 +244,7 @@ std::string concat(const Args&... args) {
 }  // namespace ember
 
 /// Throws ember::Error with the concatenation of the message parts when `cond` is false.
-#define EMBER_CHECK(cond, ...)                                             \
-  do {                                                                     \
-    if (!(cond)) [[unlikely]] throw ::ember::Error(::ember::detail::concat(__VA_ARGS__)); \
+#define EMBER_CHECK(cond, ...)                                    \
+  do {                                                            \
+    if (!(cond)) [[unlikely]] ::ember::detail::fail(__VA_ARGS__); \
   } while (0)
