@@ -90,6 +90,7 @@
 #ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)
 // float, bfloat16 and half: the layers' compute dtypes under the fp32, bf16 and fp16 precision policies.
 #define EMBER_PRECOMPILED_OPS(T)                                                                                      \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);       \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,         \
                                                         ops::LinearAct);                                              \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> mm<T>(const Tensor<T>&, const Tensor<T>&);                              \

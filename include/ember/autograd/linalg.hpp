@@ -150,19 +150,14 @@ Tensor<T> apply_linear_act(const Tensor<T>& z, ops::LinearAct act) {
     default: return z;
   }
 }
-}  // namespace detail
 
-/// y = act(x @ wᵀ + b): torch.nn.functional.linear (w is (out_features, in_features); b may be undefined) followed
-/// by the activation act (none, relu, gelu, gelu_tanh, silu). The bias, and ReLU, are applied in the GEMM's
-/// write-back (ops::linear: cuBLASLt on CUDA, each block of rows while in cache on the CPU), in training too: on
-/// the CPU one node on the tape (LinearBackward / LinearReluBackward) whose backward forms the activation's
-/// gradient and the bias gradient in one pass and writes the weight gradient in the weight's layout. GELU and SiLU
-/// follow as their own differentiable op in training (their derivative reads the input). On CUDA, training runs
-/// the differentiable matmul, add and activation.
+/// linear for act none or relu, the two every layer's plain forward takes: the body of ember::linear without the
+/// GELU and SiLU ops, so a program that never asks for those does not compile them (see linear below).
 template <class T>
-Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 ops::LinearAct act = ops::LinearAct::none) {
+Tensor<T> linear_none_or_relu(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, ops::LinearAct act) {
   using ops::LinearAct;
+  EMBER_CHECK(act == LinearAct::none || act == LinearAct::relu, "linear: internal: activation ", cpu::act_name(act),
+              " on the none/relu path");
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
               " does not match weight of shape ", w.shape().str(), " (expected last dim ", w.size(1), ")");
@@ -171,7 +166,6 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   const bool grad = is_grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
   if (!grad) return ops::linear(x, w, b, act);
   if (x.device().is_cpu() && w.device().is_cpu() && (!b.defined() || b.device().is_cpu())) {
-    if (act != LinearAct::none && act != LinearAct::relu) return detail::apply_linear_act(linear(x, w, b), act);
     Tensor<T> y = ops::linear(x, w, b, act);
     auto node = std::make_shared<autograd::LinearNode<T>>();
     auto edge = [](const Tensor<T>& t) { return t.defined() ? autograd::gradient_edge(t) : nullptr; };
@@ -190,7 +184,36 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   }
   Tensor<T> y = matmul(x, w.t());
   if (b.defined()) y = y + b;
-  return detail::apply_linear_act(y, act);
+  return act == LinearAct::relu ? Tensor<T>(relu(y)) : y;
+}
+}  // namespace detail
+
+/// y = x @ wᵀ + b: torch.nn.functional.linear (w is (out_features, in_features); b may be undefined). The bias is
+/// applied in the GEMM's write-back (ops::linear: cuBLASLt on CUDA, each block of rows while in cache on the CPU),
+/// in training too: on the CPU one node on the tape (LinearBackward) whose backward forms the bias gradient in the
+/// same pass and writes the weight gradient in the weight's layout. On CUDA, training runs the differentiable
+/// matmul and add.
+template <class T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
+  return detail::linear_none_or_relu(x, w, b, ops::LinearAct::none);
+}
+
+/// y = act(x @ wᵀ + b): linear followed by the activation act (none, relu, gelu, gelu_tanh, silu). ReLU is applied
+/// in the GEMM's write-back in training too (on the CPU one LinearReluBackward node, whose backward forms ReLU's
+/// gradient and the bias gradient in one pass). GELU and SiLU are applied in the write-back when nothing records a
+/// gradient, and follow as their own differentiable op in training (their derivative reads the input). Only this
+/// overload compiles the GELU and SiLU ops: the three-argument one, which every layer's plain forward calls, does
+/// not, and a program that uses neither pays nothing for them.
+template <class T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, ops::LinearAct act) {
+  using ops::LinearAct;
+  if (act == LinearAct::none || act == LinearAct::relu) return detail::linear_none_or_relu(x, w, b, act);
+  const bool grad = is_grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
+  if (!grad) {
+    // ops::linear checks the shapes too, with the same messages.
+    return ops::linear(x, w, b, act);
+  }
+  return detail::apply_linear_act(detail::linear_none_or_relu(x, w, b, LinearAct::none), act);
 }
 
 }  // namespace ember

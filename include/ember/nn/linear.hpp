@@ -61,6 +61,14 @@ class LinearT : public Module {
     const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
     return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b), act);
   }
+  /// forward(x, ops::LinearAct::relu), without compiling GELU and SiLU (nn::Sequential runs its Linear -> ReLU
+  /// pairs through it, so a Sequential of ReLUs pays for no other activation).
+  Tensor<compute_t> forward_relu(const Tensor<compute_t>& x) const {
+    if (quantized() || cpu::Act(fused_activation()) != cpu::Act::none) return Tensor<compute_t>(relu(forward(x)));
+    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+    return ember::detail::linear_none_or_relu(x, detail::to_compute<compute_t>(weight),
+                                              detail::to_compute<compute_t>(b), ops::LinearAct::relu);
+  }
 
   std::int64_t in_features, out_features;
   Tensor<param_t> weight;  // (out_features, in_features)

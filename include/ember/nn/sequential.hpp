@@ -74,13 +74,13 @@ class Sequential : public Module {
   std::size_t size() const { return stages_.size(); }
 
  private:
-  // A Linear -> ReLU pair starting at stage i, run as one op (Linear::forward(x, relu)): whether it ran.
+  // A Linear -> ReLU pair starting at stage i, run as one op (Linear::forward_relu): whether it ran.
   bool run_linear_relu(std::size_t i, Tensor<float>& h) const {
     if (i + 1 >= stages_.size()) return false;
     const auto* fc = dynamic_cast<const Linear*>(stages_[i].keep.get());
     const auto* r = fc ? dynamic_cast<const ReLU*>(stages_[i + 1].keep.get()) : nullptr;
     if (!r || r->folded()) return false;
-    h = fc->forward(h, ops::LinearAct::relu);
+    h = fc->forward_relu(h);
     return true;
   }
   // A Conv2d -> BatchNorm2d [-> ReLU] [-> MaxPool2d(2)] group starting at stage i, run fused on h when it can be:
