@@ -126,20 +126,55 @@ struct AssignBody {
   }
 };
 
-using expr::check_writable;
-using expr::overlaps_badly;
+namespace detail {
+/// Whether assign can take the dense path: out and every leaf dense, on the CPU, with out's shape, and no leaf
+/// sharing out's memory at another address.
+inline bool dense_write(const expr::OperandRef& out, const expr::OperandRef* leaves, int n) {
+  if (!out.defined || !out.device.is_cpu() || !is_contiguous(*out.shape, *out.strides)) return false;
+  for (int k = 0; k < n; ++k) {
+    const expr::OperandRef& t = leaves[k];
+    if (!t.defined || !t.device.is_cpu() || !(*t.shape == *out.shape) || !is_contiguous(*t.shape, *t.strides) ||
+        (t.storage == out.storage && t.data != out.data))
+      return false;
+  }
+  return true;
+}
+
+/// The plan of out = e over out's shape: out is operand 0, the leaves follow. Checks that out can be written
+/// element by element, that the operands are defined and on the CPU, and that e (of shape es) broadcasts to out.
+/// Returns false, with no plan, when an operand reads out's memory with another geometry: the caller then goes
+/// through a temporary. Ordinary code, compiled once however many expressions a program writes.
+inline bool plan_write(const expr::OperandRef& out, const expr::OperandRef* leaves, int n, const Shape& es,
+                       const char* op, expr::Plan& p) {
+  EMBER_CHECK(out.defined, op, ": the output is an undefined tensor");
+  const Shape& space = *out.shape;
+  for (int i = 0; i < space.n; ++i)
+    EMBER_CHECK(!((*out.strides)[i] == 0 && space[i] > 1), op,
+                ": cannot write into a tensor with a broadcast (stride 0) dim; shape ", space.str(), ", strides ",
+                out.strides->str(), " (clone() it first)");
+  expr::PlanBuilder b(space);
+  const int ko = b.add(space, *out.strides);
+  Device dev = out.device;
+  bool have = true;
+  expr::add_operands(b, leaves, n, dev, have, op);
+  EMBER_CHECK(broadcast_shapes(es, space, op) == space, op, ": cannot write a result of shape ", es.str(),
+              " into a tensor of shape ", space.str());
+  EMBER_CHECK(dev.is_cpu(), op, ": the CPU executor got tensors on ", dev.str());
+  for (int k = 0; k < n; ++k)  // an operand that shares out's storage but reads it with another geometry
+    if (leaves[k].storage == out.storage && (leaves[k].data != out.data || !(b.strides(k + 1) == b.strides(ko))))
+      return false;
+  b.collapse_into(p);
+  return true;
+}
+}  // namespace detail
 
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
+  const expr::LeafRefs<E> leaves(e);
+  const expr::OperandRef o = expr::operand_ref(out);
   // Fast path, the common small op: every operand dense with exactly out's shape. No plan to build.
-  bool dense = out.is_contiguous() && out.device().is_cpu();
-  expr::visit_leaves(e, [&](const auto& leaf) {
-    const auto& t = leaf.tensor();
-    dense = dense && t.defined() && t.device().is_cpu() && t.shape() == out.shape() && t.is_contiguous() &&
-            (t.storage() != out.storage() || static_cast<const void*>(t.data()) == static_cast<const void*>(out.data()));
-  });
-  if (dense) {
+  if (detail::dense_write(o, leaves.at, leaves.n)) {
     const expr::Plan& lp = expr::linear_plan();
     int kk = 1;
     auto ev = expr::make_eval(e, lp, kk);
@@ -153,36 +188,17 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     out.bump_version();
     return;
   }
-  check_writable(out, op);
-  const Shape space = out.shape();
-  expr::PlanBuilder b(space);
-  const int ko = b.add(out.shape(), out.strides());
-  Device dev = out.device();
-  bool have = true;
-  const void* ptrs[expr::kMaxOperands] = {out.data()};
-  const StorageImpl* stor[expr::kMaxOperands] = {out.storage().get()};
-  int k = 1;
-  expr::visit_leaves(e, [&](const auto& leaf) {
-    ptrs[k] = leaf.tensor().data();
-    stor[k] = leaf.tensor().storage().get();
-    ++k;
-  });
-  expr::add_leaves(e, b, dev, have, op);
-  const Shape es = e.shape();
-  EMBER_CHECK(broadcast_shapes(es, space, op) == space, op, ": cannot write a result of shape ", es.str(),
-              " into a tensor of shape ", space.str());
-  EMBER_CHECK(dev.is_cpu(), op, ": the CPU executor got tensors on ", dev.str());
-  if (overlaps_badly(out, b, ko, k, ptrs, stor)) {
-    Tensor<T> tmp = empty<T>(space);
+  expr::Plan p;
+  if (!detail::plan_write(o, leaves.at, leaves.n, e.shape(), op, p)) {
+    Tensor<T> tmp = empty<T>(out.shape());
     assign(tmp, e, op);
     assign(out, expr::TensorLeaf<T, false>{&tmp}, op);
     return;
   }
-  const expr::Plan p = b.collapse();
   int kk = 1;
   auto ev = expr::make_eval(e, p, kk);
   using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
-  run_plan(p, AssignBody<false, Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, ko), ev}), {}});
+  run_plan(p, AssignBody<false, Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, 0), ev}), {}});
   out.bump_version();
 }
 

@@ -110,6 +110,11 @@ class PlanBuilder {
 
   Plan collapse() const {
     Plan p;
+    collapse_into(p);
+    return p;
+  }
+  /// collapse() into a plan the caller holds (a plan is a few KB: no copy).
+  void collapse_into(Plan& p) const {
     p.nops = nops_;
     // Walk dims inner to outer, skipping size-1 dims and merging a dim into the one inside it when every
     // operand steps over the inner dim exactly once per step of the outer dim.
@@ -142,7 +147,6 @@ class PlanBuilder {
       for (int i = 0; i < nd; ++i) p.st[k][i] = st[k][nd - 1 - i];
       p.linear = p.linear && p.st[k][0] == 1;
     }
-    return p;
   }
 
  private:
@@ -353,20 +357,67 @@ Eval<CastExpr<U, A>> make_eval(const CastExpr<U, A>& e, const Plan& p, int& k) {
   return {make_eval(e.a, p, k)};
 }
 
+/// A tensor operand as the executors' set-up code sees it, without its dtype: planning, the device checks and the
+/// aliasing checks then run in ordinary functions compiled once per program, not once per expression.
+struct OperandRef {
+  const Shape* shape = nullptr;
+  const Shape* strides = nullptr;
+  const void* data = nullptr;
+  const StorageImpl* storage = nullptr;
+  Device device = Device::cpu();
+  bool defined = false;
+};
+
+template <class T>
+OperandRef operand_ref(const Tensor<T>& t) {
+  if (!t.defined()) return {};
+  return {&t.shape(), &t.strides(), static_cast<const void*>(t.data()), t.storage().get(), t.device(), true};
+}
+
+/// The number of tensor leaves of an expression type.
+template <class E>
+struct leaf_count : std::integral_constant<int, 0> {};
+template <class T, bool O>
+struct leaf_count<TensorLeaf<T, O>> : std::integral_constant<int, 1> {};
+template <class Op, class A>
+struct leaf_count<UnaryExpr<Op, A>> : leaf_count<A> {};
+template <class U, class A>
+struct leaf_count<CastExpr<U, A>> : leaf_count<A> {};
+template <class Op, class A, class B>
+struct leaf_count<BinaryExpr<Op, A, B>> : std::integral_constant<int, leaf_count<A>::value + leaf_count<B>::value> {};
+template <class C, class A, class B>
+struct leaf_count<WhereExpr<C, A, B>>
+    : std::integral_constant<int, leaf_count<C>::value + leaf_count<A>::value + leaf_count<B>::value> {};
+
+/// The tensor leaves of e, in position order: an array with room for one more (never empty).
+template <class E>
+struct LeafRefs {
+  OperandRef at[leaf_count<E>::value + 1];
+  int n = 0;
+  explicit LeafRefs(const E& e) {
+    visit_leaves(e, [&](const auto& leaf) { at[n++] = operand_ref(leaf.tensor()); });
+  }
+};
+
+/// Adds operands to the plan builder, in order, checking each is defined and all are on one device.
+inline void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& dev, bool& have_dev, const char* op) {
+  for (int k = 0; k < n; ++k) {
+    const OperandRef& t = ops[k];
+    EMBER_CHECK(t.defined, op, ": an operand is an undefined tensor");
+    if (!have_dev) {
+      dev = t.device;
+      have_dev = true;
+    }
+    EMBER_CHECK(t.device == dev, op, ": operands are on different devices (", dev.str(), " and ", t.device.str(), ")");
+    b.add(*t.shape, *t.strides);
+  }
+}
+
 /// Adds every tensor leaf of `e` to the plan builder, in position order, checking devices agree.
 template <class E>
 void add_leaves(const E& e, PlanBuilder& b, Device& dev, bool& have_dev, const char* op) {
-  visit_leaves(e, [&](const auto& leaf) {
-    const auto& t = leaf.tensor();
-    EMBER_CHECK(t.defined(), op, ": an operand is an undefined tensor");
-    if (!have_dev) {
-      dev = t.device();
-      have_dev = true;
-    }
-    EMBER_CHECK(t.device() == dev, op, ": operands are on different devices (", dev.str(), " and ",
-                t.device().str(), ")");
-    b.add(t.shape(), t.strides());
-  });
+  const LeafRefs<E> refs(e);
+  add_operands(b, refs.at, refs.n, dev, have_dev, op);
 }
 
 /// The device of an expression's first tensor leaf (the CPU for an expression of scalars only).
