@@ -293,6 +293,43 @@ TEST_CASE("safetensors: writing a tensor named __metadata__ or an undefined tens
   EXPECT_ERROR([] { io::serialize_safetensors({{"w", Tensor<float>()}}); }, {"tensor \"w\" is undefined"});
 }
 
+TEST_CASE("safetensors: the header is the JSON a JSON library writes, and names must be UTF-8") {
+  // Keys in byte order with __metadata__ among them, fields in byte order, no spaces; `"`, `\` and control bytes
+  // escaped, every other byte (DEL, multi-byte UTF-8, '/') as it is. The expected text is what nlohmann::json's
+  // dump() wrote for these tensors (the writer before ember's own), byte for byte.
+  io::TensorMap m;
+  m["b"] = ones<float>(Shape{2});
+  m["Z\"q\\\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80/\b\f\r"] = zeros<std::uint8_t>(Shape{1, 0});
+  m["a.x"] = scalar_tensor<double>(1.0);
+  const io::Metadata meta{{"k\n", "v\t"}, {"e", ""}};
+  const Bytes bytes = io::serialize_safetensors(m, meta);
+  std::uint64_t hn = 0;
+  for (int i = 7; i >= 0; --i) hn = (hn << 8) | bytes[std::size_t(i)];
+  std::string header(reinterpret_cast<const char*>(bytes.data() + 8), std::size_t(hn));
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  CHECK(header == "{\"Z\\\"q\\\\\\u0001\\u001f\x7f\xc3\xa9\xf0\x9f\x98\x80/\\b\\f\\r\":"
+                  "{\"data_offsets\":[16,16],\"dtype\":\"U8\",\"shape\":[1,0]},"
+                  "\"__metadata__\":{\"e\":\"\",\"k\\n\":\"v\\t\"},"
+                  "\"a.x\":{\"data_offsets\":[0,8],\"dtype\":\"F64\",\"shape\":[]},"
+                  "\"b\":{\"data_offsets\":[8,16],\"dtype\":\"F32\",\"shape\":[2]}}");
+  const io::SafeTensors f = io::parse_safetensors(bytes);
+  CHECK(f.metadata == meta);
+  CHECK(f.contains("Z\"q\\\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80/\b\f\r"));
+
+  // Not UTF-8: a stray continuation byte, 0xff, an overlong '/', a surrogate, a code point above U+10FFFF, a
+  // sequence cut short. Each is an ember::Error naming the name and the byte, not a JSON library's exception.
+  for (const std::string bad : {std::string("w\x80"), std::string("\xff"), std::string("a\xc0\xaf"),
+                                std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"), std::string("x\xe2\x82")}) {
+    INFO(bad.size());
+    EXPECT_ERROR([&] { io::serialize_safetensors({{bad, ones<float>(Shape{1})}}); },
+                 {"safetensors: tensor name", "is not valid UTF-8", "at offset"});
+  }
+  EXPECT_ERROR([] { io::serialize_safetensors({}, {{"k", "\xc3"}}); },
+               {"the value of metadata key \"k\"", "not valid UTF-8", "byte 0xc3 at offset 0"});
+  EXPECT_ERROR([] { io::serialize_safetensors({}, {{"\xe0\x80\x80", "v"}}); },
+               {"metadata key \"\\xe0\\x80\\x80\"", "not valid UTF-8", "byte 0xe0"});
+}
+
 TEST_CASE("safetensors: a missing file") {
   EXPECT_ERROR([] { io::load_safetensors("/nonexistent/x.safetensors"); },
                {"load_safetensors", "cannot open", "/nonexistent/x.safetensors"});

@@ -128,6 +128,63 @@ EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, co
 #endif
 
 #if EMBER_IO_BODIES
+/// Appends s to out as a JSON string: in double quotes, with `"`, `\` and the control characters escaped (\b, \t,
+/// \n, \f, \r, else \u00xx) and every other byte as it is, as JSON libraries write it. JSON text is UTF-8, so s
+/// must be valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF); otherwise an
+/// ember::Error names `what` and the first bad byte.
+inline void append_json_string(std::string& out, std::string_view s, const std::string& what) {
+  static constexpr char hex[] = "0123456789abcdef";
+  out += '"';
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\b': out += "\\b"; break;
+        case '\t': out += "\\t"; break;
+        case '\n': out += "\\n"; break;
+        case '\f': out += "\\f"; break;
+        case '\r': out += "\\r"; break;
+        default:
+          if (c < 0x20) {
+            out += "\\u00";
+            out += hex[c >> 4];
+            out += hex[c & 15];
+          } else {
+            out += char(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // A multi-byte sequence: its length and the range its second byte must fall in (the first byte's row of
+    // RFC 3629's table), then continuation bytes 0x80-0xbf.
+    std::size_t len = 0;
+    unsigned lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c == 0xe0) len = 3, lo = 0xa0;
+    else if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) len = 3;
+    else if (c == 0xed) len = 3, hi = 0x9f;
+    else if (c == 0xf0) len = 4, lo = 0x90;
+    else if (c >= 0xf1 && c <= 0xf3) len = 4;
+    else if (c == 0xf4) len = 4, hi = 0x8f;
+    bool ok = len != 0 && i + len <= s.size();
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xbf);
+    }
+    if (!ok) {
+      const std::string byte = {'0', 'x', hex[c >> 4], hex[c & 15]};
+      EMBER_CHECK(false, what, " is not valid UTF-8 (an invalid sequence starts with byte ", byte, " at offset ", i,
+                  "); safetensors headers are JSON, whose text is UTF-8");
+    }
+    out.append(s.data() + i, len);
+    i += len;
+  }
+  out += '"';
+}
+
 /// SAX handler for the safetensors header: checks the grammar while the JSON library tokenises, in one pass, and
 /// collects the entries and metadata without building a document. The grammar allows nesting three deep
 /// ({"name": {"shape": [1, 2]}}): anything deeper, or any value of the wrong kind, is rejected at its first byte,
@@ -418,7 +475,6 @@ EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap
                                                                  const Metadata& metadata = {});
 #if EMBER_IO_BODIES
 EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors, const Metadata& metadata) {
-  using nlohmann::json;
   std::vector<std::pair<std::string, const AnyTensor*>> order;
   for (auto& [k, t] : tensors) {
     EMBER_CHECK(k != "__metadata__", "safetensors: a tensor may not be named __metadata__");
@@ -432,17 +488,42 @@ EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return detail::dtype_size(scalar_type(*a.second)) > detail::dtype_size(scalar_type(*b.second));
   });
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The header: one JSON object, keys in byte order ("__metadata__" among the names), no spaces, each tensor's
+  // fields in byte order too: what a JSON library writes for the same object, so files are byte for byte as before.
+  std::vector<std::pair<std::string_view, std::string>> fields;  // (key, the value's JSON text)
+  fields.reserve(order.size() + 1);
+  if (!metadata.empty()) {
+    std::string v = "{";
+    for (auto& [k, x] : metadata) {
+      if (v.size() > 1) v += ',';
+      detail::append_json_string(v, k, "safetensors: metadata key " + detail::quote_untrusted(k));
+      v += ':';
+      detail::append_json_string(v, x, "safetensors: the value of metadata key " + detail::quote_untrusted(k));
+    }
+    v += '}';
+    fields.emplace_back("__metadata__", std::move(v));
+  }
   std::uint64_t at = 0;
   for (auto& [k, t] : order) {
     const ScalarType st = scalar_type(*t);
     const Shape s = shape_of(*t);
     const std::uint64_t nb = std::uint64_t(s.numel()) * detail::dtype_size(st);
-    header[k] = {{"dtype", detail::safetensors_dtype(st)}, {"shape", s.vec()}, {"data_offsets", {at, at + nb}}};
+    std::string v = "{\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + nb) + "],\"dtype\":\"" +
+                    detail::safetensors_dtype(st) + "\",\"shape\":[";
+    for (int d = 0; d < s.n; ++d) v += (d ? "," : "") + std::to_string(s[d]);
+    v += "]}";
+    fields.emplace_back(k, std::move(v));
     at += nb;
   }
-  std::string h = header.dump();
+  std::sort(fields.begin(), fields.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string h = "{";
+  for (auto& [k, v] : fields) {
+    if (h.size() > 1) h += ',';
+    detail::append_json_string(h, k, "safetensors: tensor name " + detail::quote_untrusted(k));
+    h += ':';
+    h += v;
+  }
+  h += '}';
   while ((8 + h.size()) % 8) h.push_back(' ');
   std::vector<unsigned char> out(8 + h.size() + at);
   for (int i = 0; i < 8; ++i) out[std::size_t(i)] = static_cast<unsigned char>(std::uint64_t(h.size()) >> (8 * i));
