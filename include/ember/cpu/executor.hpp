@@ -127,19 +127,6 @@ struct AssignBody {
 };
 
 namespace detail {
-/// Whether assign can take the dense path: out and every leaf dense, on the CPU, with out's shape, and no leaf
-/// sharing out's memory at another address.
-inline bool dense_write(const expr::OperandRef& out, const expr::OperandRef* leaves, int n) {
-  if (!out.defined || !out.device.is_cpu() || !is_contiguous(*out.shape, *out.strides)) return false;
-  for (int k = 0; k < n; ++k) {
-    const expr::OperandRef& t = leaves[k];
-    if (!t.defined || !t.device.is_cpu() || !(*t.shape == *out.shape) || !is_contiguous(*t.shape, *t.strides) ||
-        (t.storage == out.storage && t.data != out.data))
-      return false;
-  }
-  return true;
-}
-
 /// The plan of out = e over out's shape: out is operand 0, the leaves follow. Checks that out can be written
 /// element by element, that the operands are defined and on the CPU, and that e (of shape es) broadcasts to out.
 /// Returns false, with no plan, when an operand reads out's memory with another geometry: the caller then goes
@@ -171,10 +158,15 @@ inline bool plan_write(const expr::OperandRef& out, const expr::OperandRef* leav
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
-  const expr::LeafRefs<E> leaves(e);
-  const expr::OperandRef o = expr::operand_ref(out);
-  // Fast path, the common small op: every operand dense with exactly out's shape. No plan to build.
-  if (detail::dense_write(o, leaves.at, leaves.n)) {
+  // Fast path, the common small op: every operand dense with exactly out's shape. No plan to build. (Checked
+  // here, inline, unrolled over the expression's leaves: the smallest ops pay for every call.)
+  bool dense = out.is_contiguous() && out.device().is_cpu();
+  expr::visit_leaves(e, [&](const auto& leaf) {
+    const auto& t = leaf.tensor();
+    dense = dense && t.defined() && t.device().is_cpu() && t.shape() == out.shape() && t.is_contiguous() &&
+            (t.storage() != out.storage() || static_cast<const void*>(t.data()) == static_cast<const void*>(out.data()));
+  });
+  if (dense) {
     const expr::Plan& lp = expr::linear_plan();
     int kk = 1;
     auto ev = expr::make_eval(e, lp, kk);
@@ -188,8 +180,9 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     out.bump_version();
     return;
   }
+  const expr::LeafRefs<E> leaves(e);
   expr::Plan p;
-  if (!detail::plan_write(o, leaves.at, leaves.n, e.shape(), op, p)) {
+  if (!detail::plan_write(expr::operand_ref(out), leaves.at, leaves.n, e.shape(), op, p)) {
     Tensor<T> tmp = empty<T>(out.shape());
     assign(tmp, e, op);
     assign(out, expr::TensorLeaf<T, false>{&tmp}, op);
