@@ -3,7 +3,7 @@
 // still rejected. Each file holds N float32 tensors of shape [2] named like a model's parameters; the header is
 // built in memory once per size, outside the timed loop.
 //   bench_io --benchmark_filter=Safetensors
-// Needs nlohmann/json (ember::io).
+// Links ember::io.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>

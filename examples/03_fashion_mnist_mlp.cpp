@@ -95,7 +95,7 @@ void train_and_evaluate(const Args& a) {
         .dirpath = a.ckpt, .filename = "{epoch}-{test_acc:.4f}", .monitor = "test_acc", .mode = train::Mode::max,
         .save_last = true}));
 #else
-    throw Error("--ckpt: checkpoints need ember::io (nlohmann/json: bash scripts/deps.sh)");
+    throw Error("--ckpt: checkpoints need the build with EMBER_EXAMPLE_SAVE=1 (CMake sets it)");
 #endif
   }
   trainer.fit(

@@ -10,7 +10,7 @@
 // data (example 03 adds TensorBoard logs, checkpoints and resuming).
 //
 // The trained weights are saved as safetensors (default fashion_mnist_cnn.safetensors; --save '' skips it) for
-// example 07, which folds and quantizes them. Saving needs ember::io (nlohmann/json), which scripts/deps.sh installs.
+// example 07, which folds and quantizes them. Saving links ember::io (CMake does it).
 //
 // The precision is one type: Net<amp::fp32>, Net<amp::bf16_mixed> or Net<amp::fp16_mixed> (fp32 master weights,
 // 16-bit activations, fp32 accumulation; the loss in fp32).

@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
                 "09_char_gpt: sizes, counts and the temperature must be positive");
     if (c.threads > 0) cpu::set_num_threads(c.threads);
 #if !EMBER_EXAMPLE_SAVE
-    EMBER_CHECK(c.ckpt.empty(), "09_char_gpt: --ckpt needs the build with ember::io (nlohmann-json3-dev)");
+    EMBER_CHECK(c.ckpt.empty(), "09_char_gpt: --ckpt needs the build with EMBER_EXAMPLE_SAVE=1 (CMake sets it)");
 #endif
     // The vocabulary: the bytes that occur, in byte order.
     const std::string text = read_corpus(c.data);

@@ -39,12 +39,8 @@ command -v /usr/bin/time >/dev/null || { echo "compile_time.sh: needs GNU time (
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 common=(-std=c++20 "${flags[@]}" -I"$root/include")
-# What CMake adds for ember::precompiled: EMBER_PRECOMPILED_IO when nlohmann/json is there (the library then holds
-# <ember/io.hpp>'s code too).
-pre_defs=(-DEMBER_PRECOMPILED)
-if printf '#include <nlohmann/json.hpp>\n' | "$cxx" -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
-  pre_defs+=(-DEMBER_PRECOMPILED_IO)
-fi
+# What CMake adds for ember::precompiled: EMBER_PRECOMPILED_IO (the library holds <ember/io.hpp>'s code too).
+pre_defs=(-DEMBER_PRECOMPILED -DEMBER_PRECOMPILED_IO)
 
 # One compile: prints "seconds kilobytes".
 measure() {
@@ -76,7 +72,7 @@ done
 
 if [ "$pch" = 1 ]; then
   mkdir -p "$work/pch"
-  printf '#include <ember/ember.hpp>\n#include <ember/data.hpp>\n#if __has_include(<nlohmann/json.hpp>)\n#include <ember/io.hpp>\n#endif\n' \
+  printf '#include <ember/ember.hpp>\n#include <ember/data.hpp>\n#include <ember/io.hpp>\n' \
     >"$work/pch/ember_pch.hpp"
   read -r s kb < <(/usr/bin/time -f "%e %M" -o "$work/time" "$cxx" "${common[@]}" -x c++-header "$work/pch/ember_pch.hpp" \
                      -o "$work/pch/ember_pch.hpp.gch" && cat "$work/time")

@@ -11,7 +11,7 @@
 #                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile)
 #   --fuzz          accepted for old scripts (clang and libFuzzer are now always installed: the tests run the fuzzers)
 set -euo pipefail
-# zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: safetensors headers; dataset-fashion-mnist: the examples' data
+# zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: the tests' independent JSON parser; dataset-fashion-mnist: the examples' data
 # clang, libclang-rt-14-dev: libFuzzer for the fuzz jobs of the test suite (ctest's fuzz_smoke, scripts/fuzz.sh)
 # time: GNU time, for scripts/compile_time.sh's peak-memory figures
 # libopenmpi-dev, openmpi-bin: the mpi backend of the collectives (ember::mpi) and its test under mpirun

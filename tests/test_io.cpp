@@ -16,12 +16,17 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "ember/ember.hpp"
 #include "helpers.hpp"
 #include "ember/io.hpp"
+#if __has_include(<nlohmann/json.hpp>)  // an independent JSON parser to compare ember's reader with
+#include <nlohmann/json.hpp>
+#define EMBER_TEST_NLOHMANN 1
+#endif
 
 using namespace ember;
 namespace fs = std::filesystem;
@@ -318,7 +323,7 @@ TEST_CASE("safetensors: the header is the JSON a JSON library writes, and names 
 
   // Not UTF-8: a stray continuation byte, 0xff, an overlong '/', a surrogate, a code point above U+10FFFF, a
   // sequence cut short. Each is an ember::Error naming the name and the byte, not a JSON library's exception.
-  for (const std::string bad : {std::string("w\x80"), std::string("\xff"), std::string("a\xc0\xaf"),
+  for (const std::string& bad : {std::string("w\x80"), std::string("\xff"), std::string("a\xc0\xaf"),
                                 std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"), std::string("x\xe2\x82")}) {
     INFO(bad.size());
     EXPECT_ERROR([&] { io::serialize_safetensors({{bad, ones<float>(Shape{1})}}); },
@@ -329,6 +334,143 @@ TEST_CASE("safetensors: the header is the JSON a JSON library writes, and names 
   EXPECT_ERROR([] { io::serialize_safetensors({}, {{"\xe0\x80\x80", "v"}}); },
                {"metadata key \"\\xe0\\x80\\x80\"", "not valid UTF-8", "byte 0xe0"});
 }
+
+TEST_CASE("safetensors: the header's JSON: escapes, numbers and what JSON forbids") {
+  // Escapes: every short one, \u in both cases, a surrogate pair (U+1F600), raw UTF-8; whitespace between tokens.
+  const io::SafeTensors f = parse(st_file(
+      "{ \"__metadata__\" : { \"k\\u00E9\\ud83d\\ude00\" : \"\\\"\\\\\\/\\b\\f\\n\\r\\t\xc3\xa9\" } ,\n"
+      "\t\"w\":{\"dtype\":\"U8\",\"shape\":[ 2 ,3 ],\"data_offsets\":[0,6]}\r}",
+      6));
+  CHECK(f.metadata.at("k\xc3\xa9\xf0\x9f\x98\x80") == "\"\\/\b\f\n\r\t\xc3\xa9");
+  CHECK(io::shape_of(f.tensors.at("w")) == Shape{2, 3});
+  // Numbers where the grammar wants non-negative integers: the value as written in the message.
+  const auto shape_error = [](const std::string& number) {
+    return error_of([&] { parse(st_file("{\"w\":{\"dtype\":\"U8\",\"shape\":[" + number + "],\"data_offsets\":[0,1]}}", 1)); });
+  };
+  for (const auto& [n, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"-1", "-1"}, {"-0", "0"}, {"1.0", "1.0"}, {"1e2", "1e2"}, {"18446744073709551616", "18446744073709551616"},
+           {"-9223372036854775809", "-9223372036854775809"}, {"-9223372036854775808", "-9223372036854775808"}}) {
+    INFO(n);
+    CHECK(shape_error(n).find("non-negative integers, got " + shown) != std::string::npos);
+  }
+  // Not JSON, each at the byte where it goes wrong.
+  for (const std::string bad : {"01", "1.", ".5", "-", "1e", "+1", "1e+", "tru", "nul", "[1,]", "[1 2]", "{}"}) {
+    INFO(bad);
+    const std::string msg = shape_error(bad);
+    CHECK((msg.find("not valid JSON") != std::string::npos || msg.find("not an array") != std::string::npos ||
+           msg.find("non-negative integers") != std::string::npos));
+  }
+  for (const std::string& key : {std::string("\x01"), std::string("\\q"), std::string("\\u12"), std::string("\\u12G4"),
+                                std::string("\\udc00"), std::string("\\ud800"), std::string("\\ud800\\u0041"),
+                                std::string("\xff"), std::string("\xed\xa0\x80"), std::string("\xc0\xaf"),
+                                std::string("\xe2\x82")}) {
+    INFO(ember::detail::quote_untrusted(key));
+    const std::string msg = error_of([&] { parse(st_file("{\"__metadata__\":{\"" + key + "\":\"v\"}}")); });
+    CHECK(msg.find("not valid JSON") != std::string::npos);
+    CHECK(msg.find("at byte 17 of the header") != std::string::npos);  // where the string starts
+  }
+  for (const char* text : {"{\"a\"}", "{\"a\":}", "{,}", "{\"__metadata__\":{},}", "{\"__metadata__\":{}", "{\"__metadata__\":{\"k\":\"v}}"}) {
+    INFO(text);
+    CHECK(error_of([&] { parse(st_file(text)); }).find("not valid JSON") != std::string::npos);
+  }
+}
+
+#ifdef EMBER_TEST_NLOHMANN
+// nlohmann::json's strict SAX parser feeding the same header grammar: the reader ember used before its own.
+struct NlohmannToHeader {
+  using json = nlohmann::json;
+  io::detail::SafetensorsHeaderParser& h;
+  bool null() { return h.null(); }
+  bool boolean(bool b) { return h.boolean(b); }
+  bool number_integer(json::number_integer_t v) { return h.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return h.number_unsigned(v); }
+  bool number_float(json::number_float_t, const json::string_t& text) { return h.number_float(text); }
+  bool string(json::string_t& v) { return h.string(v); }
+  bool binary(json::binary_t&) { throw Error("binary"); }
+  bool start_object(std::size_t) { return h.start_object(); }
+  bool key(json::string_t& k) { return h.key(k); }
+  bool end_object() { return h.end_object(); }
+  bool start_array(std::size_t) { return h.start_array(); }
+  bool end_array() { return h.end_array(); }
+  template <class E>
+  bool parse_error(std::size_t, const std::string&, const E&) {
+    throw Error("not valid JSON");
+  }
+};
+
+// What one reader made of a header: "error", or the entries and metadata it collected.
+template <class Read>
+std::string header_outcome(Read read) {
+  const std::string name = "f";
+  io::detail::SafetensorsHeaderParser h(name);
+  h.data_size = std::uint64_t(1) << 40;
+  try {
+    read(h);
+  } catch (const Error&) {
+    return "error";
+  }
+  if (!h.complete()) return "incomplete";
+  std::string r = "ok";
+  for (const auto& e : h.entries)
+    r += "|" + e.name + ":" + io::detail::safetensors_dtype(e.dtype) + ":" + e.shape.str() + ":" +
+         std::to_string(e.begin) + "-" + std::to_string(e.end);
+  for (const auto& [k, v] : h.metadata) r += "|" + k + "=" + v;
+  return r;
+}
+
+TEST_CASE("safetensors: ember's JSON reader accepts exactly what nlohmann::json's strict parser accepts") {
+  // Valid headers, then thousands of random edits of them (bytes replaced, inserted, deleted, from an alphabet of
+  // JSON's punctuation, digits, escapes, whitespace and UTF-8 lead, continuation and invalid bytes). Both readers
+  // drive the same grammar; they must agree on every input: both reject it, or both return the same contents.
+  const std::vector<std::string> seeds = {
+      R"({"__metadata__":{"k\u00e9":"v\ud83d\ude00","a":"\"\\\/\b\f\n\r\t"},"w":{"dtype":"U8","shape":[2,3],"data_offsets":[0,6]}})",
+      "{ \"x\" : { \"dtype\" : \"F32\" , \"shape\" : [ ] , \"data_offsets\" : [ 6 , 10 ] } ,\n\t\"__metadata__\":{}\r}",
+      "{\"a\xc3\xa9\xf0\x9f\x98\x80\":{\"shape\":[0,18446744073709551615],\"data_offsets\":[0,0],\"dtype\":\"BOOL\"}}",
+      R"({"b":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"c":{"dtype":"BF16","shape":[4],"data_offsets":[8,16]}})",
+      R"({})"};
+  // (No NUL: parse_safetensors rejects a header with one before any reader sees it, and nlohmann's stops there.)
+  const std::string alphabet = "{}[]\",:\\/ \t\n\r0123456789-+.eEuabfnrtlsdDF\x7f\xc3\xa9\xed\xa0\x80\xbf\xf0\x9f\xf4\x90\xff\xc0";
+  std::mt19937 rng(7);
+  int agree = 0, accepted = 0;
+  std::vector<std::string> disagreements;
+  for (int trial = 0; trial < 30000; ++trial) {
+    std::string h = seeds[rng() % seeds.size()];
+    const int edits = 1 + int(rng() % 3);
+    for (int k = 0; k < edits && !h.empty(); ++k) {
+      const std::size_t at = rng() % h.size();
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 4) {
+        case 0: h[at] = c; break;
+        case 1: h.insert(h.begin() + std::ptrdiff_t(at), c); break;
+        case 2: h.erase(at, 1); break;
+        default: h.insert(at, h.substr(at, 1 + rng() % 8)); break;
+      }
+    }
+    if (trial < int(seeds.size())) h = seeds[std::size_t(trial)];
+    const std::string ours = header_outcome([&](io::detail::SafetensorsHeaderParser& p) {
+      io::detail::JsonSax<io::detail::SafetensorsHeaderParser>(h.data(), h.data() + h.size(), p, "f").run();
+    });
+    const std::string theirs = header_outcome([&](io::detail::SafetensorsHeaderParser& p) {
+      NlohmannToHeader a{p};
+      if (!nlohmann::json::sax_parse(h.begin(), h.end(), &a, nlohmann::json::input_format_t::json, true))
+        throw Error("rejected");
+    });
+    if (ours == theirs) {
+      ++agree;
+      accepted += ours != "error";
+    } else if (disagreements.size() < 5) {
+      disagreements.push_back(ember::detail::quote_untrusted(h, 400) + " ember: " + ours + " nlohmann: " + theirs);
+    }
+  }
+  std::string all;
+  for (const auto& d : disagreements) all += d + "\n";
+  INFO(all);
+  INFO("accepted " << accepted);
+  CHECK(disagreements.empty());
+  CHECK(agree == 30000);
+  CHECK(accepted > 600);  // many edited headers stay valid: the comparison covers acceptance, not only errors
+}
+#endif
 
 TEST_CASE("safetensors: a missing file") {
   EXPECT_ERROR([] { io::load_safetensors("/nonexistent/x.safetensors"); },

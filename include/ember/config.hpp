@@ -102,8 +102,8 @@
 #define EMBER_HEADER_INLINE inline
 #define EMBER_HEADER_BODIES 1
 #endif
-// <ember/io.hpp> takes part only when the library was built with it (CMake defines EMBER_PRECOMPILED_IO then, when
-// it finds nlohmann/json); otherwise io stays header-only in every mode.
+// <ember/io.hpp> takes part only when the library was built with it (CMake always defines EMBER_PRECOMPILED_IO for
+// ember::precompiled; a library compiled by hand without it leaves io header-only in every mode).
 #if defined(EMBER_PRECOMPILED) && !defined(EMBER_PRECOMPILED_BUILD) && !defined(EMBER_PRECOMPILED_IO)
 #define EMBER_IO_INLINE inline
 #define EMBER_IO_BODIES 1

@@ -1,7 +1,7 @@
 // ember — the umbrella header: tensors, fused element-wise expressions, reductions, autograd, CPU execution.
 // The data pipeline and file I/O have umbrellas of their own, so code that does not use them does not compile them:
 //   #include <ember/data.hpp>  datasets (IDX, Fashion-MNIST, record files), samplers, transforms, DataLoader
-//   #include <ember/io.hpp>    safetensors, atomic files, checkpoints (needs nlohmann/json: CMake target ember::io)
+//   #include <ember/io.hpp>    safetensors, atomic files, checkpoints (CMake target ember::io)
 #pragma once
 
 #include "ember/config.hpp"

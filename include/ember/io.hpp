@@ -1,6 +1,6 @@
 // ember — reading and writing tensors: safetensors files (PyTorch/Hugging Face compatible), atomic file
-// replacement and training checkpoints. Separate from ember/ember.hpp because it needs nlohmann/json (Debian's
-// nlohmann-json3-dev), a large header that code without files should not pay for; link the CMake target ember::io.
+// replacement and training checkpoints. Separate from ember/ember.hpp so that code without files does not parse it
+// (CMake target ember::io, which needs nothing beyond ember::ember: ember reads and writes the JSON itself).
 #pragma once
 
 #include "ember/io/any_tensor.hpp"

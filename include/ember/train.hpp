@@ -1,6 +1,6 @@
 // ember — the training loop as options: train::Trainer, its callbacks (EarlyStopping, LearningRateMonitor), the
 // progress bar and the CSV logger. Checkpoints (ModelCheckpoint, resuming) are in <ember/train/checkpoint.hpp>, which
-// needs ember::io (nlohmann/json).
+// includes <ember/io.hpp>.
 #pragma once
 
 #include "ember/train/callbacks.hpp"

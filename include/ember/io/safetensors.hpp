@@ -6,7 +6,7 @@
 // JSON is an object with exactly those fields per tensor (no duplicate keys), dtypes are known, shapes are
 // non-negative, dtype size x shape = byte count without overflow, offsets lie in the data and tile it exactly
 // (contiguous, no overlap, no hole), bool bytes are 0 or 1. A hostile file gives an ember::Error, never a crash or a
-// read outside the file. Needs nlohmann/json (Debian's nlohmann-json3-dev; CMake target ember::io).
+// read outside the file. The JSON is read and written by ember's own code (no JSON library).
 #pragma once
 
 #include <algorithm>
@@ -27,10 +27,6 @@
 #include "ember/core/tensor.hpp"
 #include "ember/io/any_tensor.hpp"
 #include "ember/io/atomic_file.hpp"
-
-#if EMBER_IO_BODIES  // only the bodies use the JSON library
-#include <nlohmann/json.hpp>
-#endif
 
 namespace ember::io {
 
@@ -128,62 +124,317 @@ EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, co
 #endif
 
 #if EMBER_IO_BODIES
+/// The length of the UTF-8 sequence at p (avail bytes readable), or 0 when the bytes there are not one (RFC 3629:
+/// no overlong forms, no surrogates, nothing above U+10FFFF).
+inline std::size_t utf8_sequence(const unsigned char* p, std::size_t avail) {
+  const unsigned c = p[0];
+  if (c < 0x80) return 1;
+  // The sequence's length and the range its second byte must fall in (the first byte's row of RFC 3629's table);
+  // the others are continuation bytes 0x80-0xbf.
+  std::size_t len = 0;
+  unsigned lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) len = 2;
+  else if (c == 0xe0) len = 3, lo = 0xa0;
+  else if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) len = 3;
+  else if (c == 0xed) len = 3, hi = 0x9f;
+  else if (c == 0xf0) len = 4, lo = 0x90;
+  else if (c >= 0xf1 && c <= 0xf3) len = 4;
+  else if (c == 0xf4) len = 4, hi = 0x8f;
+  if (len == 0 || len > avail) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const unsigned b = p[k];
+    if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xbf)) return 0;
+  }
+  return len;
+}
+
 /// Appends s to out as a JSON string: in double quotes, with `"`, `\` and the control characters escaped (\b, \t,
 /// \n, \f, \r, else \u00xx) and every other byte as it is, as JSON libraries write it. JSON text is UTF-8, so s
-/// must be valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF); otherwise an
-/// ember::Error names `what` and the first bad byte.
-inline void append_json_string(std::string& out, std::string_view s, const std::string& what) {
+/// must be valid UTF-8; otherwise an ember::Error names it (`what` and the quoted `name`) and the first bad byte.
+inline void append_json_string(std::string& out, std::string_view s, const char* what, std::string_view name) {
   static constexpr char hex[] = "0123456789abcdef";
   out += '"';
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\b': out += "\\b"; break;
-        case '\t': out += "\\t"; break;
-        case '\n': out += "\\n"; break;
-        case '\f': out += "\\f"; break;
-        case '\r': out += "\\r"; break;
-        default:
-          if (c < 0x20) {
-            out += "\\u00";
-            out += hex[c >> 4];
-            out += hex[c & 15];
-          } else {
-            out += char(c);
-          }
+    if (c >= 0x80) {
+      const std::size_t len = utf8_sequence(reinterpret_cast<const unsigned char*>(s.data()) + i, s.size() - i);
+      if (len == 0) {
+        const std::string byte = {'0', 'x', hex[c >> 4], hex[c & 15]};
+        EMBER_CHECK(false, "safetensors: ", what, " ", quote_untrusted(name),
+                    " is not valid UTF-8 (an invalid sequence starts with byte ", byte, " at offset ", i,
+                    "); safetensors headers are JSON, whose text is UTF-8");
       }
-      ++i;
+      out.append(s.data() + i, len);
+      i += len;
       continue;
     }
-    // A multi-byte sequence: its length and the range its second byte must fall in (the first byte's row of
-    // RFC 3629's table), then continuation bytes 0x80-0xbf.
-    std::size_t len = 0;
-    unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) len = 2;
-    else if (c == 0xe0) len = 3, lo = 0xa0;
-    else if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) len = 3;
-    else if (c == 0xed) len = 3, hi = 0x9f;
-    else if (c == 0xf0) len = 4, lo = 0x90;
-    else if (c >= 0xf1 && c <= 0xf3) len = 4;
-    else if (c == 0xf4) len = 4, hi = 0x8f;
-    bool ok = len != 0 && i + len <= s.size();
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xbf);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += char(c);
+        }
     }
-    if (!ok) {
-      const std::string byte = {'0', 'x', hex[c >> 4], hex[c & 15]};
-      EMBER_CHECK(false, what, " is not valid UTF-8 (an invalid sequence starts with byte ", byte, " at offset ", i,
-                  "); safetensors headers are JSON, whose text is UTF-8");
-    }
-    out.append(s.data() + i, len);
-    i += len;
+    ++i;
   }
   out += '"';
 }
+
+/// A strict JSON reader (RFC 8259) that hands each value to a handler as it reads it, building no document: the
+/// handler (SafetensorsHeaderParser) checks its grammar at each call and throws at the first value out of place,
+/// so what a hostile header nests never costs more than the grammar allows; the reader itself stops at 64 levels.
+/// Strings are checked to be UTF-8 and unescaped (\uXXXX surrogate pairs into one code point; a lone surrogate
+/// is an error). Numbers follow JSON's grammar; an integer reaches the handler as unsigned or signed 64-bit when it
+/// fits, any other number as its text. Errors name the byte offset and quote what was read (escaped, bounded).
+template <class Handler>
+class JsonSax {
+ public:
+  JsonSax(const char* begin, const char* end, Handler& h, const std::string& where)
+      : b_(begin), p_(begin), e_(end), h_(h), where_(where) {}
+  /// Reads one JSON value spanning the input, whitespace around it allowed.
+  void run() {
+    ws();
+    value(0);
+    ws();
+    if (p_ != e_) fail("text after the JSON value", p_, p_ + 1);
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  [[noreturn]] void fail(const char* what, const char* from, const char* to) const {
+    if (to > e_) to = e_;
+    throw Error(ember::detail::concat(where_, ": the header is not valid JSON (", what, " at byte ", from - b_,
+                                      " of the header; last read: ",
+                                      quote_untrusted(std::string_view(from, std::size_t(to - from)), 240), ")"));
+  }
+  void ws() {
+    while (p_ != e_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+  static bool digit(char c) { return c >= '0' && c <= '9'; }
+
+  void value(int depth) {
+    if (p_ == e_) fail("unexpected end", p_, p_);
+    switch (*p_) {
+      case '{': return object(depth);
+      case '[': return array(depth);
+      case '"':
+        string();
+        h_.string(tok_);
+        return;
+      case 't': literal("true"); h_.boolean(true); return;
+      case 'f': literal("false"); h_.boolean(false); return;
+      case 'n': literal("null"); h_.null(); return;
+      default:
+        if (*p_ == '-' || digit(*p_)) return number();
+        fail("unexpected byte", p_, p_ + 1);
+    }
+  }
+  void object(int depth) {
+    if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
+    h_.start_object();
+    ++p_;
+    ws();
+    if (p_ != e_ && *p_ == '}') {
+      ++p_;
+      h_.end_object();
+      return;
+    }
+    for (;;) {
+      if (p_ == e_ || *p_ != '"') fail("expected a key (a string)", p_, p_ + 1);
+      string();
+      h_.key(tok_);
+      ws();
+      if (p_ == e_ || *p_ != ':') fail("expected ':' after a key", p_, p_ + 1);
+      ++p_;
+      ws();
+      value(depth + 1);
+      ws();
+      if (p_ != e_ && *p_ == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      if (p_ != e_ && *p_ == '}') {
+        ++p_;
+        h_.end_object();
+        return;
+      }
+      fail("expected ',' or '}' in an object", p_, p_ + 1);
+    }
+  }
+  void array(int depth) {
+    if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
+    h_.start_array();
+    ++p_;
+    ws();
+    if (p_ != e_ && *p_ == ']') {
+      ++p_;
+      h_.end_array();
+      return;
+    }
+    for (;;) {
+      value(depth + 1);
+      ws();
+      if (p_ != e_ && *p_ == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      if (p_ != e_ && *p_ == ']') {
+        ++p_;
+        h_.end_array();
+        return;
+      }
+      fail("expected ',' or ']' in an array", p_, p_ + 1);
+    }
+  }
+  void literal(std::string_view word) {
+    if (std::size_t(e_ - p_) < word.size() || std::string_view(p_, word.size()) != word)
+      fail("invalid literal", p_, p_ + word.size());
+    p_ += word.size();
+  }
+  void number() {
+    const char* t = p_;
+    const bool neg = *p_ == '-';
+    if (neg) ++p_;
+    if (p_ == e_ || !digit(*p_)) fail("invalid number", t, p_ + 1);
+    const char* digits = p_;
+    if (*p_ == '0') ++p_;  // no leading zeros: "01" ends the number after the 0
+    else
+      while (p_ != e_ && digit(*p_)) ++p_;
+    const char* digits_end = p_;
+    bool integral = true;
+    if (p_ != e_ && *p_ == '.') {
+      integral = false;
+      ++p_;
+      if (p_ == e_ || !digit(*p_)) fail("invalid number", t, p_ + 1);
+      while (p_ != e_ && digit(*p_)) ++p_;
+    }
+    if (p_ != e_ && (*p_ == 'e' || *p_ == 'E')) {
+      integral = false;
+      ++p_;
+      if (p_ != e_ && (*p_ == '+' || *p_ == '-')) ++p_;
+      if (p_ == e_ || !digit(*p_)) fail("invalid number", t, p_ + 1);
+      while (p_ != e_ && digit(*p_)) ++p_;
+    }
+    if (integral) {
+      std::uint64_t v = 0;
+      bool fits = true;
+      for (const char* q = digits; q != digits_end && fits; ++q) {
+        const unsigned d = unsigned(*q - '0');
+        fits = v <= (UINT64_MAX - d) / 10;
+        v = v * 10 + d;
+      }
+      if (fits && !neg) {
+        h_.number_unsigned(v);
+        return;
+      }
+      if (fits && v <= std::uint64_t(INT64_MAX) + 1) {
+        h_.number_integer(v == std::uint64_t(INT64_MAX) + 1 ? INT64_MIN : -std::int64_t(v));
+        return;
+      }
+    }
+    h_.number_float(std::string(t, std::size_t(p_ - t)));
+  }
+  unsigned hex4(const char* q, const char* t) const {
+    if (e_ - q < 4) fail("a \\u escape cut short", t, e_);
+    unsigned u = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = q[i];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      if (d < 0) fail("a \\u escape with a non-hex digit", t, q + 4);
+      u = u * 16 + unsigned(d);
+    }
+    return u;
+  }
+  void put_utf8(unsigned u) {
+    if (u < 0x80) {
+      tok_ += char(u);
+    } else if (u < 0x800) {
+      tok_ += char(0xc0 | (u >> 6));
+      tok_ += char(0x80 | (u & 0x3f));
+    } else if (u < 0x10000) {
+      tok_ += char(0xe0 | (u >> 12));
+      tok_ += char(0x80 | ((u >> 6) & 0x3f));
+      tok_ += char(0x80 | (u & 0x3f));
+    } else {
+      tok_ += char(0xf0 | (u >> 18));
+      tok_ += char(0x80 | ((u >> 12) & 0x3f));
+      tok_ += char(0x80 | ((u >> 6) & 0x3f));
+      tok_ += char(0x80 | (u & 0x3f));
+    }
+  }
+  /// A string at p_ (its opening quote), unescaped into tok_.
+  void string() {
+    const char* t = p_;
+    ++p_;
+    tok_.clear();
+    for (;;) {
+      if (p_ == e_) fail("a string without its closing quote", t, e_);
+      const auto c = static_cast<unsigned char>(*p_);
+      if (c == '"') {
+        ++p_;
+        return;
+      }
+      if (c == '\\') {
+        if (e_ - p_ < 2) fail("a string without its closing quote", t, e_);
+        switch (p_[1]) {
+          case '"': tok_ += '"'; break;
+          case '\\': tok_ += '\\'; break;
+          case '/': tok_ += '/'; break;
+          case 'b': tok_ += '\b'; break;
+          case 'f': tok_ += '\f'; break;
+          case 'n': tok_ += '\n'; break;
+          case 'r': tok_ += '\r'; break;
+          case 't': tok_ += '\t'; break;
+          case 'u': {
+            unsigned u = hex4(p_ + 2, t);
+            p_ += 6;
+            if (u >= 0xdc00 && u <= 0xdfff) fail("a lone low surrogate", t, p_);
+            if (u >= 0xd800 && u <= 0xdbff) {
+              if (e_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') fail("a high surrogate without its low one", t, p_);
+              const unsigned low = hex4(p_ + 2, t);
+              p_ += 6;
+              if (low < 0xdc00 || low > 0xdfff) fail("a high surrogate without its low one", t, p_);
+              u = 0x10000 + ((u - 0xd800) << 10) + (low - 0xdc00);
+            }
+            put_utf8(u);
+            continue;
+          }
+          default: fail("an invalid escape", t, p_ + 2);
+        }
+        p_ += 2;
+        continue;
+      }
+      if (c < 0x20) fail("an unescaped control character in a string", t, p_ + 1);
+      if (c < 0x80) {
+        tok_ += char(c);
+        ++p_;
+        continue;
+      }
+      const std::size_t n = utf8_sequence(reinterpret_cast<const unsigned char*>(p_), std::size_t(e_ - p_));
+      if (n == 0) fail("invalid UTF-8 in a string", t, p_ + 1);
+      tok_.append(p_, n);
+      p_ += n;
+    }
+  }
+
+  const char *b_, *p_, *e_;
+  Handler& h_;
+  const std::string& where_;
+  std::string tok_;  // the last string read (reused)
+};
 
 /// SAX handler for the safetensors header: checks the grammar while the JSON library tokenises, in one pass, and
 /// collects the entries and metadata without building a document. The grammar allows nesting three deep
@@ -192,18 +443,17 @@ inline void append_json_string(std::string& out, std::string_view s, const std::
 /// object (a field mask for the tensor entries), so parsing is linear in the header size.
 class SafetensorsHeaderParser {
  public:
-  using json = nlohmann::json;
   explicit SafetensorsHeaderParser(const std::string& file) : file_(file) {}
 
   std::vector<SafeEntry> entries;
   Metadata metadata;
   bool complete() const { return at_ == At::Done; }
 
-  // The nlohmann::json SAX interface. Each returns true (go on) or throws ember::Error.
+  // JsonSax's callbacks. Each returns true (go on) or throws ember::Error.
   bool null() { return scalar("null"); }
   bool boolean(bool b) { return scalar(b ? "true" : "false"); }
-  bool number_integer(json::number_integer_t v) { return scalar(std::to_string(v)); }
-  bool number_unsigned(json::number_unsigned_t v) {
+  bool number_integer(std::int64_t v) { return scalar(std::to_string(v)); }
+  bool number_unsigned(std::uint64_t v) {
     if (at_ == At::Shape) {
       if (ndims_ < std::uint64_t(kMaxDims)) shape_[ndims_] = v;
       ++ndims_;  // counted, not stored, beyond ember's limit: memory stays bounded
@@ -216,8 +466,8 @@ class SafetensorsHeaderParser {
     }
     return scalar(std::to_string(v));
   }
-  bool number_float(json::number_float_t, const json::string_t& text) { return scalar(text, /*quote=*/false); }
-  bool string(json::string_t& v) {
+  bool number_float(const std::string& text) { return scalar(text, /*quote=*/false); }
+  bool string(const std::string& v) {
     if (at_ == At::Meta) {
       metadata.emplace(key_, v);
       return true;
@@ -229,9 +479,8 @@ class SafetensorsHeaderParser {
     }
     return scalar(v, /*quote=*/true, "a string ");
   }
-  bool binary(json::binary_t&) { return scalar("binary data"); }
 
-  bool start_object(std::size_t) {
+  bool start_object() {
     switch (at_) {
       case At::Start: at_ = At::Top; return true;
       case At::Top:
@@ -248,7 +497,7 @@ class SafetensorsHeaderParser {
       default: return scalar("an object");
     }
   }
-  bool key(json::string_t& k) {
+  bool key(const std::string& k) {
     switch (at_) {
       case At::Top:
         EMBER_CHECK(names_.insert(k).second, where(), ": the header has the key ", quote_untrusted(k), " twice");
@@ -284,7 +533,7 @@ class SafetensorsHeaderParser {
       default: return true;
     }
   }
-  bool start_array(std::size_t) {
+  bool start_array() {
     if (at_ == At::Tensor && field_ == kShape) {
       at_ = At::Shape;
       return true;
@@ -298,11 +547,6 @@ class SafetensorsHeaderParser {
   bool end_array() {
     at_ = At::Tensor;  // only Shape and Offsets accept an array
     return true;
-  }
-  template <class Exception>
-  bool parse_error(std::size_t, const std::string&, const Exception& ex) {
-    EMBER_CHECK(false, where(), ": the header is not valid JSON (", quote_untrusted(ex.what(), 240), ")");
-    return false;
   }
 
  private:
@@ -421,10 +665,10 @@ EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> fil
 
   detail::SafetensorsHeaderParser header(name);
   header.data_size = data.size();
-  const bool ok = nlohmann::json::sax_parse(hb, hb + end, &header, nlohmann::json::input_format_t::json,
-                                            /*strict=*/true);
-  EMBER_CHECK(ok && header.complete(), "safetensors: '", name, "': the header is not valid JSON");
-  // The JSON library allows other whitespace after the object.
+  const std::string where = "safetensors: '" + name + "'";
+  detail::JsonSax<detail::SafetensorsHeaderParser>(hb, hb + end, header, where).run();
+  EMBER_CHECK(header.complete(), where, ": the header is not valid JSON");
+  // JSON allows other whitespace after the object.
   EMBER_CHECK(hb[end - 1] == '}', "safetensors: '", name, "': the header has ",
               detail::quote_untrusted(std::string_view(hb + end - 1, 1)),
               " after its JSON object; only spaces (0x20) may follow it");
@@ -496,9 +740,9 @@ EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap
     std::string v = "{";
     for (auto& [k, x] : metadata) {
       if (v.size() > 1) v += ',';
-      detail::append_json_string(v, k, "safetensors: metadata key " + detail::quote_untrusted(k));
+      detail::append_json_string(v, k, "metadata key", k);
       v += ':';
-      detail::append_json_string(v, x, "safetensors: the value of metadata key " + detail::quote_untrusted(k));
+      detail::append_json_string(v, x, "the value of metadata key", k);
     }
     v += '}';
     fields.emplace_back("__metadata__", std::move(v));
@@ -508,9 +752,17 @@ EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap
     const ScalarType st = scalar_type(*t);
     const Shape s = shape_of(*t);
     const std::uint64_t nb = std::uint64_t(s.numel()) * detail::dtype_size(st);
-    std::string v = "{\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + nb) + "],\"dtype\":\"" +
-                    detail::safetensors_dtype(st) + "\",\"shape\":[";
-    for (int d = 0; d < s.n; ++d) v += (d ? "," : "") + std::to_string(s[d]);
+    std::string v = "{\"data_offsets\":[";
+    v += std::to_string(at);
+    v += ',';
+    v += std::to_string(at + nb);
+    v += "],\"dtype\":\"";
+    v += detail::safetensors_dtype(st);
+    v += "\",\"shape\":[";
+    for (int d = 0; d < s.n; ++d) {
+      if (d) v += ',';
+      v += std::to_string(s[d]);
+    }
     v += "]}";
     fields.emplace_back(k, std::move(v));
     at += nb;
@@ -519,7 +771,7 @@ EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap
   std::string h = "{";
   for (auto& [k, v] : fields) {
     if (h.size() > 1) h += ',';
-    detail::append_json_string(h, k, "safetensors: tensor name " + detail::quote_untrusted(k));
+    detail::append_json_string(h, k, "tensor name", k);
     h += ':';
     h += v;
   }

@@ -1,6 +1,6 @@
 // ember — int8 models in safetensors files: quant::save writes quant::state_dict(model) with metadata naming the
-// scheme, quant::load converts a float model of the same architecture from such a file. Needs nlohmann/json (CMake
-// target ember::io).
+// scheme, quant::load converts a float model of the same architecture from such a file. Includes <ember/io.hpp>
+// (CMake target ember::io).
 #pragma once
 
 #include <cstdint>

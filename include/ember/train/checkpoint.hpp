@@ -1,7 +1,7 @@
 // ember — Trainer checkpoints: the whole state of a run (model, optimizer, loss scaler, scheduler, the default
 // generator, the epoch and the position in it, callbacks' state) in one safetensors file written atomically, and
 // ModelCheckpoint, the callback that writes them (top-k by a monitored metric, the last one, every n epochs or
-// steps; Lightning's names). Needs ember::io (nlohmann/json); including this header is what lets Trainer save and
+// steps; Lightning's names). Includes <ember/io.hpp>; including this header is what lets Trainer save and
 // resume (FitOptions::ckpt_path).
 //
 // File layout: tensors model/<name>, optimizer/<name>, scaler/<name>, scheduler/<name>; metadata format
