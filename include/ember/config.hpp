@@ -92,6 +92,19 @@
 // (the TU calls the library's copies); the library's one TU (EMBER_PRECOMPILED_BUILD) compiles them as ordinary,
 // non-inline definitions. Every TU of a program that links ember::precompiled must therefore see EMBER_PRECOMPILED,
 // as CMake's usage requirement arranges.
+// EMBER_DEFERRED (on a declaration) and EMBER_DEFERRED_DEF (on the definition that follows a declaration) mark an
+// EMBER_HEADER_INLINE function whose body instantiates much (every dtype of the state variant, whole layers) while
+// few programs call it. Header-only, it is then a template with an unused, defaulted parameter: its body and what
+// the body instantiates are compiled only in the TUs that call it, not in every TU that includes the header (a
+// non-template inline body instantiates what it uses wherever it is parsed). Calls are unchanged. With
+// ember::precompiled it stays an ordinary function, compiled once in the library.
+#if defined(EMBER_PRECOMPILED_BUILD) || defined(EMBER_PRECOMPILED)
+#define EMBER_DEFERRED
+#define EMBER_DEFERRED_DEF
+#else
+#define EMBER_DEFERRED template <class = void>
+#define EMBER_DEFERRED_DEF template <class>
+#endif
 #if defined(EMBER_PRECOMPILED_BUILD)
 #define EMBER_HEADER_INLINE
 #define EMBER_HEADER_BODIES 1

@@ -38,8 +38,10 @@ inline bool conv_bn_fusable(const Conv2d& conv, const BatchNorm2d& bn, const Ten
 }
 
 /// pool2? / relu? of bn(conv(x)): fused when conv_bn_fusable, else the modules (and relu, max_pool2d(2)) one after
-/// another.
-inline Tensor<float> conv_bn_forward(const Conv2d& conv, const BatchNorm2d& bn, const Tensor<float>& x,
+/// another. (A template only so that its body, which instantiates both layers and the fused op, is compiled where
+/// it is called, not in every TU that includes nn::Sequential.)
+template <class = void>
+Tensor<float> conv_bn_forward(const Conv2d& conv, const BatchNorm2d& bn, const Tensor<float>& x,
                                      const ConvBnTail& tail = {}) {
   if (!conv_bn_fusable(conv, bn, x, tail.pool2)) {
     Tensor<float> h = bn.forward(conv.forward(x));

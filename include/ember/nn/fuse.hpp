@@ -55,7 +55,7 @@ struct FuseOptions {
 /// anywhere in `model` (nested Sequentials included), and moves a ReLU / GELU / SiLU module that follows such a
 /// layer (with or without a BatchNorm between) into it, and a 2x2 max pool after a Conv2d's last folded module.
 /// Returns the number of layers changed. Folding a BatchNorm needs evaluation mode.
-EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o = {});
+EMBER_DEFERRED EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o = {});
 
 /// Fuses named groups, each by dotted paths in `model` as in its state_dict, as PyTorch's fuse_modules:
 /// {layer, [batchnorm], [activation], [max pool]} with at least one of the optional modules, in that order, where
@@ -66,6 +66,7 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o = {});
 /// which ember cannot see: as with PyTorch, naming a group asserts each module is applied directly to the output
 /// of the one before it. An activation module used after several layers (one shared ReLU) must be named in the group
 /// of each of them (a shared MaxPool2d likewise): once fused it passes through whatever it is given outside autograd.
+EMBER_DEFERRED
 EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vector<std::string>>& groups);
 
 namespace detail {
@@ -106,11 +107,11 @@ inline bool is_bn_for(const ModuleState& layer, const ModuleState& bn) {
 
 EMBER_HEADER_INLINE const TensorSlot* find_slot(const std::vector<std::pair<std::string, TensorSlot>>& v,
                                                 const std::string& name);
-EMBER_HEADER_INLINE Shape slot_shape(const TensorSlot& slot);
-EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot);
-EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vector<double>& v);
-EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op);
-EMBER_HEADER_INLINE void fold(const FoldSite& f);
+EMBER_DEFERRED EMBER_HEADER_INLINE Shape slot_shape(const TensorSlot& slot);
+EMBER_DEFERRED EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot);
+EMBER_DEFERRED EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vector<double>& v);
+EMBER_DEFERRED EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op);
+EMBER_DEFERRED EMBER_HEADER_INLINE void fold(const FoldSite& f);
 
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE const TensorSlot* find_slot(const std::vector<std::pair<std::string, TensorSlot>>& v,
@@ -120,12 +121,12 @@ EMBER_HEADER_INLINE const TensorSlot* find_slot(const std::vector<std::pair<std:
   return nullptr;
 }
 
-EMBER_HEADER_INLINE Shape slot_shape(const TensorSlot& slot) {
+EMBER_DEFERRED_DEF EMBER_HEADER_INLINE Shape slot_shape(const TensorSlot& slot) {
   return std::visit([](const auto& t) { return t.defined() ? t.shape() : Shape{}; }, slot);
 }
 
 /// The elements of a floating tensor (on any device) in row-major order, as doubles.
-EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot) {
+EMBER_DEFERRED_DEF EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot) {
   return std::visit(
       [](const auto& t) {
         const auto h = t.device().is_cpu() ? t : ember::detail::copy_to_device(t, Device::cpu(), false);
@@ -138,7 +139,7 @@ EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot) {
 }
 
 /// Writes v (row-major) into a floating tensor's memory in place, rounding to its dtype.
-EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vector<double>& v) {
+EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vector<double>& v) {
   std::visit(
       [&](const auto& t) {
         using T = typename std::remove_cvref_t<decltype(t)>::value_type;
@@ -156,7 +157,7 @@ EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& slot, const std::vect
       slot);
 }
 
-EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op) {
+EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const char* op) {
   const ModuleState& l = *f.layer;
   if (f.pool) {
     const std::string what = std::string(op) + ": cannot move '" + f.pool_name + "' (" + f.pool->type_name +
@@ -213,7 +214,7 @@ inline void make_identity(ModuleState& s) {
   s.buffers.clear();
 }
 
-EMBER_HEADER_INLINE void fold(const FoldSite& f) {
+EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void fold(const FoldSite& f) {
   ModuleState& l = *f.layer;
   if (f.pool) {
     l.pool = true;
@@ -274,7 +275,7 @@ EMBER_HEADER_INLINE void fold(const FoldSite& f) {
 }  // namespace detail
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
+EMBER_DEFERRED_DEF EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
   std::vector<detail::FoldSite> sites;
   auto collect = [&](auto& self, detail::ModuleState& s, const std::string& prefix) -> void {
     if (s.type_name == "Sequential") {
@@ -312,6 +313,7 @@ EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const FuseOptions& o) {
   return int(sites.size());
 }
 
+EMBER_DEFERRED_DEF
 EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vector<std::string>>& groups) {
   struct Found {
     detail::ModuleState* s = nullptr;

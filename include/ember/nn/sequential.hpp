@@ -74,8 +74,10 @@ class Sequential : public Module {
   std::size_t size() const { return stages_.size(); }
 
  private:
-  // A Linear -> ReLU pair starting at stage i, run as one op (Linear::forward_relu): whether it ran.
-  bool run_linear_relu(std::size_t i, Tensor<float>& h) const {
+  // A Linear -> ReLU pair starting at stage i, run as one op (Linear::forward_relu): whether it ran. (Templates, as
+  // run_conv_bn, only so that the layers' code is compiled where a Sequential runs, not wherever it is included.)
+  template <class T>
+  bool run_linear_relu(std::size_t i, Tensor<T>& h) const {
     if (i + 1 >= stages_.size()) return false;
     const auto* fc = dynamic_cast<const Linear*>(stages_[i].keep.get());
     const auto* r = fc ? dynamic_cast<const ReLU*>(stages_[i + 1].keep.get()) : nullptr;
@@ -85,7 +87,8 @@ class Sequential : public Module {
   }
   // A Conv2d -> BatchNorm2d [-> ReLU] [-> MaxPool2d(2)] group starting at stage i, run fused on h when it can be:
   // returns the number of stages it ran (0: none).
-  std::size_t run_conv_bn(std::size_t i, Tensor<float>& h) const {
+  template <class T>
+  std::size_t run_conv_bn(std::size_t i, Tensor<T>& h) const {
     if (i + 1 >= stages_.size()) return 0;
     const auto* conv = dynamic_cast<const Conv2d*>(stages_[i].keep.get());
     const auto* bn = conv ? dynamic_cast<const BatchNorm2d*>(stages_[i + 1].keep.get()) : nullptr;
