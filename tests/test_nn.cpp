@@ -124,6 +124,40 @@ TEST_CASE("Module: state_dict round trip, strictness and shape/dtype errors") {
   CHECK(rd(b.fc1.bias, 7) == 0.25f);
 }
 
+TEST_CASE("Module: load_state_dict converts floating dtypes element by element, rounding each once") {
+  struct M : nn::Module {
+    Tensor<float> f = zeros<float>({3, 4});
+    Tensor<half> h = zeros<half>({3, 4});
+    Tensor<bfloat16> b = zeros<bfloat16>({3, 4});
+    Tensor<double> d = zeros<double>({3, 4});
+    M() : nn::Module("M") {
+      register_parameter("f", f);
+      register_parameter("h", h);
+      register_parameter("b", b);
+      register_parameter("d", d);
+    }
+  } m;
+  Generator g(3);
+  const Tensor<double> src = randn<double>(Shape{4, 3}, g).t();  // strided: read through its strides
+  const Tensor<float> srcf = randn<float>(Shape{3, 4}, g);
+  const Tensor<half> srch = randn<half>(Shape{3, 4}, g);
+  m.load_state_dict({{"f", src}, {"h", src}, {"b", srcf}, {"d", srch}});
+  const std::vector<double> s = src.contiguous().to_vector();
+  const std::vector<float> sf = srcf.to_vector();
+  const std::vector<half> sh = srch.to_vector();
+  const std::vector<float> f = m.f.to_vector();
+  const std::vector<half> h = m.h.to_vector();
+  const std::vector<bfloat16> b = m.b.to_vector();
+  const std::vector<double> d = m.d.to_vector();
+  for (std::size_t i = 0; i < 12; ++i) {
+    INFO(i);
+    CHECK(f[i] == convert<float>(s[i]));
+    CHECK(float(h[i]) == float(convert<half>(s[i])));  // what converting the double itself gives
+    CHECK(float(b[i]) == float(convert<bfloat16>(sf[i])));
+    CHECK(d[i] == double(float(sh[i])));
+  }
+}
+
 TEST_CASE("Module: register errors and zero_grad") {
   struct Bad : nn::Module {
     Tensor<float> w = zeros<float>({2});

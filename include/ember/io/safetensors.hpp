@@ -123,7 +123,8 @@ EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, co
 }
 #endif
 
-#if EMBER_IO_BODIES
+// (The JSON reader, the writer's string escaping and the header grammar are compiled in every mode,
+// ember::precompiled included: they are small, and ember's tests drive them directly.)
 /// The length of the UTF-8 sequence at p (avail bytes readable), or 0 when the bytes there are not one (RFC 3629:
 /// no overlong forms, no surrogates, nothing above U+10FFFF).
 inline std::size_t utf8_sequence(const unsigned char* p, std::size_t avail) {
@@ -634,7 +635,6 @@ class SafetensorsHeaderParser {
   std::uint64_t offsets_[2] = {0, 0};
   int noffsets_ = 0;
 };
-#endif
 }  // namespace detail
 
 /// Decodes a safetensors file held in memory; `name` appears in errors.

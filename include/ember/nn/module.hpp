@@ -19,6 +19,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <unordered_set>
 #include <utility>
@@ -78,6 +79,22 @@ struct ModuleState {
   std::shared_ptr<QuantHook> quant;
 };
 
+/// What load_state_dict checks of one state tensor: whether it is defined, its shape and its dtype.
+struct SlotInfo {
+  bool defined = false;
+  Shape shape;
+  const char* dtype = "";
+  bool floating = false;
+};
+inline SlotInfo slot_info(const TensorSlot& t) {
+  return std::visit(
+      [](const auto& x) {
+        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+        return SlotInfo{x.defined(), x.defined() ? x.shape() : Shape{}, dtype_name<T>(), is_floating_v<T>};
+      },
+      t);
+}
+
 /// Storage offsets of t's elements in row-major order. Module state is copied element by element through these
 /// (plain loops, not the fused executor), so including this header instantiates no kernels per dtype.
 template <class T>
@@ -95,6 +112,25 @@ std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
     }
   }
   return offs;
+}
+
+/// The elements of a floating state tensor (on any device) in row-major order, as doubles (exact for every floating
+/// dtype); empty for an integer one. A template only so that it is compiled where load_state_dict is.
+template <class Deferred = void>
+std::vector<double> floating_values(const TensorSlot& t) {
+  return std::visit(
+      [](const auto& x) {
+        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+        std::vector<double> out;
+        if constexpr (is_floating_v<T>) {
+          const Tensor<T> h = x.device().is_cpu() ? x : ember::detail::copy_to_device(x, Device::cpu(), false);
+          const auto offs = element_offsets(h);
+          out.reserve(offs.size());
+          for (std::int64_t o : offs) out.push_back(convert<double>(h.data()[o]));
+        }
+        return out;
+      },
+      t);
 }
 
 /// The walks below are one non-template function each; a caller's lambda adds only a trampoline.
@@ -320,28 +356,23 @@ class Module {
       if (!found) unexpected.push_back(n);
     }
     // Every problem is listed in one error, as PyTorch's "Error(s) in loading state_dict"; nothing is written
-    // unless there is none.
+    // unless there is none. (Each side is visited on its own: 5 + 5 instantiations, not 5 x 5 pairs.)
     std::vector<std::string> problems;
-    for (auto& entry : mine) {  // no structured binding: lambdas capture them only from clang 16 on
+    for (auto& entry : mine) {
       const auto& n = entry.first;
       auto it = sd.find(n);
       if (it == sd.end()) continue;
-      std::visit(
-          [&](const auto& dst, const auto& src) {
-            using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
-            using S = typename std::remove_cvref_t<decltype(src)>::value_type;
-            if (!src.defined()) {
-              problems.push_back("'" + n + "' is an undefined tensor");
-              return;
-            }
-            if (!(dst.shape() == src.shape()))
-              problems.push_back("size mismatch for '" + n + "': the checkpoint has " + src.shape().str() +
-                                 ", the module has " + dst.shape().str());
-            if (!(std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)))
-              problems.push_back("dtype mismatch for '" + n + "': the checkpoint has " + dtype_name<S>() +
-                                 ", the module has " + dtype_name<D>());
-          },
-          *entry.second, it->second);
+      const detail::SlotInfo dst = detail::slot_info(*entry.second), src = detail::slot_info(it->second);
+      if (!src.defined) {
+        problems.push_back("'" + n + "' is an undefined tensor");
+        continue;
+      }
+      if (!(dst.shape == src.shape))
+        problems.push_back("size mismatch for '" + n + "': the checkpoint has " + src.shape.str() +
+                           ", the module has " + dst.shape.str());
+      if (!(std::string_view(dst.dtype) == src.dtype || (dst.floating && src.floating)))
+        problems.push_back("dtype mismatch for '" + n + "': the checkpoint has " + src.dtype + ", the module has " +
+                           dst.dtype);
     }
     const bool keys_bad = strict && (!missing.empty() || !unexpected.empty());
     if (keys_bad || !problems.empty()) {
@@ -364,25 +395,31 @@ class Module {
       auto it = sd.find(entry.first);
       if (it == sd.end()) continue;
       std::visit(
-          [&](const auto& dst, const auto& src) {
+          [&](const auto& dst) {
             using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
-            using S = typename std::remove_cvref_t<decltype(src)>::value_type;
-            if constexpr (std::is_same_v<D, S> || (is_floating_v<D> && is_floating_v<S>)) {
-              // Converted on the host; a tensor on a GPU (either side) goes through a host copy.
-              const auto hs = src.device().is_cpu() ? src : ember::detail::copy_to_device(src, Device::cpu(), false);
-              const Tensor<D> hd = dst.device().is_cpu() ? dst : ember::empty<D>(dst.shape());
-              const auto od = detail::element_offsets(hd), os = detail::element_offsets(hs);
-              for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = convert<D>(hs.data()[os[i]]);
-              if (dst.device().is_cpu()) {
-                dst.bump_version();
-              } else {
-                NoGradGuard ng;
-                Tensor<D> d = dst;
-                d.copy_(hd);
-              }
+            // Converted on the host; a tensor on a GPU (either side) goes through a host copy.
+            const Tensor<D> hd = dst.device().is_cpu() ? dst : ember::empty<D>(dst.shape());
+            const auto od = detail::element_offsets(hd);
+            if (const auto* same = std::get_if<Tensor<D>>(&it->second)) {
+              const Tensor<D> hs =
+                  same->device().is_cpu() ? *same : ember::detail::copy_to_device(*same, Device::cpu(), false);
+              const auto os = detail::element_offsets(hs);
+              for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = hs.data()[os[i]];
+            } else if constexpr (is_floating_v<D>) {
+              // Another floating dtype (the checks above allow nothing else), through double: every floating
+              // dtype converts to double exactly, so each element rounds once, to D, as a direct conversion does.
+              const std::vector<double> v = detail::floating_values(it->second);
+              for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = convert<D>(v[i]);
+            }
+            if (dst.device().is_cpu()) {
+              dst.bump_version();
+            } else {
+              NoGradGuard ng;
+              Tensor<D> d = dst;
+              d.copy_(hd);
             }
           },
-          *entry.second, it->second);
+          *entry.second);
     }
   }
 
