@@ -324,7 +324,8 @@ TEST_CASE("safetensors: the header is the JSON a JSON library writes, and names 
   // Not UTF-8: a stray continuation byte, 0xff, an overlong '/', a surrogate, a code point above U+10FFFF, a
   // sequence cut short. Each is an ember::Error naming the name and the byte, not a JSON library's exception.
   for (const std::string& bad : {std::string("w\x80"), std::string("\xff"), std::string("a\xc0\xaf"),
-                                std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"), std::string("x\xe2\x82")}) {
+                                 std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"),
+                                 std::string("x\xe2\x82")}) {
     INFO(bad.size());
     EXPECT_ERROR([&] { io::serialize_safetensors({{bad, ones<float>(Shape{1})}}); },
                  {"safetensors: tensor name", "is not valid UTF-8", "at offset"});
@@ -345,7 +346,8 @@ TEST_CASE("safetensors: the header's JSON: escapes, numbers and what JSON forbid
   CHECK(io::shape_of(f.tensors.at("w")) == Shape{2, 3});
   // Numbers where the grammar wants non-negative integers: the value as written in the message.
   const auto shape_error = [](const std::string& number) {
-    return error_of([&] { parse(st_file("{\"w\":{\"dtype\":\"U8\",\"shape\":[" + number + "],\"data_offsets\":[0,1]}}", 1)); });
+    const std::string h = "{\"w\":{\"dtype\":\"U8\",\"shape\":[" + number + "],\"data_offsets\":[0,1]}}";
+    return error_of([&] { parse(st_file(h, 1)); });
   };
   for (const auto& [n, shown] : std::vector<std::pair<std::string, std::string>>{
            {"-1", "-1"}, {"-0", "0"}, {"1.0", "1.0"}, {"1e2", "1e2"}, {"18446744073709551616", "18446744073709551616"},
@@ -369,7 +371,8 @@ TEST_CASE("safetensors: the header's JSON: escapes, numbers and what JSON forbid
     CHECK(msg.find("not valid JSON") != std::string::npos);
     CHECK(msg.find("at byte 17 of the header") != std::string::npos);  // where the string starts
   }
-  for (const char* text : {"{\"a\"}", "{\"a\":}", "{,}", "{\"__metadata__\":{},}", "{\"__metadata__\":{}", "{\"__metadata__\":{\"k\":\"v}}"}) {
+  for (const char* text : {"{\"a\"}", "{\"a\":}", "{,}", "{\"__metadata__\":{},}", "{\"__metadata__\":{}",
+                           "{\"__metadata__\":{\"k\":\"v}}"}) {
     INFO(text);
     CHECK(error_of([&] { parse(st_file(text)); }).find("not valid JSON") != std::string::npos);
   }
@@ -423,13 +426,16 @@ TEST_CASE("safetensors: ember's JSON reader accepts exactly what nlohmann::json'
   // JSON's punctuation, digits, escapes, whitespace and UTF-8 lead, continuation and invalid bytes). Both readers
   // drive the same grammar; they must agree on every input: both reject it, or both return the same contents.
   const std::vector<std::string> seeds = {
-      R"({"__metadata__":{"k\u00e9":"v\ud83d\ude00","a":"\"\\\/\b\f\n\r\t"},"w":{"dtype":"U8","shape":[2,3],"data_offsets":[0,6]}})",
+      R"({"__metadata__":{"k\u00e9":"v\ud83d\ude00","a":"\"\\\/\b\f\n\r\t"},)"
+      R"("w":{"dtype":"U8","shape":[2,3],"data_offsets":[0,6]}})",
       "{ \"x\" : { \"dtype\" : \"F32\" , \"shape\" : [ ] , \"data_offsets\" : [ 6 , 10 ] } ,\n\t\"__metadata__\":{}\r}",
       "{\"a\xc3\xa9\xf0\x9f\x98\x80\":{\"shape\":[0,18446744073709551615],\"data_offsets\":[0,0],\"dtype\":\"BOOL\"}}",
-      R"({"b":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"c":{"dtype":"BF16","shape":[4],"data_offsets":[8,16]}})",
+      R"({"b":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
+      R"("c":{"dtype":"BF16","shape":[4],"data_offsets":[8,16]}})",
       R"({})"};
   // (No NUL: parse_safetensors rejects a header with one before any reader sees it, and nlohmann's stops there.)
-  const std::string alphabet = "{}[]\",:\\/ \t\n\r0123456789-+.eEuabfnrtlsdDF\x7f\xc3\xa9\xed\xa0\x80\xbf\xf0\x9f\xf4\x90\xff\xc0";
+  const std::string alphabet =
+      "{}[]\",:\\/ \t\n\r0123456789-+.eEuabfnrtlsdDF\x7f\xc3\xa9\xed\xa0\x80\xbf\xf0\x9f\xf4\x90\xff\xc0";
   std::mt19937 rng(7);
   int agree = 0, accepted = 0;
   std::vector<std::string> disagreements;

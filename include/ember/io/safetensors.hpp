@@ -353,7 +353,10 @@ class JsonSax {
     unsigned u = 0;
     for (int i = 0; i < 4; ++i) {
       const char c = q[i];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
       if (d < 0) fail("a \\u escape with a non-hex digit", t, q + 4);
       u = u * 16 + unsigned(d);
     }
