@@ -352,8 +352,9 @@ TEST_CASE("safetensors: the header's JSON: escapes, numbers and what JSON forbid
   for (const auto& [n, shown] : std::vector<std::pair<std::string, std::string>>{
            {"-1", "-1"}, {"-0", "0"}, {"1.0", "1.0"}, {"1e2", "1e2"}, {"18446744073709551616", "18446744073709551616"},
            {"-9223372036854775809", "-9223372036854775809"}, {"-9223372036854775808", "-9223372036854775808"}}) {
-    INFO(n);
-    CHECK(shape_error(n).find("non-negative integers, got " + shown) != std::string::npos);
+    const std::string& number = n;  // INFO's lambda captures a variable, not a structured binding (clang 14)
+    INFO(number);
+    CHECK(shape_error(number).find("non-negative integers, got " + shown) != std::string::npos);
   }
   // Not JSON, each at the byte where it goes wrong.
   for (const std::string bad : {"01", "1.", ".5", "-", "1e", "+1", "1e+", "tru", "nul", "[1,]", "[1 2]", "{}"}) {
