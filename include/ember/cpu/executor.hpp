@@ -131,8 +131,11 @@ namespace detail {
 /// element by element, that the operands are defined and on the CPU, and that e (of shape es) broadcasts to out.
 /// Returns false, with no plan, when an operand reads out's memory with another geometry: the caller then goes
 /// through a temporary. Ordinary code, compiled once however many expressions a program writes.
-inline bool plan_write(const expr::OperandRef& out, const expr::OperandRef* leaves, int n, const Shape& es,
-                       const char* op, expr::Plan& p) {
+EMBER_HEADER_INLINE bool plan_write(const expr::OperandRef& out, const expr::OperandRef* leaves, int n,
+                                    const Shape& es, const char* op, expr::Plan& p);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE bool plan_write(const expr::OperandRef& out, const expr::OperandRef* leaves, int n,
+                                    const Shape& es, const char* op, expr::Plan& p) {
   EMBER_CHECK(out.defined, op, ": the output is an undefined tensor");
   const Shape& space = *out.shape;
   for (int i = 0; i < space.n; ++i)
@@ -153,6 +156,7 @@ inline bool plan_write(const expr::OperandRef& out, const expr::OperandRef* leav
   b.collapse_into(p);
   return true;
 }
+#endif
 }  // namespace detail
 
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.

@@ -114,46 +114,49 @@ class PlanBuilder {
     return p;
   }
   /// collapse() into a plan the caller holds (a plan is a few KB: no copy).
-  void collapse_into(Plan& p) const {
-    p.nops = nops_;
-    // Walk dims inner to outer, skipping size-1 dims and merging a dim into the one inside it when every
-    // operand steps over the inner dim exactly once per step of the outer dim.
-    std::int64_t ext[kMaxDims];
-    std::int64_t st[kMaxOperands][kMaxDims];
-    int nd = 0;
-    for (int d = space_.n - 1; d >= 0; --d) {
-      const std::int64_t n = space_[d];
-      if (n == 1) continue;
-      bool merge = nd > 0;
-      for (int k = 0; merge && k < nops_; ++k) merge = st_[k][d] == st[k][nd - 1] * ext[nd - 1];
-      if (merge) {
-        ext[nd - 1] *= n;
-        continue;
-      }
-      ext[nd] = n;
-      for (int k = 0; k < nops_; ++k) st[k][nd] = st_[k][d];
-      ++nd;
-    }
-    if (nd == 0) {  // a single element (or a 0-d space)
-      ext[0] = space_.numel();
-      for (int k = 0; k < nops_; ++k) st[k][0] = 1;
-      nd = 1;
-    }
-    p.shape.n = nd;
-    for (int i = 0; i < nd; ++i) p.shape[i] = ext[nd - 1 - i];
-    p.linear = nd == 1;
-    for (int k = 0; k < nops_; ++k) {
-      p.st[k].n = nd;
-      for (int i = 0; i < nd; ++i) p.st[k][i] = st[k][nd - 1 - i];
-      p.linear = p.linear && p.st[k][0] == 1;
-    }
-  }
+  EMBER_HEADER_INLINE void collapse_into(Plan& p) const;
 
  private:
   Shape space_;
   Shape st_[kMaxOperands];
   int nops_ = 0;
 };
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void PlanBuilder::collapse_into(Plan& p) const {
+  p.nops = nops_;
+  // Walk dims inner to outer, skipping size-1 dims and merging a dim into the one inside it when every
+  // operand steps over the inner dim exactly once per step of the outer dim.
+  std::int64_t ext[kMaxDims];
+  std::int64_t st[kMaxOperands][kMaxDims];
+  int nd = 0;
+  for (int d = space_.n - 1; d >= 0; --d) {
+    const std::int64_t n = space_[d];
+    if (n == 1) continue;
+    bool merge = nd > 0;
+    for (int k = 0; merge && k < nops_; ++k) merge = st_[k][d] == st[k][nd - 1] * ext[nd - 1];
+    if (merge) {
+      ext[nd - 1] *= n;
+      continue;
+    }
+    ext[nd] = n;
+    for (int k = 0; k < nops_; ++k) st[k][nd] = st_[k][d];
+    ++nd;
+  }
+  if (nd == 0) {  // a single element (or a 0-d space)
+    ext[0] = space_.numel();
+    for (int k = 0; k < nops_; ++k) st[k][0] = 1;
+    nd = 1;
+  }
+  p.shape.n = nd;
+  for (int i = 0; i < nd; ++i) p.shape[i] = ext[nd - 1 - i];
+  p.linear = nd == 1;
+  for (int k = 0; k < nops_; ++k) {
+    p.st[k].n = nd;
+    for (int i = 0; i < nd; ++i) p.st[k][i] = st[k][nd - 1 - i];
+    p.linear = p.linear && p.st[k][0] == 1;
+  }
+}
+#endif
 
 /// Reads (or writes) one operand: base pointer, strides over the plan, and the current row.
 template <class T>
@@ -400,7 +403,11 @@ struct LeafRefs {
 };
 
 /// Adds operands to the plan builder, in order, checking each is defined and all are on one device.
-inline void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& dev, bool& have_dev, const char* op) {
+EMBER_HEADER_INLINE void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& dev, bool& have_dev,
+                                      const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& dev, bool& have_dev,
+                                      const char* op) {
   for (int k = 0; k < n; ++k) {
     const OperandRef& t = ops[k];
     EMBER_CHECK(t.defined, op, ": an operand is an undefined tensor");
@@ -412,6 +419,7 @@ inline void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& d
     b.add(*t.shape, *t.strides);
   }
 }
+#endif
 
 /// Adds every tensor leaf of `e` to the plan builder, in position order, checking devices agree.
 template <class E>
