@@ -55,6 +55,21 @@ TEST_CASE("errors: element-wise shapes that do not broadcast") {
   EXPECT_ERROR([&] { small.copy_(a); }, {"[2, 3]", "[3]"});
 }
 
+TEST_CASE("errors: the element-wise executor names the op for an undefined operand or output") {
+  // The strided output takes the planned path (not the dense one), whose checks run before anything reads a leaf.
+  const TF out = zeros<float>({4, 3}).t(), undefined;
+  EXPECT_ERROR([&] { cpu::assign(out, expr::TensorLeaf<float, false>{&undefined}, "myop"); },
+               {"myop", "an operand is an undefined tensor"});
+  EXPECT_ERROR([&] { cpu::assign(undefined, expr::TensorLeaf<float, false>{&out}, "myop"); }, {"undefined tensor"});
+  // Broadcasting into the output is checked there too, and an output with a stride-0 dim is refused.
+  const TF wide = arange_f({2, 3, 4});
+  EXPECT_ERROR([&] { cpu::assign(out, expr::TensorLeaf<float, false>{&wide}, "myop"); },
+               {"myop", "cannot write a result of shape [2, 3, 4] into a tensor of shape [3, 4]"});
+  const TF row = arange_f({1, 4}).expand({3, 4});
+  EXPECT_ERROR([&] { cpu::assign(row, expr::TensorLeaf<float, false>{&out}, "myop"); },
+               {"myop", "broadcast (stride 0) dim", "clone() it first"});
+}
+
 TEST_CASE("errors: matrix products with mismatched inner dims") {
   const TF a23 = arange_f({2, 3}), b45 = arange_f({4, 5}), v4 = arange_f({4}), v3 = arange_f({3});
   EXPECT_ERROR([&] { TF r = matmul(a23, b45); }, {"matmul", "[2, 3]", "[4, 5]"});

@@ -186,7 +186,9 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   }
   const expr::LeafRefs<E> leaves(e);
   expr::Plan p;
-  if (!detail::plan_write(expr::operand_ref(out), leaves.at, leaves.n, e.shape(), op, p)) {
+  // e's shape reads its leaves: with an undefined one, plan_write names the op and the undefined operand first.
+  const Shape es = leaves.all_defined() ? e.shape() : Shape{};
+  if (!detail::plan_write(expr::operand_ref(out), leaves.at, leaves.n, es, op, p)) {
     Tensor<T> tmp = empty<T>(out.shape());
     assign(tmp, e, op);
     assign(out, expr::TensorLeaf<T, false>{&tmp}, op);

@@ -400,6 +400,11 @@ struct LeafRefs {
   explicit LeafRefs(const E& e) {
     visit_leaves(e, [&](const auto& leaf) { at[n++] = operand_ref(leaf.tensor()); });
   }
+  bool all_defined() const {
+    for (int k = 0; k < n; ++k)
+      if (!at[k].defined) return false;
+    return true;
+  }
 };
 
 /// Adds operands to the plan builder, in order, checking each is defined and all are on one device.
