@@ -42,7 +42,7 @@ inline bool conv_bn_fusable(const Conv2d& conv, const BatchNorm2d& bn, const Ten
 /// it is called, not in every TU that includes nn::Sequential.)
 template <class = void>
 Tensor<float> conv_bn_forward(const Conv2d& conv, const BatchNorm2d& bn, const Tensor<float>& x,
-                                     const ConvBnTail& tail = {}) {
+                              const ConvBnTail& tail = {}) {
   if (!conv_bn_fusable(conv, bn, x, tail.pool2)) {
     Tensor<float> h = bn.forward(conv.forward(x));
     if (tail.relu) h = Tensor<float>(relu(h));
