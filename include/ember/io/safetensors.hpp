@@ -241,17 +241,35 @@ class JsonSax {
         fail("unexpected byte", p_, p_ + 1);
     }
   }
-  void object(int depth) {
-    if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
-    h_.start_object();
+  // The members of an object or the elements of an array, from its opening byte to its closing one: `item` reads
+  // one member or element; `expected` is the error when neither ',' nor the closing byte follows one.
+  template <class Item>
+  void items(char close, const char* expected, const Item& item) {
     ++p_;
     ws();
-    if (p_ != e_ && *p_ == '}') {
+    if (p_ != e_ && *p_ == close) {
       ++p_;
-      h_.end_object();
       return;
     }
     for (;;) {
+      item();
+      ws();
+      if (p_ != e_ && *p_ == ',') {
+        ++p_;
+        ws();
+        continue;
+      }
+      if (p_ != e_ && *p_ == close) {
+        ++p_;
+        return;
+      }
+      fail(expected, p_, p_ + 1);
+    }
+  }
+  void object(int depth) {
+    if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
+    h_.start_object();
+    items('}', "expected ',' or '}' in an object", [&] {
       if (p_ == e_ || *p_ != '"') fail("expected a key (a string)", p_, p_ + 1);
       string();
       h_.key(tok_);
@@ -260,45 +278,14 @@ class JsonSax {
       ++p_;
       ws();
       value(depth + 1);
-      ws();
-      if (p_ != e_ && *p_ == ',') {
-        ++p_;
-        ws();
-        continue;
-      }
-      if (p_ != e_ && *p_ == '}') {
-        ++p_;
-        h_.end_object();
-        return;
-      }
-      fail("expected ',' or '}' in an object", p_, p_ + 1);
-    }
+    });
+    h_.end_object();
   }
   void array(int depth) {
     if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
     h_.start_array();
-    ++p_;
-    ws();
-    if (p_ != e_ && *p_ == ']') {
-      ++p_;
-      h_.end_array();
-      return;
-    }
-    for (;;) {
-      value(depth + 1);
-      ws();
-      if (p_ != e_ && *p_ == ',') {
-        ++p_;
-        ws();
-        continue;
-      }
-      if (p_ != e_ && *p_ == ']') {
-        ++p_;
-        h_.end_array();
-        return;
-      }
-      fail("expected ',' or ']' in an array", p_, p_ + 1);
-    }
+    items(']', "expected ',' or ']' in an array", [&] { value(depth + 1); });
+    h_.end_array();
   }
   void literal(std::string_view word) {
     if (std::size_t(e_ - p_) < word.size() || std::string_view(p_, word.size()) != word)

@@ -127,15 +127,7 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE Shape slot_shape(const TensorSlot& slot) 
 
 /// The elements of a floating tensor (on any device) in row-major order, as doubles.
 EMBER_DEFERRED_DEF EMBER_HEADER_INLINE std::vector<double> slot_values(const TensorSlot& slot) {
-  return std::visit(
-      [](const auto& t) {
-        const auto h = t.device().is_cpu() ? t : ember::detail::copy_to_device(t, Device::cpu(), false);
-        std::vector<double> out;
-        out.reserve(std::size_t(h.numel()));
-        for (std::int64_t o : element_offsets(h)) out.push_back(convert<double>(h.data()[o]));
-        return out;
-      },
-      slot);
+  return values_as_double(slot);
 }
 
 /// Writes v (row-major) into a floating tensor's memory in place, rounding to its dtype.
@@ -143,16 +135,10 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void set_slot_values(const TensorSlot& sl
   std::visit(
       [&](const auto& t) {
         using T = typename std::remove_cvref_t<decltype(t)>::value_type;
-        const Tensor<T> h = t.device().is_cpu() ? t : ember::empty<T>(t.shape());
+        const Tensor<T> h = host_target(t);
         const auto offs = element_offsets(h);
         for (std::size_t i = 0; i < offs.size(); ++i) h.data()[offs[i]] = convert<T>(v[i]);
-        if (t.device().is_cpu()) {
-          h.bump_version();
-        } else {
-          NoGradGuard ng;
-          Tensor<T> d = t;
-          d.copy_(h);
-        }
+        commit_host_target(t, h);
       },
       slot);
 }

@@ -114,23 +114,36 @@ std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
   return offs;
 }
 
-/// The elements of a floating state tensor (on any device) in row-major order, as doubles (exact for every floating
-/// dtype); empty for an integer one. A template only so that it is compiled where load_state_dict is.
+/// The elements of a state tensor (on any device) in row-major order, as doubles (exact for every floating dtype).
+/// A template only so that it is compiled where it is called (load_state_dict, nn::fuse_conv_bn, quant).
 template <class Deferred = void>
-std::vector<double> floating_values(const TensorSlot& t) {
+std::vector<double> values_as_double(const TensorSlot& t) {
   return std::visit(
       [](const auto& x) {
-        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+        const auto h = x.device().is_cpu() ? x : ember::detail::copy_to_device(x, Device::cpu(), false);
         std::vector<double> out;
-        if constexpr (is_floating_v<T>) {
-          const Tensor<T> h = x.device().is_cpu() ? x : ember::detail::copy_to_device(x, Device::cpu(), false);
-          const auto offs = element_offsets(h);
-          out.reserve(offs.size());
-          for (std::int64_t o : offs) out.push_back(convert<double>(h.data()[o]));
-        }
+        out.reserve(std::size_t(h.numel()));
+        for (std::int64_t o : element_offsets(h)) out.push_back(convert<double>(h.data()[o]));
         return out;
       },
       t);
+}
+
+/// Where to write dst's new elements on the host: dst itself on the CPU, else a host tensor of its shape.
+template <class T>
+Tensor<T> host_target(const Tensor<T>& dst) {
+  return dst.device().is_cpu() ? dst : ember::empty<T>(dst.shape());
+}
+/// After writing h (host_target(dst)): dst's version moves on (on the CPU h is dst), or h is copied to dst's device.
+template <class T>
+void commit_host_target(const Tensor<T>& dst, const Tensor<T>& h) {
+  if (dst.device().is_cpu()) {
+    dst.bump_version();
+  } else {
+    NoGradGuard ng;
+    Tensor<T> d = dst;
+    d.copy_(h);
+  }
 }
 
 /// The walks below are one non-template function each; a caller's lambda adds only a trampoline.
@@ -398,7 +411,7 @@ class Module {
           [&](const auto& dst) {
             using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
             // Converted on the host; a tensor on a GPU (either side) goes through a host copy.
-            const Tensor<D> hd = dst.device().is_cpu() ? dst : ember::empty<D>(dst.shape());
+            const Tensor<D> hd = detail::host_target(dst);
             const auto od = detail::element_offsets(hd);
             if (const auto* same = std::get_if<Tensor<D>>(&it->second)) {
               const Tensor<D> hs =
@@ -408,16 +421,10 @@ class Module {
             } else if constexpr (is_floating_v<D>) {
               // Another floating dtype (the checks above allow nothing else), through double: every floating
               // dtype converts to double exactly, so each element rounds once, to D, as a direct conversion does.
-              const std::vector<double> v = detail::floating_values(it->second);
+              const std::vector<double> v = detail::values_as_double(it->second);
               for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = convert<D>(v[i]);
             }
-            if (dst.device().is_cpu()) {
-              dst.bump_version();
-            } else {
-              NoGradGuard ng;
-              Tensor<D> d = dst;
-              d.copy_(hd);
-            }
+            detail::commit_host_target(dst, hd);
           },
           *entry.second);
     }
