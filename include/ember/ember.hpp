@@ -134,7 +134,8 @@ cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, fals
 EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double,
                                                                        double, bool);
 // Tensor's own members (views, shape checks, item, backward) and the dtype-only autograd nodes, for the state
-// dict's dtypes and the data's uint8. Explicit instantiation covers in-class (inline) members too.
+// dict's dtypes and the data's uint8. Explicit instantiation covers in-class (inline) members too; the larger ones
+// are defined after the class, not inline, so that a TU does not compile them even to inline them.
 #define EMBER_PRECOMPILED_TENSOR(T)                                                                                   \
   EMBER_PRECOMPILED_EXTERN template class Tensor<T>;                                                                  \
   EMBER_PRECOMPILED_EXTERN template struct detail::TensorOps<T>;                                                      \
@@ -161,12 +162,18 @@ EMBER_PRECOMPILED_NODES(half)
 EMBER_PRECOMPILED_EXTERN template void nn::Module::zero_grad<void>(bool);
 EMBER_PRECOMPILED_EXTERN template void nn::Module::to<void>(Device);
 EMBER_PRECOMPILED_EXTERN template void nn::Module::load_state_dict<void>(const nn::StateDict&, bool);
+EMBER_PRECOMPILED_EXTERN template nn::Module& nn::Module::requires_grad_<void>(bool);
 EMBER_PRECOMPILED_EXTERN template std::vector<Tensor<float>> nn::Module::parameters<float>(bool) const;
 EMBER_PRECOMPILED_EXTERN template std::vector<std::pair<std::string, Tensor<float>>>
 nn::Module::named_parameters<float>(bool) const;
+EMBER_PRECOMPILED_EXTERN template Tensor<float> nn::functional::dropout<float>(const Tensor<float>&, double, bool,
+                                                                              Generator&);
 EMBER_PRECOMPILED_EXTERN template class optim::SGD<float>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, false>;
 EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, true>;
+// The layers' and optimizers' constructors, forwards and steps are defined outside their classes (not inline): an
+// `extern` class instantiation then keeps a TU from compiling them at all, where in-class (inline) members would
+// still be instantiated and optimised in every TU, to be inlined.
 #define EMBER_PRECOMPILED_LAYERS(P)                                                                                   \
   EMBER_PRECOMPILED_EXTERN template class nn::LinearT<P>;                                                             \
   EMBER_PRECOMPILED_EXTERN template class nn::Conv2dT<P>;                                                             \

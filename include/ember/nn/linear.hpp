@@ -22,58 +22,72 @@ class LinearT : public Module {
   using param_t = typename P::param_t;
   using compute_t = typename P::compute_t;
 
-  LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias = true)
-      : Module("Linear"), in_features(in_features), out_features(out_features) {
-    EMBER_CHECK(in_features > 0 && out_features > 0, "nn::Linear: features must be positive, got in_features=",
-                in_features, ", out_features=", out_features);
-    weight = empty<param_t>(Shape{out_features, in_features});
-    if (with_bias) bias = empty<param_t>(Shape{out_features});
-    init::default_weight_and_bias_(weight, &bias);
-    register_parameter("weight", weight);
-    if (with_bias) register_parameter("bias", bias);
-    set_extra_repr([in_features, out_features, with_bias] {
-      return "in_features=" + std::to_string(in_features) + ", out_features=" + std::to_string(out_features) +
-             ", bias=" + (with_bias ? "True" : "False");
-    });
-  }
+  // (The constructor and the forwards are defined below the class, not inline: with ember::precompiled a TU then
+  // compiles none of them for the layers the library holds, not even to inline them.)
+  LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias = true);
 
   /// x (..., in_features) -> (..., out_features)
-  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
-    if (Tensor<compute_t> q; quant_forward(x, q)) return q;  // int8 after quant::convert
-    // A layer built without bias has one after nn::fuse_conv_bn folded a BatchNorm1d into it.
-    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
-    const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
-    // An activation moved into this layer runs in the GEMM's epilogue when nothing needs a gradient (see
-    // nn/detail/fused_act.hpp for the other case).
-    const auto act = cpu::Act(fused_activation());
-    if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
-      return ops::linear(x, wc, bc, act);
-    return ember::linear(x, wc, bc);
-  }
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
   /// act(forward(x)) for act none, relu, gelu, gelu_tanh or silu, with the activation applied in the GEMM's
   /// write-back where ember::linear does so (ReLU in training too, on the CPU: one node on the tape). nn::Sequential
   /// runs each Linear -> ReLU pair of its float32 modules through it.
-  Tensor<compute_t> forward(const Tensor<compute_t>& x, ops::LinearAct act) const {
-    if (act == ops::LinearAct::none || quantized() || cpu::Act(fused_activation()) != cpu::Act::none)
-      return ember::detail::apply_linear_act(forward(x), act);
-    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
-    return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b), act);
-  }
+  Tensor<compute_t> forward(const Tensor<compute_t>& x, ops::LinearAct act) const;
   /// forward(x, ops::LinearAct::relu), without compiling GELU and SiLU (nn::Sequential runs its Linear -> ReLU
   /// pairs through it, so a Sequential of ReLUs pays for no other activation).
-  Tensor<compute_t> forward_relu(const Tensor<compute_t>& x) const {
-    if (quantized() || cpu::Act(fused_activation()) != cpu::Act::none) return Tensor<compute_t>(relu(forward(x)));
-    const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
-    return ember::detail::linear_none_or_relu(x, detail::to_compute<compute_t>(weight),
-                                              detail::to_compute<compute_t>(b), ops::LinearAct::relu);
-  }
+  Tensor<compute_t> forward_relu(const Tensor<compute_t>& x) const;
 
   std::int64_t in_features, out_features;
   Tensor<param_t> weight;  // (out_features, in_features)
   Tensor<param_t> bias;    // (out_features), undefined without bias
 };
+
+template <amp::PrecisionPolicy P>
+LinearT<P>::LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias)
+    : Module("Linear"), in_features(in_features), out_features(out_features) {
+  EMBER_CHECK(in_features > 0 && out_features > 0, "nn::Linear: features must be positive, got in_features=",
+              in_features, ", out_features=", out_features);
+  weight = empty<param_t>(Shape{out_features, in_features});
+  if (with_bias) bias = empty<param_t>(Shape{out_features});
+  init::default_weight_and_bias_(weight, &bias);
+  register_parameter("weight", weight);
+  if (with_bias) register_parameter("bias", bias);
+  set_extra_repr([in_features, out_features, with_bias] {
+    return "in_features=" + std::to_string(in_features) + ", out_features=" + std::to_string(out_features) +
+           ", bias=" + (with_bias ? "True" : "False");
+  });
+}
+
+template <amp::PrecisionPolicy P>
+auto LinearT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
+  if (Tensor<compute_t> q; quant_forward(x, q)) return q;  // int8 after quant::convert
+  // A layer built without bias has one after nn::fuse_conv_bn folded a BatchNorm1d into it.
+  const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+  const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
+  // An activation moved into this layer runs in the GEMM's epilogue when nothing needs a gradient (see
+  // nn/detail/fused_act.hpp for the other case).
+  const auto act = cpu::Act(fused_activation());
+  if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
+    return ops::linear(x, wc, bc, act);
+  return ember::linear(x, wc, bc);
+}
+
+template <amp::PrecisionPolicy P>
+auto LinearT<P>::forward(const Tensor<compute_t>& x, ops::LinearAct act) const -> Tensor<compute_t> {
+  if (act == ops::LinearAct::none || quantized() || cpu::Act(fused_activation()) != cpu::Act::none)
+    return ember::detail::apply_linear_act(forward(x), act);
+  const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+  return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b), act);
+}
+
+template <amp::PrecisionPolicy P>
+auto LinearT<P>::forward_relu(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
+  if (quantized() || cpu::Act(fused_activation()) != cpu::Act::none) return Tensor<compute_t>(relu(forward(x)));
+  const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
+  return ember::detail::linear_none_or_relu(x, detail::to_compute<compute_t>(weight),
+                                            detail::to_compute<compute_t>(b), ops::LinearAct::relu);
+}
 
 using Linear = LinearT<>;
 

@@ -209,19 +209,9 @@ class Module {
   /// Parameters of dtype T (all of this module's and, when recurse, its descendants'), in registration order; a
   /// parameter shared by two submodules (weight tying) appears once, as in PyTorch (remove_duplicate=True).
   template <class T = float>
-  std::vector<Tensor<T>> parameters(bool recurse = true) const {
-    std::vector<Tensor<T>> out;
-    for (auto& [n, t] : named_parameters<T>(recurse)) out.push_back(t);
-    return out;
-  }
+  std::vector<Tensor<T>> parameters(bool recurse = true) const;
   template <class T = float>
-  std::vector<std::pair<std::string, Tensor<T>>> named_parameters(bool recurse = true) const {
-    std::vector<std::pair<std::string, Tensor<T>>> out;
-    detail::walk_unique(*s_, true, recurse, [&](const std::string& n, const detail::TensorSlot& t) {
-      if (auto* p = std::get_if<Tensor<T>>(&t)) out.emplace_back(n, *p);
-    });
-    return out;
-  }
+  std::vector<std::pair<std::string, Tensor<T>>> named_parameters(bool recurse = true) const;
   /// Every parameter whatever its dtype.
   EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> named_parameters_any(bool recurse = true) const;
   /// Every buffer, each distinct tensor once (as parameters()).
@@ -268,21 +258,7 @@ class Module {
   /// Sets requires_grad on every floating-point parameter (false freezes the module: autograd then neither
   /// computes nor stores their gradients). Returns this module, as PyTorch's requires_grad_.
   template <class Deferred = void>
-  Module& requires_grad_(bool on = true) {
-    detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
-      std::visit(
-          [&](const auto& p) {
-            using T = typename std::remove_cvref_t<decltype(p)>::value_type;
-            if constexpr (is_floating_v<T>) {
-              if (!p.defined()) return;
-              Tensor<T> handle = p;  // shares the parameter's autograd state
-              handle.requires_grad_(on);
-            }
-          },
-          slot);
-    });
-    return *this;
-  }
+  Module& requires_grad_(bool on = true);
 
   // ---- modes ---------------------------------------------------------------------------------------------
   /// Training mode (dropout active, batch norm uses and updates batch statistics) for this module and its children.
@@ -291,60 +267,21 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return s_->training; }
 
-  // zero_grad, to and load_state_dict visit every dtype of the state variant; as member templates (Deferred is
-  // unused) they are compiled only in the TUs that call them, not in every TU that includes this header.
+  // requires_grad_, zero_grad, to and load_state_dict visit every dtype of the state variant; as member templates
+  // (Deferred is unused) they are compiled only in the TUs that call them, not in every TU that includes this
+  // header. They are defined below the class, not inline, as parameters and named_parameters are: with
+  // ember::precompiled a TU then compiles none of them, not even to inline them.
 
   /// Clears (set_to_none, the default as in PyTorch 2) or zeroes every parameter's gradient.
   template <class Deferred = void>
-  void zero_grad(bool set_to_none = true) {
-    detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
-      std::visit(
-          [&](const auto& p) {
-            using T = typename std::remove_cvref_t<decltype(p)>::value_type;
-            if constexpr (is_floating_v<T>) {
-              if (!p.has_meta() || !p.grad().defined()) return;
-              if (set_to_none) {
-                p.grad() = Tensor<T>();
-                return;
-              }
-              Tensor<T> g = p.grad();
-              if (!g.device().is_cpu()) {  // device memory: zeros copied from the host
-                NoGradGuard ng;
-                g.copy_(ember::zeros<T>(g.shape()));
-                return;
-              }
-              for (std::int64_t o : detail::element_offsets(g)) g.data()[o] = T(0);
-              g.bump_version();
-            }
-          },
-          slot);
-    });
-  }
+  void zero_grad(bool set_to_none = true);
 
   /// Moves every parameter and buffer to `device`, in place, as PyTorch's module.to(device): each tensor keeps its
   /// identity (every handle to it, the module's members and copies of the module, sees the moved data; a parameter
   /// stays a leaf that requires grad) and a parameter's .grad moves with it. Other views of the old memory (an
   /// optimizer's state) do not move: create optimizers after moving the model, as in PyTorch.
   template <class Deferred = void>
-  void to(Device device) {
-    auto move = [&](const std::string& n, const detail::TensorSlot& slot) {
-      std::visit(
-          [&](const auto& t) {
-            using T = typename std::remove_cvref_t<decltype(t)>::value_type;
-            if (!t.defined()) return;
-            EMBER_CHECK(device.is_cpu() || ember::detail::cuda_allocator != nullptr, "Module::to: cannot move '", n,
-                        "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(), ": ",
-                        ember::detail::no_cuda_backend());
-            if (t.device() != device) move_in_place(t, device);
-            if constexpr (is_floating_v<T>) {
-              if (t.has_meta() && t.grad().defined() && t.grad().device() != device) move_in_place(t.grad(), device);
-            }
-          },
-          slot);
-    };
-    detail::walk(*s_, "", true, true, move);
-    detail::walk(*s_, "", false, true, move);
-  }
+  void to(Device device);
 
   // ---- state -----------------------------------------------------------------------------------------------
   /// Parameters and buffers by fully qualified name. The tensors are detached handles sharing the module's memory
@@ -355,80 +292,7 @@ class Module {
   /// listed in the error). Shapes must match; floating dtypes convert (as PyTorch's copy_ does), other dtype
   /// changes are errors. Nothing is written unless every check passes.
   template <class Deferred = void>
-  void load_state_dict(const StateDict& sd, bool strict = true) {
-    std::vector<std::pair<std::string, const detail::TensorSlot*>> mine;
-    auto collect = [&](const std::string& n, const detail::TensorSlot& t) { mine.emplace_back(n, &t); };
-    detail::walk(*s_, "", true, true, collect);
-    detail::walk(*s_, "", false, true, collect);
-    std::vector<std::string> missing, unexpected;
-    for (auto& [n, t] : mine)
-      if (!sd.count(n)) missing.push_back(n);
-    for (auto& [n, t] : sd) {
-      bool found = false;
-      for (auto& [m, s] : mine) found = found || m == n;
-      if (!found) unexpected.push_back(n);
-    }
-    // Every problem is listed in one error, as PyTorch's "Error(s) in loading state_dict"; nothing is written
-    // unless there is none. (Each side is visited on its own: 5 + 5 instantiations, not 5 x 5 pairs.)
-    std::vector<std::string> problems;
-    for (auto& entry : mine) {
-      const auto& n = entry.first;
-      auto it = sd.find(n);
-      if (it == sd.end()) continue;
-      const detail::SlotInfo dst = detail::slot_info(*entry.second), src = detail::slot_info(it->second);
-      if (!src.defined) {
-        problems.push_back("'" + n + "' is an undefined tensor");
-        continue;
-      }
-      if (!(dst.shape == src.shape))
-        problems.push_back("size mismatch for '" + n + "': the checkpoint has " + src.shape.str() +
-                           ", the module has " + dst.shape.str());
-      if (!(std::string_view(dst.dtype) == src.dtype || (dst.floating && src.floating)))
-        problems.push_back("dtype mismatch for '" + n + "': the checkpoint has " + src.dtype + ", the module has " +
-                           dst.dtype);
-    }
-    const bool keys_bad = strict && (!missing.empty() || !unexpected.empty());
-    if (keys_bad || !problems.empty()) {
-      std::ostringstream os;
-      os << "load_state_dict: error(s) loading the state of " << type_name() << ":";
-      if (strict && !missing.empty()) {
-        os << " missing key(s):";
-        for (auto& k : missing) os << " '" << k << "'";
-        os << ";";
-      }
-      if (strict && !unexpected.empty()) {
-        os << " unexpected key(s):";
-        for (auto& k : unexpected) os << " '" << k << "'";
-        os << ";";
-      }
-      for (auto& p : problems) os << " " << p << ";";
-      throw Error(os.str());
-    }
-    for (auto& entry : mine) {
-      auto it = sd.find(entry.first);
-      if (it == sd.end()) continue;
-      std::visit(
-          [&](const auto& dst) {
-            using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
-            // Converted on the host; a tensor on a GPU (either side) goes through a host copy.
-            const Tensor<D> hd = detail::host_target(dst);
-            const auto od = detail::element_offsets(hd);
-            if (const auto* same = std::get_if<Tensor<D>>(&it->second)) {
-              const Tensor<D> hs =
-                  same->device().is_cpu() ? *same : ember::detail::copy_to_device(*same, Device::cpu(), false);
-              const auto os = detail::element_offsets(hs);
-              for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = hs.data()[os[i]];
-            } else if constexpr (is_floating_v<D>) {
-              // Another floating dtype (the checks above allow nothing else), through double: every floating
-              // dtype converts to double exactly, so each element rounds once, to D, as a direct conversion does.
-              const std::vector<double> v = detail::values_as_double(it->second);
-              for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = convert<D>(v[i]);
-            }
-            detail::commit_host_target(dst, hd);
-          },
-          *entry.second);
-    }
-  }
+  void load_state_dict(const StateDict& sd, bool strict = true);
 
   /// Prints the module tree as PyTorch does.
   friend std::ostream& operator<<(std::ostream& os, const Module& m) {
@@ -475,9 +339,7 @@ class Module {
   template <class M>
   M& register_module(const std::string& name, M& m) {
     static_assert(std::is_base_of_v<Module, M>, "register_module: the child must derive from nn::Module");
-    check_name(name);
-    EMBER_CHECK(m.s_ != s_, "register_module: a module cannot be its own child ('", name, "')");
-    s_->children.emplace_back(name, m.s_);
+    add_child(name, m);
     return m;
   }
   /// What the module prints inside its parentheses ("784, 256, bias=True").
@@ -490,6 +352,8 @@ class Module {
   // A handle to a registered child (named_modules, children): shares its state.
   Module(std::shared_ptr<detail::ModuleState> s, HandleTag) : s_(std::move(s)) {}
   EMBER_HEADER_INLINE void check_name(const std::string& name) const;
+  // register_module's work, the same whatever the child's type.
+  EMBER_HEADER_INLINE void add_child(const std::string& name, const Module& m);
   // Points t's implementation (shared by every handle) at a contiguous copy of its data on `device`.
   template <class T>
   static void move_in_place(const Tensor<T>& t, Device device) {
@@ -515,6 +379,162 @@ struct ModuleAccess {
   static ModuleState& state(const Module& m) { return *m.s_; }
 };
 }  // namespace detail
+
+template <class T>
+std::vector<Tensor<T>> Module::parameters(bool recurse) const {
+  std::vector<Tensor<T>> out;
+  for (auto& [n, t] : named_parameters<T>(recurse)) out.push_back(t);
+  return out;
+}
+
+template <class T>
+std::vector<std::pair<std::string, Tensor<T>>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor<T>>> out;
+  detail::walk_unique(*s_, true, recurse, [&](const std::string& n, const detail::TensorSlot& t) {
+    if (auto* p = std::get_if<Tensor<T>>(&t)) out.emplace_back(n, *p);
+  });
+  return out;
+}
+
+template <class Deferred>
+Module& Module::requires_grad_(bool on) {
+  detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
+    std::visit(
+        [&](const auto& p) {
+          using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+          if constexpr (is_floating_v<T>) {
+            if (!p.defined()) return;
+            Tensor<T> handle = p;  // shares the parameter's autograd state
+            handle.requires_grad_(on);
+          }
+        },
+        slot);
+  });
+  return *this;
+}
+
+template <class Deferred>
+void Module::zero_grad(bool set_to_none) {
+  detail::walk(*s_, "", true, true, [&](const std::string&, const detail::TensorSlot& slot) {
+    std::visit(
+        [&](const auto& p) {
+          using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+          if constexpr (is_floating_v<T>) {
+            if (!p.has_meta() || !p.grad().defined()) return;
+            if (set_to_none) {
+              p.grad() = Tensor<T>();
+              return;
+            }
+            Tensor<T> g = p.grad();
+            if (!g.device().is_cpu()) {  // device memory: zeros copied from the host
+              NoGradGuard ng;
+              g.copy_(ember::zeros<T>(g.shape()));
+              return;
+            }
+            for (std::int64_t o : detail::element_offsets(g)) g.data()[o] = T(0);
+            g.bump_version();
+          }
+        },
+        slot);
+  });
+}
+
+template <class Deferred>
+void Module::to(Device device) {
+  auto move = [&](const std::string& n, const detail::TensorSlot& slot) {
+    std::visit(
+        [&](const auto& t) {
+          using T = typename std::remove_cvref_t<decltype(t)>::value_type;
+          if (!t.defined()) return;
+          EMBER_CHECK(device.is_cpu() || ember::detail::cuda_allocator != nullptr, "Module::to: cannot move '", n,
+                      "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(), ": ",
+                      ember::detail::no_cuda_backend());
+          if (t.device() != device) move_in_place(t, device);
+          if constexpr (is_floating_v<T>) {
+            if (t.has_meta() && t.grad().defined() && t.grad().device() != device) move_in_place(t.grad(), device);
+          }
+        },
+        slot);
+  };
+  detail::walk(*s_, "", true, true, move);
+  detail::walk(*s_, "", false, true, move);
+}
+
+template <class Deferred>
+void Module::load_state_dict(const StateDict& sd, bool strict) {
+  std::vector<std::pair<std::string, const detail::TensorSlot*>> mine;
+  auto collect = [&](const std::string& n, const detail::TensorSlot& t) { mine.emplace_back(n, &t); };
+  detail::walk(*s_, "", true, true, collect);
+  detail::walk(*s_, "", false, true, collect);
+  std::vector<std::string> missing, unexpected;
+  for (auto& [n, t] : mine)
+    if (!sd.count(n)) missing.push_back(n);
+  for (auto& [n, t] : sd) {
+    bool found = false;
+    for (auto& [m, s] : mine) found = found || m == n;
+    if (!found) unexpected.push_back(n);
+  }
+  // Every problem is listed in one error, as PyTorch's "Error(s) in loading state_dict"; nothing is written
+  // unless there is none. (Each side is visited on its own: 5 + 5 instantiations, not 5 x 5 pairs.)
+  std::vector<std::string> problems;
+  for (auto& entry : mine) {
+    const auto& n = entry.first;
+    auto it = sd.find(n);
+    if (it == sd.end()) continue;
+    const detail::SlotInfo dst = detail::slot_info(*entry.second), src = detail::slot_info(it->second);
+    if (!src.defined) {
+      problems.push_back("'" + n + "' is an undefined tensor");
+      continue;
+    }
+    if (!(dst.shape == src.shape))
+      problems.push_back("size mismatch for '" + n + "': the checkpoint has " + src.shape.str() +
+                         ", the module has " + dst.shape.str());
+    if (!(std::string_view(dst.dtype) == src.dtype || (dst.floating && src.floating)))
+      problems.push_back("dtype mismatch for '" + n + "': the checkpoint has " + src.dtype + ", the module has " +
+                         dst.dtype);
+  }
+  const bool keys_bad = strict && (!missing.empty() || !unexpected.empty());
+  if (keys_bad || !problems.empty()) {
+    std::ostringstream os;
+    os << "load_state_dict: error(s) loading the state of " << type_name() << ":";
+    if (strict && !missing.empty()) {
+      os << " missing key(s):";
+      for (auto& k : missing) os << " '" << k << "'";
+      os << ";";
+    }
+    if (strict && !unexpected.empty()) {
+      os << " unexpected key(s):";
+      for (auto& k : unexpected) os << " '" << k << "'";
+      os << ";";
+    }
+    for (auto& p : problems) os << " " << p << ";";
+    throw Error(os.str());
+  }
+  for (auto& entry : mine) {
+    auto it = sd.find(entry.first);
+    if (it == sd.end()) continue;
+    std::visit(
+        [&](const auto& dst) {
+          using D = typename std::remove_cvref_t<decltype(dst)>::value_type;
+          // Converted on the host; a tensor on a GPU (either side) goes through a host copy.
+          const Tensor<D> hd = detail::host_target(dst);
+          const auto od = detail::element_offsets(hd);
+          if (const auto* same = std::get_if<Tensor<D>>(&it->second)) {
+            const Tensor<D> hs =
+                same->device().is_cpu() ? *same : ember::detail::copy_to_device(*same, Device::cpu(), false);
+            const auto os = detail::element_offsets(hs);
+            for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = hs.data()[os[i]];
+          } else if constexpr (is_floating_v<D>) {
+            // Another floating dtype (the checks above allow nothing else), through double: every floating
+            // dtype converts to double exactly, so each element rounds once, to D, as a direct conversion does.
+            const std::vector<double> v = detail::values_as_double(it->second);
+            for (std::size_t i = 0; i < od.size(); ++i) hd.data()[od[i]] = convert<D>(v[i]);
+          }
+          detail::commit_host_target(dst, hd);
+        },
+        *entry.second);
+  }
+}
 
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> Module::named_parameters_any(bool recurse) const {
@@ -581,6 +601,12 @@ EMBER_HEADER_INLINE std::vector<Module> Module::children() const {
   std::vector<Module> out;
   for (auto& [n, m] : named_children()) out.push_back(m);
   return out;
+}
+
+EMBER_HEADER_INLINE void Module::add_child(const std::string& name, const Module& m) {
+  check_name(name);
+  EMBER_CHECK(m.s_ != s_, "register_module: a module cannot be its own child ('", name, "')");
+  s_->children.emplace_back(name, m.s_);
 }
 
 EMBER_HEADER_INLINE void Module::check_name(const std::string& name) const {

@@ -33,76 +33,15 @@ class BatchNormT : public Module {
   using param_t = typename P::param_t;
   using compute_t = typename P::compute_t;
 
-  explicit BatchNormT(std::int64_t num_features, const BatchNormOptions& o = {})
-      : Module(Rank == 2 ? "BatchNorm2d" : "BatchNorm1d"), num_features(num_features), options(o) {
-    EMBER_CHECK(num_features > 0, type_name(), ": num_features must be positive, got ", num_features);
-    set_setting("eps", o.eps);
-    if (o.affine) {
-      weight = ones<param_t>(Shape{num_features});
-      bias = zeros<param_t>(Shape{num_features});
-      register_parameter("weight", weight);
-      register_parameter("bias", bias);
-    }
-    if (o.track_running_stats) {
-      running_mean = zeros<param_t>(Shape{num_features});
-      running_var = ones<param_t>(Shape{num_features});
-      num_batches_tracked = zeros<std::int64_t>(Shape{});
-      register_buffer("running_mean", running_mean);
-      register_buffer("running_var", running_var);
-      register_buffer("num_batches_tracked", num_batches_tracked);
-    }
-    set_extra_repr([num_features, o] {
-      return std::to_string(num_features) + ", eps=" + std::to_string(o.eps) +
-             ", momentum=" + (o.momentum ? std::to_string(*o.momentum) : std::string("None")) +
-             ", affine=" + (o.affine ? "True" : "False") +
-             ", track_running_stats=" + (o.track_running_stats ? "True" : "False");
-    });
-  }
+  explicit BatchNormT(std::int64_t num_features, const BatchNormOptions& o = {});
 
-  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
-    if (folded()) return x;  // nn::fuse_conv_bn moved this normalisation into the layer before it
-    if constexpr (Rank == 2) {
-      EMBER_CHECK(x.dim() == 4, "BatchNorm2d: expected a 4-D input (N, C, H, W), got shape ", x.shape().str());
-    } else {
-      EMBER_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d: expected a 2-D or 3-D input (N, C) or (N, C, L), "
-                  "got shape ", x.shape().str());
-    }
-    EMBER_CHECK(x.size(1) == num_features, type_name(), ": expected ", num_features, " channels (dim 1), got shape ",
-                x.shape().str());
-    const bool use_batch = is_training() || !options.track_running_stats;
-    const double factor = count_batch();
-    if constexpr (std::is_same_v<param_t, compute_t>) {
-      return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, factor, options.eps);
-    } else {
-      // Mixed precision: normalise in the parameters' precision (fp32), return the compute type.
-      Tensor<param_t> xf = cast<param_t>(x);
-      Tensor<param_t> y = ember::batch_norm(xf, running_mean, running_var, weight, bias, use_batch, factor,
-                                            options.eps);
-      return cast<compute_t>(y);
-    }
-  }
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
   /// What a forward pass does before normalising: in training with running statistics, counts the batch
   /// (num_batches_tracked += 1). Returns the running statistics' update factor: momentum, or 1 / (batches seen)
   /// for the cumulative average (momentum = None).
-  double count_batch() const {
-    double factor = options.momentum.value_or(0.0);
-    if (is_training() && options.track_running_stats) {
-      Tensor<std::int64_t> n = num_batches_tracked;
-      std::int64_t count = 0;
-      if (n.device().is_cpu()) {
-        count = ++n.data()[0];
-        n.bump_version();
-      } else {  // a buffer moved to a GPU by Module::to: read the count back and write the new one (8 bytes each
-                // way, plain copies: no element-wise kernel, so a TU not compiled by nvcc can train too)
-        count = n.item() + 1;
-        n.copy_(full<std::int64_t>(Shape{}, count));
-      }
-      if (!options.momentum) factor = 1.0 / double(count);
-    }
-    return factor;
-  }
+  double count_batch() const;
 
   std::int64_t num_features;
   BatchNormOptions options;
@@ -110,6 +49,76 @@ class BatchNormT : public Module {
   Tensor<param_t> running_mean, running_var;   // (C), undefined unless track_running_stats
   Tensor<std::int64_t> num_batches_tracked;    // ()
 };
+
+template <int Rank, amp::PrecisionPolicy P>
+BatchNormT<Rank, P>::BatchNormT(std::int64_t num_features, const BatchNormOptions& o)
+    : Module(Rank == 2 ? "BatchNorm2d" : "BatchNorm1d"), num_features(num_features), options(o) {
+  EMBER_CHECK(num_features > 0, type_name(), ": num_features must be positive, got ", num_features);
+  set_setting("eps", o.eps);
+  if (o.affine) {
+    weight = ones<param_t>(Shape{num_features});
+    bias = zeros<param_t>(Shape{num_features});
+    register_parameter("weight", weight);
+    register_parameter("bias", bias);
+  }
+  if (o.track_running_stats) {
+    running_mean = zeros<param_t>(Shape{num_features});
+    running_var = ones<param_t>(Shape{num_features});
+    num_batches_tracked = zeros<std::int64_t>(Shape{});
+    register_buffer("running_mean", running_mean);
+    register_buffer("running_var", running_var);
+    register_buffer("num_batches_tracked", num_batches_tracked);
+  }
+  set_extra_repr([num_features, o] {
+    return std::to_string(num_features) + ", eps=" + std::to_string(o.eps) +
+           ", momentum=" + (o.momentum ? std::to_string(*o.momentum) : std::string("None")) +
+           ", affine=" + (o.affine ? "True" : "False") +
+           ", track_running_stats=" + (o.track_running_stats ? "True" : "False");
+  });
+}
+
+template <int Rank, amp::PrecisionPolicy P>
+auto BatchNormT<Rank, P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
+  if (folded()) return x;  // nn::fuse_conv_bn moved this normalisation into the layer before it
+  if constexpr (Rank == 2) {
+    EMBER_CHECK(x.dim() == 4, "BatchNorm2d: expected a 4-D input (N, C, H, W), got shape ", x.shape().str());
+  } else {
+    EMBER_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d: expected a 2-D or 3-D input (N, C) or (N, C, L), "
+                "got shape ", x.shape().str());
+  }
+  EMBER_CHECK(x.size(1) == num_features, type_name(), ": expected ", num_features, " channels (dim 1), got shape ",
+              x.shape().str());
+  const bool use_batch = is_training() || !options.track_running_stats;
+  const double factor = count_batch();
+  if constexpr (std::is_same_v<param_t, compute_t>) {
+    return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, factor, options.eps);
+  } else {
+    // Mixed precision: normalise in the parameters' precision (fp32), return the compute type.
+    Tensor<param_t> xf = cast<param_t>(x);
+    Tensor<param_t> y = ember::batch_norm(xf, running_mean, running_var, weight, bias, use_batch, factor,
+                                          options.eps);
+    return cast<compute_t>(y);
+  }
+}
+
+template <int Rank, amp::PrecisionPolicy P>
+double BatchNormT<Rank, P>::count_batch() const {
+  double factor = options.momentum.value_or(0.0);
+  if (is_training() && options.track_running_stats) {
+    Tensor<std::int64_t> n = num_batches_tracked;
+    std::int64_t count = 0;
+    if (n.device().is_cpu()) {
+      count = ++n.data()[0];
+      n.bump_version();
+    } else {  // a buffer moved to a GPU by Module::to: read the count back and write the new one (8 bytes each
+              // way, plain copies: no element-wise kernel, so a TU not compiled by nvcc can train too)
+      count = n.item() + 1;
+      n.copy_(full<std::int64_t>(Shape{}, count));
+    }
+    if (!options.momentum) factor = 1.0 / double(count);
+  }
+  return factor;
+}
 
 using BatchNorm1d = BatchNormT<1>;
 using BatchNorm2d = BatchNormT<2>;
@@ -121,34 +130,40 @@ class LayerNormT : public Module {
   using param_t = typename P::param_t;
   using compute_t = typename P::compute_t;
 
-  explicit LayerNormT(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true)
-      : Module("LayerNorm"), normalized_shape(normalized_shape), eps(eps) {
-    EMBER_CHECK(normalized_shape.n > 0 && normalized_shape.numel() > 0, "nn::LayerNorm: normalized_shape must be "
-                "non-empty, got ", normalized_shape.str());
-    if (elementwise_affine) {
-      weight = ones<param_t>(normalized_shape);
-      bias = zeros<param_t>(normalized_shape);
-      register_parameter("weight", weight);
-      register_parameter("bias", bias);
-    }
-    set_extra_repr([normalized_shape, eps, elementwise_affine] {
-      return normalized_shape.str() + ", eps=" + std::to_string(eps) +
-             ", elementwise_affine=" + (elementwise_affine ? "True" : "False");
-    });
-  }
+  explicit LayerNormT(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   explicit LayerNormT(std::int64_t features, double eps = 1e-5, bool elementwise_affine = true)
       : LayerNormT(Shape{features}, eps, elementwise_affine) {}
 
-  Tensor<compute_t> forward(const Tensor<compute_t>& x) const {
-    return ember::layer_norm(x, normalized_shape, detail::to_compute<compute_t>(weight),
-                             detail::to_compute<compute_t>(bias), eps);
-  }
+  Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
   Shape normalized_shape;
   double eps;
   Tensor<param_t> weight, bias;  // normalized_shape, undefined without elementwise_affine
 };
+
+template <amp::PrecisionPolicy P>
+LayerNormT<P>::LayerNormT(Shape normalized_shape, double eps, bool elementwise_affine)
+    : Module("LayerNorm"), normalized_shape(normalized_shape), eps(eps) {
+  EMBER_CHECK(normalized_shape.n > 0 && normalized_shape.numel() > 0, "nn::LayerNorm: normalized_shape must be "
+              "non-empty, got ", normalized_shape.str());
+  if (elementwise_affine) {
+    weight = ones<param_t>(normalized_shape);
+    bias = zeros<param_t>(normalized_shape);
+    register_parameter("weight", weight);
+    register_parameter("bias", bias);
+  }
+  set_extra_repr([normalized_shape, eps, elementwise_affine] {
+    return normalized_shape.str() + ", eps=" + std::to_string(eps) +
+           ", elementwise_affine=" + (elementwise_affine ? "True" : "False");
+  });
+}
+
+template <amp::PrecisionPolicy P>
+auto LayerNormT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
+  return ember::layer_norm(x, normalized_shape, detail::to_compute<compute_t>(weight),
+                           detail::to_compute<compute_t>(bias), eps);
+}
 
 using LayerNorm = LayerNormT<>;
 

@@ -70,77 +70,9 @@ class BasicAdam : public Optimizer {
 
   BasicAdam(std::vector<Tensor<T>> params, const AdamOptions& o)
       : BasicAdam(std::vector<Group>{{std::move(params), o}}) {}
-  explicit BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
-    for (auto& g : groups_) {
-      if (!g.options.weight_decay) g.options.weight_decay = kDefaultWeightDecay;
-      const AdamOptions& o = g.options;
-      EMBER_CHECK(o.lr >= 0, kName, ": invalid learning rate ", o.lr);
-      EMBER_CHECK(o.eps >= 0, kName, ": invalid epsilon ", o.eps);
-      EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, kName, ": invalid betas (", o.beta1,
-                  ", ", o.beta2, "), expected each in [0, 1)");
-      EMBER_CHECK(*o.weight_decay >= 0, kName, ": invalid weight_decay ", *o.weight_decay);
-      for (auto& p : g.params) {
-        EMBER_CHECK(p.defined() && p.is_leaf(), kName, ": can only optimize leaf tensors");
-        state_.emplace_back();
-      }
-    }
-  }
+  explicit BasicAdam(std::vector<Group> groups);
 
-  void step() override {
-    EMBER_PROFILE_RANGE_CAT("Adam.step", "optimizer");
-    NoGradGuard ng;
-    std::size_t k = 0;
-    for (auto& grp : groups_) {
-      const AdamOptions& o = grp.options;
-      for (auto& p : grp.params) {
-        State& s = state_[k++];
-        if (!p.has_meta() || !p.grad().defined()) continue;
-        const Tensor<T> g = detail::checked_grad(p, kName);
-#if !EMBER_CUDA_EXECUTOR
-        if (p.device().is_cuda()) detail::no_cuda_update(kName, p.device());
-#endif
-        if (!s.m.defined()) {
-          s.m = zeros<T>(p.shape(), p.device());
-          s.v = zeros<T>(p.shape(), p.device());
-          if (o.amsgrad) s.vmax = zeros<T>(p.shape(), p.device());
-        }
-        detail::check_state_device(p, s.m, kName, "exp_avg");
-        detail::check_state_device(p, s.v, kName, "exp_avg_sq");
-        detail::check_state_device(p, s.vmax, kName, "max_exp_avg_sq");
-        ++s.step;
-        const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
-        const T step_size = T(o.lr / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o.eps);
-        const double wd = weight_decay(o);
-        const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(wd);
-        const T decay = Decoupled ? T(1 - o.lr * wd) : T(1);
-        const T sign = o.maximize ? T(-1) : T(1);
-        if (p.device().is_cuda()) {
-          // The same update as fused expressions through the CUDA executor (m, v, vmax, then the parameter).
-#if EMBER_CUDA_EXECUTOR
-          const double sg = o.maximize ? -1.0 : 1.0, l2d = Decoupled ? 0.0 : wd;
-          const double decayd = Decoupled ? 1 - o.lr * wd : 1.0;
-          const auto gi = g * sg + p * l2d;
-          s.m = s.m * o.beta1 + gi * (1 - o.beta1);
-          s.v = s.v * o.beta2 + square(gi) * (1 - o.beta2);
-          if (o.amsgrad) s.vmax = maximum(s.vmax, s.v);
-          const Tensor<T>& vv = o.amsgrad ? s.vmax : s.v;
-          p = p * decayd - s.m * (o.lr / bc1) / (sqrt(vv) * (1 / std::sqrt(bc2)) + o.eps);
-          continue;
-#endif
-        }
-        T* pp = p.data();
-        const T* gp = g.data();
-        T *mp = s.m.data(), *vp = s.v.data(), *xp = s.vmax.defined() ? s.vmax.data() : nullptr;
-        const detail::AdamScalars<T> c{decay, sign, l2, b1, b2, step_size, inv_sqrt_bc2, eps};
-        const bool ams = o.amsgrad && xp;
-        cpu::parallel_for(0, p.numel(), 1 << 14, [=](std::int64_t i0, std::int64_t i1) {
-          if (ams) detail::adam_run<T, true>(pp + i0, gp + i0, mp + i0, vp + i0, xp + i0, i1 - i0, c);
-          else detail::adam_run<T, false>(pp + i0, gp + i0, mp + i0, vp + i0, nullptr, i1 - i0, c);
-        });
-        p.bump_version();
-      }
-    }
-  }
+  void step() override;
 
   void zero_grad(bool set_to_none = true) override {
     for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
@@ -150,59 +82,8 @@ class BasicAdam : public Optimizer {
   double* momentum(std::size_t g) override { return &groups_.at(g).options.beta1; }
   std::vector<Group>& param_groups() { return groups_; }
 
-  nn::StateDict state_dict() const override {
-    nn::StateDict sd;
-    for (std::size_t i = 0; i < state_.size(); ++i) {
-      const State& s = state_[i];
-      if (!s.m.defined()) continue;
-      const std::string pre = "state." + std::to_string(i) + ".";
-      sd.emplace(pre + "step", detail::scalar(double(s.step)));
-      sd.emplace(pre + "exp_avg", s.m.clone());
-      sd.emplace(pre + "exp_avg_sq", s.v.clone());
-      if (s.vmax.defined()) sd.emplace(pre + "max_exp_avg_sq", s.vmax.clone());
-    }
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      const std::string pre = "param_groups." + std::to_string(g) + ".";
-      const AdamOptions& o = groups_[g].options;
-      sd.emplace(pre + "lr", detail::scalar(o.lr));
-      sd.emplace(pre + "beta1", detail::scalar(o.beta1));
-      sd.emplace(pre + "beta2", detail::scalar(o.beta2));
-      sd.emplace(pre + "eps", detail::scalar(o.eps));
-      sd.emplace(pre + "weight_decay", detail::scalar(weight_decay(o)));
-    }
-    return sd;
-  }
-  void load_state_dict(const nn::StateDict& sd) override {
-    std::vector<AdamOptions> opts;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      const std::string pre = "param_groups." + std::to_string(g) + ".";
-      AdamOptions o = groups_[g].options;
-      o.lr = detail::read_scalar(sd, pre + "lr", kName);
-      o.beta1 = detail::read_scalar(sd, pre + "beta1", kName);
-      o.beta2 = detail::read_scalar(sd, pre + "beta2", kName);
-      o.eps = detail::read_scalar(sd, pre + "eps", kName);
-      o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", kName);
-      opts.push_back(o);
-    }
-    std::vector<State> st(state_.size());
-    std::size_t k = 0;
-    for (auto& grp : groups_)
-      for (auto& p : grp.params) {
-        const std::string pre = "state." + std::to_string(k) + ".";
-        State& s = st[k++];
-        if (!sd.count(pre + "step")) continue;
-        s.step = std::int64_t(detail::read_scalar(sd, pre + "step", kName));
-        detail::load_buffer(sd, pre + "exp_avg", p, s.m, kName);
-        detail::load_buffer(sd, pre + "exp_avg_sq", p, s.v, kName);
-        detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s.vmax, kName);
-        EMBER_CHECK(s.m.defined() && s.v.defined(), kName, "::load_state_dict: '", pre,
-                    "step' is present but exp_avg / exp_avg_sq are missing");
-        EMBER_CHECK(!grp.options.amsgrad || s.vmax.defined(), kName, "::load_state_dict: '", pre,
-                    "max_exp_avg_sq' is missing and amsgrad is on");
-      }
-    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
-    state_ = std::move(st);
-  }
+  nn::StateDict state_dict() const override;
+  void load_state_dict(const nn::StateDict& sd) override;
 
  private:
   struct State {
@@ -212,6 +93,137 @@ class BasicAdam : public Optimizer {
   std::vector<Group> groups_;
   std::vector<State> state_;
 };
+
+template <class T, bool Decoupled>
+BasicAdam<T, Decoupled>::BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
+  for (auto& g : groups_) {
+    if (!g.options.weight_decay) g.options.weight_decay = kDefaultWeightDecay;
+    const AdamOptions& o = g.options;
+    EMBER_CHECK(o.lr >= 0, kName, ": invalid learning rate ", o.lr);
+    EMBER_CHECK(o.eps >= 0, kName, ": invalid epsilon ", o.eps);
+    EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, kName, ": invalid betas (", o.beta1,
+                ", ", o.beta2, "), expected each in [0, 1)");
+    EMBER_CHECK(*o.weight_decay >= 0, kName, ": invalid weight_decay ", *o.weight_decay);
+    for (auto& p : g.params) {
+      EMBER_CHECK(p.defined() && p.is_leaf(), kName, ": can only optimize leaf tensors");
+      state_.emplace_back();
+    }
+  }
+}
+
+template <class T, bool Decoupled>
+void BasicAdam<T, Decoupled>::step() {
+  EMBER_PROFILE_RANGE_CAT("Adam.step", "optimizer");
+  NoGradGuard ng;
+  std::size_t k = 0;
+  for (auto& grp : groups_) {
+    const AdamOptions& o = grp.options;
+    for (auto& p : grp.params) {
+      State& s = state_[k++];
+      if (!p.has_meta() || !p.grad().defined()) continue;
+      const Tensor<T> g = detail::checked_grad(p, kName);
+#if !EMBER_CUDA_EXECUTOR
+      if (p.device().is_cuda()) detail::no_cuda_update(kName, p.device());
+#endif
+      if (!s.m.defined()) {
+        s.m = zeros<T>(p.shape(), p.device());
+        s.v = zeros<T>(p.shape(), p.device());
+        if (o.amsgrad) s.vmax = zeros<T>(p.shape(), p.device());
+      }
+      detail::check_state_device(p, s.m, kName, "exp_avg");
+      detail::check_state_device(p, s.v, kName, "exp_avg_sq");
+      detail::check_state_device(p, s.vmax, kName, "max_exp_avg_sq");
+      ++s.step;
+      const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
+      const T step_size = T(o.lr / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o.eps);
+      const double wd = weight_decay(o);
+      const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(wd);
+      const T decay = Decoupled ? T(1 - o.lr * wd) : T(1);
+      const T sign = o.maximize ? T(-1) : T(1);
+      if (p.device().is_cuda()) {
+        // The same update as fused expressions through the CUDA executor (m, v, vmax, then the parameter).
+#if EMBER_CUDA_EXECUTOR
+        const double sg = o.maximize ? -1.0 : 1.0, l2d = Decoupled ? 0.0 : wd;
+        const double decayd = Decoupled ? 1 - o.lr * wd : 1.0;
+        const auto gi = g * sg + p * l2d;
+        s.m = s.m * o.beta1 + gi * (1 - o.beta1);
+        s.v = s.v * o.beta2 + square(gi) * (1 - o.beta2);
+        if (o.amsgrad) s.vmax = maximum(s.vmax, s.v);
+        const Tensor<T>& vv = o.amsgrad ? s.vmax : s.v;
+        p = p * decayd - s.m * (o.lr / bc1) / (sqrt(vv) * (1 / std::sqrt(bc2)) + o.eps);
+        continue;
+#endif
+      }
+      T* pp = p.data();
+      const T* gp = g.data();
+      T *mp = s.m.data(), *vp = s.v.data(), *xp = s.vmax.defined() ? s.vmax.data() : nullptr;
+      const detail::AdamScalars<T> c{decay, sign, l2, b1, b2, step_size, inv_sqrt_bc2, eps};
+      const bool ams = o.amsgrad && xp;
+      cpu::parallel_for(0, p.numel(), 1 << 14, [=](std::int64_t i0, std::int64_t i1) {
+        if (ams) detail::adam_run<T, true>(pp + i0, gp + i0, mp + i0, vp + i0, xp + i0, i1 - i0, c);
+        else detail::adam_run<T, false>(pp + i0, gp + i0, mp + i0, vp + i0, nullptr, i1 - i0, c);
+      });
+      p.bump_version();
+    }
+  }
+}
+
+template <class T, bool Decoupled>
+nn::StateDict BasicAdam<T, Decoupled>::state_dict() const {
+  nn::StateDict sd;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    const State& s = state_[i];
+    if (!s.m.defined()) continue;
+    const std::string pre = "state." + std::to_string(i) + ".";
+    sd.emplace(pre + "step", detail::scalar(double(s.step)));
+    sd.emplace(pre + "exp_avg", s.m.clone());
+    sd.emplace(pre + "exp_avg_sq", s.v.clone());
+    if (s.vmax.defined()) sd.emplace(pre + "max_exp_avg_sq", s.vmax.clone());
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "param_groups." + std::to_string(g) + ".";
+    const AdamOptions& o = groups_[g].options;
+    sd.emplace(pre + "lr", detail::scalar(o.lr));
+    sd.emplace(pre + "beta1", detail::scalar(o.beta1));
+    sd.emplace(pre + "beta2", detail::scalar(o.beta2));
+    sd.emplace(pre + "eps", detail::scalar(o.eps));
+    sd.emplace(pre + "weight_decay", detail::scalar(weight_decay(o)));
+  }
+  return sd;
+}
+
+template <class T, bool Decoupled>
+void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd) {
+  std::vector<AdamOptions> opts;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "param_groups." + std::to_string(g) + ".";
+    AdamOptions o = groups_[g].options;
+    o.lr = detail::read_scalar(sd, pre + "lr", kName);
+    o.beta1 = detail::read_scalar(sd, pre + "beta1", kName);
+    o.beta2 = detail::read_scalar(sd, pre + "beta2", kName);
+    o.eps = detail::read_scalar(sd, pre + "eps", kName);
+    o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", kName);
+    opts.push_back(o);
+  }
+  std::vector<State> st(state_.size());
+  std::size_t k = 0;
+  for (auto& grp : groups_)
+    for (auto& p : grp.params) {
+      const std::string pre = "state." + std::to_string(k) + ".";
+      State& s = st[k++];
+      if (!sd.count(pre + "step")) continue;
+      s.step = std::int64_t(detail::read_scalar(sd, pre + "step", kName));
+      detail::load_buffer(sd, pre + "exp_avg", p, s.m, kName);
+      detail::load_buffer(sd, pre + "exp_avg_sq", p, s.v, kName);
+      detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s.vmax, kName);
+      EMBER_CHECK(s.m.defined() && s.v.defined(), kName, "::load_state_dict: '", pre,
+                  "step' is present but exp_avg / exp_avg_sq are missing");
+      EMBER_CHECK(!grp.options.amsgrad || s.vmax.defined(), kName, "::load_state_dict: '", pre,
+                  "max_exp_avg_sq' is missing and amsgrad is on");
+    }
+  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
+  state_ = std::move(st);
+}
 
 template <class T = float>
 class Adam : public BasicAdam<T, false> {

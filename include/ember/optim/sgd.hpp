@@ -51,74 +51,9 @@ class SGD final : public Optimizer {
   using Group = ParamGroup<T, SGDOptions>;
 
   SGD(std::vector<Tensor<T>> params, const SGDOptions& o) : SGD(std::vector<Group>{{std::move(params), o}}) {}
-  explicit SGD(std::vector<Group> groups) : groups_(std::move(groups)) {
-    for (auto& g : groups_) {
-      const SGDOptions& o = g.options;
-      EMBER_CHECK(o.lr >= 0, "optim::SGD: invalid learning rate ", o.lr);
-      EMBER_CHECK(o.momentum >= 0, "optim::SGD: invalid momentum ", o.momentum);
-      EMBER_CHECK(o.weight_decay >= 0, "optim::SGD: invalid weight_decay ", o.weight_decay);
-      EMBER_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-                  "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
-      for (auto& p : g.params) {
-        EMBER_CHECK(p.defined() && p.is_leaf(), "optim::SGD: can only optimize leaf tensors");
-        buf_.emplace_back();
-      }
-    }
-  }
+  explicit SGD(std::vector<Group> groups);
 
-  void step() override {
-    EMBER_PROFILE_RANGE_CAT("SGD.step", "optimizer");
-    NoGradGuard ng;
-    std::size_t k = 0;
-    for (auto& grp : groups_) {
-      const SGDOptions& o = grp.options;
-      for (auto& p : grp.params) {
-        Tensor<T>& buf = buf_[k++];
-        if (!p.has_meta() || !p.grad().defined()) continue;
-        const Tensor<T> g = detail::checked_grad(p, "optim::SGD");
-#if !EMBER_CUDA_EXECUTOR
-        if (p.device().is_cuda()) detail::no_cuda_update("optim::SGD", p.device());
-#endif
-        const bool first = !buf.defined();
-        if (o.momentum != 0 && first) buf = empty<T>(p.shape(), p.device());
-        detail::check_state_device(p, buf, "optim::SGD", "momentum_buffer");
-        if (p.device().is_cuda()) {
-          // The same update as fused expressions (one pass per written tensor) through the CUDA executor.
-#if EMBER_CUDA_EXECUTOR
-          const double sg = o.maximize ? -1.0 : 1.0;
-          const auto d = g * sg + p * o.weight_decay;
-          if (o.momentum != 0) {
-            if (first) buf = d;
-            else buf = buf * o.momentum + d * (1 - o.dampening);
-            if (o.nesterov) p -= (d + buf * o.momentum) * o.lr;
-            else p -= buf * o.lr;
-          } else {
-            p -= d * o.lr;
-          }
-          continue;
-#endif
-        }
-        const T lr = T(o.lr), wd = T(o.weight_decay), mom = T(o.momentum), damp = T(1 - o.dampening);
-        const T sign = o.maximize ? T(-1) : T(1);
-        T* pp = p.data();
-        const T* gp = g.data();
-        T* bp = buf.defined() ? buf.data() : nullptr;
-        // The branches resolved once per parameter, so the loop vectorises (detail::sgd_run).
-        auto run = [&](auto mom_c, auto first_c, auto nesterov_c) {
-          cpu::parallel_for(0, p.numel(), 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
-            detail::sgd_run<T, decltype(mom_c)::value, decltype(first_c)::value, decltype(nesterov_c)::value>(
-                pp + i0, gp + i0, bp ? bp + i0 : nullptr, i1 - i0, lr, wd, mom, damp, sign);
-          });
-        };
-        using Y = std::true_type;
-        using N = std::false_type;
-        if (o.momentum == 0) run(N{}, N{}, N{});
-        else if (first) o.nesterov ? run(Y{}, Y{}, Y{}) : run(Y{}, Y{}, N{});
-        else o.nesterov ? run(Y{}, N{}, Y{}) : run(Y{}, N{}, N{});
-        p.bump_version();
-      }
-    }
-  }
+  void step() override;
 
   void zero_grad(bool set_to_none = true) override {
     for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
@@ -128,45 +63,122 @@ class SGD final : public Optimizer {
   double* momentum(std::size_t g) override { return &groups_.at(g).options.momentum; }
   std::vector<Group>& param_groups() { return groups_; }
 
-  nn::StateDict state_dict() const override {
-    nn::StateDict sd;
-    for (std::size_t i = 0; i < buf_.size(); ++i)
-      if (buf_[i].defined()) sd.emplace("state." + std::to_string(i) + ".momentum_buffer", buf_[i].clone());
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      const std::string pre = "param_groups." + std::to_string(g) + ".";
-      const SGDOptions& o = groups_[g].options;
-      sd.emplace(pre + "lr", detail::scalar(o.lr));
-      sd.emplace(pre + "momentum", detail::scalar(o.momentum));
-      sd.emplace(pre + "dampening", detail::scalar(o.dampening));
-      sd.emplace(pre + "weight_decay", detail::scalar(o.weight_decay));
-    }
-    return sd;
-  }
-  void load_state_dict(const nn::StateDict& sd) override {
-    std::vector<SGDOptions> opts;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      const std::string pre = "param_groups." + std::to_string(g) + ".";
-      SGDOptions o = groups_[g].options;
-      o.lr = detail::read_scalar(sd, pre + "lr", "optim::SGD");
-      o.momentum = detail::read_scalar(sd, pre + "momentum", "optim::SGD");
-      o.dampening = detail::read_scalar(sd, pre + "dampening", "optim::SGD");
-      o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", "optim::SGD");
-      opts.push_back(o);
-    }
-    std::vector<Tensor<T>> bufs(buf_.size());
-    std::size_t k = 0;
-    for (auto& grp : groups_)
-      for (auto& p : grp.params) {
-        detail::load_buffer(sd, "state." + std::to_string(k) + ".momentum_buffer", p, bufs[k], "optim::SGD");
-        ++k;
-      }
-    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
-    buf_ = std::move(bufs);
-  }
+  nn::StateDict state_dict() const override;
+  void load_state_dict(const nn::StateDict& sd) override;
 
  private:
   std::vector<Group> groups_;
   std::vector<Tensor<T>> buf_;  // momentum buffer per parameter, undefined until its first step
 };
+
+template <class T>
+SGD<T>::SGD(std::vector<Group> groups) : groups_(std::move(groups)) {
+  for (auto& g : groups_) {
+    const SGDOptions& o = g.options;
+    EMBER_CHECK(o.lr >= 0, "optim::SGD: invalid learning rate ", o.lr);
+    EMBER_CHECK(o.momentum >= 0, "optim::SGD: invalid momentum ", o.momentum);
+    EMBER_CHECK(o.weight_decay >= 0, "optim::SGD: invalid weight_decay ", o.weight_decay);
+    EMBER_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+                "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
+    for (auto& p : g.params) {
+      EMBER_CHECK(p.defined() && p.is_leaf(), "optim::SGD: can only optimize leaf tensors");
+      buf_.emplace_back();
+    }
+  }
+}
+
+template <class T>
+void SGD<T>::step() {
+  EMBER_PROFILE_RANGE_CAT("SGD.step", "optimizer");
+  NoGradGuard ng;
+  std::size_t k = 0;
+  for (auto& grp : groups_) {
+    const SGDOptions& o = grp.options;
+    for (auto& p : grp.params) {
+      Tensor<T>& buf = buf_[k++];
+      if (!p.has_meta() || !p.grad().defined()) continue;
+      const Tensor<T> g = detail::checked_grad(p, "optim::SGD");
+#if !EMBER_CUDA_EXECUTOR
+      if (p.device().is_cuda()) detail::no_cuda_update("optim::SGD", p.device());
+#endif
+      const bool first = !buf.defined();
+      if (o.momentum != 0 && first) buf = empty<T>(p.shape(), p.device());
+      detail::check_state_device(p, buf, "optim::SGD", "momentum_buffer");
+      if (p.device().is_cuda()) {
+        // The same update as fused expressions (one pass per written tensor) through the CUDA executor.
+#if EMBER_CUDA_EXECUTOR
+        const double sg = o.maximize ? -1.0 : 1.0;
+        const auto d = g * sg + p * o.weight_decay;
+        if (o.momentum != 0) {
+          if (first) buf = d;
+          else buf = buf * o.momentum + d * (1 - o.dampening);
+          if (o.nesterov) p -= (d + buf * o.momentum) * o.lr;
+          else p -= buf * o.lr;
+        } else {
+          p -= d * o.lr;
+        }
+        continue;
+#endif
+      }
+      const T lr = T(o.lr), wd = T(o.weight_decay), mom = T(o.momentum), damp = T(1 - o.dampening);
+      const T sign = o.maximize ? T(-1) : T(1);
+      T* pp = p.data();
+      const T* gp = g.data();
+      T* bp = buf.defined() ? buf.data() : nullptr;
+      // The branches resolved once per parameter, so the loop vectorises (detail::sgd_run).
+      auto run = [&](auto mom_c, auto first_c, auto nesterov_c) {
+        cpu::parallel_for(0, p.numel(), 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
+          detail::sgd_run<T, decltype(mom_c)::value, decltype(first_c)::value, decltype(nesterov_c)::value>(
+              pp + i0, gp + i0, bp ? bp + i0 : nullptr, i1 - i0, lr, wd, mom, damp, sign);
+        });
+      };
+      using Y = std::true_type;
+      using N = std::false_type;
+      if (o.momentum == 0) run(N{}, N{}, N{});
+      else if (first) o.nesterov ? run(Y{}, Y{}, Y{}) : run(Y{}, Y{}, N{});
+      else o.nesterov ? run(Y{}, N{}, Y{}) : run(Y{}, N{}, N{});
+      p.bump_version();
+    }
+  }
+}
+
+template <class T>
+nn::StateDict SGD<T>::state_dict() const {
+  nn::StateDict sd;
+  for (std::size_t i = 0; i < buf_.size(); ++i)
+    if (buf_[i].defined()) sd.emplace("state." + std::to_string(i) + ".momentum_buffer", buf_[i].clone());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "param_groups." + std::to_string(g) + ".";
+    const SGDOptions& o = groups_[g].options;
+    sd.emplace(pre + "lr", detail::scalar(o.lr));
+    sd.emplace(pre + "momentum", detail::scalar(o.momentum));
+    sd.emplace(pre + "dampening", detail::scalar(o.dampening));
+    sd.emplace(pre + "weight_decay", detail::scalar(o.weight_decay));
+  }
+  return sd;
+}
+
+template <class T>
+void SGD<T>::load_state_dict(const nn::StateDict& sd) {
+  std::vector<SGDOptions> opts;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "param_groups." + std::to_string(g) + ".";
+    SGDOptions o = groups_[g].options;
+    o.lr = detail::read_scalar(sd, pre + "lr", "optim::SGD");
+    o.momentum = detail::read_scalar(sd, pre + "momentum", "optim::SGD");
+    o.dampening = detail::read_scalar(sd, pre + "dampening", "optim::SGD");
+    o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", "optim::SGD");
+    opts.push_back(o);
+  }
+  std::vector<Tensor<T>> bufs(buf_.size());
+  std::size_t k = 0;
+  for (auto& grp : groups_)
+    for (auto& p : grp.params) {
+      detail::load_buffer(sd, "state." + std::to_string(k) + ".momentum_buffer", p, bufs[k], "optim::SGD");
+      ++k;
+    }
+  for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
+  buf_ = std::move(bufs);
+}
 
 }  // namespace ember::optim
