@@ -55,15 +55,18 @@ EMBER_VECTORIZE bool unscale_chunk(T* EMBER_RESTRICT g, std::int64_t n, T inv) {
   return bad != 0;
 }
 
-/// The found-inf flags of one unscale_ on CUDA gradients: one int32 per device, read back once at the end.
+/// The found-inf flags of one unscale_ on CUDA gradients: one int32 per device, read back once at the end. (The
+/// members are templates, Deferred unused, so that only a TU that unscales CUDA gradients compiles int32 tensors.)
 struct DeviceFlags {
   std::vector<Tensor<std::int32_t>> flags;
+  template <class Deferred = void>
   std::int32_t* flag_for(Device d) {
     for (auto& f : flags)
       if (f.device() == d) return f.data();
     flags.push_back(zeros<std::int32_t>(Shape{1}, d));
     return flags.back().data();
   }
+  template <class Deferred = void>
   bool any() const {
     for (const auto& f : flags)
       if (f.item() != 0) return true;
