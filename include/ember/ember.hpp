@@ -131,6 +131,16 @@ EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::SumR<double>, float, ex
 EMBER_PRECOMPILED_EXTERN template void
 cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, false>>(
     const Tensor<std::int64_t>&, const expr::TensorLeaf<float, false>&, const char*);
+// Batching and concatenation of float data and int64 indices (token windows, labels), ranges of positions, and
+// the reduction that sums a broadcast float operand's gradient down to its shape.
+#define EMBER_PRECOMPILED_SHAPE_OPS(T)                                                                                \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> cat<T>(const std::vector<Tensor<T>>&, std::int64_t);                   \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> stack<T>(const std::vector<Tensor<T>>&, std::int64_t);                 \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> arange<T>(double, double, double);
+EMBER_PRECOMPILED_SHAPE_OPS(float)
+EMBER_PRECOMPILED_SHAPE_OPS(std::int64_t)
+EMBER_PRECOMPILED_EXTERN template Tensor<float> autograd::sum_to<float, expr::TensorLeaf<float, false>>(
+    const expr::TensorLeaf<float, false>&, const Shape&, const Shape&);
 EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std::vector<Tensor<float>>&, double,
                                                                        double, bool);
 // Tensor's own members (views, shape checks, item, backward) and the dtype-only autograd nodes, for the state
@@ -140,10 +150,14 @@ EMBER_PRECOMPILED_EXTERN template double optim::clip_grad_norm_<float>(const std
   EMBER_PRECOMPILED_EXTERN template class Tensor<T>;                                                                  \
   EMBER_PRECOMPILED_EXTERN template struct detail::TensorOps<T>;                                                      \
   EMBER_PRECOMPILED_EXTERN template Tensor<T> detail::copy_to_device<T>(const Tensor<T>&, Device, bool);              \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> detail::stage_to_host<T>(const Tensor<T>&);
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> detail::stage_to_host<T>(const Tensor<T>&);                             \
+  EMBER_PRECOMPILED_EXTERN template Tensor<T> detail::empty<T>(const Shape&, Device, const char*);
 #define EMBER_PRECOMPILED_NODES(T)                                                                                    \
   EMBER_PRECOMPILED_EXTERN template struct AutogradMeta<T>;                                                           \
   EMBER_PRECOMPILED_EXTERN template struct autograd::TypedNode<T>;                                                    \
+  EMBER_PRECOMPILED_EXTERN template void autograd::TypedNode<T>::deliver<T>(std::size_t, Tensor<T>);                  \
+  EMBER_PRECOMPILED_EXTERN template void autograd::set_history<T>(Tensor<T>&,                                        \
+                                                                   const std::shared_ptr<autograd::TypedNode<T>>&);   \
   EMBER_PRECOMPILED_EXTERN template struct autograd::AccumulateGrad<T>;                                               \
   EMBER_PRECOMPILED_EXTERN template struct autograd::ViewNode<T>;                                                     \
   EMBER_PRECOMPILED_EXTERN template struct autograd::DeviceCopyNode<T>;
@@ -186,6 +200,7 @@ EMBER_PRECOMPILED_LAYERS(amp::fp16_mixed)
 }  // namespace ember
 #undef EMBER_PRECOMPILED_OPS
 #undef EMBER_PRECOMPILED_KERNELS
+#undef EMBER_PRECOMPILED_SHAPE_OPS
 #undef EMBER_PRECOMPILED_TENSOR
 #undef EMBER_PRECOMPILED_NODES
 #undef EMBER_PRECOMPILED_LAYERS

@@ -117,7 +117,11 @@ struct SavedExpr {
     expr::visit_leaves(ex, [&](const auto& leaf) {
       check_not_inference(leaf.tensor(), "autograd");
       versions[k] = leaf.tensor().version();
-      node.next.push_back(detail::paths<E>[k] ? gradient_edge(leaf.tensor()) : nullptr);
+      using L = typename std::remove_cvref_t<decltype(leaf.tensor())>::value_type;
+      if constexpr (is_floating_v<L>)  // (an integer leaf has no gradient path: no edge type to compile)
+        node.next.push_back(detail::paths<E>[k] ? gradient_edge(leaf.tensor()) : nullptr);
+      else
+        node.next.push_back(nullptr);
       ++k;
     });
   }

@@ -40,7 +40,7 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<std::shared_ptr<Node>> next;  // per input; null where the input needs no gradient
   bool released = false;
 
-  virtual ~Node() = default;
+  EMBER_HEADER_INLINE virtual ~Node();  // (not inline: with ember::precompiled the vtable lives in the library)
   virtual const char* name() const = 0;
   /// Runs hooks of the output, then computes and delivers the inputs' gradients.
   virtual void apply() = 0;
@@ -50,43 +50,65 @@ struct Node : std::enable_shared_from_this<Node> {
   virtual void release() {}
   virtual bool is_accumulator() const { return false; }
 };
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE Node::~Node() = default;
+#endif
 
-/// A node whose output has element type T.
+/// A node whose output has element type T. (Its members are defined below the class, not inline: with
+/// ember::precompiled, which holds the floating dtypes' nodes, a TU compiles none of them.)
 template <class T>
 struct TypedNode : Node {
   Tensor<T> grad;                       // gradient of the output, accumulated from its consumers
   std::weak_ptr<TensorImpl<T>> output;  // the output tensor, for retain_grad() and hooks
 
+  TypedNode() = default;
+  TypedNode(const TypedNode&) = delete;
+  TypedNode& operator=(const TypedNode&) = delete;
+  ~TypedNode() override;
+
   /// Adds g into the gradient buffer.
-  void accumulate(Tensor<T> g) {
-    if (!grad.defined()) {
-      grad = std::move(g);
-      return;
-    }
-    Tensor<T> sum = empty<T>(grad.shape(), grad.device());
-    ops::assign(sum, expr::make_binary(ops_table::Add{}, grad, g), "backward");
-    grad = std::move(sum);
-  }
+  void accumulate(Tensor<T> g);
   void clear_grad() override { grad = Tensor<T>(); }
 
-  void apply() final {
-    if (!grad.defined()) return;  // no consumer produced a gradient
-    if (auto out = output.lock(); out && out->meta) {
-      AutogradMeta<T>& m = *out->meta;
-      if (m.retains_grad) m.grad = grad.clone();
-      for (auto& h : m.hooks) h(grad);
-    }
-    backward();
-  }
+  void apply() final;
   /// Computes the inputs' gradients from `grad` and delivers them.
   virtual void backward() = 0;
 
   /// Sends g to input k's node (when that input needs a gradient).
   template <class U>
-  void deliver(std::size_t k, Tensor<U> g) {
-    if (k < next.size() && next[k]) static_cast<TypedNode<U>*>(next[k].get())->accumulate(std::move(g));
-  }
+  void deliver(std::size_t k, Tensor<U> g);
 };
+
+template <class T>
+TypedNode<T>::~TypedNode() = default;
+
+template <class T>
+void TypedNode<T>::accumulate(Tensor<T> g) {
+  if (!grad.defined()) {
+    grad = std::move(g);
+    return;
+  }
+  Tensor<T> sum = empty<T>(grad.shape(), grad.device());
+  ops::assign(sum, expr::make_binary(ops_table::Add{}, grad, g), "backward");
+  grad = std::move(sum);
+}
+
+template <class T>
+void TypedNode<T>::apply() {
+  if (!grad.defined()) return;  // no consumer produced a gradient
+  if (auto out = output.lock(); out && out->meta) {
+    AutogradMeta<T>& m = *out->meta;
+    if (m.retains_grad) m.grad = grad.clone();
+    for (auto& h : m.hooks) h(grad);
+  }
+  backward();
+}
+
+template <class T>
+template <class U>
+void TypedNode<T>::deliver(std::size_t k, Tensor<U> g) {
+  if (k < next.size() && next[k]) static_cast<TypedNode<U>*>(next[k].get())->accumulate(std::move(g));
+}
 
 /// The gradient sink of a leaf: adds into leaf.grad() and then runs the leaf's gradient-ready hooks.
 template <class T>

@@ -84,118 +84,23 @@ class CpuCachingAllocator final : public Allocator {
     return n < 2 ? 2 : n > std::size_t(kMaxPerBin) ? kMaxPerBin : int(n);
   }
 
-  void* allocate(std::size_t nbytes) override {
-    const std::size_t sz = size_class(nbytes);
-    if (sz <= kThreadCacheMax)
-      if (ThreadCache* tc = thread_cache()) {
-        const int b = bin_of(sz);
-        tc->lock();
-        if (tc->n[b] > 0) {
-          void* p = tc->slot[b][--tc->n[b]];
-          bump(tc->hits, 1);
-          bump(tc->in_use, std::int64_t(sz));
-          bump(tc->cached, -std::int64_t(sz));
-          tc->unlock();
-          return p;
-        }
-        tc->unlock();
-        return refill_and_allocate(tc, b, sz, nbytes);
-      }
-    return shared_allocate(sz, nbytes);
-  }
+  EMBER_HEADER_INLINE void* allocate(std::size_t nbytes) override;
 
-  void deallocate(void* p, std::size_t nbytes) override {
-    if (!p) return;
-    const std::size_t sz = size_class(nbytes);
-    if (sz <= kThreadCacheMax)
-      if (ThreadCache* tc = thread_cache()) {
-        const int b = bin_of(sz), cap = bin_capacity(sz);
-        tc->lock();
-        bump(tc->in_use, -std::int64_t(sz));
-        if (tc->n[b] < cap) {
-          tc->slot[b][tc->n[b]++] = p;
-          bump(tc->cached, std::int64_t(sz));
-          tc->unlock();
-          return;
-        }
-        // The bin is full: this block and half the bin go to the shared pool in one visit.
-        void* spill[kMaxPerBin / 2 + 1];
-        int m = 0;
-        spill[m++] = p;
-        for (int k = 0; k < cap / 2; ++k) spill[m++] = tc->slot[b][--tc->n[b]];
-        bump(tc->cached, -std::int64_t(sz) * (m - 1));
-        tc->unlock();
-        std::lock_guard<std::mutex> lk(mu_);
-        for (int k = 0; k < m; ++k) put_shared(spill[k], sz);
-        sample_peak();
-        return;
-      }
-    std::lock_guard<std::mutex> lk(mu_);
-    in_use_ -= std::int64_t(sz);
-    put_shared(p, sz);
-  }
+  EMBER_HEADER_INLINE void deallocate(void* p, std::size_t nbytes) override;
 
   Device device() const override { return Device::cpu(); }
 
   /// Returns every cached block, of the shared pool and of every thread cache, to the system.
-  void empty_cache() {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (ThreadCache* tc : caches_) {
-      tc->lock();
-      for (int b = 0; b < kBins; ++b) {
-        const std::size_t sz = bin_size(b);
-        for (int k = 0; k < tc->n[b]; ++k) {
-          std::free(tc->slot[b][k]);
-          system_frees_++;
-        }
-        bump(tc->cached, -std::int64_t(sz) * tc->n[b]);
-        tc->n[b] = 0;
-      }
-      tc->unlock();
-    }
-    for (auto& [sz, v] : free_)
-      for (void* p : v) {
-        std::free(p);
-        system_frees_++;
-      }
-    free_.clear();
-    cached_ = 0;
-  }
+  EMBER_HEADER_INLINE void empty_cache();
 
-  AllocatorStats stats() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    std::int64_t in_use = in_use_, cached = cached_;
-    std::uint64_t hits = hits_;
-    for (const ThreadCache* tc : caches_) {
-      in_use += tc->in_use.load(std::memory_order_relaxed);
-      cached += tc->cached.load(std::memory_order_relaxed);
-      hits += std::uint64_t(tc->hits.load(std::memory_order_relaxed));
-    }
-    if (in_use > peak_) peak_ = in_use;
-    AllocatorStats s;
-    s.system_allocs = system_allocs_;
-    s.system_frees = system_frees_;
-    s.cache_hits = hits;
-    s.bytes_in_use = std::size_t(in_use);
-    s.bytes_cached = std::size_t(cached);
-    s.peak_in_use = std::size_t(peak_);
-    return s;
-  }
+  EMBER_HEADER_INLINE AllocatorStats stats() const;
   void reset_peak() {
     std::lock_guard<std::mutex> lk(mu_);
     peak_ = total_in_use();
   }
   std::size_t cache_limit() const { return limit_.load(std::memory_order_relaxed); }
   /// Caps the bytes the shared pool keeps (0 turns caching off: thread caches are bypassed too).
-  void set_cache_limit(std::size_t bytes) {
-    limit_.store(bytes, std::memory_order_relaxed);
-    bool over;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      over = std::size_t(cached_) > bytes || bytes == 0;
-    }
-    if (over) empty_cache();
-  }
+  EMBER_HEADER_INLINE void set_cache_limit(std::size_t bytes);
 
  private:
   // One thread's cache. Its owner takes `busy` on every visit (uncontended: a cache line nobody else writes);
@@ -249,88 +154,15 @@ class CpuCachingAllocator final : public Allocator {
     return tc;
   }
 
-  void retire(ThreadCache* tc) {
-    std::lock_guard<std::mutex> lk(mu_);
-    tc->lock();
-    for (int b = 0; b < kBins; ++b) {
-      const std::size_t sz = bin_size(b);
-      cached_ -= std::int64_t(sz) * tc->n[b];  // put_shared adds them back (or frees them)
-      for (int k = 0; k < tc->n[b]; ++k) put_shared(tc->slot[b][k], sz);
-    }
-    cached_ += tc->cached.load(std::memory_order_relaxed);
-    in_use_ += tc->in_use.load(std::memory_order_relaxed);
-    hits_ += std::uint64_t(tc->hits.load(std::memory_order_relaxed));
-    tc->unlock();
-    for (auto it = caches_.begin(); it != caches_.end(); ++it)
-      if (*it == tc) {
-        caches_.erase(it);
-        break;
-      }
-    delete tc;
-  }
+  EMBER_HEADER_INLINE void retire(ThreadCache* tc);
 
   // Takes up to half a bin's worth of blocks of class sz from the shared pool: one is returned, the rest go to
   // the thread cache. Reaches the system when the pool has none.
-  void* refill_and_allocate(ThreadCache* tc, int b, std::size_t sz, std::size_t nbytes) {
-    void* got[kMaxPerBin / 2];
-    int m = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = free_.find(sz);
-      if (it != free_.end()) {
-        const int want = bin_capacity(sz) / 2;
-        while (m < want && !it->second.empty()) {
-          got[m++] = it->second.back();
-          it->second.pop_back();
-        }
-      }
-      if (m > 0) {
-        cached_ -= std::int64_t(sz) * m;
-        hits_++;
-        in_use_ += std::int64_t(sz);
-        sample_peak();
-      }
-    }
-    if (m == 0) return system_allocate(sz, nbytes);
-    if (m > 1) {
-      tc->lock();
-      for (int k = 1; k < m; ++k) tc->slot[b][tc->n[b]++] = got[k];
-      bump(tc->cached, std::int64_t(sz) * (m - 1));
-      tc->unlock();
-    }
-    return got[0];
-  }
+  EMBER_HEADER_INLINE void* refill_and_allocate(ThreadCache* tc, int b, std::size_t sz, std::size_t nbytes);
 
-  void* shared_allocate(std::size_t sz, std::size_t nbytes) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = free_.find(sz);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        hits_++;
-        cached_ -= std::int64_t(sz);
-        in_use_ += std::int64_t(sz);
-        sample_peak();
-        return p;
-      }
-    }
-    return system_allocate(sz, nbytes);
-  }
+  EMBER_HEADER_INLINE void* shared_allocate(std::size_t sz, std::size_t nbytes);
 
-  void* system_allocate(std::size_t sz, std::size_t nbytes) {
-    void* p = std::aligned_alloc(kAlignment, sz);
-    if (!p) {
-      empty_cache();
-      p = std::aligned_alloc(kAlignment, sz);
-    }
-    EMBER_CHECK(p != nullptr, "CPU allocator: out of memory allocating ", nbytes, " bytes");
-    std::lock_guard<std::mutex> lk(mu_);
-    system_allocs_++;
-    in_use_ += std::int64_t(sz);
-    sample_peak();
-    return p;
-  }
+  EMBER_HEADER_INLINE void* system_allocate(std::size_t sz, std::size_t nbytes);
 
   // Under mu_: keeps a free block in the shared pool, or frees it when the pool is at its limit.
   void put_shared(void* p, std::size_t sz) {
@@ -366,6 +198,196 @@ class CpuCachingAllocator final : public Allocator {
   mutable std::int64_t peak_ = 0;
   std::atomic<std::size_t> limit_{std::size_t(8) << 30};
 };
+
+// The allocator's larger members, compiled once with ember::precompiled.
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void* CpuCachingAllocator::allocate(std::size_t nbytes) {
+  const std::size_t sz = size_class(nbytes);
+  if (sz <= kThreadCacheMax)
+    if (ThreadCache* tc = thread_cache()) {
+      const int b = bin_of(sz);
+      tc->lock();
+      if (tc->n[b] > 0) {
+        void* p = tc->slot[b][--tc->n[b]];
+        bump(tc->hits, 1);
+        bump(tc->in_use, std::int64_t(sz));
+        bump(tc->cached, -std::int64_t(sz));
+        tc->unlock();
+        return p;
+      }
+      tc->unlock();
+      return refill_and_allocate(tc, b, sz, nbytes);
+    }
+  return shared_allocate(sz, nbytes);
+}
+
+EMBER_HEADER_INLINE void CpuCachingAllocator::deallocate(void* p, std::size_t nbytes) {
+  if (!p) return;
+  const std::size_t sz = size_class(nbytes);
+  if (sz <= kThreadCacheMax)
+    if (ThreadCache* tc = thread_cache()) {
+      const int b = bin_of(sz), cap = bin_capacity(sz);
+      tc->lock();
+      bump(tc->in_use, -std::int64_t(sz));
+      if (tc->n[b] < cap) {
+        tc->slot[b][tc->n[b]++] = p;
+        bump(tc->cached, std::int64_t(sz));
+        tc->unlock();
+        return;
+      }
+      // The bin is full: this block and half the bin go to the shared pool in one visit.
+      void* spill[kMaxPerBin / 2 + 1];
+      int m = 0;
+      spill[m++] = p;
+      for (int k = 0; k < cap / 2; ++k) spill[m++] = tc->slot[b][--tc->n[b]];
+      bump(tc->cached, -std::int64_t(sz) * (m - 1));
+      tc->unlock();
+      std::lock_guard<std::mutex> lk(mu_);
+      for (int k = 0; k < m; ++k) put_shared(spill[k], sz);
+      sample_peak();
+      return;
+    }
+  std::lock_guard<std::mutex> lk(mu_);
+  in_use_ -= std::int64_t(sz);
+  put_shared(p, sz);
+}
+
+EMBER_HEADER_INLINE void CpuCachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (ThreadCache* tc : caches_) {
+    tc->lock();
+    for (int b = 0; b < kBins; ++b) {
+      const std::size_t sz = bin_size(b);
+      for (int k = 0; k < tc->n[b]; ++k) {
+        std::free(tc->slot[b][k]);
+        system_frees_++;
+      }
+      bump(tc->cached, -std::int64_t(sz) * tc->n[b]);
+      tc->n[b] = 0;
+    }
+    tc->unlock();
+  }
+  for (auto& [sz, v] : free_)
+    for (void* p : v) {
+      std::free(p);
+      system_frees_++;
+    }
+  free_.clear();
+  cached_ = 0;
+}
+
+EMBER_HEADER_INLINE AllocatorStats CpuCachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::int64_t in_use = in_use_, cached = cached_;
+  std::uint64_t hits = hits_;
+  for (const ThreadCache* tc : caches_) {
+    in_use += tc->in_use.load(std::memory_order_relaxed);
+    cached += tc->cached.load(std::memory_order_relaxed);
+    hits += std::uint64_t(tc->hits.load(std::memory_order_relaxed));
+  }
+  if (in_use > peak_) peak_ = in_use;
+  AllocatorStats s;
+  s.system_allocs = system_allocs_;
+  s.system_frees = system_frees_;
+  s.cache_hits = hits;
+  s.bytes_in_use = std::size_t(in_use);
+  s.bytes_cached = std::size_t(cached);
+  s.peak_in_use = std::size_t(peak_);
+  return s;
+}
+
+EMBER_HEADER_INLINE void CpuCachingAllocator::set_cache_limit(std::size_t bytes) {
+  limit_.store(bytes, std::memory_order_relaxed);
+  bool over;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    over = std::size_t(cached_) > bytes || bytes == 0;
+  }
+  if (over) empty_cache();
+}
+
+EMBER_HEADER_INLINE void CpuCachingAllocator::retire(ThreadCache* tc) {
+  std::lock_guard<std::mutex> lk(mu_);
+  tc->lock();
+  for (int b = 0; b < kBins; ++b) {
+    const std::size_t sz = bin_size(b);
+    cached_ -= std::int64_t(sz) * tc->n[b];  // put_shared adds them back (or frees them)
+    for (int k = 0; k < tc->n[b]; ++k) put_shared(tc->slot[b][k], sz);
+  }
+  cached_ += tc->cached.load(std::memory_order_relaxed);
+  in_use_ += tc->in_use.load(std::memory_order_relaxed);
+  hits_ += std::uint64_t(tc->hits.load(std::memory_order_relaxed));
+  tc->unlock();
+  for (auto it = caches_.begin(); it != caches_.end(); ++it)
+    if (*it == tc) {
+      caches_.erase(it);
+      break;
+    }
+  delete tc;
+}
+
+EMBER_HEADER_INLINE void* CpuCachingAllocator::refill_and_allocate(ThreadCache* tc, int b, std::size_t sz,
+                                                                  std::size_t nbytes) {
+  void* got[kMaxPerBin / 2];
+  int m = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = free_.find(sz);
+    if (it != free_.end()) {
+      const int want = bin_capacity(sz) / 2;
+      while (m < want && !it->second.empty()) {
+        got[m++] = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    if (m > 0) {
+      cached_ -= std::int64_t(sz) * m;
+      hits_++;
+      in_use_ += std::int64_t(sz);
+      sample_peak();
+    }
+  }
+  if (m == 0) return system_allocate(sz, nbytes);
+  if (m > 1) {
+    tc->lock();
+    for (int k = 1; k < m; ++k) tc->slot[b][tc->n[b]++] = got[k];
+    bump(tc->cached, std::int64_t(sz) * (m - 1));
+    tc->unlock();
+  }
+  return got[0];
+}
+
+EMBER_HEADER_INLINE void* CpuCachingAllocator::shared_allocate(std::size_t sz, std::size_t nbytes) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = free_.find(sz);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      hits_++;
+      cached_ -= std::int64_t(sz);
+      in_use_ += std::int64_t(sz);
+      sample_peak();
+      return p;
+    }
+  }
+  return system_allocate(sz, nbytes);
+}
+
+EMBER_HEADER_INLINE void* CpuCachingAllocator::system_allocate(std::size_t sz, std::size_t nbytes) {
+  void* p = std::aligned_alloc(kAlignment, sz);
+  if (!p) {
+    empty_cache();
+    p = std::aligned_alloc(kAlignment, sz);
+  }
+  EMBER_CHECK(p != nullptr, "CPU allocator: out of memory allocating ", nbytes, " bytes");
+  std::lock_guard<std::mutex> lk(mu_);
+  system_allocs_++;
+  in_use_ += std::int64_t(sz);
+  sample_peak();
+  return p;
+}
+#endif
 
 inline thread_local CpuCachingAllocator::ThreadCache* CpuCachingAllocator::current = nullptr;
 inline thread_local bool CpuCachingAllocator::dead = false;

@@ -77,7 +77,15 @@ struct ModuleState {
   bool pool = false;
   /// Set by quant::prepare (an observer) and quant::convert (the int8 layer).
   std::shared_ptr<QuantHook> quant;
+
+  ModuleState() = default;
+  ModuleState(const ModuleState&) = delete;  // shared through shared_ptr, never copied
+  ModuleState& operator=(const ModuleState&) = delete;
+  EMBER_HEADER_INLINE ~ModuleState();  // (not inline: compiled once with ember::precompiled)
 };
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE ModuleState::~ModuleState() = default;
+#endif
 
 /// What load_state_dict checks of one state tensor: whether it is defined, its shape and its dtype.
 struct SlotInfo {

@@ -65,12 +65,15 @@ inline std::int64_t now_ns() {
 inline bool is_recording() { return detail::g_recording.load(std::memory_order_relaxed); }
 
 /// Records a range measured elsewhere (the Trainer's data waits).
-inline void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t end_ns) {
+EMBER_HEADER_INLINE void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t end_ns);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t end_ns) {
   if (!is_recording()) return;
   detail::ThreadBuffer& b = detail::this_thread_buffer();
   std::lock_guard<std::mutex> g(b.m);
   b.events.push_back({name, category, begin_ns, end_ns, b.id});
 }
+#endif
 
 /// Records the time from its construction to its destruction, when a profiler is recording.
 class Range {
