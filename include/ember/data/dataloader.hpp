@@ -120,6 +120,183 @@ void pin_batch(B&) {}
 
 /// Whether pin_memory can take effect: the pinned allocator is compiled in and a CUDA device is present.
 inline bool can_pin_memory() { return ember::detail::pinned_allocator != nullptr && cuda::is_available(); }
+
+/// The message of a batch that failed: sample `at` of `indices` (or the collation, when at is past the end).
+EMBER_HEADER_INLINE std::string batch_error(const std::vector<std::size_t>& indices, std::size_t at, std::size_t b,
+                                            const char* what);
+
+/// What one epoch's iteration does whatever the dataset, transform and sampler (compiled once, not per loader
+/// type): the batches' plans, the worker threads that claim batches and have them produced at most `window`
+/// ahead of the consumer, the hand-over in order, the statistics and the errors. The typed DataLoader::Run owns
+/// the batches themselves; `produce(ctx, b)` loads batch b into Run's storage and returns "" or an error message.
+/// Each worker claims the next batch nobody has started (rather than a fixed share), so a worker that loses its
+/// core for a while falls behind without holding the others back; the contents do not depend on who loads a batch.
+class EpochCore {
+ public:
+  using Produce = std::string (*)(void* ctx, std::size_t b);
+  struct BatchPlan {
+    std::size_t first = 0;             // position of its first sample in the epoch's order
+    std::vector<std::size_t> indices;  // dataset indices
+    std::string error;                 // guarded by mu_ while workers run
+    bool ready = false;                // guarded by mu_: produced (or failed)
+  };
+
+  /// Starts the clock and clears `stats` (drawing the order counts as waiting).
+  EMBER_HEADER_INLINE EpochCore(const DataLoaderOptions& opt, std::shared_ptr<LoaderStats> stats);
+  EpochCore(const EpochCore&) = delete;
+  EpochCore& operator=(const EpochCore&) = delete;
+  ~EpochCore() { shutdown(); }
+
+  /// Splits the epoch's `order` (checked against the dataset's size) into batches, from batch `first` on.
+  EMBER_HEADER_INLINE void plan(const std::vector<std::size_t>& order, std::size_t dataset_size, std::size_t first,
+                                std::size_t num_batches);
+  /// Starts the workers (none with num_workers = 0: the consumer then produces each batch itself).
+  EMBER_HEADER_INLINE void start(Produce produce, void* ctx);
+  /// The next batch, produced and ready to be moved out of the owner's storage; nullopt at the end of the epoch.
+  /// Throws the batch's error (and then ends the epoch).
+  EMBER_HEADER_INLINE std::optional<std::size_t> next();
+  /// Stops and joins the workers.
+  EMBER_HEADER_INLINE void shutdown();
+  std::size_t size() const { return batches_.size(); }
+  const BatchPlan& batch(std::size_t b) const { return batches_[b]; }
+  const DataLoaderOptions& options() const { return opt_; }
+
+ private:
+  EMBER_HEADER_INLINE void work();
+  EMBER_HEADER_INLINE std::string take(std::size_t b);
+
+  DataLoaderOptions opt_;
+  std::shared_ptr<LoaderStats> stats_;
+  Clock::time_point t0_;
+  std::vector<BatchPlan> batches_;
+  Produce produce_ = nullptr;
+  void* ctx_ = nullptr;
+  std::size_t next_ = 0;      // consumer: next batch to hand out
+  std::size_t consumed_ = 0;  // guarded by mu_: batches taken by the consumer
+  static constexpr std::size_t kNone = std::size_t(-1);
+  std::size_t waiting_for_ = kNone;  // guarded by mu_: the batch the consumer is blocked on
+  std::size_t next_claim_ = 0;       // guarded by mu_: the first batch no worker has claimed
+  std::size_t window_ = 0;
+  bool failed_ = false;
+  bool stop_ = false;
+  std::mutex mu_;
+  std::condition_variable ready_, space_;
+  std::vector<std::thread> workers_;
+};
+
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE std::string batch_error(const std::vector<std::size_t>& indices, std::size_t at, std::size_t b,
+                                            const char* what) {
+  if (!what)
+    return ember::detail::concat("DataLoader: loading sample ", at < indices.size() ? indices[at] : std::size_t(0),
+                                 " (batch ", b, ") failed with an exception that is not a std::exception");
+  return at < indices.size()
+             ? ember::detail::concat("DataLoader: loading sample ", indices[at], " (batch ", b, ") failed: ", what)
+             : ember::detail::concat("DataLoader: collating batch ", b, " failed: ", what);
+}
+
+EMBER_HEADER_INLINE EpochCore::EpochCore(const DataLoaderOptions& opt, std::shared_ptr<LoaderStats> stats)
+    : opt_(opt), stats_(std::move(stats)), t0_(Clock::now()) {
+  *stats_ = LoaderStats{};
+}
+
+EMBER_HEADER_INLINE void EpochCore::plan(const std::vector<std::size_t>& order, std::size_t dataset_size,
+                                         std::size_t first, std::size_t num_batches) {
+  for (std::size_t i = 0; i < order.size(); ++i)
+    EMBER_CHECK(order[i] < dataset_size, "DataLoader: the sampler returned index ", order[i], " for a dataset of ",
+                dataset_size, " samples");
+  const std::size_t bs = opt_.batch_size;
+  batches_.resize(num_batches);
+  for (std::size_t b = 0; b < num_batches; ++b) {
+    const std::size_t lo = (first + b) * bs, hi = std::min(order.size(), lo + bs);
+    batches_[b].first = lo;
+    batches_[b].indices.assign(order.begin() + std::ptrdiff_t(lo), order.begin() + std::ptrdiff_t(hi));
+  }
+}
+
+EMBER_HEADER_INLINE void EpochCore::start(Produce produce, void* ctx) {
+  produce_ = produce;
+  ctx_ = ctx;
+  const int w = opt_.num_workers;
+  window_ = std::size_t(w) * std::size_t(opt_.prefetch_factor);
+  try {
+    for (int i = 0; i < w; ++i) workers_.emplace_back([this] { work(); });
+  } catch (...) {  // could not start a thread: stop the ones that started before reporting it
+    shutdown();
+    throw;
+  }
+  stats_->wait_seconds += seconds_since(t0_);  // drawing the order and starting workers is waiting too
+}
+
+EMBER_HEADER_INLINE std::optional<std::size_t> EpochCore::next() {
+  if (failed_) return std::nullopt;
+  if (next_ >= batches_.size()) {
+    stats_->total_seconds = seconds_since(t0_);
+    return std::nullopt;
+  }
+  const auto tw = Clock::now();
+  const bool profiled = profile::is_recording();
+  const std::int64_t tw_ns = profiled ? profile::now_ns() : 0;
+  const std::size_t b = next_++;
+  const std::string error = workers_.empty() ? produce_(ctx_, b) : take(b);
+  stats_->wait_seconds += seconds_since(tw);
+  if (profiled) profile::record("DataLoader.wait", "data", tw_ns, profile::now_ns());
+  if (!error.empty()) {
+    failed_ = true;
+    stats_->total_seconds = seconds_since(t0_);
+    throw Error(error);
+  }
+  stats_->batches++;
+  stats_->samples += batches_[b].indices.size();
+  stats_->total_seconds = seconds_since(t0_);
+  return b;
+}
+
+EMBER_HEADER_INLINE void EpochCore::work() {
+  for (;;) {
+    std::size_t b;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      space_.wait(lk, [&] { return stop_ || next_claim_ >= batches_.size() || next_claim_ < consumed_ + window_; });
+      if (stop_ || next_claim_ >= batches_.size()) return;
+      b = next_claim_++;
+    }
+    std::string error = produce_(ctx_, b);
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_) return;
+      batches_[b].error = std::move(error);
+      batches_[b].ready = true;
+      wake = waiting_for_ == b;  // a consumer waiting for another batch would only wake to sleep again
+    }
+    if (wake) ready_.notify_one();
+  }
+}
+
+EMBER_HEADER_INLINE std::string EpochCore::take(std::size_t b) {
+  std::unique_lock<std::mutex> lk(mu_);
+  waiting_for_ = b;
+  ready_.wait(lk, [&] { return batches_[b].ready; });
+  waiting_for_ = kNone;
+  std::string error = std::move(batches_[b].error);
+  consumed_ = b + 1;
+  lk.unlock();
+  space_.notify_all();
+  return error;
+}
+
+EMBER_HEADER_INLINE void EpochCore::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  space_.notify_all();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
+}
+#endif
 }  // namespace detail
 
 template <Dataset D, class Transform = NoTransform, Sampler S = DefaultSampler>
@@ -141,17 +318,7 @@ class DataLoader {
   DataLoader(D dataset, DataLoaderOptions opt, Transform transform) requires std::is_same_v<S, DefaultSampler>
       : DataLoader(std::move(dataset), opt, std::move(transform), DefaultSampler{opt.shuffle, opt.seed}) {}
   /// With a transform and a sampler (options.shuffle must then be false: the sampler decides the order).
-  DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler)
-      : parts_(std::make_shared<const Parts>(Parts{std::move(dataset), std::move(transform), std::move(sampler)})),
-        opt_(opt), stats_(std::make_shared<LoaderStats>()) {
-    EMBER_CHECK(opt.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opt.batch_size);
-    EMBER_CHECK(opt.num_workers >= 0, "DataLoader: num_workers must be non-negative, got ", opt.num_workers);
-    EMBER_CHECK(opt.prefetch_factor >= 1, "DataLoader: prefetch_factor must be at least 1, got ",
-                opt.prefetch_factor);
-    if constexpr (!std::is_same_v<S, DefaultSampler>)
-      EMBER_CHECK(!opt.shuffle, "DataLoader: shuffle = true together with a sampler; the sampler decides the order "
-                                "(use RandomSampler, or DistributedSampler with shuffle), so leave shuffle false");
-  }
+  DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler);
 
   /// Batches per epoch.
   std::size_t size() const {
@@ -207,184 +374,40 @@ class DataLoader {
   };
 
   /// Starts an epoch: draws the sampler's order for the current epoch and starts the workers.
-  Iterator begin() {
-    auto run = std::make_shared<Run>(*this);
-    skip_ = 0;
-    run->advance();
-    return Iterator(std::move(run));
-  }
+  Iterator begin();
   Sentinel end() const { return {}; }
 
-  /// One epoch's iteration: the batches' indices, the workers and the queue of ready batches.
+  /// One epoch's iteration: the batches, produced by detail::EpochCore's workers (or by the consumer itself).
   class Run {
    public:
-    explicit Run(const DataLoader& l)
-        : parts_(l.parts_), opt_(l.opt_), stats_(l.stats_), t0_(detail::Clock::now()), epoch_(l.epoch_) {
-      *stats_ = LoaderStats{};
-      const std::vector<std::size_t> idx = parts_->sampler.indices(parts_->dataset.size(), epoch_);
-      const std::size_t n = parts_->dataset.size(), bs = opt_.batch_size;
-      for (std::size_t i = 0; i < idx.size(); ++i)
-        EMBER_CHECK(idx[i] < n, "DataLoader: the sampler returned index ", idx[i], " for a dataset of ", n,
-                    " samples");
-      const std::size_t first = std::min(l.skip_, l.size()), nb = l.size() - first;
-      batches_.resize(nb);
-      for (std::size_t b = 0; b < nb; ++b) {
-        const std::size_t lo = (first + b) * bs, hi = std::min(idx.size(), lo + bs);
-        batches_[b].first = lo;
-        batches_[b].indices.assign(idx.begin() + std::ptrdiff_t(lo), idx.begin() + std::ptrdiff_t(hi));
-      }
-      const int w = opt_.num_workers;
-      window_ = std::size_t(w) * std::size_t(opt_.prefetch_factor);
-      try {
-        for (int i = 0; i < w; ++i) workers_.emplace_back([this] { work(); });
-      } catch (...) {  // could not start a thread: stop the ones that started before reporting it
-        shutdown();
-        throw;
-      }
-      stats_->wait_seconds += detail::seconds_since(t0_);  // drawing the order and starting workers is waiting too
-    }
+    explicit Run(const DataLoader& l);
     Run(const Run&) = delete;
     Run& operator=(const Run&) = delete;
-    ~Run() { shutdown(); }
+    ~Run() { core_.shutdown(); }  // before the batches and the dataset the workers write and read
 
     /// Moves to the next batch (or to the end), waiting for it when it is not ready.
     void advance() {
       current.reset();
-      if (failed_) return;
-      if (next_ >= batches_.size()) {
-        stats_->total_seconds = detail::seconds_since(t0_);
-        return;
+      if (const std::optional<std::size_t> b = core_.next()) {
+        current = std::move(out_[*b]);
+        out_[*b].reset();
       }
-      const auto tw = detail::Clock::now();
-      const bool profiled = profile::is_recording();
-      const std::int64_t tw_ns = profiled ? profile::now_ns() : 0;
-      Slot s = workers_.empty() ? produce(next_) : take(next_);
-      stats_->wait_seconds += detail::seconds_since(tw);
-      if (profiled) profile::record("DataLoader.wait", "data", tw_ns, profile::now_ns());
-      ++next_;
-      if (!s.error.empty()) {
-        failed_ = true;
-        stats_->total_seconds = detail::seconds_since(t0_);
-        throw Error(s.error);
-      }
-      stats_->batches++;
-      stats_->samples += batches_[next_ - 1].indices.size();
-      stats_->total_seconds = detail::seconds_since(t0_);
-      current = std::move(s.batch);
     }
 
     std::optional<batch_type> current;
 
    private:
-    struct BatchPlan {
-      std::size_t first = 0;             // position of its first sample in the epoch's order
-      std::vector<std::size_t> indices;  // dataset indices
-    };
-    struct Slot {
-      std::optional<batch_type> batch;
-      std::string error;  // non-empty when loading failed
-      bool ready = false;
-    };
-
-    // Loads, transforms and collates batch b. Sample k of the epoch gets the stream Rng(seed, epoch, k).
-    Slot produce(std::size_t b) const {
-      const BatchPlan& plan = batches_[b];
-      Slot s;
-      std::size_t at = 0;
-      try {
-        std::vector<sample_type> samples;
-        samples.reserve(plan.indices.size());
-        for (; at < plan.indices.size(); ++at) {
-          Rng g(opt_.seed, epoch_, plan.first + at);
-          samples.push_back(detail::apply_transform(parts_->transform, parts_->dataset.get(plan.indices[at]), g));
-        }
-        s.batch.emplace(collate(samples, plan.indices));
-        if (opt_.pin_memory && detail::can_pin_memory()) detail::pin_batch(*s.batch);
-      } catch (const std::exception& e) {
-        s.error = at < plan.indices.size()
-                      ? ember::detail::concat("DataLoader: loading sample ", plan.indices[at], " (batch ", b, ") failed: ",
-                                       e.what())
-                      : ember::detail::concat("DataLoader: collating batch ", b, " failed: ", e.what());
-      } catch (...) {
-        s.error = ember::detail::concat("DataLoader: loading sample ",
-                                 at < plan.indices.size() ? plan.indices[at] : std::size_t(0), " (batch ", b,
-                                 ") failed with an exception that is not a std::exception");
-      }
-      s.ready = true;
-      return s;
-    }
-
-    // Each worker claims the next batch nobody has started, never more than window_ batches ahead of the
-    // consumer. Claiming (rather than a fixed share per worker) lets a worker that loses its core for a while fall
-    // behind without holding the others back; the contents do not depend on who loads a batch.
-    void work() {
-      for (;;) {
-        std::size_t b;
-        {
-          std::unique_lock<std::mutex> lk(mu_);
-          space_.wait(lk, [&] { return stop_ || next_claim_ >= batches_.size() || next_claim_ < consumed_ + window_; });
-          if (stop_ || next_claim_ >= batches_.size()) return;
-          b = next_claim_++;
-        }
-        Slot s = produce(b);
-        bool wake;
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (stop_) return;
-          batches_[b].slot = std::move(s);
-          wake = waiting_for_ == b;  // a consumer waiting for another batch would only wake to sleep again
-        }
-        if (wake) ready_.notify_one();
-      }
-    }
-
-    Slot take(std::size_t b) {
-      std::unique_lock<std::mutex> lk(mu_);
-      waiting_for_ = b;
-      ready_.wait(lk, [&] { return batches_[b].slot.ready; });
-      waiting_for_ = kNone;
-      Slot s = std::move(batches_[b].slot);
-      batches_[b].slot = Slot{};
-      consumed_ = b + 1;
-      lk.unlock();
-      space_.notify_all();
-      return s;
-    }
-
-    void shutdown() {
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        stop_ = true;
-      }
-      space_.notify_all();
-      for (auto& t : workers_)
-        if (t.joinable()) t.join();
-      workers_.clear();
-    }
-
-    struct Planned : BatchPlan {
-      Slot slot;
-    };
+    static std::string produce_erased(void* self, std::size_t b) { return static_cast<Run*>(self)->produce(b); }
+    // Loads, transforms and collates batch b into out_[b]. Sample k of the epoch gets the stream
+    // Rng(seed, epoch, k).
+    std::string produce(std::size_t b);
 
     // What the workers use, owned by the epoch: an iterator may outlive (or see a move of) its loader, and the
     // epoch then runs to its end on what it started with.
     std::shared_ptr<const Parts> parts_;
-    DataLoaderOptions opt_;
-    std::shared_ptr<LoaderStats> stats_;
-    detail::Clock::time_point t0_;
     std::uint64_t epoch_;
-    std::vector<Planned> batches_;
-    std::size_t next_ = 0;      // consumer: next batch to hand out
-    std::size_t consumed_ = 0;  // guarded by mu_: batches taken by the consumer
-    static constexpr std::size_t kNone = std::size_t(-1);
-    std::size_t waiting_for_ = kNone;  // guarded by mu_: the batch the consumer is blocked on
-    std::size_t next_claim_ = 0;       // guarded by mu_: the first batch no worker has claimed
-    std::size_t window_ = 0;
-    bool failed_ = false;
-    bool stop_ = false;
-    std::mutex mu_;
-    std::condition_variable ready_, space_;
-    std::vector<std::thread> workers_;
+    std::vector<std::optional<batch_type>> out_;  // batch b, from when it is produced until it is handed out
+    detail::EpochCore core_;
   };
 
  private:
@@ -394,6 +417,62 @@ class DataLoader {
   std::size_t skip_ = 0;
   std::shared_ptr<LoaderStats> stats_;
 };
+
+// The loader's larger members, defined here rather than in the class so that they are not inline: with
+// ember::precompiled, which holds the loaders of the built-in dataset, a TU then calls the library's copies.
+
+template <Dataset D, class Transform, Sampler S>
+DataLoader<D, Transform, S>::Run::Run(const DataLoader& l)
+    : parts_(l.parts_), epoch_(l.epoch_), core_(l.opt_, l.stats_) {
+  const std::size_t first = std::min(l.skip_, l.size());
+  core_.plan(parts_->sampler.indices(parts_->dataset.size(), epoch_), parts_->dataset.size(), first,
+             l.size() - first);
+  out_.resize(core_.size());
+  core_.start(&Run::produce_erased, this);
+}
+
+template <Dataset D, class Transform, Sampler S>
+std::string DataLoader<D, Transform, S>::Run::produce(std::size_t b) {
+  const auto& plan = core_.batch(b);
+  const DataLoaderOptions& opt = core_.options();
+  std::size_t at = 0;
+  try {
+    std::vector<sample_type> samples;
+    samples.reserve(plan.indices.size());
+    for (; at < plan.indices.size(); ++at) {
+      Rng g(opt.seed, epoch_, plan.first + at);
+      samples.push_back(detail::apply_transform(parts_->transform, parts_->dataset.get(plan.indices[at]), g));
+    }
+    out_[b].emplace(collate(samples, plan.indices));
+    if (opt.pin_memory && detail::can_pin_memory()) detail::pin_batch(*out_[b]);
+  } catch (const std::exception& e) {
+    return detail::batch_error(plan.indices, at, b, e.what());
+  } catch (...) {
+    return detail::batch_error(plan.indices, at, b, nullptr);
+  }
+  return {};
+}
+
+template <Dataset D, class Transform, Sampler S>
+DataLoader<D, Transform, S>::DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler)
+    : parts_(std::make_shared<const Parts>(Parts{std::move(dataset), std::move(transform), std::move(sampler)})),
+      opt_(opt), stats_(std::make_shared<LoaderStats>()) {
+  EMBER_CHECK(opt.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opt.batch_size);
+  EMBER_CHECK(opt.num_workers >= 0, "DataLoader: num_workers must be non-negative, got ", opt.num_workers);
+  EMBER_CHECK(opt.prefetch_factor >= 1, "DataLoader: prefetch_factor must be at least 1, got ",
+              opt.prefetch_factor);
+  if constexpr (!std::is_same_v<S, DefaultSampler>)
+    EMBER_CHECK(!opt.shuffle, "DataLoader: shuffle = true together with a sampler; the sampler decides the order "
+                              "(use RandomSampler, or DistributedSampler with shuffle), so leave shuffle false");
+}
+
+template <Dataset D, class Transform, Sampler S>
+auto DataLoader<D, Transform, S>::begin() -> Iterator {
+  auto run = std::make_shared<Run>(*this);
+  skip_ = 0;
+  run->advance();
+  return Iterator(std::move(run));
+}
 
 template <Dataset D>
 DataLoader(D, DataLoaderOptions) -> DataLoader<D>;
