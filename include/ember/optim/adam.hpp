@@ -181,13 +181,9 @@ nn::StateDict BasicAdam<T, Decoupled>::state_dict() const {
     if (s.vmax.defined()) sd.emplace(pre + "max_exp_avg_sq", s.vmax.clone());
   }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const std::string pre = "param_groups." + std::to_string(g) + ".";
     const AdamOptions& o = groups_[g].options;
-    sd.emplace(pre + "lr", detail::scalar(o.lr));
-    sd.emplace(pre + "beta1", detail::scalar(o.beta1));
-    sd.emplace(pre + "beta2", detail::scalar(o.beta2));
-    sd.emplace(pre + "eps", detail::scalar(o.eps));
-    sd.emplace(pre + "weight_decay", detail::scalar(weight_decay(o)));
+    detail::put_group(sd, g, {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+                              {"weight_decay", weight_decay(o)}});
   }
   return sd;
 }
@@ -196,13 +192,13 @@ template <class T, bool Decoupled>
 void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd) {
   std::vector<AdamOptions> opts;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const std::string pre = "param_groups." + std::to_string(g) + ".";
+    const std::vector<double> v = detail::get_group(sd, g, {"lr", "beta1", "beta2", "eps", "weight_decay"}, kName);
     AdamOptions o = groups_[g].options;
-    o.lr = detail::read_scalar(sd, pre + "lr", kName);
-    o.beta1 = detail::read_scalar(sd, pre + "beta1", kName);
-    o.beta2 = detail::read_scalar(sd, pre + "beta2", kName);
-    o.eps = detail::read_scalar(sd, pre + "eps", kName);
-    o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", kName);
+    o.lr = v[0];
+    o.beta1 = v[1];
+    o.beta2 = v[2];
+    o.eps = v[3];
+    o.weight_decay = v[4];
     opts.push_back(o);
   }
   std::vector<State> st(state_.size());

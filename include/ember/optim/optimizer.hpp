@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -88,6 +89,31 @@ void zero_grads(const std::vector<Tensor<T>>& params, bool set_to_none) {
 
 inline Tensor<double> scalar(double v) { return full<double>(Shape{}, v); }
 using ::ember::read_scalar;
+
+/// One hyper-parameter of a parameter group, as state_dict saves it: "param_groups.<g>.<name>", 0-d float64.
+struct GroupScalar {
+  const char* name;
+  double value;
+};
+/// Writes group g's hyper-parameters into sd.
+EMBER_HEADER_INLINE void put_group(nn::StateDict& sd, std::size_t g, std::initializer_list<GroupScalar> values);
+/// Reads group g's hyper-parameters back, in the order of `names`; a missing key, or one that is not a one-element
+/// float64 tensor, is an error naming `op` and the key.
+EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict& sd, std::size_t g,
+                                                  std::initializer_list<const char*> names, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE void put_group(nn::StateDict& sd, std::size_t g, std::initializer_list<GroupScalar> values) {
+  const std::string pre = "param_groups." + std::to_string(g) + ".";
+  for (const GroupScalar& v : values) sd.emplace(pre + v.name, scalar(v.value));
+}
+EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict& sd, std::size_t g,
+                                                  std::initializer_list<const char*> names, const char* op) {
+  const std::string pre = "param_groups." + std::to_string(g) + ".";
+  std::vector<double> out;
+  for (const char* n : names) out.push_back(read_scalar(sd, pre + n, op));
+  return out;
+}
+#endif
 /// Copies a saved state tensor into (or creates) a buffer of the parameter's shape, on the parameter's device.
 template <class T>
 void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,

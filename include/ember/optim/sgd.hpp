@@ -148,12 +148,9 @@ nn::StateDict SGD<T>::state_dict() const {
   for (std::size_t i = 0; i < buf_.size(); ++i)
     if (buf_[i].defined()) sd.emplace("state." + std::to_string(i) + ".momentum_buffer", buf_[i].clone());
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const std::string pre = "param_groups." + std::to_string(g) + ".";
     const SGDOptions& o = groups_[g].options;
-    sd.emplace(pre + "lr", detail::scalar(o.lr));
-    sd.emplace(pre + "momentum", detail::scalar(o.momentum));
-    sd.emplace(pre + "dampening", detail::scalar(o.dampening));
-    sd.emplace(pre + "weight_decay", detail::scalar(o.weight_decay));
+    detail::put_group(sd, g, {{"lr", o.lr}, {"momentum", o.momentum}, {"dampening", o.dampening},
+                              {"weight_decay", o.weight_decay}});
   }
   return sd;
 }
@@ -162,12 +159,13 @@ template <class T>
 void SGD<T>::load_state_dict(const nn::StateDict& sd) {
   std::vector<SGDOptions> opts;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const std::string pre = "param_groups." + std::to_string(g) + ".";
+    const std::vector<double> v =
+        detail::get_group(sd, g, {"lr", "momentum", "dampening", "weight_decay"}, "optim::SGD");
     SGDOptions o = groups_[g].options;
-    o.lr = detail::read_scalar(sd, pre + "lr", "optim::SGD");
-    o.momentum = detail::read_scalar(sd, pre + "momentum", "optim::SGD");
-    o.dampening = detail::read_scalar(sd, pre + "dampening", "optim::SGD");
-    o.weight_decay = detail::read_scalar(sd, pre + "weight_decay", "optim::SGD");
+    o.lr = v[0];
+    o.momentum = v[1];
+    o.dampening = v[2];
+    o.weight_decay = v[3];
     opts.push_back(o);
   }
   std::vector<Tensor<T>> bufs(buf_.size());
