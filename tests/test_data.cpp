@@ -654,6 +654,23 @@ TEST_CASE("DataLoader: sequential batches in order, the last one smaller unless 
   }
 }
 
+namespace {
+// A sampler whose size() promises more samples than indices() returns.
+struct ShortSampler {
+  std::vector<std::size_t> indices(std::size_t, std::uint64_t) const { return {0, 1, 2}; }
+  std::size_t size(std::size_t) const { return 9; }
+};
+}  // namespace
+
+TEST_CASE("DataLoader: a sampler whose size() exceeds its indices() is an error, not batches past its end") {
+  CountingDataset ds{.n = 10};
+  for (int w : {0, 2}) {
+    data::DataLoader loader(ds, {.batch_size = 4, .num_workers = w}, data::NoTransform{}, ShortSampler{});
+    CHECK(loader.size() == 3);
+    EXPECT_ERROR([&] { loader.begin(); }, {"DataLoader", "sampler's size()", "indices() returned 3 indices"});
+  }
+}
+
 TEST_CASE("DataLoader: batches do not depend on the worker count; epochs reshuffle deterministically") {
   namespace T = data::transforms;
   TempDir d;

@@ -206,6 +206,11 @@ EMBER_HEADER_INLINE void EpochCore::plan(const std::vector<std::size_t>& order, 
     EMBER_CHECK(order[i] < dataset_size, "DataLoader: the sampler returned index ", order[i], " for a dataset of ",
                 dataset_size, " samples");
   const std::size_t bs = opt_.batch_size;
+  // A sampler's size() and indices() are the user's: a size() larger than the order it returns would plan batches
+  // past its end.
+  EMBER_CHECK(num_batches == 0 || (first + num_batches - 1) * bs < order.size(), "DataLoader: the sampler's size() "
+              "makes ", first + num_batches, " batches of up to ", bs, " samples, but its indices() returned ",
+              order.size(), " indices");
   batches_.resize(num_batches);
   for (std::size_t b = 0; b < num_batches; ++b) {
     const std::size_t lo = (first + b) * bs, hi = std::min(order.size(), lo + bs);
