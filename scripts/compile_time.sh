@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     --precompiled) pre=1; shift ;;
     --trace) trace=1; shift ;;
     -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) tus+=("$1"); shift ;;
+    *) tus+=("$(realpath "$1")"); shift ;;
   esac
 done
 if [ ${#tus[@]} -eq 0 ]; then
