@@ -31,6 +31,16 @@
 #define EMBER_RESTRICT
 #endif
 
+// Code a program runs once or rarely (constructors of layers, optimizers and data loaders, state dicts, checkpoint
+// files, printing): the compiler optimises it for size and spends less time compiling it (header-only, every TU
+// that uses it compiles it). What only such code calls may be optimised for size too (a layer's weight init); the
+// kernels that the training step also calls are not.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define EMBER_COLD __attribute__((cold))
+#else
+#define EMBER_COLD
+#endif
+
 // Inner loops of the executors: GCC vectorises them at -O2 too (its -O2 cost model skips loops that need a
 // runtime alias check, which every fused loop does).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)

@@ -137,7 +137,7 @@ class AtomicFile {
 };
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE AtomicFile::AtomicFile(std::string path, std::string who)
+EMBER_COLD EMBER_HEADER_INLINE AtomicFile::AtomicFile(std::string path, std::string who)
     : path_(std::move(path)), who_(std::move(who)) {
   namespace fs = std::filesystem;
   static std::atomic<unsigned long long> counter{0};

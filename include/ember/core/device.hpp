@@ -23,7 +23,7 @@ struct Device {
 };
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE std::string Device::str() const {
+EMBER_COLD EMBER_HEADER_INLINE std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
 #endif

@@ -111,7 +111,7 @@ struct Shape {
 };
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE std::string Shape::str() const {
+EMBER_COLD EMBER_HEADER_INLINE std::string Shape::str() const {
   std::string s = "[";
   for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
   return s + "]";

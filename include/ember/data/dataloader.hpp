@@ -427,7 +427,7 @@ class DataLoader {
 // ember::precompiled, which holds the loaders of the built-in dataset, a TU then calls the library's copies.
 
 template <Dataset D, class Transform, Sampler S>
-DataLoader<D, Transform, S>::Run::Run(const DataLoader& l)
+EMBER_COLD DataLoader<D, Transform, S>::Run::Run(const DataLoader& l)
     : parts_(l.parts_), epoch_(l.epoch_), core_(l.opt_, l.stats_) {
   const std::size_t first = std::min(l.skip_, l.size());
   core_.plan(parts_->sampler.indices(parts_->dataset.size(), epoch_), parts_->dataset.size(), first,
@@ -459,7 +459,7 @@ std::string DataLoader<D, Transform, S>::Run::produce(std::size_t b) {
 }
 
 template <Dataset D, class Transform, Sampler S>
-DataLoader<D, Transform, S>::DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler)
+EMBER_COLD DataLoader<D, Transform, S>::DataLoader(D dataset, DataLoaderOptions opt, Transform transform, S sampler)
     : parts_(std::make_shared<const Parts>(Parts{std::move(dataset), std::move(transform), std::move(sampler)})),
       opt_(opt), stats_(std::make_shared<LoaderStats>()) {
   EMBER_CHECK(opt.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opt.batch_size);

@@ -62,7 +62,7 @@ class FashionMNIST {
 };
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE FashionMNIST::FashionMNIST(Split split, std::string root)
+EMBER_COLD EMBER_HEADER_INLINE FashionMNIST::FashionMNIST(Split split, std::string root)
     : split_(split) {
   root_ = resolve_root(std::move(root));
   const std::string stem = split == Split::Train ? "train" : "t10k";
@@ -99,7 +99,7 @@ EMBER_HEADER_INLINE std::string FashionMNIST::resolve_root(std::string root) {
   return kDefaultRoot;
 }
 
-EMBER_HEADER_INLINE std::string FashionMNIST::find_file(const std::string& base) const {
+EMBER_COLD EMBER_HEADER_INLINE std::string FashionMNIST::find_file(const std::string& base) const {
   namespace fs = std::filesystem;
   const fs::path gz = fs::path(root_) / (base + ".gz"), plain = fs::path(root_) / base;
   std::error_code ec;

@@ -166,7 +166,7 @@ EMBER_HEADER_INLINE GzipInflater::GzipInflater(std::span<const std::uint8_t> in,
 #endif
 }
 
-EMBER_HEADER_INLINE void GzipInflater::inflate_to(std::vector<std::uint8_t>& out, std::size_t n) {
+EMBER_COLD EMBER_HEADER_INLINE void GzipInflater::inflate_to(std::vector<std::uint8_t>& out, std::size_t n) {
 #if EMBER_HAS_ZLIB
   while (!done_ && out.size() < n) {
     // Grow geometrically, but never past n: the output holds what was inflated, not what was promised.
@@ -264,7 +264,7 @@ EMBER_HEADER_INLINE Tensor<std::uint8_t> parse_idx(std::span<const std::uint8_t>
   return t;
 }
 
-EMBER_HEADER_INLINE Tensor<std::uint8_t> decode_idx(std::span<const std::uint8_t> bytes, const std::string& name) {
+EMBER_COLD EMBER_HEADER_INLINE Tensor<std::uint8_t> decode_idx(std::span<const std::uint8_t> bytes, const std::string& name) {
   if (!detail::is_gzip(bytes)) return parse_idx(bytes, name);
   detail::GzipInflater z(bytes, name);
   std::vector<std::uint8_t> raw;

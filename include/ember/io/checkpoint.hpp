@@ -72,7 +72,7 @@ inline StateTensor to_state_tensor(const AnyTensor& t, const std::string& key, c
 /// path removes those whose process no longer runs (see ember/core/atomic_file.hpp).
 EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c);
 #if EMBER_IO_BODIES
-EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c) {
+EMBER_COLD EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c) {
   TensorMap all;
   auto put = [&](const char* prefix, const StateDict& sd) {
     for (const auto& entry : sd)  // (clang before 16 cannot capture structured bindings)
@@ -95,7 +95,7 @@ EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& 
 /// Reads a checkpoint written by save_checkpoint.
 EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path);
 #if EMBER_IO_BODIES
-EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path) {
+EMBER_COLD EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path) {
   SafeTensors f = load_safetensors(path);
   auto fmt = f.metadata.find("format");
   EMBER_CHECK(fmt != f.metadata.end() && fmt->second == detail::kCheckpointFormat, "load_checkpoint: '", path,

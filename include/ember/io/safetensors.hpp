@@ -631,7 +631,7 @@ class SafetensorsHeaderParser {
 EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> file,
                                               const std::string& name = "<memory>");
 #if EMBER_IO_BODIES
-EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> file, const std::string& name) {
+EMBER_COLD EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> file, const std::string& name) {
   EMBER_CHECK(file.size() >= 8, "safetensors: '", name, "' is ", file.size(),
               " bytes, too short for the 8-byte header length");
   std::uint64_t n = 0;
@@ -708,7 +708,7 @@ EMBER_IO_INLINE SafeTensors parse_safetensors(std::span<const unsigned char> fil
 EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors,
                                                                  const Metadata& metadata = {});
 #if EMBER_IO_BODIES
-EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors, const Metadata& metadata) {
+EMBER_COLD EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(const TensorMap& tensors, const Metadata& metadata) {
   std::vector<std::pair<std::string, const AnyTensor*>> order;
   for (auto& [k, t] : tensors) {
     EMBER_CHECK(k != "__metadata__", "safetensors: a tensor may not be named __metadata__");

@@ -39,7 +39,7 @@ class GELU : public Module {
  public:
   explicit GELU(bool approximate = false) : Module("GELU"), approximate(approximate) {
     set_setting("approximate", approximate ? 1.0 : 0.0);
-    set_extra_repr([approximate] { return std::string("approximate='") + (approximate ? "tanh'" : "none'"); });
+    set_extra_repr([approximate]() EMBER_COLD { return std::string("approximate='") + (approximate ? "tanh'" : "none'"); });
   }
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
@@ -56,7 +56,7 @@ class GELU : public Module {
 class LeakyReLU : public Module {
  public:
   explicit LeakyReLU(double negative_slope = 0.01) : Module("LeakyReLU"), negative_slope(negative_slope) {
-    set_extra_repr([negative_slope] { return "negative_slope=" + std::to_string(negative_slope); });
+    set_extra_repr([negative_slope]() EMBER_COLD { return "negative_slope=" + std::to_string(negative_slope); });
   }
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
@@ -74,7 +74,7 @@ class Flatten : public Module {
  public:
   explicit Flatten(std::int64_t start_dim = 1, std::int64_t end_dim = -1)
       : Module("Flatten"), start_dim(start_dim), end_dim(end_dim) {
-    set_extra_repr([start_dim, end_dim] {
+    set_extra_repr([start_dim, end_dim]() EMBER_COLD {
       return "start_dim=" + std::to_string(start_dim) + ", end_dim=" + std::to_string(end_dim);
     });
   }

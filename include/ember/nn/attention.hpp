@@ -71,7 +71,7 @@ class MultiheadAttentionT : public Module {
       init::zeros_(out_proj.bias);
     }
     register_module("out_proj", out_proj);
-    set_extra_repr([embed_dim, num_heads, batch_first] {
+    set_extra_repr([embed_dim, num_heads, batch_first]() EMBER_COLD {
       return "embed_dim=" + std::to_string(embed_dim) + ", num_heads=" + std::to_string(num_heads) +
              ", batch_first=" + (batch_first ? "True" : "False");
     });

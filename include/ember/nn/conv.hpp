@@ -46,7 +46,7 @@ class Conv2dT : public Module {
 };
 
 template <amp::PrecisionPolicy P>
-Conv2dT<P>::Conv2dT(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& o)
+EMBER_COLD Conv2dT<P>::Conv2dT(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& o)
     : Module("Conv2d"), in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(o) {
   EMBER_CHECK(in_channels > 0 && out_channels > 0 && o.groups > 0 && in_channels % o.groups == 0 &&
                   out_channels % o.groups == 0,
@@ -67,7 +67,7 @@ Conv2dT<P>::Conv2dT(std::int64_t in_channels, std::int64_t out_channels, Size2 k
   set_setting("dilation_h", double(o.dilation.h));
   set_setting("dilation_w", double(o.dilation.w));
   set_setting("groups", double(o.groups));
-  set_extra_repr([=] {
+  set_extra_repr([=]() EMBER_COLD {
     auto pair = [](Size2 s) { return s.str(); };
     std::string r = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
                     ", kernel_size=" + pair(kernel_size) + ", stride=" + pair(o.stride);

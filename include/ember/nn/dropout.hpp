@@ -37,7 +37,7 @@ class Dropout : public Module {
   /// Masks from the default generator (see above).
   explicit Dropout(double p = 0.5) : Module("Dropout"), p(p) {
     EMBER_CHECK(p >= 0 && p <= 1, "nn::Dropout: probability must be in [0, 1], got ", p);
-    set_extra_repr([p] { return "p=" + std::to_string(p); });
+    set_extra_repr([p]() EMBER_COLD { return "p=" + std::to_string(p); });
   }
   /// Masks from a generator of the layer's own, seeded with `seed` (copies of the layer share it): reproducible
   /// by itself, but not part of the state checkpoints save.

@@ -38,7 +38,7 @@ class EmbeddingT : public Module {
 };
 
 template <amp::PrecisionPolicy P>
-EmbeddingT<P>::EmbeddingT(std::int64_t num_embeddings, std::int64_t embedding_dim,
+EMBER_COLD EmbeddingT<P>::EmbeddingT(std::int64_t num_embeddings, std::int64_t embedding_dim,
                           std::optional<std::int64_t> padding_idx)
     : Module("Embedding"), num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
   EMBER_CHECK(num_embeddings > 0 && embedding_dim > 0, "nn::Embedding: sizes must be positive, got (",
@@ -56,7 +56,7 @@ EmbeddingT<P>::EmbeddingT(std::int64_t num_embeddings, std::int64_t embedding_di
     weight[*this->padding_idx].zero_();
   }
   register_parameter("weight", weight);
-  set_extra_repr([num_embeddings, embedding_dim] {
+  set_extra_repr([num_embeddings, embedding_dim]() EMBER_COLD {
     return std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim);
   });
 }

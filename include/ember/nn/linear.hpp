@@ -44,7 +44,7 @@ class LinearT : public Module {
 };
 
 template <amp::PrecisionPolicy P>
-LinearT<P>::LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias)
+EMBER_COLD LinearT<P>::LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias)
     : Module("Linear"), in_features(in_features), out_features(out_features) {
   EMBER_CHECK(in_features > 0 && out_features > 0, "nn::Linear: features must be positive, got in_features=",
               in_features, ", out_features=", out_features);
@@ -53,7 +53,7 @@ LinearT<P>::LinearT(std::int64_t in_features, std::int64_t out_features, bool wi
   init::default_weight_and_bias_(weight, &bias);
   register_parameter("weight", weight);
   if (with_bias) register_parameter("bias", bias);
-  set_extra_repr([in_features, out_features, with_bias] {
+  set_extra_repr([in_features, out_features, with_bias]() EMBER_COLD {
     return "in_features=" + std::to_string(in_features) + ", out_features=" + std::to_string(out_features) +
            ", bias=" + (with_bias ? "True" : "False");
   });

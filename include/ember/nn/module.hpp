@@ -469,7 +469,7 @@ void Module::to(Device device) {
 }
 
 template <class Deferred>
-void Module::load_state_dict(const StateDict& sd, bool strict) {
+EMBER_COLD void Module::load_state_dict(const StateDict& sd, bool strict) {
   std::vector<std::pair<std::string, const detail::TensorSlot*>> mine;
   auto collect = [&](const std::string& n, const detail::TensorSlot& t) { mine.emplace_back(n, &t); };
   detail::walk(*s_, "", true, true, collect);
@@ -565,7 +565,7 @@ EMBER_HEADER_INLINE std::int64_t Module::num_parameters() const {
   return n;
 }
 
-EMBER_HEADER_INLINE StateDict Module::state_dict() const {
+EMBER_COLD EMBER_HEADER_INLINE StateDict Module::state_dict() const {
   StateDict sd;
   auto add = [&](const std::string& n, const detail::TensorSlot& slot) {
     std::visit([&](const auto& t) { sd.emplace(n, AnyTensor(t.defined() ? t.detach() : t)); }, slot);

@@ -51,7 +51,7 @@ class BatchNormT : public Module {
 };
 
 template <int Rank, amp::PrecisionPolicy P>
-BatchNormT<Rank, P>::BatchNormT(std::int64_t num_features, const BatchNormOptions& o)
+EMBER_COLD BatchNormT<Rank, P>::BatchNormT(std::int64_t num_features, const BatchNormOptions& o)
     : Module(Rank == 2 ? "BatchNorm2d" : "BatchNorm1d"), num_features(num_features), options(o) {
   EMBER_CHECK(num_features > 0, type_name(), ": num_features must be positive, got ", num_features);
   set_setting("eps", o.eps);
@@ -69,7 +69,7 @@ BatchNormT<Rank, P>::BatchNormT(std::int64_t num_features, const BatchNormOption
     register_buffer("running_var", running_var);
     register_buffer("num_batches_tracked", num_batches_tracked);
   }
-  set_extra_repr([num_features, o] {
+  set_extra_repr([num_features, o]() EMBER_COLD {
     return std::to_string(num_features) + ", eps=" + std::to_string(o.eps) +
            ", momentum=" + (o.momentum ? std::to_string(*o.momentum) : std::string("None")) +
            ", affine=" + (o.affine ? "True" : "False") +
@@ -143,7 +143,7 @@ class LayerNormT : public Module {
 };
 
 template <amp::PrecisionPolicy P>
-LayerNormT<P>::LayerNormT(Shape normalized_shape, double eps, bool elementwise_affine)
+EMBER_COLD LayerNormT<P>::LayerNormT(Shape normalized_shape, double eps, bool elementwise_affine)
     : Module("LayerNorm"), normalized_shape(normalized_shape), eps(eps) {
   EMBER_CHECK(normalized_shape.n > 0 && normalized_shape.numel() > 0, "nn::LayerNorm: normalized_shape must be "
               "non-empty, got ", normalized_shape.str());
@@ -153,7 +153,7 @@ LayerNormT<P>::LayerNormT(Shape normalized_shape, double eps, bool elementwise_a
     register_parameter("weight", weight);
     register_parameter("bias", bias);
   }
-  set_extra_repr([normalized_shape, eps, elementwise_affine] {
+  set_extra_repr([normalized_shape, eps, elementwise_affine]() EMBER_COLD {
     return normalized_shape.str() + ", eps=" + std::to_string(eps) +
            ", elementwise_affine=" + (elementwise_affine ? "True" : "False");
   });

@@ -23,7 +23,7 @@ class MaxPool2d : public Module {
                                o.padding.w == 0 && o.dilation.h == 1 && o.dilation.w == 1 && !o.ceil_mode
                            ? 1.0
                            : 0.0);
-    set_extra_repr([=] {
+    set_extra_repr([=]() EMBER_COLD {
       const Size2 st = o.stride.h == 0 && o.stride.w == 0 ? kernel_size : o.stride;
       return "kernel_size=" + detail::pair_str(kernel_size) + ", stride=" + detail::pair_str(st) +
              ", padding=" + detail::pair_str(o.padding);
@@ -45,7 +45,7 @@ class MaxPool2d : public Module {
 class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(Size2 kernel_size, const Pool2dOptions& o = {}) : Module("AvgPool2d"), kernel_size(kernel_size), options(o) {
-    set_extra_repr([=] { return "kernel_size=" + detail::pair_str(kernel_size); });
+    set_extra_repr([=]() EMBER_COLD { return "kernel_size=" + detail::pair_str(kernel_size); });
   }
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
@@ -62,7 +62,7 @@ class AvgPool2d : public Module {
 class AdaptiveAvgPool2d : public Module {
  public:
   explicit AdaptiveAvgPool2d(Size2 output_size) : Module("AdaptiveAvgPool2d"), output_size(output_size) {
-    set_extra_repr([=] { return "output_size=" + detail::pair_str(output_size); });
+    set_extra_repr([=]() EMBER_COLD { return "output_size=" + detail::pair_str(output_size); });
   }
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {

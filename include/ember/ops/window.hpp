@@ -17,7 +17,7 @@ struct Size2 {
   Size2(std::int64_t v) : h(v), w(v) {}  // NOLINT: implicit on purpose (`.padding = 1`)
   Size2(std::int64_t h_, std::int64_t w_) : h(h_), w(w_) {}
   /// "(3, 3)", as error messages print it.
-  std::string str() const {
+  EMBER_COLD std::string str() const {
     // Appended piece by piece: `"(" + std::string&&` trips g++ 12's -Wrestrict false positive at -O3.
     std::string s = "(";
     s += std::to_string(h);

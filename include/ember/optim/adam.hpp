@@ -95,7 +95,7 @@ class BasicAdam : public Optimizer {
 };
 
 template <class T, bool Decoupled>
-BasicAdam<T, Decoupled>::BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
+EMBER_COLD BasicAdam<T, Decoupled>::BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
   for (auto& g : groups_) {
     if (!g.options.weight_decay) g.options.weight_decay = kDefaultWeightDecay;
     const AdamOptions& o = g.options;
@@ -169,7 +169,7 @@ void BasicAdam<T, Decoupled>::step() {
 }
 
 template <class T, bool Decoupled>
-nn::StateDict BasicAdam<T, Decoupled>::state_dict() const {
+EMBER_COLD nn::StateDict BasicAdam<T, Decoupled>::state_dict() const {
   nn::StateDict sd;
   for (std::size_t i = 0; i < state_.size(); ++i) {
     const State& s = state_[i];
@@ -189,7 +189,7 @@ nn::StateDict BasicAdam<T, Decoupled>::state_dict() const {
 }
 
 template <class T, bool Decoupled>
-void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd) {
+EMBER_COLD void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd) {
   std::vector<AdamOptions> opts;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<double> v = detail::get_group(sd, g, {"lr", "beta1", "beta2", "eps", "weight_decay"}, kName);

@@ -168,7 +168,7 @@ class OneCycleLR final : public LRScheduler {
 };
 
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE OneCycleLR::OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o)
+EMBER_COLD EMBER_HEADER_INLINE OneCycleLR::OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o)
     : LRScheduler(opt), o_(o) {
   EMBER_CHECK(o.total_steps > 0, "optim::OneCycleLR: total_steps must be positive, got ", o.total_steps);
   EMBER_CHECK(o.pct_start >= 0 && o.pct_start <= 1, "optim::OneCycleLR: pct_start must be in [0, 1], got ",

@@ -102,11 +102,11 @@ EMBER_HEADER_INLINE void put_group(nn::StateDict& sd, std::size_t g, std::initia
 EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict& sd, std::size_t g,
                                                   std::initializer_list<const char*> names, const char* op);
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE void put_group(nn::StateDict& sd, std::size_t g, std::initializer_list<GroupScalar> values) {
+EMBER_COLD EMBER_HEADER_INLINE void put_group(nn::StateDict& sd, std::size_t g, std::initializer_list<GroupScalar> values) {
   const std::string pre = "param_groups." + std::to_string(g) + ".";
   for (const GroupScalar& v : values) sd.emplace(pre + v.name, scalar(v.value));
 }
-EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict& sd, std::size_t g,
+EMBER_COLD EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict& sd, std::size_t g,
                                                   std::initializer_list<const char*> names, const char* op) {
   const std::string pre = "param_groups." + std::to_string(g) + ".";
   std::vector<double> out;

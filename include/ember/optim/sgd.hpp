@@ -72,7 +72,7 @@ class SGD final : public Optimizer {
 };
 
 template <class T>
-SGD<T>::SGD(std::vector<Group> groups) : groups_(std::move(groups)) {
+EMBER_COLD SGD<T>::SGD(std::vector<Group> groups) : groups_(std::move(groups)) {
   for (auto& g : groups_) {
     const SGDOptions& o = g.options;
     EMBER_CHECK(o.lr >= 0, "optim::SGD: invalid learning rate ", o.lr);
@@ -143,7 +143,7 @@ void SGD<T>::step() {
 }
 
 template <class T>
-nn::StateDict SGD<T>::state_dict() const {
+EMBER_COLD nn::StateDict SGD<T>::state_dict() const {
   nn::StateDict sd;
   for (std::size_t i = 0; i < buf_.size(); ++i)
     if (buf_[i].defined()) sd.emplace("state." + std::to_string(i) + ".momentum_buffer", buf_[i].clone());
@@ -156,7 +156,7 @@ nn::StateDict SGD<T>::state_dict() const {
 }
 
 template <class T>
-void SGD<T>::load_state_dict(const nn::StateDict& sd) {
+EMBER_COLD void SGD<T>::load_state_dict(const nn::StateDict& sd) {
   std::vector<SGDOptions> opts;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<double> v =
