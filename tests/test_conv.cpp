@@ -291,9 +291,37 @@ struct NoWinograd {
   ~NoWinograd() { cpu::conv_winograd_enabled() = saved; }
 };
 
+TEST_CASE("cpu epilogues: GELU's and SiLU's loops come from a table; one never enabled is an error, not a crash") {
+  // What a program sees before anything enabled them (nothing fused, no ops::linear/conv2d with an activation).
+  auto& table = cpu::detail::heavy_acts<float>;
+  for (int k = 0; k < 3; ++k) {
+    table.bias[k].store(nullptr);
+    table.nobias[k].store(nullptr);
+  }
+  const TF x = normal_f({5, 37}, 81), b = normal_f({37}, 82);
+  TF y = x.clone();
+  CHECK_THROWS_WITH_AS(cpu::act_(y.data(), y.numel(), cpu::Act::gelu),
+                       doctest::Contains("the gelu epilogue for float32 was never enabled"), Error);
+  CHECK_THROWS_WITH_AS(cpu::bias_act_rows_(y.data(), 5, 37, 37, b.data(), cpu::Act::silu),
+                       doctest::Contains("the silu epilogue for float32 was never enabled"), Error);
+  CHECK_THROWS_WITH_AS(cpu::act_(y.data(), y.numel(), cpu::Act(9)), doctest::Contains("unknown activation 9"), Error);
+  cpu::act_(y.data(), y.numel(), cpu::Act::relu);  // ReLU needs no table
+  CHECK(ember_test::bitwise_equal(y, TF(relu(x))));
+  // ops::linear with an activation enables them itself, and the epilogue equals the element-wise op bit for bit.
+  const TF w = normal_f({37, 37}, 83);
+  const TF plain = ops::linear(x, w, b);
+  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, ops::LinearAct::gelu), TF(gelu(plain))));
+  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, ops::LinearAct::gelu_tanh), TF(gelu_tanh(plain))));
+  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, ops::LinearAct::silu), TF(silu(plain))));
+  y = x.clone();
+  cpu::act_(y.data(), y.numel(), cpu::Act::silu);
+  CHECK(ember_test::bitwise_equal(y, TF(silu(x))));
+}
+
 TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with double") {
   ThreadsGuard guard;
   NoWinograd no_winograd;
+  cpu::enable_act_epilogues<float>();  // cpu::conv2d_forward reads GELU's loop from the table
   struct Case {
     i64 n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups;
   };
@@ -377,6 +405,7 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
 // Thread counts give identical bits (each tile's sums do not depend on how tiles are grouped).
 TEST_CASE("conv2d float: the Winograd forward and both gradients agree with double") {
   ThreadsGuard guard;
+  cpu::enable_act_epilogues<float>();  // cpu::conv2d_forward reads GELU's loop from the table
   if (!EMBER_CONV_DIRECT) return;
   constexpr double wino_bound = 2, gw_bound = 4;
   struct Case {

@@ -164,9 +164,9 @@ Tensor<T> linear_none_or_relu(const Tensor<T>& x, const Tensor<T>& w, const Tens
   EMBER_CHECK(!b.defined() || (b.dim() == 1 && b.numel() == w.size(0)), "linear: bias of shape ", b.shape().str(),
               " does not match ", w.size(0), " output features");
   const bool grad = is_grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
-  if (!grad) return ops::linear(x, w, b, act);
+  if (!grad) return ops::detail::linear_enabled(x, w, b, act);
   if (x.device().is_cpu() && w.device().is_cpu() && (!b.defined() || b.device().is_cpu())) {
-    Tensor<T> y = ops::linear(x, w, b, act);
+    Tensor<T> y = ops::detail::linear_enabled(x, w, b, act);
     auto node = std::make_shared<autograd::LinearNode<T>>();
     auto edge = [](const Tensor<T>& t) { return t.defined() ? autograd::gradient_edge(t) : nullptr; };
     node->next = {edge(x), edge(w)};

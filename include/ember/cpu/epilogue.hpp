@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,23 +45,74 @@ EMBER_VECTORIZE void act_run_nobias(T* EMBER_RESTRICT y, std::int64_t n, F f) {
   using C = std::conditional_t<sizeof(T) == 2, float, T>;
   for (std::int64_t i = 0; i < n; ++i) y[i] = T(f(C(y[i])));
 }
-template <class T, class G>
-void dispatch_act(Act a, const G& g) {
-  switch (a) {
-    case Act::relu: g(ops_table::Relu{}); break;
-    case Act::gelu: g(ops_table::Gelu{}); break;
-    case Act::gelu_tanh: g(ops_table::GeluTanh{}); break;
-    case Act::silu: g(ops_table::Silu{}); break;
-    default: break;
-  }
+// GELU (erf and tanh forms) and SiLU, the activations whose math is heavy, are reached through a table of loops
+// rather than named by every caller: a layer's activation is read at run time (nn::fuse_conv_bn moves one into
+// it), and naming all of them would compile their loops into every program that has a layer, fused or not. What
+// can give a layer one of these (the fold of nn::fuse_conv_bn, quant's layers, ops::linear and ops::conv2d called
+// with an activation) fills the table first with enable_act_epilogues<T>().
+template <class T>
+struct HeavyActs {
+  using WithBias = void (*)(T*, std::int64_t, const T*, T);
+  using NoBias = void (*)(T*, std::int64_t);
+  std::atomic<WithBias> bias[3] = {};
+  std::atomic<NoBias> nobias[3] = {};
+};
+template <class T>
+inline HeavyActs<T> heavy_acts;
+
+template <class T, class F>
+void heavy_bias(T* y, std::int64_t n, const T* bias_row, T bias) {
+  act_run(y, n, bias_row, bias, F{});
+}
+template <class T, class F>
+void heavy_nobias(T* y, std::int64_t n) {
+  act_run_nobias(y, n, F{});
+}
+// The slot of a heavy activation (gelu 0, gelu_tanh 1, silu 2), or an error naming it when its loops are not in the
+// table (or a is not one of them).
+template <class T>
+int heavy_slot(Act a, bool with_bias) {
+  const int k = int(a) - int(Act::gelu);
+  EMBER_CHECK(k >= 0 && k < 3, "cpu epilogue: unknown activation ", int(a));
+  const bool ready = with_bias ? heavy_acts<T>.bias[k].load(std::memory_order_acquire) != nullptr
+                               : heavy_acts<T>.nobias[k].load(std::memory_order_acquire) != nullptr;
+  EMBER_CHECK(ready, "cpu epilogue: the ", act_name(a), " epilogue for ", dtype_name<T>(),
+              " was never enabled (cpu::enable_act_epilogues<", dtype_name<T>(),
+              ">() comes first: nn::fuse_conv_bn, quant's layers, ops::linear and ops::conv2d call it)");
+  return k;
+}
+template <class T>
+void heavy_act_run(T* y, std::int64_t n, const T* bias_row, T bias, Act a) {
+  heavy_acts<T>.bias[heavy_slot<T>(a, true)].load(std::memory_order_acquire)(y, n, bias_row, bias);
+}
+template <class T>
+void heavy_act_run_nobias(T* y, std::int64_t n, Act a) {
+  heavy_acts<T>.nobias[heavy_slot<T>(a, false)].load(std::memory_order_acquire)(y, n);
 }
 }  // namespace detail
+
+/// Puts dtype T's GELU, GELU-tanh and SiLU loops in the table the epilogues below read them from (see HeavyActs
+/// above); idempotent and thread-safe. ReLU's loop needs no enabling.
+template <class T>
+void enable_act_epilogues() {
+  auto& t = detail::heavy_acts<T>;
+  t.bias[0].store(&detail::heavy_bias<T, ops_table::Gelu>, std::memory_order_release);
+  t.bias[1].store(&detail::heavy_bias<T, ops_table::GeluTanh>, std::memory_order_release);
+  t.bias[2].store(&detail::heavy_bias<T, ops_table::Silu>, std::memory_order_release);
+  t.nobias[0].store(&detail::heavy_nobias<T, ops_table::Gelu>, std::memory_order_release);
+  t.nobias[1].store(&detail::heavy_nobias<T, ops_table::GeluTanh>, std::memory_order_release);
+  t.nobias[2].store(&detail::heavy_nobias<T, ops_table::Silu>, std::memory_order_release);
+}
+
+/// True for the activations enable_act_epilogues provides (GELU, GELU-tanh, SiLU).
+inline bool is_heavy_act(Act a) { return a == Act::gelu || a == Act::gelu_tanh || a == Act::silu; }
 
 /// y[0, n) = act(y) in place.
 template <class T>
 void act_(T* y, std::int64_t n, Act a) {
   if (a == Act::none || n <= 0) return;
-  detail::dispatch_act<T>(a, [&](auto f) { detail::act_run_nobias(y, n, f); });
+  if (a == Act::relu) detail::act_run_nobias(y, n, ops_table::Relu{});
+  else detail::heavy_act_run_nobias(y, n, a);
 }
 
 /// y[0, n) = act(y + bias) in place, one bias for the whole run (a channel of a convolution's output).
@@ -71,7 +123,8 @@ void bias_act_(T* y, std::int64_t n, T bias, Act a) {
     detail::act_run(y, n, static_cast<const T*>(nullptr), bias, [](auto v) { return v; });
     return;
   }
-  detail::dispatch_act<T>(a, [&](auto f) { detail::act_run(y, n, static_cast<const T*>(nullptr), bias, f); });
+  if (a == Act::relu) detail::act_run(y, n, static_cast<const T*>(nullptr), bias, ops_table::Relu{});
+  else detail::heavy_act_run(y, n, static_cast<const T*>(nullptr), bias, a);
 }
 
 /// Rows of y (rows x n, leading dim ld): y[r, j] = act(y[r, j] + bias[j]) (a bias per column, as linear's), or
@@ -85,12 +138,16 @@ void bias_act_rows_(T* y, std::int64_t rows, std::int64_t n, std::int64_t ld, co
       detail::act_run(y + r * ld, n, bias, T(0), [](auto v) { return v; });
     return;
   }
-  detail::dispatch_act<T>(a, [&](auto f) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      if (bias) detail::act_run(y + r * ld, n, bias, T(0), f);
-      else detail::act_run_nobias(y + r * ld, n, f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* yr = y + r * ld;
+    if (a == Act::relu) {
+      if (bias) detail::act_run(yr, n, bias, T(0), ops_table::Relu{});
+      else detail::act_run_nobias(yr, n, ops_table::Relu{});
+    } else {
+      if (bias) detail::heavy_act_run(yr, n, bias, T(0), a);
+      else detail::heavy_act_run_nobias(yr, n, a);
     }
-  });
+  }
 }
 
 /// What linear's backward sums a bias gradient in: double for float and double, fp32 for 16-bit types.

@@ -92,8 +92,8 @@ auto Conv2dT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> 
   const bool pool = fused_pool();
   if ((act != cpu::Act::none || pool) && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
     auto run = [&](const Tensor<compute_t>& x4) -> Tensor<compute_t> {
-      if (!pool || x4.device().is_cpu()) return ops::conv2d(x4, wc, bc, co, act, pool);
-      return max_pool2d(ops::conv2d(x4, wc, bc, co, act), 2);  // the pool as its own op off the CPU
+      if (!pool || x4.device().is_cpu()) return ops::detail::conv2d_enabled(x4, wc, bc, co, act, pool);
+      return max_pool2d(ops::detail::conv2d_enabled(x4, wc, bc, co, act, false), 2);  // the pool as its own op off the CPU
     };
     if (x.dim() == 3) return run(x.unsqueeze(0)).squeeze(0);  // unbatched
     return run(x);

@@ -208,6 +208,12 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void fold(const FoldSite& f) {
   }
   if (f.act) {
     l.activation = static_cast<unsigned char>(f.act_kind);
+    if (cpu::is_heavy_act(f.act_kind)) {  // the layer's forward reads GELU's or SiLU's loops from a table
+      cpu::enable_act_epilogues<float>();
+      cpu::enable_act_epilogues<double>();
+      cpu::enable_act_epilogues<half>();
+      cpu::enable_act_epilogues<bfloat16>();
+    }
     make_identity(*f.act);
   }
   if (!f.bn) return;

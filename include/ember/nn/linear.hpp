@@ -69,7 +69,7 @@ auto LinearT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> 
   // nn/detail/fused_act.hpp for the other case).
   const auto act = cpu::Act(fused_activation());
   if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
-    return ops::linear(x, wc, bc, act);
+    return ops::detail::linear_enabled(x, wc, bc, act);
   return ember::linear(x, wc, bc);
 }
 

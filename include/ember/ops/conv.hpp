@@ -132,13 +132,13 @@ Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b
 }
 }  // namespace detail
 
-/// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined)), without
-/// autograd. On the CPU the activation is applied to each image's output right after its GEMM, while it is in
-/// cache (no separate pass over y); on CUDA, one fused element-wise pass after cuDNN's convolution. pool2 (CPU
-/// only) also takes a 2x2 max pool (stride 2, floor) of each image's output there: y is (N, O, oh/2, ow/2).
+namespace detail {
+/// The body of ops::conv2d (below) for callers whose activation's CPU loops are enabled already: none or relu, or
+/// one that nn::fuse_conv_bn moved into a layer (its fold enables GELU's and SiLU's). A layer's forward calls this,
+/// so a program that fuses nothing does not compile the GELU and SiLU loops.
 template <class T>
-Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none, bool pool2 = false) {
+Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const Conv2dOptions& o,
+                         cpu::Act act, bool pool2) {
   EMBER_PROFILE_RANGE("conv2d");
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
@@ -169,6 +169,18 @@ Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   if (y.numel() > 0)
     cpu::conv2d_forward<T>(g, xc.data(), wc.data(), bc.defined() ? bc.data() : nullptr, y.data(), act, pool2);
   return y;
+}
+}  // namespace detail
+
+/// y (N, O, oh, ow) = act(conv2d(x (N, C, H, W), w (O, C/groups, kh, kw)) + b (O; may be undefined)), without
+/// autograd. On the CPU the activation is applied to each image's output right after its GEMM, while it is in
+/// cache (no separate pass over y); on CUDA, one fused element-wise pass after cuDNN's convolution. pool2 (CPU
+/// only) also takes a 2x2 max pool (stride 2, floor) of each image's output there: y is (N, O, oh/2, ow/2).
+template <class T>
+Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
+                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none, bool pool2 = false) {
+  if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<T>();
+  return detail::conv2d_enabled(x, w, b, o, act, pool2);
 }
 
 /// The gradients of conv2d; each is undefined when not asked for.

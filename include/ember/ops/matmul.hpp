@@ -163,12 +163,12 @@ void bias_act_(Tensor<T>& y, const Tensor<T>& b, LinearAct act, const Assign& as
 }
 }  // namespace detail
 
-/// y (..., out) = act(x (..., in) @ w (out, in)^T + b (out)), without autograd (b may be undefined). On CUDA with a
-/// bias this is one cuBLASLt call with the bias and the activation applied in the GEMM's epilogue; otherwise (CPU,
-/// no bias, or no cuBLASLt kernel for the problem) a GEMM followed by one fused element-wise pass.
+namespace detail {
+/// The body of ops::linear (below) for callers whose activation's CPU loops are enabled already: none or relu, or
+/// one that nn::fuse_conv_bn moved into a layer (its fold enables GELU's and SiLU's). A layer's forward calls this,
+/// so a program that fuses nothing does not compile the GELU and SiLU loops.
 template <class T>
-Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 LinearAct act = LinearAct::none) {
+Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, LinearAct act) {
   EMBER_PROFILE_RANGE("linear");
   static_assert(is_floating_v<T>, "linear: floating-point tensors only");
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
@@ -228,6 +228,17 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
     cpu::bias_act_rows_(y.data() + r0 * N, r, N, N, bc.defined() ? bc.data() : nullptr, act);
   }
   return y.view(out);
+}
+}  // namespace detail
+
+/// y (..., out) = act(x (..., in) @ w (out, in)^T + b (out)), without autograd (b may be undefined). On CUDA with a
+/// bias this is one cuBLASLt call with the bias and the activation applied in the GEMM's epilogue; otherwise (CPU,
+/// no bias, or no cuBLASLt kernel for the problem) a GEMM followed by one fused element-wise pass.
+template <class T>
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
+                 LinearAct act = LinearAct::none) {
+  if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<T>();
+  return detail::linear_enabled(x, w, b, act);
 }
 
 /// The gradients linear_backward computes (undefined where not asked for).

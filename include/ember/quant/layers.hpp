@@ -75,6 +75,7 @@ struct QuantizedLayer {
                 weight.defined() ? weight.shape().str() : std::string("an undefined tensor"));
     out = weight.size(0);
     depth = weight.numel() / std::max<std::int64_t>(out, 1);
+    if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<float>();  // the forward reads GELU's or SiLU's loops
     EMBER_CHECK(out > 0 && depth > 0 && depth <= kMaxDepth, what, " '", name, "': weight ", weight.shape().str(),
                 " has a GEMM depth of ", depth, "; int8 layers take 1 to ", kMaxDepth,
                 " (int32 sums must not overflow)");
