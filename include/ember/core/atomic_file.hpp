@@ -70,7 +70,7 @@ inline std::optional<pid_t> atomic_temp_pid(std::string_view name, std::string_v
 /// a folder that cannot be listed or a file that cannot be removed is left as it is. Returns how many it removed.
 EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target);
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target) {
+EMBER_COLD EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target) {
   namespace fs = std::filesystem;
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string prefix = atomic_temp_prefix(target);
@@ -157,7 +157,7 @@ EMBER_COLD EMBER_HEADER_INLINE AtomicFile::AtomicFile(std::string path, std::str
               detail::atomic_file_errno_text(errno));
 }
 
-EMBER_HEADER_INLINE void AtomicFile::write(const void* data, std::size_t n) {
+EMBER_COLD EMBER_HEADER_INLINE void AtomicFile::write(const void* data, std::size_t n) {
   EMBER_CHECK(fd_ >= 0, who_, ": write to '", path_, "' after commit or discard");
   auto p = static_cast<const unsigned char*>(data);
   while (n > 0) {
@@ -169,7 +169,7 @@ EMBER_HEADER_INLINE void AtomicFile::write(const void* data, std::size_t n) {
   }
 }
 
-EMBER_HEADER_INLINE void AtomicFile::commit() {
+EMBER_COLD EMBER_HEADER_INLINE void AtomicFile::commit() {
   EMBER_CHECK(fd_ >= 0, who_, ": commit of '", path_, "' after commit or discard");
   try {
     EMBER_CHECK(::fsync(fd_) == 0, who_, ": fsync of '", tmp_, "' failed: ", detail::atomic_file_errno_text(errno));
@@ -199,7 +199,7 @@ EMBER_HEADER_INLINE void AtomicFile::commit() {
 /// writers for the same path are removed first (see AtomicFile).
 EMBER_HEADER_INLINE void atomic_write(const std::string& path, std::span<const unsigned char> bytes);
 #if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE void atomic_write(const std::string& path, std::span<const unsigned char> bytes) {
+EMBER_COLD EMBER_HEADER_INLINE void atomic_write(const std::string& path, std::span<const unsigned char> bytes) {
   AtomicFile f(path);
   f.write(bytes);
   f.commit();

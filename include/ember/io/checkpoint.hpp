@@ -39,7 +39,7 @@ namespace detail {
 inline constexpr const char* kCheckpointFormat = "ember-checkpoint-1";
 
 template <class I>
-I parse_int(const Metadata& m, const std::string& key, const std::string& file) {
+EMBER_COLD I parse_int(const Metadata& m, const std::string& key, const std::string& file) {
   auto it = m.find(key);
   EMBER_CHECK(it != m.end(), "load_checkpoint: '", file, "' has no '", key, "' entry");
   I v{};
@@ -52,7 +52,7 @@ I parse_int(const Metadata& m, const std::string& key, const std::string& file) 
 }
 
 /// A file's tensor as a state tensor (the dtypes state dicts hold); another dtype is an error naming it.
-inline StateTensor to_state_tensor(const AnyTensor& t, const std::string& key, const std::string& file) {
+EMBER_COLD inline StateTensor to_state_tensor(const AnyTensor& t, const std::string& key, const std::string& file) {
   return std::visit(
       [&](const auto& x) -> StateTensor {
         if constexpr (std::is_constructible_v<StateTensor, decltype(x)>) {

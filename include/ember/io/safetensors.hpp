@@ -94,7 +94,7 @@ struct SafeEntry {
 
 #if EMBER_IO_BODIES
 template <class T>
-AnyTensor make_tensor(const SafeEntry& e, const unsigned char* data, const std::string& file) {
+EMBER_COLD AnyTensor make_tensor(const SafeEntry& e, const unsigned char* data, const std::string& file) {
   Tensor<T> t = empty<T>(e.shape);
   const std::size_t n = std::size_t(e.end - e.begin);
   if constexpr (std::is_same_v<T, bool>) {
@@ -109,7 +109,7 @@ AnyTensor make_tensor(const SafeEntry& e, const unsigned char* data, const std::
 
 EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, const char* what);
 #if EMBER_IO_BODIES
-EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, const char* what) {
+EMBER_COLD EMBER_IO_INLINE std::vector<unsigned char> read_file(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
   EMBER_CHECK(f.good(), what, ": cannot open '", path, "'");
   f.seekg(0, std::ios::end);
@@ -152,7 +152,7 @@ inline std::size_t utf8_sequence(const unsigned char* p, std::size_t avail) {
 /// Appends s to out as a JSON string: in double quotes, with `"`, `\` and the control characters escaped (\b, \t,
 /// \n, \f, \r, else \u00xx) and every other byte as it is, as JSON libraries write it. JSON text is UTF-8, so s
 /// must be valid UTF-8; otherwise an ember::Error names it (`what` and the quoted `name`) and the first bad byte.
-inline void append_json_string(std::string& out, std::string_view s, const char* what, std::string_view name) {
+EMBER_COLD inline void append_json_string(std::string& out, std::string_view s, const char* what, std::string_view name) {
   static constexpr char hex[] = "0123456789abcdef";
   out += '"';
   for (std::size_t i = 0; i < s.size();) {
@@ -203,7 +203,7 @@ class JsonSax {
   JsonSax(const char* begin, const char* end, Handler& h, const std::string& where)
       : b_(begin), p_(begin), e_(end), h_(h), where_(where) {}
   /// Reads one JSON value spanning the input, whitespace around it allowed.
-  void run() {
+  EMBER_COLD void run() {
     ws();
     value(0);
     ws();
@@ -224,7 +224,7 @@ class JsonSax {
   }
   static bool digit(char c) { return c >= '0' && c <= '9'; }
 
-  void value(int depth) {
+  EMBER_COLD void value(int depth) {
     if (p_ == e_) fail("unexpected end", p_, p_);
     switch (*p_) {
       case '{': return object(depth);
@@ -244,7 +244,7 @@ class JsonSax {
   // The members of an object or the elements of an array, from its opening byte to its closing one: `item` reads
   // one member or element; `expected` is the error when neither ',' nor the closing byte follows one.
   template <class Item>
-  void items(char close, const char* expected, const Item& item) {
+  EMBER_COLD void items(char close, const char* expected, const Item& item) {
     ++p_;
     ws();
     if (p_ != e_ && *p_ == close) {
@@ -266,7 +266,7 @@ class JsonSax {
       fail(expected, p_, p_ + 1);
     }
   }
-  void object(int depth) {
+  EMBER_COLD void object(int depth) {
     if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
     h_.start_object();
     items('}', "expected ',' or '}' in an object", [&] {
@@ -281,7 +281,7 @@ class JsonSax {
     });
     h_.end_object();
   }
-  void array(int depth) {
+  EMBER_COLD void array(int depth) {
     if (depth >= kMaxDepth) fail("nesting deeper than 64 levels", p_, p_ + 1);
     h_.start_array();
     items(']', "expected ',' or ']' in an array", [&] { value(depth + 1); });
@@ -292,7 +292,7 @@ class JsonSax {
       fail("invalid literal", p_, p_ + word.size());
     p_ += word.size();
   }
-  void number() {
+  EMBER_COLD void number() {
     const char* t = p_;
     const bool neg = *p_ == '-';
     if (neg) ++p_;
@@ -367,7 +367,7 @@ class JsonSax {
     }
   }
   /// A string at p_ (its opening quote), unescaped into tok_.
-  void string() {
+  EMBER_COLD void string() {
     const char* t = p_;
     ++p_;
     tok_.clear();
@@ -444,7 +444,7 @@ class SafetensorsHeaderParser {
   bool null() { return scalar("null"); }
   bool boolean(bool b) { return scalar(b ? "true" : "false"); }
   bool number_integer(std::int64_t v) { return scalar(std::to_string(v)); }
-  bool number_unsigned(std::uint64_t v) {
+  EMBER_COLD bool number_unsigned(std::uint64_t v) {
     if (at_ == At::Shape) {
       if (ndims_ < std::uint64_t(kMaxDims)) shape_[ndims_] = v;
       ++ndims_;  // counted, not stored, beyond ember's limit: memory stays bounded
@@ -458,7 +458,7 @@ class SafetensorsHeaderParser {
     return scalar(std::to_string(v));
   }
   bool number_float(const std::string& text) { return scalar(text, /*quote=*/false); }
-  bool string(const std::string& v) {
+  EMBER_COLD bool string(const std::string& v) {
     if (at_ == At::Meta) {
       metadata.emplace(key_, v);
       return true;
@@ -471,7 +471,7 @@ class SafetensorsHeaderParser {
     return scalar(v, /*quote=*/true, "a string ");
   }
 
-  bool start_object() {
+  EMBER_COLD bool start_object() {
     switch (at_) {
       case At::Start: at_ = At::Top; return true;
       case At::Top:
@@ -488,7 +488,7 @@ class SafetensorsHeaderParser {
       default: return scalar("an object");
     }
   }
-  bool key(const std::string& k) {
+  EMBER_COLD bool key(const std::string& k) {
     switch (at_) {
       case At::Top:
         EMBER_CHECK(names_.insert(k).second, where(), ": the header has the key ", quote_untrusted(k), " twice");
@@ -511,7 +511,7 @@ class SafetensorsHeaderParser {
       default: return true;  // unreachable: keys occur only in objects, and only those above are accepted
     }
   }
-  bool end_object() {
+  EMBER_COLD bool end_object() {
     switch (at_) {
       case At::Top: at_ = At::Done; return true;
       case At::Meta: at_ = At::Top; return true;
@@ -524,7 +524,7 @@ class SafetensorsHeaderParser {
       default: return true;
     }
   }
-  bool start_array() {
+  EMBER_COLD bool start_array() {
     if (at_ == At::Tensor && field_ == kShape) {
       at_ = At::Shape;
       return true;
@@ -535,7 +535,7 @@ class SafetensorsHeaderParser {
     }
     return scalar("an array");
   }
-  bool end_array() {
+  EMBER_COLD bool end_array() {
     at_ = At::Tensor;  // only Shape and Offsets accept an array
     return true;
   }
@@ -549,7 +549,7 @@ class SafetensorsHeaderParser {
 
   /// A value (or the start of an object or array) where the grammar does not allow it: the error says what was
   /// expected there. `text` describes the value: a literal, or file text to quote.
-  bool scalar(const std::string& text, bool quote = false, const char* kind = "") {
+  EMBER_COLD bool scalar(const std::string& text, bool quote = false, const char* kind = "") {
     const std::string got = kind + (quote ? quote_untrusted(text) : bounded(text));
     switch (at_) {
       case At::Start: EMBER_CHECK(false, where(), ": the header is not a JSON object"); break;
@@ -583,7 +583,7 @@ class SafetensorsHeaderParser {
   }
 
   /// Checks one complete entry: dtype, shape (rank, size without overflow), data offsets.
-  void finish_entry() {
+  EMBER_COLD void finish_entry() {
     SafeEntry e{key_, dtype_, {}, 0, 0};
     EMBER_CHECK(ndims_ <= std::uint64_t(kMaxDims), tensor_what(), " has ", ndims_, " dims; ember supports at most ",
                 kMaxDims);
@@ -785,13 +785,13 @@ EMBER_COLD EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(cons
 #endif
 
 /// Writes a safetensors file atomically (see atomic_write): a crash leaves the previous file intact.
-inline void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata = {}) {
+EMBER_COLD inline void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata = {}) {
   const std::vector<unsigned char> bytes = serialize_safetensors(tensors, metadata);
   atomic_write(path, bytes);
 }
 
 /// Reads a safetensors file (as written by ember, or by Python's safetensors with PyTorch or NumPy).
-inline SafeTensors load_safetensors(const std::string& path) {
+EMBER_COLD inline SafeTensors load_safetensors(const std::string& path) {
   const std::vector<unsigned char> bytes = detail::read_file(path, "load_safetensors");
   return parse_safetensors(bytes, path);
 }

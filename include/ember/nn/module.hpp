@@ -125,7 +125,7 @@ std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
 /// The elements of a state tensor (on any device) in row-major order, as doubles (exact for every floating dtype).
 /// A template only so that it is compiled where it is called (load_state_dict, nn::fuse_conv_bn, quant).
 template <class Deferred = void>
-std::vector<double> values_as_double(const TensorSlot& t) {
+EMBER_COLD std::vector<double> values_as_double(const TensorSlot& t) {
   return std::visit(
       [](const auto& x) {
         const auto h = x.device().is_cpu() ? x : ember::detail::copy_to_device(x, Device::cpu(), false);

@@ -116,7 +116,7 @@ EMBER_COLD EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict
 #endif
 /// Copies a saved state tensor into (or creates) a buffer of the parameter's shape, on the parameter's device.
 template <class T>
-void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,
+EMBER_COLD void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,
                  const char* op) {
   auto it = sd.find(key);
   if (it == sd.end()) {
