@@ -68,26 +68,25 @@ template <class T, class F>
 void heavy_nobias(T* y, std::int64_t n) {
   act_run_nobias(y, n, F{});
 }
-// The slot of a heavy activation (gelu 0, gelu_tanh 1, silu 2), or an error naming it when its loops are not in the
-// table (or a is not one of them).
-template <class T>
-int heavy_slot(Act a, bool with_bias) {
+// The loop of heavy activation a (slot gelu 0, gelu_tanh 1, silu 2) in one column of the table, read once per call;
+// an error naming a and the dtype when it was never enabled (or a is not one of them).
+template <class Fn>
+Fn heavy_fn(const std::atomic<Fn> (&slots)[3], Act a, const char* dtype) {
   const int k = int(a) - int(Act::gelu);
   EMBER_CHECK(k >= 0 && k < 3, "cpu epilogue: unknown activation ", int(a));
-  const bool ready = with_bias ? heavy_acts<T>.bias[k].load(std::memory_order_acquire) != nullptr
-                               : heavy_acts<T>.nobias[k].load(std::memory_order_acquire) != nullptr;
-  EMBER_CHECK(ready, "cpu epilogue: the ", act_name(a), " epilogue for ", dtype_name<T>(),
-              " was never enabled (cpu::enable_act_epilogues<", dtype_name<T>(),
+  const Fn f = slots[k].load(std::memory_order_acquire);
+  EMBER_CHECK(f != nullptr, "cpu epilogue: the ", act_name(a), " epilogue for ", dtype,
+              " was never enabled (cpu::enable_act_epilogues<", dtype,
               ">() comes first: nn::fuse_conv_bn, quant's layers, ops::linear and ops::conv2d call it)");
-  return k;
+  return f;
 }
 template <class T>
-void heavy_act_run(T* y, std::int64_t n, const T* bias_row, T bias, Act a) {
-  heavy_acts<T>.bias[heavy_slot<T>(a, true)].load(std::memory_order_acquire)(y, n, bias_row, bias);
+typename HeavyActs<T>::WithBias heavy_bias_fn(Act a) {
+  return heavy_fn(heavy_acts<T>.bias, a, dtype_name<T>());
 }
 template <class T>
-void heavy_act_run_nobias(T* y, std::int64_t n, Act a) {
-  heavy_acts<T>.nobias[heavy_slot<T>(a, false)].load(std::memory_order_acquire)(y, n);
+typename HeavyActs<T>::NoBias heavy_nobias_fn(Act a) {
+  return heavy_fn(heavy_acts<T>.nobias, a, dtype_name<T>());
 }
 }  // namespace detail
 
@@ -112,7 +111,7 @@ template <class T>
 void act_(T* y, std::int64_t n, Act a) {
   if (a == Act::none || n <= 0) return;
   if (a == Act::relu) detail::act_run_nobias(y, n, ops_table::Relu{});
-  else detail::heavy_act_run_nobias(y, n, a);
+  else detail::heavy_nobias_fn<T>(a)(y, n);
 }
 
 /// y[0, n) = act(y + bias) in place, one bias for the whole run (a channel of a convolution's output).
@@ -124,7 +123,7 @@ void bias_act_(T* y, std::int64_t n, T bias, Act a) {
     return;
   }
   if (a == Act::relu) detail::act_run(y, n, static_cast<const T*>(nullptr), bias, ops_table::Relu{});
-  else detail::heavy_act_run(y, n, static_cast<const T*>(nullptr), bias, a);
+  else detail::heavy_bias_fn<T>(a)(y, n, nullptr, bias);
 }
 
 /// Rows of y (rows x n, leading dim ld): y[r, j] = act(y[r, j] + bias[j]) (a bias per column, as linear's), or
@@ -138,15 +137,17 @@ void bias_act_rows_(T* y, std::int64_t rows, std::int64_t n, std::int64_t ld, co
       detail::act_run(y + r * ld, n, bias, T(0), [](auto v) { return v; });
     return;
   }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    T* yr = y + r * ld;
-    if (a == Act::relu) {
-      if (bias) detail::act_run(yr, n, bias, T(0), ops_table::Relu{});
-      else detail::act_run_nobias(yr, n, ops_table::Relu{});
-    } else {
-      if (bias) detail::heavy_act_run(yr, n, bias, T(0), a);
-      else detail::heavy_act_run_nobias(yr, n, a);
+  if (a == Act::relu) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (bias) detail::act_run(y + r * ld, n, bias, T(0), ops_table::Relu{});
+      else detail::act_run_nobias(y + r * ld, n, ops_table::Relu{});
     }
+  } else if (bias) {
+    const auto f = detail::heavy_bias_fn<T>(a);
+    for (std::int64_t r = 0; r < rows; ++r) f(y + r * ld, n, bias, T(0));
+  } else {
+    const auto f = detail::heavy_nobias_fn<T>(a);
+    for (std::int64_t r = 0; r < rows; ++r) f(y + r * ld, n);
   }
 }
 
