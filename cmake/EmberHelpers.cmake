@@ -14,7 +14,7 @@ function(ember_set_target_options target)
     list(APPEND flags -march=native)
   endif()
   # g++ collects its garbage each time the heap has doubled since the last collection, from 128 MB (its defaults
-  # on a machine with more than 1 GB): on ember's TUs, 1-4 GB, that is about a tenth of the compile. From 1 GB
+  # on a machine with more than 1 GB): on ember's TUs, 0.7-4 GB, that is about a tenth of the compile. From 1 GB
   # and at 200% growth (EMBER_GCC_FEWER_GC) it collects once or twice. Compiler tuning only: the code generated
   # is the same.
   set(gc_params --param=ggc-min-expand=200 --param=ggc-min-heapsize=1048576)
@@ -25,7 +25,8 @@ function(ember_set_target_options target)
       set(cxx_gcc_flags ${gc_params})
     endif()
     # nvcc's host compiler: the one CMAKE_CUDA_HOST_COMPILER names, or nvcc's default (gcc on Linux).
-    if(CMAKE_CUDA_COMPILER AND (NOT CMAKE_CUDA_HOST_COMPILER OR CMAKE_CUDA_HOST_COMPILER MATCHES "(^|/)(g\\+\\+|gcc|c\\+\\+)[-0-9.]*$"))
+    if(CMAKE_CUDA_COMPILER AND (NOT CMAKE_CUDA_HOST_COMPILER OR
+                                CMAKE_CUDA_HOST_COMPILER MATCHES "(^|/)(g\\+\\+|gcc|c\\+\\+)[-0-9.]*$"))
       set(cuda_gcc_flags ${gc_params})
     endif()
   endif()

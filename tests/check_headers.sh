@@ -9,8 +9,8 @@ cd "$root"
 args=("$cxx" -std=c++20 -fsyntax-only -I include)
 # g++ spends a fifth of a parse collecting garbage at its default thresholds; fewer collections, same diagnostics
 # (as EMBER_GCC_FEWER_GC does for the build).
-if "$cxx" -dM -E -x c++ /dev/null 2>/dev/null | grep -q '__GNUC__' &&
-   ! "$cxx" -dM -E -x c++ /dev/null 2>/dev/null | grep -q '__clang__'; then
+macros=$("$cxx" -dM -E -x c++ /dev/null 2>/dev/null || true)
+if [[ $macros == *__GNUC__* && $macros != *__clang__* ]]; then
   args+=(--param=ggc-min-expand=200 --param=ggc-min-heapsize=1048576)
 fi
 IFS=: read -ra dirs <<<"$eigen"
