@@ -7,27 +7,28 @@
 # stay out. NO_WERROR: programs built around a third-party library's headers (the LibTorch peer).
 # EMBER_SANITIZE (e.g. "address,undefined" or "thread") builds them with those sanitizers (the CI jobs in
 # scripts/sanitize.sh).
+# g++ collects its garbage each time the heap has doubled since the last collection, from 128 MB (its defaults on
+# a machine with more than 1 GB): on ember's TUs, 0.7-4 GB, that is about a tenth of the compile. From 1 GB and at
+# 200% growth it collects once or twice. Compiler tuning only: the code generated is the same. Under
+# EMBER_GCC_FEWER_GC these go to g++ for ember's own targets (below) and to the header check (tests/CMakeLists.txt).
+set(EMBER_GCC_GC_PARAMS --param=ggc-min-expand=200 --param=ggc-min-heapsize=1048576)
+
 function(ember_set_target_options target)
   cmake_parse_arguments(arg "NO_WERROR" "" "" ${ARGN})
   set(flags -Wall -Wextra)
   if(EMBER_NATIVE)
     list(APPEND flags -march=native)
   endif()
-  # g++ collects its garbage each time the heap has doubled since the last collection, from 128 MB (its defaults
-  # on a machine with more than 1 GB): on ember's TUs, 0.7-4 GB, that is about a tenth of the compile. From 1 GB
-  # and at 200% growth (EMBER_GCC_FEWER_GC) it collects once or twice. Compiler tuning only: the code generated
-  # is the same.
-  set(gc_params --param=ggc-min-expand=200 --param=ggc-min-heapsize=1048576)
   set(cxx_gcc_flags "")
   set(cuda_gcc_flags "")
   if(EMBER_GCC_FEWER_GC)
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-      set(cxx_gcc_flags ${gc_params})
+      set(cxx_gcc_flags ${EMBER_GCC_GC_PARAMS})
     endif()
     # nvcc's host compiler: the one CMAKE_CUDA_HOST_COMPILER names, or nvcc's default (gcc on Linux).
     if(CMAKE_CUDA_COMPILER AND (NOT CMAKE_CUDA_HOST_COMPILER OR
                                 CMAKE_CUDA_HOST_COMPILER MATCHES "(^|/)(g\\+\\+|gcc|c\\+\\+)[-0-9.]*$"))
-      set(cuda_gcc_flags ${gc_params})
+      set(cuda_gcc_flags ${EMBER_GCC_GC_PARAMS})
     endif()
   endif()
   set(cuda_host_flags ${flags} ${cuda_gcc_flags})

@@ -2,17 +2,13 @@
 # Every public header of include/ember compiles on its own (.cuh files need nvcc and are left out): a TU that
 # includes it twice (so a missing include guard fails too) must compile with nothing else before it.
 # <ember/dist/mpi.hpp> needs MPI's headers: checked with MPI_INCLUDE_DIRS when given, skipped otherwise.
-# usage: check_headers.sh CXX SOURCE_DIR [EIGEN_INCLUDE_DIRS [MPI_INCLUDE_DIRS]] (':'-separated)
+# FLAGS: more compiler flags, space-separated (CMake passes g++'s garbage-collector parameters here).
+# usage: check_headers.sh CXX SOURCE_DIR [EIGEN_INCLUDE_DIRS [MPI_INCLUDE_DIRS [FLAGS]]] (dirs ':'-separated)
 set -euo pipefail
 cxx=$1 root=$2 eigen=${3:-/usr/include/eigen3} mpi=${4:-}
+read -ra flags <<<"${5:-}"
 cd "$root"
-args=("$cxx" -std=c++20 -fsyntax-only -I include)
-# g++ spends a fifth of a parse collecting garbage at its default thresholds; fewer collections, same diagnostics
-# (as EMBER_GCC_FEWER_GC does for the build).
-macros=$("$cxx" -dM -E -x c++ /dev/null 2>/dev/null || true)
-if [[ $macros == *__GNUC__* && $macros != *__clang__* ]]; then
-  args+=(--param=ggc-min-expand=200 --param=ggc-min-heapsize=1048576)
-fi
+args=("$cxx" -std=c++20 -fsyntax-only "${flags[@]}" -I include)
 IFS=: read -ra dirs <<<"$eigen"
 for d in "${dirs[@]}"; do args+=(-I "$d"); done
 if [ -n "$mpi" ]; then
