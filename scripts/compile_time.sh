@@ -2,13 +2,17 @@
 # What a user pays to compile ember: wall time and peak compiler memory for a fixed set of translation units, one
 # at a time (so the numbers do not share cores), as a Markdown table.
 #
-#   scripts/compile_time.sh [--runs N] [--pch] [--precompiled] [--trace] [TU ...]
+#   scripts/compile_time.sh [--runs N] [--pch] [--precompiled] [--floor] [--ladder] [--trace] [TU ...]
 #
 #   --runs N   compile each TU N times and print the median wall time (and the largest peak memory); default 1
 #   --pch      also time each TU against a precompiled header of <ember/ember.hpp> + <ember/data.hpp> + <ember/io.hpp>
 #              (what ember_target_precompile_headers() sets up in CMake); the PCH's own build time is printed
 #   --precompiled  also time each TU with EMBER_PRECOMPILED (what linking ember::precompiled sets), after
 #              compiling the library's source (src/precompiled.cpp) once, whose time is printed too
+#   --floor    also compile each TU at -O0 and -O1 (the other flags unchanged): what parsing and instantiating the
+#              program's code costs with little or no optimisation, a floor for the -O2 figures
+#   --ladder   also compile bench/compile_time/feature_ladder.cpp at each of its levels (one feature more per level)
+#              and print what each feature adds to a header-only TU: wall time, peak memory, object code
 #   --trace    also compile each TU with clang++ -ftime-trace and print where the time went: front end vs back
 #              end, the headers that cost most to parse, and the templates that cost most to instantiate
 #   TU ...     other files to measure (default: the fp32 CNN, the ResNet and transformer programs in
@@ -20,14 +24,16 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cxx="${CXX:-g++}"
 clangxx="${CLANGXX:-clang++}"
 read -r -a flags <<<"${EMBER_CT_FLAGS:--O2 -march=native}"
-runs=1 pch=0 pre=0 trace=0 tus=()
+runs=1 pch=0 pre=0 trace=0 floor=0 ladder=0 tus=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
     --pch) pch=1; shift ;;
     --precompiled) pre=1; shift ;;
     --trace) trace=1; shift ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --floor) floor=1; shift ;;
+    --ladder) ladder=1; shift ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) tus+=("$(realpath "$1")"); shift ;;
   esac
 done
@@ -70,6 +76,17 @@ for tu in "${tus[@]}"; do
   row "$(basename "$tu") (header-only)" "$cxx" "${common[@]}" "$tu"
 done
 
+if [ "$floor" = 1 ]; then
+  for level in -O0 -O1; do
+    # The configured flags with their -O option replaced.
+    lflags=("$level")
+    for f in "${flags[@]}"; do [[ "$f" == -O* ]] || lflags+=("$f"); done
+    for tu in "${tus[@]}"; do
+      row "$(basename "$tu") (header-only, $level)" "$cxx" -std=c++20 "${lflags[@]}" -I"$root/include" "$tu"
+    done
+  done
+fi
+
 if [ "$pch" = 1 ]; then
   mkdir -p "$work/pch"
   printf '#include <ember/ember.hpp>\n#include <ember/data.hpp>\n#include <ember/io.hpp>\n' \
@@ -98,6 +115,31 @@ if [ "$pre" = 1 ]; then
         -include "$work/pchpre/ember_pch.hpp" -Winvalid-pch "$tu"
     done
   fi
+fi
+
+if [ "$ladder" = 1 ]; then
+  ladder_tu="$root/bench/compile_time/feature_ladder.cpp"
+  echo
+  echo "### feature_ladder.cpp, header-only: what each feature adds"
+  echo
+  echo "| level | adds | wall | added | peak memory | object code (text) |"
+  echo "|---|---|---|---|---|---|"
+  prev=""
+  # The level table at the top of the file: "//   k  what it adds".
+  while read -r k what; do
+    walls=() mem=0
+    for ((r = 0; r < runs; r++)); do
+      read -r s kb < <(measure "$cxx" "${common[@]}" -DEMBER_LADDER="$k" "$ladder_tu")
+      walls+=("$s")
+      [ "$kb" -gt "$mem" ] && mem="$kb"
+    done
+    med="$(printf '%s\n' "${walls[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')"
+    text="$(size "$work/out.o" | awk 'NR == 2 {printf "%.0f KB", $1 / 1024}')"
+    added="$( [ -n "$prev" ] && awk -v a="$med" -v b="$prev" 'BEGIN {printf "%+.1f s", a - b}' || echo "")"
+    printf '| %s | %s | %.1f s | %s | %.2f GB | %s |\n' "$k" "$what" "$med" "$added" \
+      "$(echo "$mem" | awk '{print $1/1048576}')" "$text"
+    prev="$med"
+  done < <(sed -n 's|^//   \([0-9]\)  \(.*\)$|\1 \2|p' "$ladder_tu")
 fi
 
 if [ "$trace" = 1 ]; then
