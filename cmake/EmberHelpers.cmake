@@ -13,6 +13,19 @@
 # EMBER_GCC_FEWER_GC these go to g++ for ember's own targets (below) and to the header check (tests/CMakeLists.txt).
 set(EMBER_GCC_GC_PARAMS --param=ggc-min-expand=200 --param=ggc-min-heapsize=1048576)
 
+# enable_language(CUDA) for ember's own CUDA targets, which are C++20. CMake before 3.26 knows no C++20 flag for
+# nvcc and gives every CUDA target -std=c++17 (after ember::cuda's -std=c++20) where nvcc's host compiler defaults
+# to an older standard, as clang does; naming the flag lets the targets ask for C++20 through CUDA_STANDARD.
+macro(ember_enable_cuda)
+  enable_language(CUDA)
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+endmacro()
+
 function(ember_set_target_options target)
   cmake_parse_arguments(arg "NO_WERROR" "" "" ${ARGN})
   set(flags -Wall -Wextra)
