@@ -85,7 +85,8 @@
 // ember stays header-only. A user who links the CMake target ember::precompiled gets EMBER_PRECOMPILED defined, and
 // the heavy, dtype-only instantiations below are declared `extern`: the TU calls the copies compiled once into the
 // ember_precompiled library (src/precompiled.cpp, which defines EMBER_PRECOMPILED_BUILD) instead of compiling its
-// own. Fused expressions, which differ per call site, are always compiled where they are written. The library is
+// own. Fused expressions, which differ per call site, are compiled where they are written (the commonest one-operation
+// ones excepted, below). The library is
 // built for the CPU only: with CUDA the precompiled copies would lack the GPU paths, so the two do not combine.
 #ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)
 // float, bfloat16 and half: the layers' compute dtypes under the fp32, bf16 and fp16 precision policies.
@@ -131,6 +132,26 @@ EMBER_PRECOMPILED_EXTERN template void cpu::reduce<expr::SumR<double>, float, ex
 EMBER_PRECOMPILED_EXTERN template void
 cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, false>>(
     const Tensor<std::int64_t>&, const expr::TensorLeaf<float, false>&, const char*);
+// The commonest one-operation expressions of float tensors, materialised: `a + b` (residuals), `a - b`, `a * b`,
+// `relu(x)`, `gelu(x)`, `silu(x)`, `tanh(x)`, `sigmoid(x)`. Each is its kernel, its autograd node and the node's
+// fused backward: a TU with `Tensor<float> y = a + b;` then compiles none of them (the character transformer's
+// object code 117 -> 75 KB). Longer expressions are compiled where they are written, as header-only.
+#define EMBER_PRECOMPILED_EXPR(E)                                                                                       EMBER_PRECOMPILED_EXTERN template void cpu::assign<float, E>(const Tensor<float>&, const E&, const char*);            EMBER_PRECOMPILED_EXTERN template void autograd::record_expr<float, E>(Tensor<float>&, const E&);                    EMBER_PRECOMPILED_EXTERN template struct autograd::ExprNode<float, E>;
+namespace detail::precompiled {
+using Leaf = expr::TensorLeaf<float, true>;
+template <class Op>
+using Binary = expr::BinaryExpr<Op, Leaf, Leaf>;
+template <class Op>
+using Unary = expr::UnaryExpr<Op, Leaf>;
+}  // namespace detail::precompiled
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Add>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Sub>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Mul>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Relu>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Gelu>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Silu>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Tanh>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Sigmoid>)
 // Batching and concatenation of float data and int64 indices (token windows, labels), ranges of positions, and
 // the reduction that sums a broadcast float operand's gradient down to its shape.
 #define EMBER_PRECOMPILED_SHAPE_OPS(T)                                                                                \
