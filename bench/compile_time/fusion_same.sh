@@ -15,7 +15,10 @@ printf '%s\n%s\n' "$f" "$m" | tr -d '(),' | awk '
     return d <= 1e-5 * r + 1e-6
   }
   END {
-    if (NR != 2 || s[1] "" == "" || s[2] "" == "" || s[1] != s[1] + 0 || s[2] != s[2] + 0) { print "fusion_same: unexpected output"; exit 1 }
+    if (NR != 2 || s[1] "" == "" || s[2] "" == "" || s[1] != s[1] + 0 || s[2] != s[2] + 0) {
+      print "fusion_same: unexpected output"
+      exit 1
+    }
     if (!close_enough(s[1], s[2]) || !close_enough(g[1], g[2])) { print "fusion_same: the two builds differ"; exit 1 }
     print "fusion_same: the same loss and gradient"
   }'

@@ -136,7 +136,10 @@ cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, fals
 // `relu(x)`, `gelu(x)`, `silu(x)`, `tanh(x)`, `sigmoid(x)`. Each is its kernel, its autograd node and the node's
 // fused backward: a TU with `Tensor<float> y = a + b;` then compiles none of them (the character transformer's
 // object code 117 -> 75 KB). Longer expressions are compiled where they are written, as header-only.
-#define EMBER_PRECOMPILED_EXPR(E)                                                                                       EMBER_PRECOMPILED_EXTERN template void cpu::assign<float, E>(const Tensor<float>&, const E&, const char*);            EMBER_PRECOMPILED_EXTERN template void autograd::record_expr<float, E>(Tensor<float>&, const E&);                    EMBER_PRECOMPILED_EXTERN template struct autograd::ExprNode<float, E>;
+#define EMBER_PRECOMPILED_EXPR(E)                                                                                     \
+  EMBER_PRECOMPILED_EXTERN template void cpu::assign<float, E>(const Tensor<float>&, const E&, const char*);          \
+  EMBER_PRECOMPILED_EXTERN template void autograd::record_expr<float, E>(Tensor<float>&, const E&);                   \
+  EMBER_PRECOMPILED_EXTERN template struct autograd::ExprNode<float, E>;
 namespace detail::precompiled {
 using Leaf = expr::TensorLeaf<float, true>;
 template <class Op>
