@@ -54,18 +54,23 @@ measure() {
     || { cat "$work/err" >&2; echo "compile_time.sh: failed: $*" >&2; exit 1; }
   cat "$work/time"
 }
-# Median wall time and largest peak memory over $runs compiles: prints "| name | s | GB |".
-row() {
-  local name="$1"; shift
-  local walls=() mem=0
+# $runs compiles: prints "MEDIAN_SECONDS PEAK_GB" (the median wall time, the largest peak memory).
+runs_of() {
+  local walls=() mem=0 s kb
   for ((r = 0; r < runs; r++)); do
     read -r s kb < <(measure "$@")
     walls+=("$s")
     [ "$kb" -gt "$mem" ] && mem="$kb"
   done
-  local med
-  med="$(printf '%s\n' "${walls[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')"
-  printf '| %s | %.1f s | %.2f GB |\n' "$name" "$med" "$(echo "$mem" | awk '{print $1/1048576}')"
+  printf '%s\n' "${walls[@]}" | sort -n |
+    awk -v kb="$mem" '{a[NR]=$1} END {printf "%s %.2f\n", (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2, kb/1048576}'
+}
+# One table row: "| name | s | GB |".
+row() {
+  local name="$1" med gb
+  shift
+  read -r med gb < <(runs_of "$@")
+  printf '| %s | %.1f s | %s GB |\n' "$name" "$med" "$gb"
 }
 
 echo "$cxx $("$cxx" -dumpfullversion 2>/dev/null || true), ${flags[*]}, $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg), median of $runs"
@@ -127,17 +132,10 @@ if [ "$ladder" = 1 ]; then
   prev=""
   # The level table at the top of the file: "//   k  what it adds".
   while read -r k what; do
-    walls=() mem=0
-    for ((r = 0; r < runs; r++)); do
-      read -r s kb < <(measure "$cxx" "${common[@]}" -DEMBER_LADDER="$k" "$ladder_tu")
-      walls+=("$s")
-      [ "$kb" -gt "$mem" ] && mem="$kb"
-    done
-    med="$(printf '%s\n' "${walls[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')"
+    read -r med gb < <(runs_of "$cxx" "${common[@]}" -DEMBER_LADDER="$k" "$ladder_tu")
     text="$(size "$work/out.o" | awk 'NR == 2 {printf "%.0f KB", $1 / 1024}')"
     added="$( [ -n "$prev" ] && awk -v a="$med" -v b="$prev" 'BEGIN {printf "%+.1f s", a - b}' || echo "")"
-    printf '| %s | %s | %.1f s | %s | %.2f GB | %s |\n' "$k" "$what" "$med" "$added" \
-      "$(echo "$mem" | awk '{print $1/1048576}')" "$text"
+    printf '| %s | %s | %.1f s | %s | %s GB | %s |\n' "$k" "$what" "$med" "$added" "$gb" "$text"
     prev="$med"
   done < <(sed -n 's|^//   \([0-9]\)  \(.*\)$|\1 \2|p' "$ladder_tu")
 fi
