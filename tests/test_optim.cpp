@@ -180,6 +180,114 @@ TEST_CASE("Optimizer state_dict: 3 steps, save, load into a fresh optimizer, 3 m
   CHECK_THROWS_WITH_AS(second.load_state_dict(bad), doctest::Contains("missing key 'param_groups.0.lr'"), Error);
 }
 
+// A state dict comes from a file: what its constructor refuses, a load refuses too, and so are NaN or infinite
+// buffers, negative second moments and step counts that are not counts (each of which reached the parameters, or
+// a float-to-integer conversion, before). A refused load leaves the optimizer as it was. fuzz/fuzz_state.cpp
+// searches for more.
+TEST_CASE("Optimizer and schedule state from a file: hostile values are errors, and a refused load changes nothing") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto scalar = [](double v) { return full<double>(Shape{}, v); };
+  struct Case {
+    const char* key;
+    TD value;
+    const char* message;
+  };
+  // Each case loaded into `opt` is refused with its message, and leaves the state as it was.
+  auto refused = [](optim::Optimizer& opt, const nn::StateDict& good, std::initializer_list<Case> cases) {
+    for (const Case& c : cases) {
+      CAPTURE(c.key);
+      nn::StateDict bad = good;
+      bad[c.key] = c.value;
+      CHECK_THROWS_WITH_AS(opt.load_state_dict(bad), doctest::Contains(c.message), Error);
+      const nn::StateDict now = opt.state_dict();
+      REQUIRE(now.size() == good.size());
+      for (const auto& [k, t] : now) {
+        const TD x = std::get<TD>(t).contiguous(), y = std::get<TD>(good.at(k)).contiguous();
+        REQUIRE(x.shape() == y.shape());
+        for (std::int64_t i = 0; i < x.numel(); ++i) CHECK(x.data()[i] == y.data()[i]);
+      }
+    }
+  };
+
+  Problem pa;
+  optim::Adam<double> adam(pa.params(), {.lr = 0.01, .amsgrad = true});
+  run(pa, adam, 2);
+  const nn::StateDict good = adam.state_dict();
+  TD neg_sq = std::get<TD>(good.at("state.0.exp_avg_sq")).clone();
+  neg_sq.data()[5] = -1e-3;
+  TD inf_m = std::get<TD>(good.at("state.1.exp_avg")).clone();
+  inf_m.data()[0] = inf;
+  TD nan_vmax = std::get<TD>(good.at("state.0.max_exp_avg_sq")).clone();
+  nan_vmax.data()[2] = nan;
+  refused(adam, good, {
+      {"param_groups.0.lr", scalar(nan), "optim::Adam::load_state_dict: param_groups.0: invalid learning rate nan"},
+      {"param_groups.0.lr", scalar(-0.5), "param_groups.0: invalid learning rate -0.5"},
+      {"param_groups.0.beta1", scalar(1.0), "param_groups.0: invalid betas (1, 0.999), expected each in [0, 1)"},
+      {"param_groups.0.beta2", scalar(nan), "invalid betas (0.9, nan)"},
+      {"param_groups.0.eps", scalar(inf), "param_groups.0: invalid epsilon inf"},
+      {"param_groups.0.weight_decay", scalar(-1.0), "param_groups.0: invalid weight_decay -1"},
+      {"state.0.step", scalar(nan), "state.0.step must be a non-negative integer, got nan"},
+      {"state.1.step", scalar(-1.0), "state.1.step must be a non-negative integer, got -1"},
+      {"state.1.step", scalar(2.5), "state.1.step must be a non-negative integer, got 2.5"},
+      {"state.1.step", scalar(1e300), "state.1.step must be a non-negative integer"},
+      {"state.0.exp_avg_sq", neg_sq, "'state.0.exp_avg_sq' holds -0.001 at element 5, expected finite values >= 0"},
+      {"state.1.exp_avg", inf_m, "'state.1.exp_avg' holds inf at element 0, expected finite values"},
+      {"state.0.max_exp_avg_sq", nan_vmax, "'state.0.max_exp_avg_sq' holds nan at element 2"},
+  });
+
+  Problem ps;
+  optim::SGD<double> sgd(ps.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  run(ps, sgd, 2);
+  const nn::StateDict sgood = sgd.state_dict();
+  TD nan_buf = std::get<TD>(sgood.at("state.0.momentum_buffer")).clone();
+  nan_buf.data()[1] = nan;
+  refused(sgd, sgood, {
+      {"param_groups.0.lr", scalar(inf), "optim::SGD::load_state_dict: param_groups.0: invalid learning rate inf"},
+      {"param_groups.0.momentum", scalar(-0.9), "param_groups.0: invalid momentum -0.9"},
+      {"param_groups.0.momentum", scalar(0.0), "Nesterov momentum requires a momentum and zero dampening"},
+      {"param_groups.0.dampening", scalar(nan), "param_groups.0: invalid dampening nan"},
+      {"param_groups.0.weight_decay", scalar(nan), "param_groups.0: invalid weight_decay nan"},
+      {"state.0.momentum_buffer", nan_buf, "'state.0.momentum_buffer' holds nan at element 1, expected finite values"},
+  });
+  // The constructors refuse the same values.
+  CHECK_THROWS_WITH_AS(optim::SGD<double>(ps.params(), {.lr = inf}), doctest::Contains("optim::SGD: invalid learning "
+                                                                                      "rate inf"),
+                       Error);
+  CHECK_THROWS_WITH_AS(optim::Adam<double>(pa.params(), {.eps = nan}), doctest::Contains("optim::Adam: invalid "
+                                                                                        "epsilon nan"),
+                       Error);
+
+  // A schedule's base rates become the optimizer's rates: NaN, infinite or negative ones are refused.
+  optim::StepLR sched(sgd, 2, 0.5);
+  sched.step();
+  const nn::StateDict lgood = sched.state_dict();
+  for (const double v : {nan, inf, -0.1}) {
+    CAPTURE(v);
+    nn::StateDict bad = lgood;
+    bad["base_lrs.0"] = scalar(v);
+    CHECK_THROWS_WITH_AS(sched.load_state_dict(bad), doctest::Contains("optim::LRScheduler::load_state_dict: "
+                                                                       "base_lrs.0 is "),
+                         Error);
+    CHECK(sgd.lr(0) == 0.05);
+    CHECK(sched.last_step() == 1);
+  }
+  nn::StateDict bad = lgood;
+  bad["last_epoch"] = scalar(nan);
+  CHECK_THROWS_WITH_AS(sched.load_state_dict(bad), doctest::Contains("last_epoch must be a non-negative integer, got "
+                                                                     "nan"),
+                       Error);
+
+  // A loss scale the float loss cannot hold (it was infinite, and every step was skipped until backoff caught up).
+  CHECK_THROWS_WITH_AS(amp::GradScaler({.init_scale = 1e300}), doctest::Contains("init_scale must be positive and at "
+                                                                                "most the largest float, got 1e+300"),
+                       Error);
+  amp::GradScaler scaler;
+  nn::StateDict ssd = scaler.state_dict();
+  ssd["scale"] = scalar(1e39);
+  CHECK_THROWS_WITH_AS(scaler.load_state_dict(ssd), doctest::Contains("inconsistent state (scale 1e+39"), Error);
+  CHECK(scaler.get_scale() == 65536.0);
+}
+
 TEST_CASE("Parameter groups: no weight decay on biases; parameters without gradients are skipped") {
   nn::LinearT<amp::fp64> l(3, 2);
   const TD w0 = l.weight.detach().clone(), b0 = l.bias.detach().clone();

@@ -126,6 +126,9 @@ bool unscale_and_check(Tensor<T>& grad, double inv_scale) {
 /// With gradient accumulation, scale every micro-batch's loss and call unscale_/step/update once per update.
 /// The optimizer is any with `param_groups()` (optim::SGD, Adam, AdamW).
 class GradScaler {
+  // The loss is scaled in float: a larger scale would be infinite there.
+  static constexpr double kMaxScale = double(std::numeric_limits<float>::max());
+
  public:
   explicit GradScaler(const GradScalerOptions& o = {})
       : scale_(o.init_scale),
@@ -133,8 +136,8 @@ class GradScaler {
         backoff_factor_(o.backoff_factor),
         growth_interval_(o.growth_interval),
         enabled_(o.enabled) {
-    EMBER_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, "amp::GradScaler: init_scale must be finite and "
-                "positive, got ", o.init_scale);
+    EMBER_CHECK(o.init_scale > 0 && o.init_scale <= kMaxScale, "amp::GradScaler: init_scale must be positive and at "
+                "most the largest float, got ", o.init_scale);
     EMBER_CHECK(o.growth_factor > 1.0, "amp::GradScaler: growth_factor must be above 1, got ", o.growth_factor);
     EMBER_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "amp::GradScaler: backoff_factor must be in (0, 1), "
                 "got ", o.backoff_factor);
@@ -259,7 +262,7 @@ class GradScaler {
     const double s = read_scalar(sd, "scale", kName), gf = read_scalar(sd, "growth_factor", kName),
                  bf = read_scalar(sd, "backoff_factor", kName), gi = read_scalar(sd, "growth_interval", kName),
                  gt = read_scalar(sd, "_growth_tracker", kName);
-    EMBER_CHECK(std::isfinite(s) && s > 0 && gf > 1 && bf > 0 && bf < 1 && gi >= 1 && gi < 9.0e15 && gt >= 0 &&
+    EMBER_CHECK(s > 0 && s <= kMaxScale && gf > 1 && bf > 0 && bf < 1 && gi >= 1 && gi < 9.0e15 && gt >= 0 &&
                     gt < gi && gi == std::floor(gi) && gt == std::floor(gt),
                 "amp::GradScaler::load_state_dict: inconsistent state (scale ", s, ", growth_factor ", gf,
                 ", backoff_factor ", bf, ", growth_interval ", gi, ", _growth_tracker ", gt, ")");

@@ -2,6 +2,7 @@
 // scaler save and load (nn::StateDict names the same type).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -37,6 +38,15 @@ inline double read_scalar(const StateDict& sd, const std::string& key, const cha
   EMBER_CHECK(t && t->numel() == 1, op, "::load_state_dict: '", key, "' must be a one-element float64 tensor, got ",
               describe(it->second));
   return t->item();
+}
+
+/// A count saved as a one-element float64 entry (a step, an epoch): a non-negative integer of at most 9e15 (exact in
+/// a double), else an error naming `op` and the key. A count from a file is never converted unchecked.
+inline std::int64_t read_count(const StateDict& sd, const std::string& key, const char* op) {
+  const double v = read_scalar(sd, key, op);
+  EMBER_CHECK(v >= 0 && v <= 9.0e15 && v == std::floor(v), op, "::load_state_dict: ", key,
+              " must be a non-negative integer, got ", v);
+  return std::int64_t(v);
 }
 
 }  // namespace ember

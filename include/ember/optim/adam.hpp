@@ -90,20 +90,30 @@ class BasicAdam : public Optimizer {
     std::int64_t step = 0;
     Tensor<T> m, v, vmax;  // first and second moments, running max of the second (amsgrad)
   };
+  // The hyper-parameters' checks (weight_decay resolved), for the constructor and for a loaded state (`where`
+  // begins the message).
+  static void check_options(const AdamOptions& o, const char* where);
+
   std::vector<Group> groups_;
   std::vector<State> state_;
 };
 
 template <class T, bool Decoupled>
+EMBER_COLD void BasicAdam<T, Decoupled>::check_options(const AdamOptions& o, const char* where) {
+  // Finite as well as in range: an infinite rate, epsilon or decay makes every parameter inf or NaN.
+  EMBER_CHECK(std::isfinite(o.lr) && o.lr >= 0, where, ": invalid learning rate ", o.lr);
+  EMBER_CHECK(std::isfinite(o.eps) && o.eps >= 0, where, ": invalid epsilon ", o.eps);
+  EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, where, ": invalid betas (", o.beta1, ", ",
+              o.beta2, "), expected each in [0, 1)");
+  EMBER_CHECK(std::isfinite(*o.weight_decay) && *o.weight_decay >= 0, where, ": invalid weight_decay ",
+              *o.weight_decay);
+}
+
+template <class T, bool Decoupled>
 EMBER_COLD BasicAdam<T, Decoupled>::BasicAdam(std::vector<Group> groups) : groups_(std::move(groups)) {
   for (auto& g : groups_) {
     if (!g.options.weight_decay) g.options.weight_decay = kDefaultWeightDecay;
-    const AdamOptions& o = g.options;
-    EMBER_CHECK(o.lr >= 0, kName, ": invalid learning rate ", o.lr);
-    EMBER_CHECK(o.eps >= 0, kName, ": invalid epsilon ", o.eps);
-    EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, kName, ": invalid betas (", o.beta1,
-                ", ", o.beta2, "), expected each in [0, 1)");
-    EMBER_CHECK(*o.weight_decay >= 0, kName, ": invalid weight_decay ", *o.weight_decay);
+    check_options(g.options, kName);
     for (auto& p : g.params) {
       EMBER_CHECK(p.defined() && p.is_leaf(), kName, ": can only optimize leaf tensors");
       state_.emplace_back();
@@ -199,6 +209,7 @@ EMBER_COLD void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd
     o.beta2 = v[2];
     o.eps = v[3];
     o.weight_decay = v[4];
+    check_options(o, (std::string(kName) + "::load_state_dict: param_groups." + std::to_string(g)).c_str());
     opts.push_back(o);
   }
   std::vector<State> st(state_.size());
@@ -208,10 +219,10 @@ EMBER_COLD void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd
       const std::string pre = "state." + std::to_string(k) + ".";
       State& s = st[k++];
       if (!sd.count(pre + "step")) continue;
-      s.step = std::int64_t(detail::read_scalar(sd, pre + "step", kName));
+      s.step = read_count(sd, pre + "step", kName);
       detail::load_buffer(sd, pre + "exp_avg", p, s.m, kName);
-      detail::load_buffer(sd, pre + "exp_avg_sq", p, s.v, kName);
-      detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s.vmax, kName);
+      detail::load_buffer(sd, pre + "exp_avg_sq", p, s.v, kName, /*non_negative=*/true);
+      detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s.vmax, kName, /*non_negative=*/true);
       EMBER_CHECK(s.m.defined() && s.v.defined(), kName, "::load_state_dict: '", pre,
                   "step' is present but exp_avg / exp_avg_sq are missing");
       EMBER_CHECK(!grp.options.amsgrad || s.vmax.defined(), kName, "::load_state_dict: '", pre,

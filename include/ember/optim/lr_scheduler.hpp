@@ -40,16 +40,18 @@ class LRScheduler {
   }
   void load_state_dict(const StateDict& sd) {
     constexpr const char* op = "optim::LRScheduler";
-    const double last = read_scalar(sd, "last_epoch", op);
-    EMBER_CHECK(last >= 0 && last <= 9.0e15 && last == std::floor(last), op, "::load_state_dict: last_epoch must be a "
-                "non-negative integer, got ", last);
+    const std::int64_t last = read_count(sd, "last_epoch", op);
     std::vector<double> base;
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g)
-      base.push_back(read_scalar(sd, "base_lrs." + std::to_string(g), op));
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) {
+      const std::string key = "base_lrs." + std::to_string(g);
+      base.push_back(read_scalar(sd, key, op));
+      EMBER_CHECK(std::isfinite(base.back()) && base.back() >= 0, op, "::load_state_dict: ", key, " is ",
+                  base.back(), ", expected a finite learning rate >= 0");
+    }
     EMBER_CHECK(sd.size() == base.size() + 1, op, "::load_state_dict: expected last_epoch and ", base.size(),
                 " base_lrs entries (one per parameter group), got ", sd.size(), " entries");
     base_lrs_ = std::move(base);
-    step_ = std::int64_t(last);
+    step_ = last;
     apply();
   }
   std::vector<double> last_lr() const {
@@ -263,17 +265,11 @@ class ReduceLROnPlateau {
   }
   void load_state_dict(const StateDict& sd) {
     constexpr const char* op = "optim::ReduceLROnPlateau";
-    const double best = read_scalar(sd, "best", op), bad = read_scalar(sd, "num_bad_epochs", op),
-                 cool = read_scalar(sd, "cooldown_counter", op);
-    auto count = [&](double v, const char* key) {
-      EMBER_CHECK(v >= 0 && v <= 9.0e15 && v == std::floor(v), op, "::load_state_dict: ", key,
-                  " must be a non-negative integer, got ", v);
-      return std::int64_t(v);
-    };
+    const double best = read_scalar(sd, "best", op);
+    const std::int64_t b = read_count(sd, "num_bad_epochs", op), c = read_count(sd, "cooldown_counter", op);
     EMBER_CHECK(!std::isnan(best), op, "::load_state_dict: best is NaN");
     EMBER_CHECK(sd.size() == 3, op, "::load_state_dict: expected best, num_bad_epochs and cooldown_counter, got ",
                 sd.size(), " entries");
-    const std::int64_t b = count(bad, "num_bad_epochs"), c = count(cool, "cooldown_counter");
     best_ = best;
     bad_ = b;
     cooldown_left_ = c;

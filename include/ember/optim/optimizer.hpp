@@ -2,6 +2,7 @@
 // and the training loop talk to this non-template base; SGD and Adam/AdamW implement it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -114,10 +115,12 @@ EMBER_COLD EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict
   return out;
 }
 #endif
-/// Copies a saved state tensor into (or creates) a buffer of the parameter's shape, on the parameter's device.
+/// Copies a saved state tensor into (or creates) a buffer of the parameter's shape, on the parameter's device. Its
+/// values must be finite (and, with `non_negative`, at least 0, as second moments are): a NaN or an infinity from a
+/// file would otherwise reach the parameter at the next step without a word.
 template <class T>
 EMBER_COLD void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,
-                 const char* op) {
+                 const char* op, bool non_negative = false) {
   auto it = sd.find(key);
   if (it == sd.end()) {
     buf = Tensor<T>();
@@ -126,6 +129,12 @@ EMBER_COLD void load_buffer(const nn::StateDict& sd, const std::string& key, con
   const auto* t = std::get_if<Tensor<T>>(&it->second);
   EMBER_CHECK(t && t->shape() == like.shape(), op, "::load_state_dict: '", key, "' is ", nn::describe(it->second),
               ", expected ", dtype_name<T>(), " ", like.shape().str());
+  const Tensor<T> host = (t->device().is_cpu() ? *t : t->to(Device::cpu())).contiguous();
+  const T* v = host.data();
+  for (std::int64_t i = 0; i < host.numel(); ++i)
+    EMBER_CHECK(std::isfinite(double(v[i])) && (!non_negative || v[i] >= T(0)), op, "::load_state_dict: '", key,
+                "' holds ", double(v[i]), " at element ", i, ", expected finite values",
+                non_negative ? " >= 0 (a second moment)" : "");
   buf = t->device() == like.device() ? t->clone() : t->to(like.device());  // on the parameter's device, as PyTorch
 }
 

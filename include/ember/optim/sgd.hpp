@@ -3,6 +3,7 @@
 // allocates nothing after the first step.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -67,19 +68,28 @@ class SGD final : public Optimizer {
   void load_state_dict(const nn::StateDict& sd) override;
 
  private:
+  // The hyper-parameters' checks, for the constructor and for a loaded state (`where` begins the message).
+  static void check_options(const SGDOptions& o, const char* where);
+
   std::vector<Group> groups_;
   std::vector<Tensor<T>> buf_;  // momentum buffer per parameter, undefined until its first step
 };
 
 template <class T>
+EMBER_COLD void SGD<T>::check_options(const SGDOptions& o, const char* where) {
+  // Finite as well as non-negative: an infinite rate, momentum or decay makes every parameter inf or NaN.
+  EMBER_CHECK(std::isfinite(o.lr) && o.lr >= 0, where, ": invalid learning rate ", o.lr);
+  EMBER_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, where, ": invalid momentum ", o.momentum);
+  EMBER_CHECK(std::isfinite(o.dampening), where, ": invalid dampening ", o.dampening);
+  EMBER_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, where, ": invalid weight_decay ", o.weight_decay);
+  EMBER_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), where,
+              ": Nesterov momentum requires a momentum and zero dampening");
+}
+
+template <class T>
 EMBER_COLD SGD<T>::SGD(std::vector<Group> groups) : groups_(std::move(groups)) {
   for (auto& g : groups_) {
-    const SGDOptions& o = g.options;
-    EMBER_CHECK(o.lr >= 0, "optim::SGD: invalid learning rate ", o.lr);
-    EMBER_CHECK(o.momentum >= 0, "optim::SGD: invalid momentum ", o.momentum);
-    EMBER_CHECK(o.weight_decay >= 0, "optim::SGD: invalid weight_decay ", o.weight_decay);
-    EMBER_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-                "optim::SGD: Nesterov momentum requires a momentum and zero dampening");
+    check_options(g.options, "optim::SGD");
     for (auto& p : g.params) {
       EMBER_CHECK(p.defined() && p.is_leaf(), "optim::SGD: can only optimize leaf tensors");
       buf_.emplace_back();
@@ -166,6 +176,7 @@ EMBER_COLD void SGD<T>::load_state_dict(const nn::StateDict& sd) {
     o.momentum = v[1];
     o.dampening = v[2];
     o.weight_decay = v[3];
+    check_options(o, ("optim::SGD::load_state_dict: param_groups." + std::to_string(g)).c_str());
     opts.push_back(o);
   }
   std::vector<Tensor<T>> bufs(buf_.size());
