@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -425,6 +427,97 @@ TEST_CASE("Trainer: a process killed (SIGKILL) mid-epoch resumes from last.ckpt 
   const auto resumed = ResumeRun{dir / "b", 30, -1, "last"}();
   REQUIRE(whole.size() == resumed.size());
   for (std::size_t i = 0; i < whole.size(); ++i) CHECK(bitwise_equal(whole[i], resumed[i]));
+}
+
+TEST_CASE("Trainer checkpoints are untrusted: no file outside dirpath is deleted, counts are bounded, any seed resumes") {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  // The default generator's seed is above 2^63: its checkpoints load, seed and offset intact.
+  {
+    train::TrainingState s;
+    s.rng.set_offset(12345);
+    REQUIRE(s.rng.seed() > std::uint64_t(std::numeric_limits<std::int64_t>::max()));
+    train::detail::save_training_state(dir / "seed.ckpt", s);
+    const train::TrainingState back = train::load_checkpoint(dir / "seed.ckpt");
+    CHECK(back.rng.seed() == s.rng.seed());
+    CHECK(back.rng.offset() == 12345);
+  }
+
+  // A real run's last.ckpt, then edited copies of it.
+  manual_seed(5);
+  Net m;
+  data::DataLoader tl(Toy{16}, {.batch_size = 8});
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  const std::string ckdir = dir / "ck";
+  auto fit = [&](const std::string& resume) {
+    auto ck = std::make_shared<train::ModelCheckpoint>(
+        train::ModelCheckpointOptions{.dirpath = ckdir, .save_top_k = 1, .save_last = true});
+    train::Trainer t(quiet({.max_epochs = 3}));
+    t.add_callback(ck);
+    t.add_callback(std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{.monitor = "train_loss"}));
+    t.fit(m, opt, tl, [&](data::Batch& b) { return nn::cross_entropy(m(flat(b.data)), b.target); },
+          {.ckpt_path = resume});
+  };
+  fit("");
+  const train::TrainingState good = train::load_checkpoint(ckdir + "/last.ckpt");
+  const std::string key = "callback/ModelCheckpoint{" + ckdir + ",}/";
+  REQUIRE(good.extra.count(key + "kept") == 1);
+  auto edited = [&](const std::function<void(train::TrainingState&)>& edit) {
+    train::TrainingState s = good;
+    edit(s);
+    const std::string p = dir / "edited.ckpt";
+    train::detail::save_training_state(p, s);
+    return p;
+  };
+
+  // A kept-files list naming a file elsewhere: resuming (at epoch 1 of 3) would have deleted it at the next save,
+  // the one-file list being full.
+  const std::string victim = dir / "victim.txt";
+  std::ofstream(victim) << "keep me";
+  for (const std::string& path : {victim, ckdir + "/../victim.ckpt", ckdir + "/x.safetensors", std::string("/x.ckpt")}) {
+    CAPTURE(path);
+    const std::string p = edited([&](train::TrainingState& s) {
+      s.epoch = 1;
+      s.extra[key + "kept"] = "1\t" + path + "\n";
+    });
+    expect_error(__LINE__, [&] { fit(p); }, {"ModelCheckpoint", "among its kept files", ".ckpt file in"});
+  }
+  CHECK(fs::exists(victim));
+  for (const char* score : {"nan", "", "1x"}) {
+    CAPTURE(score);
+    const std::string p = edited([&](train::TrainingState& s) {
+      s.extra[key + "kept"] = std::string(score) + "\t" + ckdir + "/epoch=0-step=2.ckpt\n";
+    });
+    expect_error(__LINE__, [&] { fit(p); }, {"ModelCheckpoint", "with a finite score"});
+  }
+  expect_error(__LINE__, [&] { fit(edited([&](train::TrainingState& s) { s.extra[key + "last_model_path"] = victim; })); },
+               {"ModelCheckpoint", "last_model_path", "last.ckpt"});
+
+  // Counters the loop advances are bounded, so resuming cannot overflow them.
+  expect_error(__LINE__, [&] {
+    train::load_checkpoint(edited([](train::TrainingState& s) { s.global_step = std::numeric_limits<std::int64_t>::max(); }));
+  }, {"'global_step' is \"9223372036854775807\", not an integer in [0, 9000000000000000]"});
+  // A position past the end of the epoch, running totals that do not fit it, a NaN best score.
+  expect_error(__LINE__, [&] { fit(edited([](train::TrainingState& s) { s.epoch = 1; s.batch_in_epoch = 7; })); },
+               {"resumes at batch 7 of an epoch of 2 batches"});
+  auto mid_epoch = [&](const char* loss_n, const char* samples) {
+    return edited([=](train::TrainingState& s) {
+      s.epoch = 1;
+      s.batch_in_epoch = 1;
+      s.extra["trainer/loss_sum"] = "1.5";
+      s.extra["trainer/loss_n"] = loss_n;
+      s.extra["trainer/samples"] = samples;
+    });
+  };
+  expect_error(__LINE__, [&] { fit(mid_epoch("2", "8")); }, {"extra/trainer/loss_n is \"2\", expected a whole number "
+                                                             "in [0, 1]"});
+  expect_error(__LINE__, [&] { fit(mid_epoch("1", "9223372036854775807")); }, {"extra/trainer/samples"});
+  expect_error(__LINE__, [&] { fit(mid_epoch("1", "8 ")); }, {"extra/trainer/samples"});
+  expect_error(__LINE__, [&] {
+    fit(edited([](train::TrainingState& s) { s.extra["callback/EarlyStopping{train_loss}/best_score"] = "nan"; }));
+  }, {"EarlyStopping", "best_score is NaN"});
+  fit(mid_epoch("1", "8"));  // the unedited kind resumes
+  CHECK(fs::exists(victim));
 }
 
 TEST_CASE("CSVLogger: a column per metric, widened by rewriting, rows appended") {

@@ -107,6 +107,8 @@ class EarlyStopping : public Callback {
   void load_state(const std::map<std::string, std::string>& kv) override {
     if (kv.empty()) return;  // a checkpoint from a run without this callback
     best_ = detail::parse_double(kv, "best_score", "train::EarlyStopping");
+    // +-inf is the start of a run; NaN would make every later score a non-improvement.
+    EMBER_CHECK(!std::isnan(best_), "train::EarlyStopping: the checkpoint's best_score is NaN");
     const double w = detail::parse_double(kv, "wait_count", "train::EarlyStopping");
     EMBER_CHECK(w >= 0 && w <= 1e9 && w == std::floor(w), "train::EarlyStopping: the checkpoint's wait_count is ", w);
     wait_ = int(w);

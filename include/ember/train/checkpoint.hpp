@@ -10,8 +10,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <system_error>
@@ -34,17 +38,22 @@ inline void put_state(io::TensorMap& out, const std::string& prefix, const State
     std::visit([&](const auto& x) { out.emplace(prefix + entry.first, x); }, entry.second);
 }
 
-inline std::int64_t parse_count(const io::Metadata& m, const std::string& key, const std::string& file) {
+/// A count from the checkpoint's metadata: a whole number in [0, max], written in full (no sign, no other text).
+/// The counters the Trainer advances (epoch, batch, step) stop at 9e15, so resuming can never overflow them; the
+/// generator's seed and offset take every 64-bit value.
+template <class I>
+I parse_count(const io::Metadata& m, const std::string& key, const std::string& file, I max) {
   const auto it = m.find(key);
   EMBER_CHECK(it != m.end(), "train::load_checkpoint: '", file, "' has no '", key, "' entry");
-  std::int64_t v = -1;
+  I v{};
   const char* b = it->second.data();
   const char* e = b + it->second.size();
   const auto r = std::from_chars(b, e, v);
-  EMBER_CHECK(r.ec == std::errc() && r.ptr == e && v >= 0, "train::load_checkpoint: '", file, "': '", key, "' is ",
-              io::detail::quote_untrusted(it->second), ", not a non-negative integer");
+  EMBER_CHECK(r.ec == std::errc() && r.ptr == e && std::cmp_greater_equal(v, 0) && v <= max, "train::load_checkpoint: '",
+              file, "': '", key, "' is ", io::detail::quote_untrusted(it->second), ", not an integer in [0, ", max, "]");
   return v;
 }
+inline constexpr std::int64_t kMaxCount = 9'000'000'000'000'000;
 
 inline void save_training_state(const std::string& path, const TrainingState& s) {
   io::TensorMap all;
@@ -96,11 +105,12 @@ inline TrainingState load_training_state(const std::string& path) {
         },
         entry.second);
   }
-  s.epoch = parse_count(f.metadata, "epoch", path);
-  s.batch_in_epoch = parse_count(f.metadata, "batch_in_epoch", path);
-  s.global_step = parse_count(f.metadata, "global_step", path);
-  s.rng = Generator(std::uint64_t(parse_count(f.metadata, "rng_seed", path)));
-  s.rng.set_offset(std::uint64_t(parse_count(f.metadata, "rng_offset", path)));
+  s.epoch = parse_count(f.metadata, "epoch", path, kMaxCount);
+  s.batch_in_epoch = parse_count(f.metadata, "batch_in_epoch", path, kMaxCount);
+  s.global_step = parse_count(f.metadata, "global_step", path, kMaxCount);
+  constexpr std::uint64_t any = std::numeric_limits<std::uint64_t>::max();
+  s.rng = Generator(parse_count(f.metadata, "rng_seed", path, any));
+  s.rng.set_offset(parse_count(f.metadata, "rng_offset", path, any));
   for (const auto& [k, v] : f.metadata)
     if (k.rfind("extra/", 0) == 0) s.extra.emplace(k.substr(6), v);
   return s;
@@ -210,28 +220,55 @@ class ModelCheckpoint : public Callback {
   }
   void load_state(const std::map<std::string, std::string>& kv) override {
     if (kv.empty()) return;
-    kept_.clear();
     const auto it = kv.find("kept");
     const std::string text = it == kv.end() ? std::string() : it->second;
+    std::vector<std::pair<double, std::string>> kept;
     for (std::size_t at = 0; at < text.size();) {
       const std::size_t nl = text.find('\n', at), tab = text.find('\t', at);
-      EMBER_CHECK(nl != std::string::npos && tab != std::string::npos && tab < nl && kept_.size() < 100000,
+      EMBER_CHECK(nl != std::string::npos && tab != std::string::npos && tab < nl && kept.size() < 100000,
                   "train::ModelCheckpoint: the checkpoint's list of kept files is malformed");
-      kept_.emplace_back(std::strtod(text.substr(at, tab - at).c_str(), nullptr), text.substr(tab + 1, nl - tab - 1));
+      const std::string score = text.substr(at, tab - at), path = text.substr(tab + 1, nl - tab - 1);
+      char* end = nullptr;
+      const double v = std::strtod(score.c_str(), &end);
+      // A kept file is deleted when a better one replaces it: the list must name files this callback writes.
+      EMBER_CHECK(!score.empty() && end && *end == '\0' && std::isfinite(v) && written_here(path),
+                  "train::ModelCheckpoint: the checkpoint lists ", ember::detail::quote_untrusted(path), " (score ",
+                  ember::detail::quote_untrusted(score), ") among its kept files; expected a .ckpt file in '",
+                  o_.dirpath, "' with a finite score");
+      kept.emplace_back(v, path);
       at = nl + 1;
     }
-    if (auto p = kv.find("best_model_path"); p != kv.end()) best_path_ = p->second;
-    if (auto p = kv.find("last_model_path"); p != kv.end()) last_path_ = p->second;
-    refresh_best();
+    std::string last;
+    if (auto p = kv.find("last_model_path"); p != kv.end()) last = p->second;
+    EMBER_CHECK(last.empty() || last == last_file(), "train::ModelCheckpoint: the checkpoint's last_model_path is ",
+                ember::detail::quote_untrusted(last), ", expected '", last_file(), "' or none");
+    kept_ = std::move(kept);
+    last_path_ = last;
+    refresh_best();  // best_model_path follows from the kept files
   }
   std::string last_checkpoint() const override {
     if (!last_path_.empty()) return last_path_;
-    const std::string p = (std::filesystem::path(o_.dirpath) / "last.ckpt").string();
+    const std::string p = last_file();
     std::error_code ec;
     return std::filesystem::exists(p, ec) ? p : std::string();
   }
 
  private:
+  std::string last_file() const { return (std::filesystem::path(o_.dirpath) / "last.ckpt").string(); }
+  // Whether `p` is a path save() can produce: dirpath, then one or more names (none of them "." or ".."), the last
+  // ending in ".ckpt".
+  bool written_here(const std::string& p) const {
+    const std::filesystem::path file(p);
+    std::filesystem::path dir(o_.dirpath);
+    if (!dir.has_filename()) dir = dir.parent_path();  // "checkpoints/" as "checkpoints"
+    auto f = file.begin();
+    for (auto d = dir.begin(); d != dir.end(); ++d, ++f)
+      if (f == file.end() || *f != *d) return false;
+    if (f == file.end()) return false;
+    for (; f != file.end(); ++f)
+      if (f->empty() || *f == "." || *f == "..") return false;
+    return file.extension() == ".ckpt" && file.stem() != "";
+  }
   bool epoch_due(const Trainer& t) const {
     return o_.every_n_train_steps == 0 && o_.every_n_epochs > 0 && (t.current_epoch() + 1) % o_.every_n_epochs == 0;
   }
@@ -290,7 +327,7 @@ class ModelCheckpoint : public Callback {
   }
 
   void write_last(Trainer& t) {
-    last_path_ = (std::filesystem::path(o_.dirpath) / "last.ckpt").string();
+    last_path_ = last_file();
     t.save_checkpoint(last_path_);
   }
 

@@ -347,9 +347,23 @@ class Trainer {
     const auto a = s.extra.find("trainer/loss_sum"), b = s.extra.find("trainer/loss_n"),
                c = s.extra.find("trainer/samples");
     if (a != s.extra.end() && b != s.extra.end() && c != s.extra.end()) {
-      resumed_totals_.loss_sum = std::strtod(a->second.c_str(), nullptr);
-      resumed_totals_.loss_n = std::max<std::int64_t>(0, std::strtoll(b->second.c_str(), nullptr, 10));
-      resumed_totals_.samples = std::max<std::int64_t>(0, std::strtoll(c->second.c_str(), nullptr, 10));
+      // The epoch's running totals so far, each written in full: the loss sum (NaN or inf only if the run trained on
+      // with stop_on_nonfinite_loss = false), the loss count (at most one per batch so far) and the sample count.
+      auto number = [&](const std::pair<const std::string, std::string>& kv, double max_count) {
+        char* end = nullptr;
+        const double v = std::strtod(kv.second.c_str(), &end);
+        const bool count = max_count >= 0;
+        EMBER_CHECK(!kv.second.empty() && end && *end == '\0' &&
+                        (!count || (v >= 0 && v <= max_count && v == std::floor(v))),
+                    "train::Trainer::fit: '", path, "': extra/", kv.first, " is ",
+                    ember::detail::quote_untrusted(kv.second),
+                    count ? ", expected a whole number in [0, " + std::to_string(std::int64_t(max_count)) + "]"
+                          : std::string(", expected a number"));
+        return v;
+      };
+      resumed_totals_.loss_sum = number(*a, -1);
+      resumed_totals_.loss_n = std::int64_t(number(*b, double(s.batch_in_epoch)));
+      resumed_totals_.samples = std::int64_t(number(*c, 9.0e15));
     }
     for (auto& c : callbacks_) {
       const std::string key = c->state_key();
@@ -386,6 +400,9 @@ class Trainer {
     loss_n_ = 0;
     samples_ = 0;
     if (batch_in_epoch_ > 0) {  // resumed mid-epoch
+      EMBER_CHECK(batch_in_epoch_ <= epoch_batches_, "train::Trainer::fit: the checkpoint ", resumed_from_,
+                  " resumes at batch ", batch_in_epoch_, " of an epoch of ", epoch_batches_,
+                  " batches (did the data or limit_train_batches change?)");
       loss_sum_ = resumed_totals_.loss_sum;
       loss_n_ = resumed_totals_.loss_n;
       samples_ = resumed_totals_.samples;
