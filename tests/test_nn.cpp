@@ -592,6 +592,42 @@ TEST_CASE("BatchNorm2d: batch statistics and running-stat updates in training, r
   CHECK(std::fabs(mean(z).item()) < 1e-5);
 }
 
+TEST_CASE("BatchNorm2d with corrupt running statistics from a state dict: an error naming them, not NaN or overflow") {
+  nn::Sequential model(nn::Conv2d(2, 3, 1), nn::BatchNorm2d(3));
+  const nn::StateDict good = model.state_dict();
+  const Tensor<float> x = randn<float>({2, 2, 3, 3});
+  auto loaded = [&](const std::string& key, const StateTensor& t) {
+    nn::StateDict sd = good;
+    sd[key] = t;
+    model.load_state_dict(sd);
+  };
+  Tensor<float> var = ones<float>({3});
+  var.data()[1] = -2.f;
+  loaded("1.running_var", var);
+  model.eval();
+  CHECK_THROWS_WITH_AS(model(x), doctest::Contains("batch_norm: running_var[1] is -2 (eps 1e-05); in eval the "
+                                                   "running variance plus eps must be positive"),
+                       Error);
+  CHECK_THROWS_WITH_AS(nn::fuse_conv_bn(model), doctest::Contains("nn::fuse_conv_bn: running_var[1] is -2"), Error);
+  var.data()[1] = std::numeric_limits<float>::quiet_NaN();
+  loaded("1.running_var", var);
+  CHECK_THROWS_WITH_AS(model(x), doctest::Contains("running_var[1] is nan"), Error);
+  loaded("1.running_var", ones<float>({3}));
+  CHECK(std::isfinite(double(sum(model(x)).item())));
+
+  model.train();
+  for (const std::int64_t n : {std::int64_t(-1), std::numeric_limits<std::int64_t>::max()}) {
+    CAPTURE(n);
+    loaded("1.num_batches_tracked", full<std::int64_t>(Shape{}, n));
+    const std::string want = "BatchNorm2d: num_batches_tracked is " + std::to_string(n) +
+                             ", expected a count in [0, 2^62)";
+    CHECK_THROWS_WITH_AS(model(x), doctest::Contains(want.c_str()), Error);
+  }
+  loaded("1.num_batches_tracked", full<std::int64_t>(Shape{}, 41));
+  model(x);
+  CHECK(std::get<Tensor<std::int64_t>>(model.state_dict().at("1.num_batches_tracked")).item() == 42);
+}
+
 TEST_CASE("LayerNorm: normalises the trailing dims; gradcheck through the layer") {
   nn::LayerNormT<amp::fp64> ln(Shape{2, 3});
   TD x = randn<double>({4, 2, 3});

@@ -230,7 +230,11 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void fold(const FoldSite& f) {
     if (n == "eps") eps = v;
 
   std::vector<double> scale(C);
-  for (std::size_t c = 0; c < C; ++c) scale[c] = gamma[c] / std::sqrt(var[c] + eps);
+  for (std::size_t c = 0; c < C; ++c) {
+    EMBER_CHECK(var[c] + eps > 0, "nn::fuse_conv_bn: running_var[", c, "] is ", var[c], " (eps ", eps,
+                "); the running variance plus eps must be positive (a corrupt state dict?)");
+    scale[c] = gamma[c] / std::sqrt(var[c] + eps);
+  }
   std::vector<double> wv = slot_values(w);
   const std::size_t per = wv.size() / C;
   for (std::size_t c = 0; c < C; ++c)

@@ -107,12 +107,17 @@ double BatchNormT<Rank, P>::count_batch() const {
   if (is_training() && options.track_running_stats) {
     Tensor<std::int64_t> n = num_batches_tracked;
     std::int64_t count = 0;
+    const std::int64_t before = n.device().is_cpu() ? n.data()[0] : n.item();
+    // A count loaded from a file may be anything: negative, it would divide by zero below; at the int64 limit, the
+    // increment would overflow.
+    EMBER_CHECK(before >= 0 && before < (std::int64_t(1) << 62), type_name(), ": num_batches_tracked is ", before,
+                ", expected a count in [0, 2^62) (a corrupt state dict?)");
+    count = before + 1;
     if (n.device().is_cpu()) {
-      count = ++n.data()[0];
+      n.data()[0] = count;
       n.bump_version();
-    } else {  // a buffer moved to a GPU by Module::to: read the count back and write the new one (8 bytes each
+    } else {  // a buffer moved to a GPU by Module::to: the count was read back, the new one is written (8 bytes each
               // way, plain copies: no element-wise kernel, so a TU not compiled by nvcc can train too)
-      count = n.item() + 1;
       n.copy_(full<std::int64_t>(Shape{}, count));
     }
     if (!options.momentum) factor = 1.0 / double(count);

@@ -409,8 +409,13 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
     detail::finish_batch_stats(C, nblk, part, M, running_mean, running_var, momentum, eps, r.mean, r.invstd);
   } else {
     for (std::int64_t c = 0; c < C; ++c) {
+      const double var = detail::elem(running_var, c);
+      // A variance is never negative; one that is (or NaN) came from a corrupt state dict and would make the
+      // channel NaN without a word.
+      EMBER_CHECK(var + eps > 0, "batch_norm: running_var[", c, "] is ", var, " (eps ", eps,
+                  "); in eval the running variance plus eps must be positive (a corrupt state dict?)");
       r.mean[std::size_t(c)] = detail::elem(running_mean, c);
-      r.invstd[std::size_t(c)] = 1.0 / std::sqrt(detail::elem(running_var, c) + eps);
+      r.invstd[std::size_t(c)] = 1.0 / std::sqrt(var + eps);
     }
   }
   // Sweep 2, in memory order: y = (x - mean) * invstd * weight + bias.
