@@ -83,7 +83,9 @@ struct QuantizedLayer {
                 " '", name, "': weight_scale and bias must have ", out, " elements, got ",
                 weight_scale.defined() ? weight_scale.shape().str() : "undefined", " and ",
                 bias.defined() ? bias.shape().str() : "undefined");
-    EMBER_CHECK(std::isfinite(input.scale) && input.scale > 0 && input.zero_point >= qmin(input_dtype) &&
+    // Scales from a file: the forward divides by the input scale, so its reciprocal must be finite as well.
+    EMBER_CHECK(std::isfinite(input.scale) && input.scale > 0 && std::isfinite(1.0f / input.scale) &&
+                    input.zero_point >= qmin(input_dtype) &&
                     input.zero_point <= qmax(input_dtype),
                 what, " '", name, "': input scale ", input.scale, " and zero point ", input.zero_point,
                 " are not valid for ", input_dtype == QDtype::quint8 ? "quint8" : "qint8");
@@ -93,7 +95,7 @@ struct QuantizedLayer {
     zp_u8 = input.zero_point + (input_dtype == QDtype::qint8 ? 128 : 0);
     kp = cpu::q::round_up(depth, 4);
     const Tensor<std::int8_t> w = weight.contiguous();
-    const Tensor<float> ws = weight_scale.contiguous();
+    const Tensor<float> ws = weight_scale.contiguous(), bs = bias.contiguous();
     out_scale.resize(std::size_t(out));
     zp_offset.resize(std::size_t(out));
     for (std::int64_t o = 0; o < out; ++o) {
@@ -101,6 +103,10 @@ struct QuantizedLayer {
       EMBER_CHECK(std::isfinite(s) && s > 0, what, " '", name, "': weight_scale[", o, "] = ", s,
                   " (scales must be positive and finite)");
       out_scale[std::size_t(o)] = input.scale * s;
+      EMBER_CHECK(std::isnormal(out_scale[std::size_t(o)]), what, " '", name, "': input scale ", input.scale,
+                  " times weight_scale[", o, "] = ", s, " is not a normal float (it overflows or underflows)");
+      const float bo = bs.data()[o];
+      EMBER_CHECK(std::isfinite(bo), what, " '", name, "': bias[", o, "] = ", bo, " (must be finite)");
       std::int64_t sum = 0;
       for (std::int64_t k = 0; k < depth; ++k) {
         const std::int8_t v = w.data()[o * depth + k];
