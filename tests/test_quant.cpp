@@ -377,14 +377,21 @@ TEST_CASE("prepare, calibrate, convert a folded model; save and load give the sa
   io::save_safetensors(dir / "plain.safetensors", {{"x", io::AnyTensor(TF(zeros<float>(Shape{2})))}});
   CHECK_THROWS_WITH_AS(quant::load(fresh, dir / "plain.safetensors"), doctest::Contains("not an ember int8 model"),
                        ember::Error);
-  // The file's values, edited: a NaN bias, an input scale whose reciprocal is infinite, a product of scales that
-  // underflows. Each would have reached every output silently; each is an error naming the layer, and nothing
+  // The file's values, edited: a NaN bias, an input scale whose reciprocal is infinite, scales whose product
+  // overflows. Each would have reached every output silently; each is an error naming the layer, and nothing
   // changes.
-  auto tampered = [&](const std::string& key, std::int64_t i, float v) {
+  struct Edit {
+    const char* key;
+    std::int64_t i;
+    float v;
+  };
+  auto tampered = [&](std::initializer_list<Edit> edits) {
     io::SafeTensors f = io::load_safetensors(path);
-    TF t = io::get_as<float>(f.tensors.at(key), key).clone();
-    t.data()[i] = v;
-    f.tensors.at(key) = io::AnyTensor(t);
+    for (const Edit& e : edits) {
+      TF t = io::get_as<float>(f.tensors.at(e.key), e.key).clone();
+      t.data()[e.i] = e.v;
+      f.tensors.at(e.key) = io::AnyTensor(t);
+    }
     io::save_safetensors(dir / "tampered.safetensors", f.tensors, f.metadata);
     Net target;
     target.eval();
@@ -398,12 +405,14 @@ TEST_CASE("prepare, calibrate, convert a folded model; save and load give the sa
     CHECK((quant::quantized_layer(target, "conv2") == nullptr) == !msg.empty());  // all or nothing
     return msg;
   };
-  CHECK(tampered("conv2.bias", 3, std::nanf("")).find("'conv2': bias[3] = nan (must be finite)") != std::string::npos);
-  CHECK(tampered("conv2.input_scale", 0, 1e-45f).find("'conv2': input scale") != std::string::npos);
-  const std::string tiny = tampered("conv2.weight_scale", 5, 1e-37f);
-  CHECK(tiny.find("times weight_scale[5] = ") != std::string::npos);
-  CHECK(tiny.find("is not a normal float") != std::string::npos);
-  CHECK(tampered("conv2.bias", 3, 0.25f).empty());  // an ordinary edit loads
+  CHECK(tampered({{"conv2.bias", 3, std::nanf("")}}).find("'conv2': bias[3] = nan (must be finite)") !=
+        std::string::npos);
+  CHECK(tampered({{"conv2.input_scale", 0, 1e-45f}}).find("'conv2': input scale") != std::string::npos);
+  CHECK(tampered({{"conv2.input_scale", 0, 1e30f}, {"conv2.weight_scale", 5, 1e10f}})
+            .find("times weight_scale[5] = 1e+10 overflows a float") != std::string::npos);
+  // Ordinary edits load, and so does a product of scales that underflows (that channel's outputs are that small).
+  CHECK(tampered({{"conv2.bias", 3, 0.25f}}).empty());
+  CHECK(tampered({{"conv2.weight_scale", 5, 1e-37f}}).empty());
 }
 
 TEST_CASE("quantization options and errors") {
