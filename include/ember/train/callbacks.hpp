@@ -31,9 +31,8 @@ inline std::string exact(double v) {
 inline double parse_double(const std::map<std::string, std::string>& kv, const std::string& key, const char* who) {
   const auto it = kv.find(key);
   EMBER_CHECK(it != kv.end(), who, ": the checkpoint has no '", key, "' entry for this callback");
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  EMBER_CHECK(end && *end == '\0' && !it->second.empty(), who, ": the checkpoint's '", key, "' is not a number");
+  double v = 0;
+  EMBER_CHECK(parse_number(it->second, v), who, ": the checkpoint's '", key, "' is not a number");
   return v;
 }
 }  // namespace detail

@@ -228,10 +228,9 @@ class ModelCheckpoint : public Callback {
       EMBER_CHECK(nl != std::string::npos && tab != std::string::npos && tab < nl && kept.size() < 100000,
                   "train::ModelCheckpoint: the checkpoint's list of kept files is malformed");
       const std::string score = text.substr(at, tab - at), path = text.substr(tab + 1, nl - tab - 1);
-      char* end = nullptr;
-      const double v = std::strtod(score.c_str(), &end);
+      double v = 0;
       // A kept file is deleted when a better one replaces it: the list must name files this callback writes.
-      EMBER_CHECK(!score.empty() && end && *end == '\0' && std::isfinite(v) && written_here(path),
+      EMBER_CHECK(detail::parse_number(score, v) && std::isfinite(v) && written_here(path),
                   "train::ModelCheckpoint: the checkpoint lists ", ember::detail::quote_untrusted(path), " (score ",
                   ember::detail::quote_untrusted(score), ") among its kept files; expected a .ckpt file in '",
                   o_.dirpath, "' with a finite score");

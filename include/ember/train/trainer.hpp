@@ -158,6 +158,14 @@ inline CheckpointIO& checkpoint_io() {
   return io;
 }
 
+/// Text saved in a checkpoint read back as a double: the whole text must be one number (strtod's syntax, so "inf"
+/// and "nan" too); returns false otherwise. Callers check the range they need.
+inline bool parse_number(const std::string& text, double& out) {
+  char* end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return !text.empty() && end && *end == '\0';
+}
+
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -350,11 +358,9 @@ class Trainer {
       // The epoch's running totals so far, each written in full: the loss sum (NaN or inf only if the run trained on
       // with stop_on_nonfinite_loss = false), the loss count (at most one per batch so far) and the sample count.
       auto number = [&](const std::pair<const std::string, std::string>& kv, double max_count) {
-        char* end = nullptr;
-        const double v = std::strtod(kv.second.c_str(), &end);
+        double v = 0;
         const bool count = max_count >= 0;
-        EMBER_CHECK(!kv.second.empty() && end && *end == '\0' &&
-                        (!count || (v >= 0 && v <= max_count && v == std::floor(v))),
+        EMBER_CHECK(detail::parse_number(kv.second, v) && (!count || (v >= 0 && v <= max_count && v == std::floor(v))),
                     "train::Trainer::fit: '", path, "': extra/", kv.first, " is ",
                     ember::detail::quote_untrusted(kv.second),
                     count ? ", expected a whole number in [0, " + std::to_string(std::int64_t(max_count)) + "]"
