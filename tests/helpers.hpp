@@ -27,6 +27,25 @@ namespace ember_test {
 
 using namespace ember;
 using i64 = std::int64_t;
+
+/// Sets (or, with nullptr, unsets) an environment variable for a scope.
+struct EnvGuard {
+  std::string name;
+  std::string old;
+  bool had;
+  EnvGuard(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (value) ::setenv(n, value, 1);
+    else ::unsetenv(n);
+  }
+  ~EnvGuard() {
+    if (had) ::setenv(name.c_str(), old.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
 inline constexpr float kInfF = std::numeric_limits<float>::infinity();
 inline constexpr float kNaNF = std::numeric_limits<float>::quiet_NaN();
 

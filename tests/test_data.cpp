@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using ember_test::error_of;
+using ember_test::EnvGuard;
 using ember_test::TempDir;
 
 using Bytes = std::vector<std::uint8_t>;
@@ -120,24 +121,6 @@ void write_fake_fashion(const TempDir& d, const std::string& stem, std::uint32_t
     write_bytes(d / (stem + "-labels-idx1-ubyte"), labels);
   }
 }
-
-/// Sets an environment variable for a scope.
-struct EnvGuard {
-  std::string name;
-  std::string old;
-  bool had;
-  EnvGuard(const char* n, const char* value) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (value) ::setenv(n, value, 1);
-    else ::unsetenv(n);
-  }
-  ~EnvGuard() {
-    if (had) ::setenv(name.c_str(), old.c_str(), 1);
-    else ::unsetenv(name.c_str());
-  }
-};
 
 /// Sample i is a (2, 3) tensor filled with i (plus k/100 at element k) and target i; optionally slow or failing.
 struct CountingDataset {

@@ -27,6 +27,8 @@
 #include <ember/ember.hpp>
 #include <ember/nn/ddp.hpp>
 #include <ember/optim/zero.hpp>
+
+#include "helpers.hpp"
 #if EMBER_TEST_MPI
 #include <ember/dist/mpi.hpp>
 #endif
@@ -793,6 +795,43 @@ TEST_CASE("dist: a world of one needs no launcher") {
   CHECK_THROWS_WITH_AS(pg->all_reduce(nc), doctest::Contains("must be contiguous"), Error);
   CHECK_THROWS_WITH_AS(pg->all_gather_into_tensor(empty<float>(Shape{5}), t), doctest::Contains("expected world size"),
                        Error);
+}
+
+TEST_CASE("dist: the launcher's variables and the store's numbers are whole integers") {
+  using ember_test::EnvGuard;
+  EnvGuard no_rank("RANK", nullptr), no_world("WORLD_SIZE", nullptr), no_mpi("OMPI_COMM_WORLD_RANK", nullptr);
+  EnvGuard procid("SLURM_PROCID", "1"), ntasks("SLURM_NTASKS", "4"), localid("SLURM_LOCALID", "1");
+  EnvGuard addr("MASTER_ADDR", "127.0.0.1"), port("MASTER_PORT", nullptr);
+  {
+    // Slurm's "tasks on this node" is a count, optionally with a repeat: "2(x3)" is 2 on each of 3 nodes.
+    EnvGuard per("SLURM_NTASKS_PER_NODE", "2(x2)");
+    const auto li = dist::launch_info();
+    CHECK(li.launcher == "slurm");
+    CHECK(li.rank == 1);
+    CHECK(li.world_size == 4);
+    CHECK(li.local_world_size == 2);
+  }
+  {
+    // atoi read "x2" as 0 and made it a node of one task.
+    EnvGuard per("SLURM_NTASKS_PER_NODE", "x2");
+    CHECK_THROWS_WITH_AS(dist::launch_info(), doctest::Contains("SLURM_NTASKS_PER_NODE is \"x2\""), Error);
+  }
+  {
+    EnvGuard bad("MASTER_PORT", "29500 ");
+    CHECK_THROWS_WITH_AS(dist::launch_info(),
+                         doctest::Contains("dist::init: environment variable MASTER_PORT is \"29500 \", not an integer in [1, 65535]"),
+                         Error);
+  }
+  // The store adds to whole integers only: strtoll-style parsing read "12abc" as 12 and answered 13.
+  dist::StoreServer server(0);
+  dist::Store store("127.0.0.1", server.port(), std::chrono::seconds(10));
+  CHECK(store.add("n", 5) == 5);
+  CHECK(store.add("n", -7) == -2);
+  store.set("text", "12abc");
+  CHECK_THROWS_WITH_AS(store.add("text", 1), doctest::Contains("the value is not an integer"), Error);
+  CHECK(store.get("text") == "12abc");
+  store.set("big", "9223372036854775807");
+  CHECK(store.add("big", 1) == std::numeric_limits<long long>::min());  // the server adds in two's complement
 }
 
 /// Runs a shell command, returning (wait status, output).

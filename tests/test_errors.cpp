@@ -40,6 +40,57 @@ TF leaf_f(const Shape& s) {
 
 }  // namespace
 
+TEST_CASE("errors: numbers from the environment are whole integers in range, never atoi's reading") {
+  using ember::detail::parse_int;
+  long long v = 7;
+  const std::pair<const char*, long long> good[] = {{"0", 0},
+                                                    {"-0", 0},
+                                                    {"+5", 5},
+                                                    {"4096", 4096},
+                                                    {"9223372036854775807", std::numeric_limits<long long>::max()},
+                                                    {"-9223372036854775808", std::numeric_limits<long long>::min()}};
+  for (const auto& [text, want] : good) {
+    INFO(text);
+    CHECK((parse_int(text, v) && v == want));
+  }
+  for (const char* text : {"", "-", "+", " 1", "1 ", "8x", "0x10", "1e3", "1.5", "--1", "\xff" "1",
+                           "9223372036854775808", "-9223372036854775809", "99999999999999999999999"}) {
+    INFO(text);
+    v = 7;
+    CHECK_FALSE(parse_int(text, v));
+    CHECK(v == 7);  // untouched
+  }
+  // An unset or empty variable gives the default; anything else must be an integer in the range.
+  {
+    ember_test::EnvGuard e("EMBER_NUM_THREADS", nullptr);
+    CHECK(cpu::ThreadPool::default_threads() >= 1);
+  }
+  {
+    ember_test::EnvGuard e("EMBER_NUM_THREADS", "3");
+    CHECK(cpu::ThreadPool::default_threads() == 3);
+  }
+  // atoi read these as 1 ("abc", "0"), 8 ("8x") and -1 (a pool of one); one was a pool of 10^9 threads.
+  for (const char* bad : {"abc", "0", "8x", "-1", "1000000000", "4097"}) {
+    ember_test::EnvGuard e("EMBER_NUM_THREADS", bad);
+    EXPECT_ERROR([] { (void)cpu::ThreadPool::default_threads(); },
+                 {"cpu::ThreadPool: environment variable EMBER_NUM_THREADS is \"", bad, "\", not an integer in [1, 4096]"});
+  }
+  {
+    ember_test::EnvGuard e("EMBER_SPIN_US", "50");
+    CHECK(cpu::ThreadPool::default_spin_ns() == 50000);
+  }
+  {
+    ember_test::EnvGuard e("EMBER_SPIN_US", "200us");
+    EXPECT_ERROR([] { (void)cpu::ThreadPool::default_spin_ns(); },
+                 {"EMBER_SPIN_US is \"200us\", not an integer in [0, 100000]"});
+  }
+  {
+    // What a terminal would act on is escaped in the message.
+    ember_test::EnvGuard e("EMBER_TEST_NUMBER", "1\x1b[2J");
+    EXPECT_ERROR([] { (void)ember::detail::env_int("test", "EMBER_TEST_NUMBER", 0, 0, 9); }, {"is \"1\\x1b[2J\""});
+  }
+}
+
 TEST_CASE("errors: element-wise shapes that do not broadcast") {
   const TF a = arange_f({2, 3}), b = arange_f({4}), c = arange_f({3, 2});
   EXPECT_ERROR([&] { TF r = a + b; }, {"Add", "[2, 3]", "[4]", "broadcast"});

@@ -2,6 +2,7 @@
 // Everything in ember includes this header; it includes nothing of ember.
 #pragma once
 
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <initializer_list>
@@ -271,3 +272,37 @@ template <class... Args>
   do {                                                            \
     if (!(cond)) [[unlikely]] ::ember::detail::fail(__VA_ARGS__); \
   } while (0)
+
+namespace ember::detail {
+/// The whole of `s` as a base-10 integer: an optional sign and digits, nothing else (no spaces, no trailing text),
+/// within long long. Text from outside (the environment, a peer's reply) goes through this rather than atoi, which
+/// reads "8x" as 8 and garbage as 0.
+inline bool parse_int(std::string_view s, long long& out) noexcept {
+  std::size_t i = 0;
+  const bool neg = !s.empty() && s[0] == '-';
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) i = 1;
+  if (i == s.size()) return false;
+  const unsigned long long limit = neg ? 9223372036854775808ull : 9223372036854775807ull;
+  unsigned long long v = 0;
+  for (; i < s.size(); ++i) {
+    const unsigned long long d = static_cast<unsigned char>(s[i]) - static_cast<unsigned long long>('0');
+    if (d > 9 || v > (limit - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  out = !neg ? static_cast<long long>(v) : v == limit ? -9223372036854775807LL - 1 : -static_cast<long long>(v);
+  return true;
+}
+
+/// The integer in environment variable `name`, or `fallback` when it is unset or empty. Anything but a whole number
+/// in [lo, hi] is an ember::Error naming `who` (the part of ember that reads it), the variable, what it holds and
+/// the range.
+[[gnu::cold]] inline long long env_int(const char* who, const char* name, long long fallback, long long lo,
+                                       long long hi) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  long long v = 0;
+  EMBER_CHECK(parse_int(s, v) && v >= lo && v <= hi, who, ": environment variable ", name, " is ",
+              quote_untrusted(s), ", not an integer in [", lo, ", ", hi, "]");
+  return v;
+}
+}  // namespace ember::detail

@@ -187,7 +187,7 @@ class CpuCachingAllocator final : public Allocator {
   }
 
   CpuCachingAllocator() {
-    if (const char* s = std::getenv("EMBER_CPU_CACHE_LIMIT_MB")) limit_ = std::size_t(std::atoll(s)) << 20;
+    limit_ = std::size_t(detail::env_int("CpuCachingAllocator", "EMBER_CPU_CACHE_LIMIT_MB", 8 << 10, 0, 1LL << 30)) << 20;
   }
 
   mutable std::mutex mu_;  // guards everything below except limit_

@@ -24,13 +24,12 @@ class ThreadPool {
  public:
   EMBER_HEADER_INLINE static ThreadPool& instance();
   static int default_threads() {
-    if (const char* s = std::getenv("EMBER_NUM_THREADS")) return std::max(1, std::atoi(s));
-    return std::max(1u, std::thread::hardware_concurrency());
+    const long long n = ember::detail::env_int("cpu::ThreadPool", "EMBER_NUM_THREADS", 0, 1, 4096);
+    return n > 0 ? int(n) : int(std::max(1u, std::thread::hardware_concurrency()));
   }
   /// How long an idle worker polls for the next loop before it sleeps (EMBER_SPIN_US, 0 to 100000 µs).
   static std::int64_t default_spin_ns() {
-    if (const char* s = std::getenv("EMBER_SPIN_US")) return std::clamp<std::int64_t>(std::atoll(s), 0, 100000) * 1000;
-    return 200 * 1000;
+    return std::int64_t(ember::detail::env_int("cpu::ThreadPool", "EMBER_SPIN_US", 200, 0, 100000)) * 1000;
   }
 
   int num_threads() const { return nthreads_.load(std::memory_order_relaxed); }

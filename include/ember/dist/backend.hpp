@@ -49,8 +49,7 @@ inline int& spin_budget_us() {
 }
 inline int spin_override_us() {
   static const int v = [] {
-    const char* s = std::getenv("EMBER_DIST_SPIN_US");
-    return s ? std::max(0, std::atoi(s)) : -1;
+    return int(ember::detail::env_int("dist", "EMBER_DIST_SPIN_US", -1, 0, 1000000));
   }();
   return v;
 }
@@ -168,8 +167,7 @@ class Collectives {
     return s;
   }
   static std::size_t default_inline_bytes() {
-    const char* s = std::getenv("EMBER_DIST_INLINE_BYTES");
-    return s ? std::size_t(std::max(0LL, std::atoll(s))) : std::size_t(64) << 10;
+    return std::size_t(ember::detail::env_int("dist", "EMBER_DIST_INLINE_BYTES", 64 << 10, 0, 1LL << 40));
   }
   // Gives up the right to execute; wakes the progress thread if a job waits for it.
   void release_running() {

@@ -69,14 +69,7 @@ struct LaunchInfo {
 namespace detail {
 /// The integer in environment variable `name`, or `fallback` when unset; garbage is an error naming the variable.
 inline long long env_int(const char* name, long long fallback, long long lo, long long hi) {
-  const char* s = std::getenv(name);
-  if (!s || !*s) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s, &end, 10);
-  EMBER_CHECK(errno == 0 && end && *end == 0 && v >= lo && v <= hi, "dist::init: ", name, "=",
-              ember::detail::quote_untrusted(s), " is not an integer in [", lo, ", ", hi, "]");
-  return v;
+  return ember::detail::env_int("dist::init", name, fallback, lo, hi);
 }
 inline std::string env_str(const char* name) {
   const char* s = std::getenv(name);
@@ -132,7 +125,12 @@ inline LaunchInfo launch_info(const InitOptions& o = {}) {
     li.local_rank = int(detail::env_int("SLURM_LOCALID", 0, 0, kMax));
     // "2" or "2(x3)": the tasks on this node.
     const std::string per = detail::env_str("SLURM_NTASKS_PER_NODE");
-    li.local_world_size = per.empty() ? 1 : std::max(1, std::atoi(per.c_str()));
+    long long n = 1;
+    const std::string first = per.substr(0, per.find_first_of("(,"));
+    EMBER_CHECK(per.empty() || (ember::detail::parse_int(first, n) && n >= 1 && n <= kMax),
+                "dist::init: SLURM_NTASKS_PER_NODE is ", ember::detail::quote_untrusted(per),
+                ", not a task count such as \"2\" or \"2(x3)\"");
+    li.local_world_size = int(n);
   } else {
     li.launcher = "none";
   }

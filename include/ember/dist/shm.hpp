@@ -392,8 +392,9 @@ class ShmCollectives final : public detail::RingCollectives<ShmCollectives> {
     const std::string announced = boot.all_gather(mine, "shm segment", d)[0];
     if (rank != 0) {
       const auto sp = announced.find(' ');
-      const long long cap = sp == std::string::npos ? -1 : std::atoll(announced.substr(0, sp).c_str());
-      EMBER_CHECK(cap >= 4096 && cap <= (1LL << 30) && cap % 4096 == 0, ctx,
+      long long cap = -1;
+      EMBER_CHECK(sp != std::string::npos && ember::detail::parse_int(std::string_view(announced).substr(0, sp), cap) &&
+                  cap >= 4096 && cap <= (1LL << 30) && cap % 4096 == 0, ctx,
                   ": rank 0 announced an invalid segment ", ember::detail::quote_untrusted(announced));
       seg_ = std::make_unique<detail::ShmSegment>(world, std::size_t(cap));
       seg_->attach(announced.substr(sp + 1), ctx);
@@ -416,7 +417,7 @@ class ShmCollectives final : public detail::RingCollectives<ShmCollectives> {
     std::size_t n = o.channel_bytes;
     if (n == 0) {
       n = std::size_t(4) << 20;
-      if (const char* s = std::getenv("EMBER_SHM_CHANNEL_BYTES")) n = std::size_t(std::max(0LL, std::atoll(s)));
+      n = std::size_t(ember::detail::env_int("dist::ShmCollectives", "EMBER_SHM_CHANNEL_BYTES", std::int64_t(n), 4096, 1LL << 30));
     }
     n = std::clamp<std::size_t>(n, 4096, std::size_t(1) << 30);
     return (n + 4095) / 4096 * 4096;

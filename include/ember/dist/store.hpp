@@ -156,9 +156,7 @@ inline void StoreServer::serve(Client& c) {
         const auto delta = std::int64_t(detail::get_le(p + 5 + klen, 8));
         std::string& v = data_[key];
         long long cur = 0;
-        try {
-          cur = v.empty() ? 0 : std::stoll(v);
-        } catch (...) {
+        if (!v.empty() && !ember::detail::parse_int(v, cur)) {
           reply(c, detail::kRefused, "the value is not an integer");
           break;
         }
@@ -285,7 +283,10 @@ class Store {
     std::string payload;
     detail::put_u64(payload, std::uint64_t(delta));
     const std::string v = request(detail::kAdd, key, payload, "add", timeout_).second;
-    return std::stoll(v);
+    long long sum = 0;
+    EMBER_CHECK(ember::detail::parse_int(v, sum), "dist::Store::add(", ember::detail::quote_untrusted(key), ") at ",
+                address(), ": the store answered ", ember::detail::quote_untrusted(v), ", not an integer");
+    return sum;
   }
   bool check(const std::string& key) { return request(detail::kCheck, key, {}, "check", timeout_).first; }
   bool remove(const std::string& key) { return request(detail::kDel, key, {}, "delete", timeout_).first; }

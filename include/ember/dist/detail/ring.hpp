@@ -477,8 +477,7 @@ class RingCollectives : public Collectives {
   /// All-reduces of at most this many bytes times the world size take the small-message path (EMBER_DIST_SMALL_BYTES,
   /// default 64 KiB).
   std::size_t small_bytes_ = [] {
-    const char* s = std::getenv("EMBER_DIST_SMALL_BYTES");
-    return s ? std::size_t(std::max(0LL, std::atoll(s))) : std::size_t(64) << 10;
+    return std::size_t(ember::detail::env_int("dist", "EMBER_DIST_SMALL_BYTES", 64 << 10, 0, 1LL << 40));
   }();
 
  private:
