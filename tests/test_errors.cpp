@@ -49,9 +49,9 @@ TEST_CASE("errors: numbers from the environment are whole integers in range, nev
                                                     {"4096", 4096},
                                                     {"9223372036854775807", std::numeric_limits<long long>::max()},
                                                     {"-9223372036854775808", std::numeric_limits<long long>::min()}};
-  for (const auto& [text, want] : good) {
-    INFO(text);
-    CHECK((parse_int(text, v) && v == want));
+  for (const auto& g : good) {
+    INFO(g.first);
+    CHECK((parse_int(g.first, v) && v == g.second));
   }
   for (const char* text : {"", "-", "+", " 1", "1 ", "8x", "0x10", "1e3", "1.5", "--1", "\xff" "1",
                            "9223372036854775808", "-9223372036854775809", "99999999999999999999999"}) {
