@@ -818,9 +818,10 @@ TEST_CASE("dist: the launcher's variables and the store's numbers are whole inte
   }
   {
     EnvGuard bad("MASTER_PORT", "29500 ");
-    CHECK_THROWS_WITH_AS(dist::launch_info(),
-                         doctest::Contains("dist::init: environment variable MASTER_PORT is \"29500 \", not an integer in [1, 65535]"),
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        dist::launch_info(),
+        doctest::Contains("dist::init: environment variable MASTER_PORT is \"29500 \", not an integer in [1, 65535]"),
+        Error);
   }
   // The store adds to whole integers only: strtoll-style parsing read "12abc" as 12 and answered 13.
   dist::StoreServer server(0);

@@ -73,7 +73,8 @@ TEST_CASE("errors: numbers from the environment are whole integers in range, nev
   for (const char* bad : {"abc", "0", "8x", "-1", "1000000000", "4097"}) {
     ember_test::EnvGuard e("EMBER_NUM_THREADS", bad);
     EXPECT_ERROR([] { (void)cpu::ThreadPool::default_threads(); },
-                 {"cpu::ThreadPool: environment variable EMBER_NUM_THREADS is \"", bad, "\", not an integer in [1, 4096]"});
+                 {"cpu::ThreadPool: environment variable EMBER_NUM_THREADS is \"", bad,
+                  "\", not an integer in [1, 4096]"});
   }
   {
     ember_test::EnvGuard e("EMBER_SPIN_US", "50");

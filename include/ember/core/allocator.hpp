@@ -187,7 +187,8 @@ class CpuCachingAllocator final : public Allocator {
   }
 
   CpuCachingAllocator() {
-    limit_ = std::size_t(detail::env_int("CpuCachingAllocator", "EMBER_CPU_CACHE_LIMIT_MB", 8 << 10, 0, 1LL << 30)) << 20;
+    const long long mb = detail::env_int("CpuCachingAllocator", "EMBER_CPU_CACHE_LIMIT_MB", 8 << 10, 0, 1LL << 30);
+    limit_ = std::size_t(mb) << 20;
   }
 
   mutable std::mutex mu_;  // guards everything below except limit_

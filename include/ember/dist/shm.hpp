@@ -417,7 +417,8 @@ class ShmCollectives final : public detail::RingCollectives<ShmCollectives> {
     std::size_t n = o.channel_bytes;
     if (n == 0) {
       n = std::size_t(4) << 20;
-      n = std::size_t(ember::detail::env_int("dist::ShmCollectives", "EMBER_SHM_CHANNEL_BYTES", std::int64_t(n), 4096, 1LL << 30));
+      n = std::size_t(
+          ember::detail::env_int("dist::ShmCollectives", "EMBER_SHM_CHANNEL_BYTES", std::int64_t(n), 4096, 1LL << 30));
     }
     n = std::clamp<std::size_t>(n, 4096, std::size_t(1) << 30);
     return (n + 4095) / 4096 * 4096;

@@ -142,9 +142,9 @@ class TcpCollectives final : public detail::RingCollectives<TcpCollectives> {
     const std::string& a = addrs[std::size_t(next)];
     const auto sp = a.rfind(' ');
     long long port = -1;
-    EMBER_CHECK(sp != std::string::npos && sp > 0 && ember::detail::parse_int(std::string_view(a).substr(sp + 1), port) &&
-                port > 0 && port < 65536, ctx, ": rank ", next,
-                " announced an invalid address ", ember::detail::quote_untrusted(a));
+    EMBER_CHECK(sp != std::string::npos && sp > 0 &&
+                    ember::detail::parse_int(std::string_view(a).substr(sp + 1), port) && port > 0 && port < 65536,
+                ctx, ": rank ", next, " announced an invalid address ", ember::detail::quote_untrusted(a));
     out_ = Socket::connect(a.substr(0, sp), int(port), d, ctx + ": connecting to rank " + std::to_string(next));
     detail::TcpHello hello;
     hello.rank = rank;
