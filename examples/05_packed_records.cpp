@@ -7,6 +7,8 @@
 #include <ember/ember.hpp>
 #include <ember/train.hpp>
 
+#include "flags.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,8 +24,8 @@ int main(int argc, char** argv) {
   std::string out = std::filesystem::temp_directory_path().string(), root;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
-    if (!std::strcmp(argv[i], "--epochs")) epochs = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--workers")) workers = std::atoi(next());
+    if (!std::strcmp(argv[i], "--epochs")) epochs = int(examples::int_flag("--epochs", next(), 1, 1000));
+    else if (!std::strcmp(argv[i], "--workers")) workers = int(examples::int_flag("--workers", next(), 0, 256));
     else if (!std::strcmp(argv[i], "--out")) out = next();
     else if (!std::strcmp(argv[i], "--data")) root = next();
     else {

@@ -25,6 +25,8 @@
 #include <ember/data.hpp>
 #include <ember/ember.hpp>
 
+#include "flags.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -166,11 +168,11 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
-    if (!std::strcmp(argv[i], "--epochs")) a.epochs = std::atof(next());
-    else if (!std::strcmp(argv[i], "--batch")) a.batch = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--lr")) a.max_lr = std::atof(next());
-    else if (!std::strcmp(argv[i], "--width")) a.width = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--smoothing")) a.smoothing = std::atof(next());
+    if (!std::strcmp(argv[i], "--epochs")) a.epochs = examples::real_flag("--epochs", next(), 0.01, 1000);
+    else if (!std::strcmp(argv[i], "--batch")) a.batch = examples::int_flag("--batch", next(), 1, 60000);
+    else if (!std::strcmp(argv[i], "--lr")) a.max_lr = examples::real_flag("--lr", next(), 1e-9, 100);
+    else if (!std::strcmp(argv[i], "--width")) a.width = int(examples::int_flag("--width", next(), 1, 1024));
+    else if (!std::strcmp(argv[i], "--smoothing")) a.smoothing = examples::real_flag("--smoothing", next(), 0, 1);
     else if (!std::strcmp(argv[i], "--no-tta")) a.tta = false;
     else if (!std::strcmp(argv[i], "--eval-each-epoch")) a.eval_each_epoch = true;
     else if (!std::strcmp(argv[i], "--data")) a.root = next();

@@ -18,6 +18,7 @@
 #include <ember/quant.hpp>
 
 #include "fashion_cnn.hpp"
+#include "flags.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -162,10 +163,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
     if (!std::strcmp(argv[i], "--weights")) a.weights = next();
-    else if (!std::strcmp(argv[i], "--calibration")) a.calibration = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--calibration"))
+      a.calibration = int(examples::int_flag("--calibration", next(), 1, 1000));
     else if (!std::strcmp(argv[i], "--observer")) a.observer = next();
     else if (!std::strcmp(argv[i], "--keep-last")) a.keep_last = true;
-    else if (!std::strcmp(argv[i], "--batch1")) a.batch1 = std::atoll(next());
+    else if (!std::strcmp(argv[i], "--batch1")) a.batch1 = examples::int_flag("--batch1", next(), 0, 10000);
     else if (!std::strcmp(argv[i], "--data")) a.root = next();
     else if (!std::strcmp(argv[i], "--save")) a.save = next();
     else {

@@ -19,6 +19,7 @@
 #endif
 
 #include "fashion_cnn.hpp"
+#include "flags.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -35,10 +36,11 @@ int main(int argc, char** argv) {
   std::string root;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
-    if (!std::strcmp(argv[i], "--epochs")) epochs = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--batch")) global_batch = std::size_t(std::atol(next()));
-    else if (!std::strcmp(argv[i], "--lr")) max_lr = std::atof(next());
-    else if (!std::strcmp(argv[i], "--workers")) workers = std::atoi(next());
+    if (!std::strcmp(argv[i], "--epochs")) epochs = int(examples::int_flag("--epochs", next(), 1, 1000));
+    else if (!std::strcmp(argv[i], "--batch"))
+      global_batch = std::size_t(examples::int_flag("--batch", next(), 1, 60000));
+    else if (!std::strcmp(argv[i], "--lr")) max_lr = examples::real_flag("--lr", next(), 1e-9, 100);
+    else if (!std::strcmp(argv[i], "--workers")) workers = int(examples::int_flag("--workers", next(), 0, 256));
     else if (!std::strcmp(argv[i], "--data")) root = next();
     else {
       std::fprintf(stderr, "usage: %s [--epochs N] [--batch GLOBAL] [--lr X] [--workers N] [--data DIR]\n", argv[0]);

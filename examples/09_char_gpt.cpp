@@ -18,6 +18,8 @@
 #include <ember/io.hpp>
 #endif
 
+#include "flags.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -121,22 +123,22 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--data") c.data = next();
-    else if (a == "--steps") c.steps = std::atoll(next().c_str());
-    else if (a == "--batch") c.batch = std::atoll(next().c_str());
-    else if (a == "--accum") c.accum = std::atoll(next().c_str());
-    else if (a == "--ctx") c.ctx = std::atoll(next().c_str());
-    else if (a == "--dim") c.dim = std::atoll(next().c_str());
-    else if (a == "--heads") c.heads = std::atoll(next().c_str());
-    else if (a == "--layers") c.layers = std::atoll(next().c_str());
-    else if (a == "--log") c.log = std::atoll(next().c_str());
-    else if (a == "--lr") c.lr = std::atof(next().c_str());
-    else if (a == "--sample") c.sample = std::atoll(next().c_str());
-    else if (a == "--temperature") c.temperature = std::atof(next().c_str());
-    else if (a == "--top-k") c.top_k = std::atoll(next().c_str());
+    else if (a == "--steps") c.steps = examples::int_flag("--steps", next().c_str(), 1, 1000000000);
+    else if (a == "--batch") c.batch = examples::int_flag("--batch", next().c_str(), 1, 65536);
+    else if (a == "--accum") c.accum = examples::int_flag("--accum", next().c_str(), 1, 65536);
+    else if (a == "--ctx") c.ctx = examples::int_flag("--ctx", next().c_str(), 2, 65536);
+    else if (a == "--dim") c.dim = examples::int_flag("--dim", next().c_str(), 1, 65536);
+    else if (a == "--heads") c.heads = examples::int_flag("--heads", next().c_str(), 1, 4096);
+    else if (a == "--layers") c.layers = examples::int_flag("--layers", next().c_str(), 1, 1024);
+    else if (a == "--log") c.log = examples::int_flag("--log", next().c_str(), 1, 1000000000);
+    else if (a == "--lr") c.lr = examples::real_flag("--lr", next().c_str(), 1e-9, 100);
+    else if (a == "--sample") c.sample = examples::int_flag("--sample", next().c_str(), 0, 1000000);
+    else if (a == "--temperature") c.temperature = examples::real_flag("--temperature", next().c_str(), 1e-6, 100);
+    else if (a == "--top-k") c.top_k = examples::int_flag("--top-k", next().c_str(), 1, 1000000);
     else if (a == "--ckpt") c.ckpt = next();
     else if (a == "--resume") c.resume = true;
-    else if (a == "--stop-after") c.stop_after = std::atoll(next().c_str());
-    else if (a == "--threads") c.threads = std::atoi(next().c_str());
+    else if (a == "--stop-after") c.stop_after = examples::int_flag("--stop-after", next().c_str(), 0, 1000000000);
+    else if (a == "--threads") c.threads = int(examples::int_flag("--threads", next().c_str(), 1, 4096));
     else {
       std::fprintf(stderr, "usage: %s [--data FILE|DIR] [--steps N] [--batch N] [--accum N] [--ctx N] [--dim N] "
                            "[--heads N] [--layers N] [--lr X] [--log N] [--ckpt FILE] [--resume] [--stop-after N] [--sample N] "

@@ -20,6 +20,7 @@
 #include <ember/train.hpp>
 
 #include "fashion_cnn.hpp"
+#include "flags.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -107,10 +108,10 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
-    if (!std::strcmp(argv[i], "--epochs")) a.epochs = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--batch")) a.batch = std::size_t(std::atoi(next()));
-    else if (!std::strcmp(argv[i], "--workers")) a.workers = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--lr")) a.max_lr = std::atof(next());
+    if (!std::strcmp(argv[i], "--epochs")) a.epochs = int(examples::int_flag("--epochs", next(), 1, 1000));
+    else if (!std::strcmp(argv[i], "--batch")) a.batch = std::size_t(examples::int_flag("--batch", next(), 1, 60000));
+    else if (!std::strcmp(argv[i], "--workers")) a.workers = int(examples::int_flag("--workers", next(), 0, 256));
+    else if (!std::strcmp(argv[i], "--lr")) a.max_lr = examples::real_flag("--lr", next(), 1e-9, 100);
     else if (!std::strcmp(argv[i], "--precision")) a.precision = next();
     else if (!std::strcmp(argv[i], "--data")) a.root = next();
     else {
