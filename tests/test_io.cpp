@@ -905,4 +905,16 @@ TEST_CASE("checkpoints: a damaged step entry") {
                        {{"format", "ember-checkpoint-1"}, {"epoch", "1"}, {"step", "12x"}, {"rng_seed", "1"},
                         {"rng_offset", "0"}});
   EXPECT_ERROR([&] { io::load_checkpoint(d / "bad.ckpt"); }, {"'step' is \"12x\"", "not an integer"});
+
+  // Epoch and step count what is done: a negative one in a file, or given to save, is an error naming both.
+  io::save_safetensors(d / "neg.ckpt", {{"model/w", ones<float>(Shape{2})}},
+                       {{"format", "ember-checkpoint-1"}, {"epoch", "-1"}, {"step", "12"}, {"rng_seed", "1"},
+                        {"rng_offset", "0"}});
+  EXPECT_ERROR([&] { io::load_checkpoint(d / "neg.ckpt"); },
+               {"load_checkpoint", "neg.ckpt", "epoch -1 and step 12", "cannot be negative"});
+  EXPECT_ERROR([&] { io::save_checkpoint(d / "neg2.ckpt", {.step = -5}); },
+               {"save_checkpoint", "neg2.ckpt", "epoch 0 and step -5", "cannot be negative"});
+  CHECK(!std::filesystem::exists(d / "neg2.ckpt"));
+  io::save_checkpoint(d / "zero.ckpt", {});  // zero is a count
+  CHECK(io::load_checkpoint(d / "zero.ckpt").step == 0);
 }

@@ -81,6 +81,8 @@ EMBER_COLD EMBER_IO_INLINE void save_checkpoint(const std::string& path, const C
   put("model/", c.model);
   put("optimizer/", c.optimizer);
   put("scheduler/", c.scheduler);
+  EMBER_CHECK(c.epoch >= 0 && c.step >= 0, "save_checkpoint: '", path, "': epoch ", c.epoch, " and step ", c.step,
+              " count what is done and cannot be negative");
   Metadata meta;
   for (auto& [k, v] : c.extra) meta.emplace("extra/" + k, v);
   meta["format"] = detail::kCheckpointFormat;
@@ -114,6 +116,8 @@ EMBER_COLD EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path) {
     if (k.rfind("extra/", 0) == 0) c.extra.emplace(k.substr(6), v);
   c.epoch = detail::parse_int<std::int64_t>(f.metadata, "epoch", path);
   c.step = detail::parse_int<std::int64_t>(f.metadata, "step", path);
+  EMBER_CHECK(c.epoch >= 0 && c.step >= 0, "load_checkpoint: '", path, "': epoch ", c.epoch, " and step ", c.step,
+              " count what is done and cannot be negative");
   c.rng.manual_seed(detail::parse_int<std::uint64_t>(f.metadata, "rng_seed", path));
   c.rng.set_offset(detail::parse_int<std::uint64_t>(f.metadata, "rng_offset", path));
   return c;
