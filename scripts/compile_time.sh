@@ -2,7 +2,7 @@
 # What a user pays to compile ember: wall time and peak compiler memory for a fixed set of translation units, one
 # at a time (so the numbers do not share cores), as a Markdown table.
 #
-#   scripts/compile_time.sh [--runs N] [--pch] [--precompiled] [--floor] [--ladder] [--trace] [TU ...]
+#   scripts/compile_time.sh [--runs N] [--pch] [--precompiled] [--floor] [--lto] [--ladder] [--trace] [TU ...]
 #
 #   --runs N   compile each TU N times and print the median wall time (and the largest peak memory); default 1
 #   --pch      also time each TU against a precompiled header of <ember/ember.hpp> + <ember/data.hpp> + <ember/io.hpp>
@@ -11,6 +11,9 @@
 #              compiling the library's source (src/precompiled.cpp) once, whose time is printed too
 #   --floor    also compile each TU at -O0 and -O1 (the other flags unchanged): what parsing and instantiating the
 #              program's code costs with little or no optimisation, a floor for the -O2 figures
+#   --lto      also build each TU into a program (compile and link, -pthread -lz), once in one process and once
+#              with -flto=auto, which moves the optimisation and code generation to the link and runs it in
+#              one job per core: what a header-only user's edit-build loop takes with each
 #   --ladder   also compile bench/compile_time/feature_ladder.cpp at each of its levels (one feature more per level)
 #              and print what each feature adds to a header-only TU: wall time, peak memory, object code
 #   --trace    also compile each TU with clang++ -ftime-trace and print where the time went: front end vs back
@@ -24,7 +27,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cxx="${CXX:-g++}"
 clangxx="${CLANGXX:-clang++}"
 read -r -a flags <<<"${EMBER_CT_FLAGS:--O2 -march=native}"
-runs=1 pch=0 pre=0 trace=0 floor=0 ladder=0 tus=()
+runs=1 pch=0 pre=0 trace=0 floor=0 lto=0 ladder=0 tus=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
@@ -32,8 +35,9 @@ while [ $# -gt 0 ]; do
     --precompiled) pre=1; shift ;;
     --trace) trace=1; shift ;;
     --floor) floor=1; shift ;;
+    --lto) lto=1; shift ;;
     --ladder) ladder=1; shift ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) tus+=("$(realpath "$1")"); shift ;;
   esac
 done
@@ -48,9 +52,13 @@ common=(-std=c++20 "${flags[@]}" -I"$root/include")
 # What CMake adds for ember::precompiled: EMBER_PRECOMPILED_IO (the library holds <ember/io.hpp>'s code too).
 pre_defs=(-DEMBER_PRECOMPILED -DEMBER_PRECOMPILED_IO)
 
-# One compile: prints "seconds kilobytes".
+# One compile: prints "seconds kilobytes" (the largest peak of the driver's processes). With link=1, the
+# compile builds a program instead of an object file.
+link=0
 measure() {
-  /usr/bin/time -f "%e %M" -o "$work/time" "$@" -c -o "$work/out.o" 2>"$work/err" \
+  local out=(-c -o "$work/out.o")
+  [ "$link" = 1 ] && out=(-o "$work/a.out" -pthread -lz)
+  /usr/bin/time -f "%e %M" -o "$work/time" "$@" "${out[@]}" 2>"$work/err" \
     || { cat "$work/err" >&2; echo "compile_time.sh: failed: $*" >&2; exit 1; }
   cat "$work/time"
 }
@@ -62,8 +70,11 @@ runs_of() {
     walls+=("$s")
     [ "$kb" -gt "$mem" ] && mem="$kb"
   done
-  printf '%s\n' "${walls[@]}" | sort -n |
-    awk -v kb="$mem" '{a[NR]=$1} END {printf "%s %.2f\n", (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2, kb/1048576}'
+  echo "$(median "${walls[@]}") $(awk -v kb="$mem" 'BEGIN {printf "%.2f", kb / 1048576}')"
+}
+# The median of its arguments.
+median() {
+  printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'
 }
 # One table row: "| name | s | GB |".
 row() {
@@ -90,6 +101,25 @@ if [ "$floor" = 1 ]; then
       row "$(basename "$tu") (header-only, $level)" "$cxx" -std=c++20 "${lflags[@]}" -I"$root/include" "$tu"
     done
   done
+fi
+
+if [ "$lto" = 1 ]; then
+  # The two builds alternate, run by run, so that both see the same machine.
+  link=1
+  for tu in "${tus[@]}"; do
+    plain=() lto_walls=() plain_mem=0 lto_mem=0
+    for ((r = 0; r < runs; r++)); do
+      read -r s kb < <(measure "$cxx" "${common[@]}" "$tu")
+      plain+=("$s"); [ "$kb" -gt "$plain_mem" ] && plain_mem="$kb"
+      read -r s kb < <(measure "$cxx" "${common[@]}" -flto=auto "$tu")
+      lto_walls+=("$s"); [ "$kb" -gt "$lto_mem" ] && lto_mem="$kb"
+    done
+    printf '| %s (header-only, compile and link) | %.1f s | %.2f GB |\n' "$(basename "$tu")" "$(median "${plain[@]}")" \
+      "$(awk -v kb="$plain_mem" 'BEGIN {print kb / 1048576}')"
+    printf '| %s (header-only, compile and link, -flto=auto) | %.1f s | %.2f GB |\n' "$(basename "$tu")" \
+      "$(median "${lto_walls[@]}")" "$(awk -v kb="$lto_mem" 'BEGIN {print kb / 1048576}')"
+  done
+  link=0
 fi
 
 if [ "$pch" = 1 ]; then
