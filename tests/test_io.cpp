@@ -899,7 +899,7 @@ TEST_CASE("checkpoints: a model, its AdamW and its scheduler through one state t
   EXPECT_ERROR([&] { io::load_checkpoint(d / "u8.ckpt"); }, {"load_checkpoint", "\"model/mask\"", "uint8"});
 }
 
-TEST_CASE("checkpoints: a damaged step entry") {
+TEST_CASE("checkpoints: a damaged or negative step entry") {
   TempDir d;
   io::save_safetensors(d / "bad.ckpt", {{"model/w", ones<float>(Shape{2})}},
                        {{"format", "ember-checkpoint-1"}, {"epoch", "1"}, {"step", "12x"}, {"rng_seed", "1"},

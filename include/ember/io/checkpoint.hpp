@@ -73,6 +73,8 @@ EMBER_COLD inline StateTensor to_state_tensor(const AnyTensor& t, const std::str
 EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c);
 #if EMBER_IO_BODIES
 EMBER_COLD EMBER_IO_INLINE void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  EMBER_CHECK(c.epoch >= 0 && c.step >= 0, "save_checkpoint: '", path, "': epoch ", c.epoch, " and step ", c.step,
+              " count what is done and cannot be negative");
   TensorMap all;
   auto put = [&](const char* prefix, const StateDict& sd) {
     for (const auto& entry : sd)  // (clang before 16 cannot capture structured bindings)
@@ -81,8 +83,6 @@ EMBER_COLD EMBER_IO_INLINE void save_checkpoint(const std::string& path, const C
   put("model/", c.model);
   put("optimizer/", c.optimizer);
   put("scheduler/", c.scheduler);
-  EMBER_CHECK(c.epoch >= 0 && c.step >= 0, "save_checkpoint: '", path, "': epoch ", c.epoch, " and step ", c.step,
-              " count what is done and cannot be negative");
   Metadata meta;
   for (auto& [k, v] : c.extra) meta.emplace("extra/" + k, v);
   meta["format"] = detail::kCheckpointFormat;
