@@ -4,6 +4,8 @@
 // does. "--batch -1", "--epochs 5x" or "--lr abc" used to be read as some other number by atoi/atof.
 #pragma once
 
+#include <ember/config.hpp>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -16,16 +18,15 @@ namespace examples {
   std::exit(2);
 }
 
-/// The value of `flag` as a whole number in [lo, hi].
+/// The value of `flag` as a whole number in [lo, hi], read by the strict parser ember uses for its environment
+/// variables.
 inline long long int_flag(const char* flag, const char* text, long long lo, long long hi) {
-  char what[96];
-  std::snprintf(what, sizeof what, "a whole number in [%lld, %lld]", lo, hi);
-  const char* digits = (*text == '+' || *text == '-') ? text + 1 : text;
-  if (*digits < '0' || *digits > '9') bad_flag(flag, what, text);  // strtoll would skip spaces and accept ""
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (*end != '\0' || errno == ERANGE || v < lo || v > hi) bad_flag(flag, what, text);
+  long long v = 0;
+  if (!ember::detail::parse_int(text, v) || v < lo || v > hi) {
+    char what[96];
+    std::snprintf(what, sizeof what, "a whole number in [%lld, %lld]", lo, hi);
+    bad_flag(flag, what, text);
+  }
   return v;
 }
 
