@@ -951,6 +951,34 @@ TEST_CASE("record files: a file that is not a record file, or of another version
   EXPECT_ERROR([] { data::RecordReader("/nonexistent/x.rec"); }, {"RecordReader", "cannot open", "/nonexistent/x.rec"});
 }
 
+TEST_CASE("record files: unknown header flags and a footer version that differs are errors") {
+  TempDir d;
+  const Bytes good = data::detail::read_file_bytes(write_records(d, 3), "t");
+  Bytes b = good;
+  b[12] = 1;  // header flags
+  EXPECT_ERROR([&] { data::RecordView(b, "flags.rec"); }, {"flags.rec", "header flags 1", "expected 0"});
+  b = good;
+  b[b.size() - 32 + 23] = 0x80;  // the footer's version
+  EXPECT_ERROR([&] { data::RecordView(b, "fv.rec"); }, {"fv.rec", "footer gives format version", "the header 1"});
+}
+
+TEST_CASE("record files: every single-byte flip is refused when opened or when its record is read") {
+  TempDir d;
+  const Bytes good = data::detail::read_file_bytes(write_records(d, 4), "t");
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    for (const std::uint8_t mask : {std::uint8_t(0x01), std::uint8_t(0x80), std::uint8_t(0xff)}) {
+      Bytes b = good;
+      b[at] ^= mask;
+      const std::string msg = error_of([&] {
+        const data::RecordView v(b, "flip.rec");
+        for (std::size_t i = 0; i < v.size(); ++i) v.record(i);
+      });
+      INFO("byte " << at << " ^ " << int(mask));
+      CHECK(msg.rfind("RecordReader: ", 0) == 0);
+    }
+  }
+}
+
 TEST_CASE("record files: writing after close") {
   TempDir d;
   data::RecordWriter w(d / "w.rec");

@@ -172,10 +172,16 @@ class RecordView {
     const std::uint32_t version = detail::get_u32(file.data() + 8);
     EMBER_CHECK(version == detail::kRecordVersion, "RecordReader: ", q(), " has format version ", version,
                 ", this reader reads version ", detail::kRecordVersion);
+    const std::uint32_t flags = detail::get_u32(file.data() + 12);
+    EMBER_CHECK(flags == 0, "RecordReader: ", q(), " has header flags ", flags, "; version ", detail::kRecordVersion,
+                " defines none (expected 0): the file is corrupt or from a newer writer");
     const unsigned char* footer = file.data() + n - detail::kRecordFooter;
     EMBER_CHECK(std::memcmp(footer + 24, detail::kRecordEndMagic, 8) == 0, "RecordReader: ", q(),
                 " does not end with the record-file footer: the file is truncated (the writer did not finish, or "
                 "the copy was cut) or corrupt");
+    const std::uint32_t footer_version = detail::get_u32(footer + 20);
+    EMBER_CHECK(footer_version == version, "RecordReader: ", q(), ": the footer gives format version ",
+                footer_version, ", the header ", version, "; the file is corrupt");
     const std::uint64_t index_offset = detail::get_u64(footer), count = detail::get_u64(footer + 8);
     const std::uint64_t data_end = n - detail::kRecordFooter;
     EMBER_CHECK(index_offset >= detail::kRecordHeader && index_offset <= data_end && count <= (data_end - index_offset) / detail::kRecordEntry &&
@@ -191,6 +197,8 @@ class RecordView {
       const std::uint64_t off = detail::get_u64(e), size = detail::get_u64(e + 8);
       EMBER_CHECK(off == at && size <= index_offset - off, "RecordReader: ", q(), ": index entry ", i,
                   " (offset ", off, ", size ", size, ") is not inside the record area; the file is corrupt");
+      EMBER_CHECK(detail::get_u32(e + 20) == 0, "RecordReader: ", q(), ": index entry ", i,
+                  " has a non-zero reserved field; the file is corrupt or from a newer writer");
       at = off + size;
     }
     EMBER_CHECK(at == index_offset, "RecordReader: ", q(), ": the records end at byte ", at,
