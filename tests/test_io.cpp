@@ -300,26 +300,26 @@ TEST_CASE("safetensors: writing a tensor named __metadata__ or an undefined tens
 
 TEST_CASE("safetensors: the header is the JSON a JSON library writes, and names must be UTF-8") {
   // Keys in byte order with __metadata__ among them, fields in byte order, no spaces; `"`, `\` and control bytes
-  // escaped, every other byte (DEL, multi-byte UTF-8, '/') as it is. The expected text is what nlohmann::json's
+  // (in the metadata: names may hold none) escaped, every other byte (DEL, multi-byte UTF-8, '/') as it is. The expected text is what nlohmann::json's
   // dump() wrote for these tensors (the writer before ember's own), byte for byte.
   io::TensorMap m;
   m["b"] = ones<float>(Shape{2});
-  m["Z\"q\\\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80/\b\f\r"] = zeros<std::uint8_t>(Shape{1, 0});
+  m["Z\"q\\\xc3\xa9\xf0\x9f\x98\x80/"] = zeros<std::uint8_t>(Shape{1, 0});
   m["a.x"] = scalar_tensor<double>(1.0);
-  const io::Metadata meta{{"k\n", "v\t"}, {"e", ""}};
+  const io::Metadata meta{{"k\n", "v\t\x01\x1f\x7f\b\f\r"}, {"e", ""}};
   const Bytes bytes = io::serialize_safetensors(m, meta);
   std::uint64_t hn = 0;
   for (int i = 7; i >= 0; --i) hn = (hn << 8) | bytes[std::size_t(i)];
   std::string header(reinterpret_cast<const char*>(bytes.data() + 8), std::size_t(hn));
   while (!header.empty() && header.back() == ' ') header.pop_back();
-  CHECK(header == "{\"Z\\\"q\\\\\\u0001\\u001f\x7f\xc3\xa9\xf0\x9f\x98\x80/\\b\\f\\r\":"
+  CHECK(header == "{\"Z\\\"q\\\\\xc3\xa9\xf0\x9f\x98\x80/\":"
                   "{\"data_offsets\":[16,16],\"dtype\":\"U8\",\"shape\":[1,0]},"
-                  "\"__metadata__\":{\"e\":\"\",\"k\\n\":\"v\\t\"},"
+                  "\"__metadata__\":{\"e\":\"\",\"k\\n\":\"v\\t\\u0001\\u001f\x7f\\b\\f\\r\"},"
                   "\"a.x\":{\"data_offsets\":[0,8],\"dtype\":\"F64\",\"shape\":[]},"
                   "\"b\":{\"data_offsets\":[8,16],\"dtype\":\"F32\",\"shape\":[2]}}");
   const io::SafeTensors f = io::parse_safetensors(bytes);
   CHECK(f.metadata == meta);
-  CHECK(f.contains("Z\"q\\\x01\x1f\x7f\xc3\xa9\xf0\x9f\x98\x80/\b\f\r"));
+  CHECK(f.contains("Z\"q\\\xc3\xa9\xf0\x9f\x98\x80/"));
 
   // Not UTF-8: a stray continuation byte, 0xff, an overlong '/', a surrogate, a code point above U+10FFFF, a
   // sequence cut short. Each is an ember::Error naming the name and the byte, not a JSON library's exception.
@@ -566,6 +566,8 @@ TEST_CASE("safetensors: duplicate keys among many tensors and in the metadata") 
 TEST_CASE("safetensors: names, keys and strings from the file are escaped in error messages") {
   const std::string red = "\\u001b[31m";  // JSON for ESC [ 3 1 m
   const std::string esc = R"(\x1b[31m)";     // how the message shows it
+  const std::string rlo = "\xe2\x80\xae";     // U+202E, printable but not ASCII
+  const std::string rlo_esc = R"(\xe2\x80\xae)";
   auto check_escaped = [&](const std::function<void()>& f, const std::vector<std::string>& parts) {
     const std::string msg = error_of(f);
     INFO("message: " << ember::detail::quote_untrusted(msg, 400));
@@ -573,20 +575,29 @@ TEST_CASE("safetensors: names, keys and strings from the file are escaped in err
     CHECK(!has_raw_control(msg));
     for (auto& p : parts) CHECK(msg.find(p) != std::string::npos);
   };
-  // A tensor name in each kind of message.
-  check_escaped([&] { parse(st_file("{\"" + red + "w\":" + tensor_entry("U16", 1, 0) + "}", 1)); },
-                {"tensor \"" + esc + "w\"", "dtype \"U16\""});
-  check_escaped([&] { parse(st_file("{\"" + red + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}," +
-                                    "\"" + red + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2)); },
-                {"key \"" + esc + "\" twice"});
-  check_escaped([&] { parse(st_file("{\"a\":" + tensor_entry("U8", 1, 0) + ",\"" + red + "\":" +
+  // A tensor name with a control character is refused, and the message shows it escaped.
+  check_escaped([&] { parse(st_file("{\"" + red + "w\":" + tensor_entry("U8", 1, 0) + "}", 1)); },
+                {"tensor name \"" + esc + "w\"", "control character at byte 0"});
+  check_escaped([&] { parse(st_file("{\"a\\u0000b\":" + tensor_entry("U8", 1, 0) + "}", 1)); },
+                {"tensor name \"a\\x00b\"", "control character at byte 1"});
+  check_escaped([&] { parse(st_file("{\"\\u009b31m\":" + tensor_entry("U8", 1, 0) + "}", 1)); },
+                {"tensor name \"\\xc2\\x9b31m\"", "control character at byte 0"});
+  EXPECT_ERROR([&] { io::serialize_safetensors({{"w\x1b[2J", ones<float>(Shape{1})}}); },
+               {"safetensors: tensor name \"w\\x1b[2J\"", "control character"});
+  // A printable name that is not ASCII (here a right-to-left override, U+202E) in each kind of message.
+  check_escaped([&] { parse(st_file("{\"" + rlo + "w\":" + tensor_entry("U16", 1, 0) + "}", 1)); },
+                {"tensor \"" + rlo_esc + "w\"", "dtype \"U16\""});
+  check_escaped([&] { parse(st_file("{\"" + rlo + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}," +
+                                    "\"" + rlo + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2)); },
+                {"key \"" + rlo_esc + "\" twice"});
+  check_escaped([&] { parse(st_file("{\"a\":" + tensor_entry("U8", 1, 0) + ",\"" + rlo + "\":" +
                                     tensor_entry("U8", 1, 2) + "}", 3)); },
-                {"tensor \"" + esc + "\"", "gap"});
-  check_escaped([&] { parse(st_file("{\"" + red + "\":" + tensor_entry("BOOL", 1, 0) + "}", 1, 5)); },
-                {"tensor \"" + esc + "\"", "byte 5"});
-  check_escaped([&] { parse(st_file("{\"" + red + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"" +
+                {"tensor \"" + rlo_esc + "\"", "gap"});
+  check_escaped([&] { parse(st_file("{\"" + rlo + "\":" + tensor_entry("BOOL", 1, 0) + "}", 1, 5)); },
+                {"tensor \"" + rlo_esc + "\"", "byte 5"});
+  check_escaped([&] { parse(st_file("{\"" + rlo + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"" +
                                     red + "\":1}}", 1)); },
-                {"tensor \"" + esc + "\"", "exactly dtype"});
+                {"tensor \"" + rlo_esc + "\"", "exactly dtype"});
   // A dtype string, metadata keys and values.
   check_escaped([&] { parse(st_file("{\"w\":{\"dtype\":\"" + red + "\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1)); },
                 {"dtype \"" + esc + "\""});
@@ -608,11 +619,11 @@ TEST_CASE("safetensors: names, keys and strings from the file are escaped in err
   check_escaped([&] { f.get<float>("a"); }, {"tensor \"a\"", "dtype uint8"});
   // Checkpoints: tensor names and metadata values.
   TempDir d;
-  io::save_safetensors(d / "bad.ckpt", {{"\x1b[31m", ones<float>(Shape{1})}},
+  io::save_safetensors(d / "bad.ckpt", {{rlo, ones<float>(Shape{1})}},
                        {{"format", "ember-checkpoint-1"}, {"epoch", "1"}, {"step", "1"}, {"rng_seed", "1"},
                         {"rng_offset", "0"}});
   check_escaped([&] { io::load_checkpoint(d / "bad.ckpt"); },
-                {"tensor \"" + esc + "\"", "none of model/, optimizer/, scheduler/"});
+                {"tensor \"" + rlo_esc + "\"", "none of model/, optimizer/, scheduler/"});
   io::save_safetensors(d / "bad2.ckpt", {{"model/w", ones<float>(Shape{1})}}, {{"format", "\x1b[31m"}});
   check_escaped([&] { io::load_checkpoint(d / "bad2.ckpt"); }, {"not an ember checkpoint", "\"" + esc + "\""});
   io::save_safetensors(d / "bad3.ckpt", {{"model/w", ones<float>(Shape{1})}},

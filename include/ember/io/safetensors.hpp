@@ -149,6 +149,20 @@ inline std::size_t utf8_sequence(const unsigned char* p, std::size_t avail) {
   return len;
 }
 
+/// The byte offset of the first control character in a tensor name (C0: below U+0020; DEL; C1: U+0080..U+009F,
+/// UTF-8 0xc2 0x80..0x9f), or npos. Names become dictionary keys, state-dict paths and parts of file names and
+/// messages elsewhere, so neither the reader nor the writer accepts one (JSON itself would, escaped).
+inline std::size_t control_char_in_name(std::string_view name) {
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f) return i;
+    if (c == 0xc2 && i + 1 < name.size() && static_cast<unsigned char>(name[i + 1]) < 0xa0 &&
+        static_cast<unsigned char>(name[i + 1]) >= 0x80)
+      return i;
+  }
+  return std::string_view::npos;
+}
+
 /// Appends s to out as a JSON string: in double quotes, with `"`, `\` and the control characters escaped (\b, \t,
 /// \n, \f, \r, else \u00xx) and every other byte as it is, as JSON libraries write it. JSON text is UTF-8, so s
 /// must be valid UTF-8; otherwise an ember::Error names it (`what` and the quoted `name`) and the first bad byte.
@@ -492,6 +506,9 @@ class SafetensorsHeaderParser {
     switch (at_) {
       case At::Top:
         EMBER_CHECK(names_.insert(k).second, where(), ": the header has the key ", quote_untrusted(k), " twice");
+        if (const std::size_t at = control_char_in_name(k); at != std::string::npos)
+          EMBER_CHECK(false, where(), ": tensor name ", quote_untrusted(k), " has a control character at byte ", at,
+                      "; names must be printable (control characters are refused)");
         key_ = k;
         return true;
       case At::Meta:
@@ -712,6 +729,8 @@ EMBER_COLD EMBER_IO_INLINE std::vector<unsigned char> serialize_safetensors(cons
   std::vector<std::pair<std::string, const AnyTensor*>> order;
   for (auto& [k, t] : tensors) {
     EMBER_CHECK(k != "__metadata__", "safetensors: a tensor may not be named __metadata__");
+    EMBER_CHECK(detail::control_char_in_name(k) == std::string::npos, "safetensors: tensor name ",
+                detail::quote_untrusted(k), " has a control character; names must be printable");
     const bool defined = std::visit([](const auto& x) { return x.defined(); }, t);
     EMBER_CHECK(defined, "safetensors: tensor ", detail::quote_untrusted(k), " is undefined");
     const bool cpu = std::visit([](const auto& x) { return x.device().is_cpu(); }, t);
