@@ -413,6 +413,24 @@ TEST_CASE("prepare, calibrate, convert a folded model; save and load give the sa
   // Ordinary edits load, and so does a product of scales that underflows (that channel's outputs are that small).
   CHECK(tampered({{"conv2.bias", 3, 0.25f}}).empty());
   CHECK(tampered({{"conv2.weight_scale", 5, 1e-37f}}).empty());
+  // Shapes must be exact: a [12, 1] weight_scale or bias where [12] is saved, a [1, 1] input scale, a 0-d zero point.
+  auto reshaped = [&](const char* key, Shape to) {
+    io::SafeTensors f = io::load_safetensors(path);
+    std::visit([&](auto& t) { t = t.reshape(to); }, f.tensors.at(key));
+    io::save_safetensors(dir / "reshaped.safetensors", f.tensors, f.metadata);
+    Net target;
+    target.eval();
+    nn::fuse_modules(target, {{"conv1", "bn1", "relu1"}});
+    const std::string msg = error_of([&] { quant::load(target, dir / "reshaped.safetensors"); });
+    CHECK(quant::quantized_layer(target, "conv2") == nullptr);
+    return msg;
+  };
+  CHECK(reshaped("conv2.weight_scale", Shape{12, 1}).find("'conv2': weight_scale and bias must have shape [12], got "
+                                                         "[12, 1]") != std::string::npos);
+  CHECK(reshaped("conv2.bias", Shape{1, 12}).find("must have shape [12]") != std::string::npos);
+  CHECK(reshaped("conv2.input_scale", Shape{1, 1}).find("of 'conv2' must have shape [1], got [1, 1] and [1]") !=
+        std::string::npos);
+  CHECK(reshaped("conv2.input_zero_point", Shape{}).find("must have shape [1], got [1] and []") != std::string::npos);
 }
 
 TEST_CASE("quantization options and errors") {

@@ -79,8 +79,9 @@ struct QuantizedLayer {
     EMBER_CHECK(out > 0 && depth > 0 && depth <= kMaxDepth, what, " '", name, "': weight ", weight.shape().str(),
                 " has a GEMM depth of ", depth, "; int8 layers take 1 to ", kMaxDepth,
                 " (int32 sums must not overflow)");
-    EMBER_CHECK(weight_scale.defined() && weight_scale.numel() == out && bias.defined() && bias.numel() == out, what,
-                " '", name, "': weight_scale and bias must have ", out, " elements, got ",
+    EMBER_CHECK(weight_scale.defined() && weight_scale.shape() == Shape{out} && bias.defined() &&
+                    bias.shape() == Shape{out},
+                what, " '", name, "': weight_scale and bias must have shape [", out, "], got ",
                 weight_scale.defined() ? weight_scale.shape().str() : "undefined", " and ",
                 bias.defined() ? bias.shape().str() : "undefined");
     // Scales from a file: the forward divides by the input scale, so its reciprocal must be finite as well.

@@ -72,8 +72,9 @@ inline void load(nn::Module& model, const std::string& path) {
     const auto is = io::get_as<float>(need(detail::key(s, "input_scale")), "'" + detail::key(s, "input_scale") + "'");
     const auto iz =
         io::get_as<std::int64_t>(need(detail::key(s, "input_zero_point")), "'" + detail::key(s, "input_zero_point") + "'");
-    EMBER_CHECK(is.numel() == 1 && iz.numel() == 1, op, ": '", path, "': the input scale and zero point of '",
-                detail::label(s), "' must have one element each");
+    EMBER_CHECK(is.shape() == Shape{1} && iz.shape() == Shape{1}, op, ": '", path,
+                "': the input scale and zero point of '", detail::label(s), "' must have shape [1], got ",
+                is.shape().str(), " and ", iz.shape().str());
     const auto dt = f.metadata.find("input_dtype/" + detail::label(s));
     EMBER_CHECK(dt != f.metadata.end() && (dt->second == "quint8" || dt->second == "qint8"), op, ": '", path,
                 "': metadata input_dtype/", detail::label(s), " must be quint8 or qint8");
