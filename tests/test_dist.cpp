@@ -65,7 +65,9 @@ std::string self_exe() {
 Ranks run_ranks(const std::string& scenario, int world, std::vector<std::string> args = {},
                 std::map<std::string, std::string> env = {}, int started = -1, double limit_s = 120) {
   if (started < 0) started = world;
-  dist::StoreServer store(0);
+  // As ember-run does: a token for the job, which the store asks every rank to prove it knows.
+  const std::string token = dist::detail::new_token();
+  dist::StoreServer store(dist::StoreServerOptions{.token = token});
   const std::string exe = self_exe();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
@@ -84,6 +86,7 @@ Ranks run_ranks(const std::string& scenario, int world, std::vector<std::string>
     e["MASTER_ADDR"] = "127.0.0.1";
     e["MASTER_PORT"] = std::to_string(store.port());
     e["EMBER_USE_AGENT_STORE"] = "1";
+    e["EMBER_DIST_TOKEN"] = token;
     e["EMBER_NUM_THREADS"] = "1";
     for (auto& [k, v] : env) e[k] = v;
     std::vector<std::string> kvs;
@@ -658,8 +661,10 @@ int worker_exit(const std::vector<std::string>& args) {
   // For the launcher's tests: rank 1 exits with the code given, the others wait to be stopped.
   const int code = std::atoi(args.at(0).c_str());
   const char* rank = std::getenv("RANK");
-  std::printf("rank %s: LOCAL_RANK=%s WORLD_SIZE=%s MASTER_PORT=%s\n", rank, std::getenv("LOCAL_RANK"),
-              std::getenv("WORLD_SIZE"), std::getenv("MASTER_PORT"));
+  const char* token = std::getenv("EMBER_DIST_TOKEN");
+  std::printf("rank %s: LOCAL_RANK=%s WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s token of %zu bytes\n", rank,
+              std::getenv("LOCAL_RANK"), std::getenv("WORLD_SIZE"), std::getenv("MASTER_ADDR"),
+              std::getenv("MASTER_PORT"), token ? std::strlen(token) : std::size_t(0));
   std::fflush(stdout);
   if (rank && std::string(rank) == "1") return code;
   if (code == 0) return 0;
@@ -835,6 +840,68 @@ TEST_CASE("dist: the launcher's variables and the store's numbers are whole inte
   CHECK(store.add("big", 1) == std::numeric_limits<long long>::min());  // the server adds in two's complement
 }
 
+namespace {
+// A port nothing listens on now (the kernel's pick, released).
+int free_port() {
+  dist::Socket s = dist::Socket::listen("127.0.0.1", 0, "free_port");
+  return s.local_port();
+}
+}  // namespace
+
+TEST_CASE("dist: rank 0's store listens on MASTER_ADDR and serves only clients that know EMBER_DIST_TOKEN") {
+  using ember_test::EnvGuard;
+  EnvGuard no_rank("RANK", nullptr), no_world("WORLD_SIZE", nullptr), no_agent("EMBER_USE_AGENT_STORE", nullptr);
+  EnvGuard no_bind("EMBER_DIST_STORE_BIND", nullptr), no_torch("TORCHELASTIC_USE_AGENT_STORE", nullptr);
+  const std::string token = "the-job-token-0123456789";
+  {
+    // A group of one on the shm backend still meets at the store: rank 0 serves it, with the token.
+    EnvGuard tok("EMBER_DIST_TOKEN", token.c_str());
+    const int port = free_port();
+    auto pg = dist::new_process_group({.backend = dist::Backend::Shm, .rank = 0, .world_size = 1,
+                                       .master_addr = "127.0.0.1", .master_port = port});
+    Tensor<float> t = full<float>(Shape{3}, 2.f);
+    pg->all_reduce(t).wait();
+    CHECK(t.to_vector()[0] == 2.f);
+    CHECK_THROWS_WITH_AS(dist::Store("127.0.0.1", port, std::chrono::seconds(5)),
+                         doctest::Contains("the store requires the job's token"), Error);
+    dist::Store peer("127.0.0.1", port, std::chrono::seconds(5), token);
+    CHECK(peer.check("ember/default/" + std::to_string(dist::detail::group_counter().load() - 1) + "/rendezvous/0/0"));
+  }
+  {
+    // Without a token: open, on loopback; a client that brings a token does not trust it.
+    EnvGuard tok("EMBER_DIST_TOKEN", nullptr);
+    const int port = free_port();
+    auto pg = dist::new_process_group({.backend = dist::Backend::Shm, .rank = 0, .world_size = 1,
+                                       .master_addr = "127.0.0.1", .master_port = port});
+    dist::Store anyone("127.0.0.1", port, std::chrono::seconds(5));
+    CHECK_THROWS_WITH_AS(dist::Store("127.0.0.1", port, std::chrono::seconds(5), token),
+                         doctest::Contains("does not ask for a token"), Error);
+  }
+  {
+    // Loopback cannot serve ranks on other hosts: an error that says what to set (not a rendezvous that times out).
+    EnvGuard tok("EMBER_DIST_TOKEN", nullptr);
+    CHECK_THROWS_WITH_AS(dist::new_process_group({.backend = dist::Backend::Tcp, .rank = 0, .world_size = 2,
+                                                  .local_world_size = 1, .master_addr = "127.0.0.1",
+                                                  .master_port = free_port()}),
+                         doctest::Contains("which only this host reaches, but 1 of the 2 ranks run on other hosts: "
+                                           "set MASTER_ADDR"),
+                         Error);
+  }
+  {
+    // A weak token is refused, naming the variable and not the token.
+    EnvGuard tok("EMBER_DIST_TOKEN", "hunter2");
+    try {
+      (void)dist::launch_info();
+      FAIL("a 7-byte token was accepted");
+    } catch (const Error& e) {
+      CHECK(contains(e.what(), "dist::init: EMBER_DIST_TOKEN holds 7 bytes"));
+      CHECK_FALSE(contains(e.what(), "hunter2"));
+    }
+    EnvGuard bind("EMBER_DIST_STORE_BIND", "0.0.0.0");
+    CHECK(dist::launch_info({.token = token}).store_bind == "0.0.0.0");
+  }
+}
+
 /// Runs a shell command, returning (wait status, output).
 std::pair<int, std::string> shell(const std::string& cmd) {
   FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
@@ -854,8 +921,22 @@ TEST_CASE("ember-run: starts the ranks with torchrun's variables, prefixes their
     const std::string& out = ran.second;
     INFO(out);
     CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
-    CHECK(contains(out, "[rank 0] rank 0: LOCAL_RANK=0 WORLD_SIZE=2"));
-    CHECK(contains(out, "[rank 1] rank 1: LOCAL_RANK=1 WORLD_SIZE=2"));
+    CHECK(contains(out, "[rank 0] rank 0: LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1"));
+    CHECK(contains(out, "[rank 1] rank 1: LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1"));
+    CHECK(contains(out, "token of 64 bytes"));  // made for the job
+  }
+  {
+    // The ranks meet at ember-run's store, proving the token it gave them; a token set beforehand is passed on.
+    const auto ran = shell("EMBER_DIST_TOKEN=a-token-set-by-the-user " + run + " -n 2 -- " + self + " --worker=late shm");
+    INFO(ran.second);
+    CHECK((WIFEXITED(ran.first) && WEXITSTATUS(ran.first) == 0));
+    CHECK(contains(ran.second, "rank 1: late ok (0 failures)"));
+    const auto given = shell("EMBER_DIST_TOKEN=a-token-set-by-the-user " + run + " -n 1 -- " + self + " --worker=exit 0");
+    CHECK(contains(given.second, "token of 23 bytes"));
+    const auto weak = shell("EMBER_DIST_TOKEN=weak " + run + " -n 1 -- " + self + " --worker=exit 0");
+    INFO(weak.second);
+    CHECK((WIFEXITED(weak.first) && WEXITSTATUS(weak.first) != 0));
+    CHECK(contains(weak.second, "EMBER_DIST_TOKEN holds 4 bytes; a token needs 16"));
   }
   {
     const auto t0 = Clock::now();

@@ -1,7 +1,9 @@
 // ember-run: starts N copies of a program on this host as the ranks of one job, as `torchrun --nproc-per-node N
-// --no-python` does. It serves the rendezvous store itself (on a free port unless --master-port says otherwise) and
-// gives each rank RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-// EMBER_USE_AGENT_STORE=1, and EMBER_NUM_THREADS = cores / N when it is not set. Each rank's output lines are
+// --no-python` does. It serves the rendezvous store itself, on 127.0.0.1 (a free port unless --master-port says
+// otherwise), and gives each rank RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// EMBER_USE_AGENT_STORE=1, EMBER_DIST_TOKEN (the store serves only clients that prove they know it: the one in
+// ember-run's environment, else 32 random bytes made for the job), and EMBER_NUM_THREADS = cores / N when it is
+// not set. Each rank's output lines are
 // prefixed with its rank. Ctrl-C / SIGTERM are forwarded to every rank. When a rank fails (non-zero exit or a
 // signal) the others are stopped (SIGTERM, then SIGKILL after a grace period) and ember-run exits with the failed
 // rank's code (128 + signal for a signal); 0 when every rank exits 0.
@@ -45,7 +47,8 @@ void usage(FILE* f) {
                "  --master-port PORT      the rendezvous store's port (default: a free one)\n"
                "  --no-prefix             do not prefix each output line with the rank\n"
                "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-               "EMBER_USE_AGENT_STORE=1 and, unless set, EMBER_NUM_THREADS = cores / N.\n");
+               "EMBER_USE_AGENT_STORE=1, EMBER_DIST_TOKEN (the store's shared secret: the one set, else a new\n"
+               "random one) and, unless set, EMBER_NUM_THREADS = cores / N. The store listens on 127.0.0.1.\n");
 }
 
 struct Rank {
@@ -119,8 +122,17 @@ int main(int argc, char** argv) {
   prog.push_back(nullptr);
 
   std::unique_ptr<ember::dist::StoreServer> store;
+  std::string token;
   try {
-    store = std::make_unique<ember::dist::StoreServer>(port);
+    const char* given = std::getenv("EMBER_DIST_TOKEN");
+    if (given && *given) {
+      token = given;
+      ember::dist::detail::check_token(token, "EMBER_DIST_TOKEN");
+    } else {
+      token = ember::dist::detail::new_token();
+    }
+    store = std::make_unique<ember::dist::StoreServer>(
+        ember::dist::StoreServerOptions{.host = "127.0.0.1", .port = port, .token = token});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ember-run: %s\n", e.what());
     return 1;
@@ -144,6 +156,7 @@ int main(int argc, char** argv) {
   base["MASTER_ADDR"] = "127.0.0.1";
   base["MASTER_PORT"] = std::to_string(store->port());
   base["EMBER_USE_AGENT_STORE"] = "1";
+  base["EMBER_DIST_TOKEN"] = token;
 
   std::vector<Rank> ranks(static_cast<std::size_t>(n));
   int exit_code = 0, failed = -1;

@@ -7,7 +7,10 @@
 //   nothing                a single process (rank 0 of 1)
 // The ranks meet at a TCP store at MASTER_ADDR:MASTER_PORT (default 127.0.0.1 when every rank is on this host, and
 // 29500). Rank 0 serves it, unless the launcher does (ember-run sets EMBER_USE_AGENT_STORE=1). Under torchrun, whose
-// own store holds MASTER_PORT, ember's listens on MASTER_PORT + 1.
+// own store holds MASTER_PORT, ember's listens on MASTER_PORT + 1. Rank 0 listens on MASTER_ADDR only (loopback on
+// one host), or on EMBER_DIST_STORE_BIND ("0.0.0.0" or "::" for every interface). With EMBER_DIST_TOKEN (the job's
+// shared secret, the same on every rank; ember-run makes one), only clients that prove they know it are served, and
+// each rank checks that the store knows it too; without it, any client that reaches the port is served.
 //
 // The CPU backend: shm when every rank is on one host, else tcp; `Backend` or EMBER_DIST_BACKEND=shm|tcp|mpi
 // forces one. CUDA tensors use NCCL (<ember/dist/nccl.hpp>). Timeouts: InitOptions::timeout, else
@@ -53,6 +56,10 @@ struct InitOptions {
   std::optional<std::chrono::milliseconds> timeout{};
   /// Groups of one job are told apart by name (and by the order they are created in).
   std::string group_name = "default";
+  /// The job's shared secret for the store; "": EMBER_DIST_TOKEN (unset: no authentication).
+  std::string token{};
+  /// Where rank 0's store listens; "": EMBER_DIST_STORE_BIND, else the master address.
+  std::string store_bind{};
 };
 
 /// Who this process is in the job, as read from options and environment.
@@ -60,6 +67,8 @@ struct LaunchInfo {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr;
   int master_port = 29500;
+  std::string token;       ///< the store's shared secret ("" for none)
+  std::string store_bind;  ///< where rank 0's store listens
   bool agent_store = false;  ///< the launcher serves the store (rank 0 does not)
   Backend backend = Backend::Auto;
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
@@ -84,16 +93,24 @@ inline std::string host_identity() {
   std::getline(f, boot);
   return std::string(host) + "/" + boot;
 }
-/// Rank 0's store server on `port`, shared by the groups that use it (it lives while one of them does).
-inline std::shared_ptr<StoreServer> store_server(int port) {
+/// Rank 0's store server at host:port with `token`, shared by the groups that use it (it lives while one does).
+inline std::shared_ptr<StoreServer> store_server(const std::string& host, int port, const std::string& token) {
+  struct Entry {
+    std::weak_ptr<StoreServer> server;
+    std::string host, token;
+  };
   static std::mutex mu;
-  static std::map<int, std::weak_ptr<StoreServer>> servers;
+  static std::map<int, Entry> servers;
   std::lock_guard<std::mutex> lk(mu);
-  auto s = servers[port].lock();
-  if (!s) {
-    s = std::make_shared<StoreServer>(port);
-    servers[port] = s;
+  Entry& e = servers[port];
+  auto s = e.server.lock();
+  if (s) {
+    EMBER_CHECK(e.host == host && e.token == token, "dist::init: this process already serves a store on port ", port,
+                " with another address or token; groups on one port share them");
+    return s;
   }
+  s = std::make_shared<StoreServer>(StoreServerOptions{.host = host, .port = port, .token = token});
+  e = {s, host, token};
   return s;
 }
 inline std::atomic<int>& group_counter() {
@@ -150,6 +167,11 @@ inline LaunchInfo launch_info(const InitOptions& o = {}) {
     li.master_addr = "127.0.0.1";
   }
   li.master_port = o.master_port >= 0 ? o.master_port : int(detail::env_int("MASTER_PORT", 29500, 1, 65535));
+  li.token = !o.token.empty() ? o.token : detail::env_str("EMBER_DIST_TOKEN");
+  if (!li.token.empty())
+    detail::check_token(li.token, !o.token.empty() ? "dist::init: InitOptions::token" : "dist::init: EMBER_DIST_TOKEN");
+  li.store_bind = !o.store_bind.empty() ? o.store_bind : detail::env_str("EMBER_DIST_STORE_BIND");
+  if (li.store_bind.empty()) li.store_bind = li.master_addr;
   li.agent_store = detail::env_str("EMBER_USE_AGENT_STORE") == "1";
   if (!li.agent_store && std::getenv("TORCHELASTIC_USE_AGENT_STORE")) {
     EMBER_CHECK(li.master_port < 65535, "dist::init: MASTER_PORT 65535 leaves no port for ember's store");
@@ -195,8 +217,15 @@ inline std::shared_ptr<ProcessGroup> new_process_group(const InitOptions& o = {}
 
   const Deadline d = deadline_in(li.timeout);
   std::shared_ptr<StoreServer> server;
-  if (li.rank == 0 && !li.agent_store) server = detail::store_server(li.master_port);
-  auto store = std::make_shared<Store>(li.master_addr, li.master_port, li.timeout);
+  if (li.rank == 0 && !li.agent_store) {
+    server = detail::store_server(li.store_bind, li.master_port, li.token);
+    EMBER_CHECK(!server->loopback_only() || li.local_world_size >= li.world_size, "dist::init: rank 0's store "
+                "listens on ", server->address(), " (from ", ember::detail::quote_untrusted(li.store_bind), "), which "
+                "only this host reaches, but ", li.world_size - li.local_world_size, " of the ", li.world_size,
+                " ranks run on other hosts: set MASTER_ADDR to an address they reach (or EMBER_DIST_STORE_BIND=0.0.0.0 "
+                "to listen on every interface)");
+  }
+  auto store = std::make_shared<Store>(li.master_addr, li.master_port, li.timeout, li.token);
   const std::string prefix = "ember/" + o.group_name + "/" + std::to_string(instance);
   auto boot = std::make_shared<StoreBootstrap>(store, prefix, li.rank, li.world_size);
 

@@ -86,6 +86,9 @@ class Socket {
 
   /// A socket listening on every interface (IPv6 and IPv4 where the host has both) at `port`; 0 picks a free port.
   inline static Socket listen(int port, const std::string& ctx, int backlog = 128);
+  /// A socket listening on `host` (a numeric address or a name of this host, the first of its addresses that can be
+  /// bound) at `port`. "" and "::" listen on every interface of both families, "0.0.0.0" on every IPv4 one.
+  inline static Socket listen(const std::string& host, int port, const std::string& ctx, int backlog = 128);
   /// A connection to host:port, retried (the listener may not be up yet) until `deadline`.
   inline static Socket connect(const std::string& host, int port, Deadline deadline,
                                             const std::string& ctx);
@@ -94,8 +97,11 @@ class Socket {
 
   /// The port this socket is bound to.
   inline int local_port() const;
-  /// The numeric address of this end of a connected socket ("10.0.0.3", "::1"), the one its peer reaches it by.
+  /// The numeric address of this end of a connected socket ("10.0.0.3", "::1"), the one its peer reaches it by; of
+  /// a listening socket, the address it listens on ("::" for every interface).
   inline std::string local_address() const;
+  /// Whether this end is bound to a loopback address (127.0.0.0/8, ::1), which only this host reaches.
+  inline bool is_loopback() const;
 
   void set_nonblocking(bool on) const {
     const int fl = ::fcntl(fd_, F_GETFL, 0);
@@ -165,6 +171,42 @@ inline Socket Socket::listen(int port, const std::string& ctx, int backlog) {
     return s;
   }
   detail::fail(ctx, "cannot create a TCP socket: " + detail::errno_message(errno));
+}
+
+inline Socket Socket::listen(const std::string& host, int port, const std::string& ctx, int backlog) {
+  if (host.empty() || host == "::") return listen(port, ctx, backlog);
+  EMBER_CHECK(port >= 0 && port <= 65535, ctx, ": invalid port ", port, " (expected 0..65535)");
+  const std::string where = ember::detail::quote_untrusted(host) + " port " + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (gai != 0) detail::fail(ctx, "cannot listen on " + where + ": cannot resolve it: " + ::gai_strerror(gai));
+  int last = 0;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid()) {
+      last = errno;
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(s.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ai->ai_family == AF_INET6) ::setsockopt(s.fd_, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (::bind(s.fd_, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd_, backlog) != 0) {
+      last = errno;
+      continue;
+    }
+    ::freeaddrinfo(res);
+    return s;
+  }
+  if (res) ::freeaddrinfo(res);
+  detail::fail(ctx, "cannot listen on " + where + ": " + detail::errno_message(last) +
+                        (last == EADDRNOTAVAIL ? " (it is not an address of this host)"
+                         : last == EADDRINUSE  ? " (another program, or an earlier run, holds the port; choose "
+                                                 "another MASTER_PORT)"
+                                               : ""));
 }
 
 inline Socket Socket::connect(const std::string& host, int port, Deadline deadline,
@@ -256,6 +298,17 @@ inline std::string Socket::local_address() const {
     ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
   }
   return buf;
+}
+
+inline bool Socket::is_loopback() const {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<sockaddr_in*>(&a)->sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family != AF_INET6) return false;
+  const in6_addr& x = reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(&x) || (IN6_IS_ADDR_V4MAPPED(&x) && x.s6_addr[12] == 127);
 }
 
 inline std::size_t Socket::send_some(const void* p, std::size_t n, const std::string& ctx) const {

@@ -3,59 +3,56 @@
 // need (a shared-memory segment's name, an NCCL unique id) and to leave the reason of a failure for the others.
 // Every operation has a deadline; a key that never appears is an error naming the key, not a hang.
 //
-// Wire format (little-endian): a request is u8 command, u32 key length, key, then for SET a u64 value length and the
-// value, for ADD an i64; a reply is u8 status (0 ok, 1 missing, 2 refused), u64 length, payload. The server treats
-// its input as untrusted: keys are at most 4 KiB, values at most 64 MiB, the whole store at most 1 GiB, and a client
-// that breaks a limit is disconnected.
+// The server listens on one address (loopback unless told otherwise). With a token (the job's shared secret), a
+// connection is served only once it proved it knows the token, and the client checks that the server knows it too
+// (dist/detail/auth.hpp); without one, any client that speaks the protocol is served. The wire format and the
+// server's bounds are described in dist/store_core.hpp.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "ember/config.hpp"
+#include "ember/dist/detail/auth.hpp"
 #include "ember/dist/socket.hpp"
+#include "ember/dist/store_core.hpp"
 
 namespace ember::dist {
 
-namespace detail {
-enum StoreCmd : std::uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kWait = 6 };
-enum StoreStatus : std::uint8_t { kOk = 0, kMissing = 1, kRefused = 2 };
-inline constexpr std::size_t kMaxKey = 4096;
-inline constexpr std::uint64_t kMaxValue = std::uint64_t(64) << 20;
-inline constexpr std::uint64_t kMaxStoreBytes = std::uint64_t(1) << 30;
-inline constexpr std::size_t kMaxStoreClients = 4096;
+struct StoreServerOptions {
+  /// Where to listen: a numeric address or a name of this host; "0.0.0.0" listens on every IPv4 interface, "::" on
+  /// every interface of both families.
+  std::string host = "127.0.0.1";
+  /// 0 picks a free port (port() tells which).
+  int port = 0;
+  /// The job's shared secret; "" serves every client (open mode).
+  std::string token{};
+  StoreLimits limits{};
+};
 
-inline void put_u32(std::string& s, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) s += char((v >> (8 * i)) & 0xff);
-}
-inline void put_u64(std::string& s, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) s += char((v >> (8 * i)) & 0xff);
-}
-inline std::uint64_t get_le(const char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= std::uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-}  // namespace detail
-
-/// The server side of the store: listens on `port` (0 picks a free one; port() tells which) and answers clients on
-/// a thread of its own until destroyed.
+/// The server side of the store: listens and answers clients on a thread of its own until destroyed.
 class StoreServer {
  public:
-  explicit StoreServer(int port = 0) : listener_(Socket::listen(port, "dist::StoreServer")) {
+  /// Listens on 127.0.0.1:`port` without a token.
+  explicit StoreServer(int port = 0) : StoreServer(StoreServerOptions{.port = port}) {}
+  explicit StoreServer(StoreServerOptions o)
+      : listener_(Socket::listen(o.host, o.port, "dist::StoreServer")), core_(std::move(o.token), o.limits) {
     EMBER_CHECK(::pipe2(wake_, O_CLOEXEC) == 0, "dist::StoreServer: pipe: ", detail::errno_message(errno));
+    publish();
     thread_ = std::thread([this] { run(); });
   }
   StoreServer(const StoreServer&) = delete;
@@ -68,191 +65,121 @@ class StoreServer {
     ::close(wake_[1]);
   }
   int port() const { return listener_.local_port(); }
+  /// The numeric address it listens on ("127.0.0.1"; "::" or "0.0.0.0" for every interface).
+  std::string address() const { return listener_.local_address(); }
+  /// Whether only this host can reach it (it listens on a loopback address).
+  bool loopback_only() const { return listener_.is_loopback(); }
+
+  /// The server's counts, as of its last round (for tests and monitoring; see StoreCore).
+  struct Stats {
+    std::uint64_t bytes_used = 0, buffered_bytes = 0, peak_buffered_bytes = 0, buffered_bound = 0;
+    std::size_t connections = 0, handshakes = 0;
+  };
+  Stats stats() const {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    return stats_;
+  }
 
  private:
-  struct Client {
-    Socket s;
-    std::string in, out;
-    std::size_t out_off = 0;
-    bool blocked = false;  // a GET/WAIT waits for the key `waiting`
-    std::string waiting;
-    std::uint8_t waiting_cmd = 0;
-    bool dead = false;
-  };
   inline void run();
-  inline void serve(Client& c);
-  inline void reply(Client& c, std::uint8_t status, const std::string& payload);
-  inline void wake_waiters(const std::string& key);
+  void publish() {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_ = {core_.bytes_used(), core_.buffered_bytes(), core_.peak_buffered_bytes(), core_.buffered_bound(),
+              core_.connections(), core_.handshakes()};
+  }
 
   Socket listener_;
+  StoreCore core_;
+  std::unordered_map<StoreCore::Id, Socket> socks_;
   int wake_[2] = {-1, -1};
   std::thread thread_;
-  std::map<std::string, std::string> data_;
-  std::uint64_t bytes_ = 0;
-  std::deque<Client> clients_;
+  mutable std::mutex stats_mu_;
+  Stats stats_;
 };
-
-inline void StoreServer::reply(Client& c, std::uint8_t status, const std::string& payload) {
-  c.out += char(status);
-  detail::put_u64(c.out, payload.size());
-  c.out += payload;
-}
-
-inline void StoreServer::wake_waiters(const std::string& key) {
-  for (Client& c : clients_) {
-    if (c.dead || !c.blocked || c.waiting != key) continue;
-    reply(c, detail::kOk, c.waiting_cmd == detail::kGet ? data_[key] : std::string());
-    c.blocked = false;
-    c.waiting.clear();
-    serve(c);  // requests it sent after the one that waited
-  }
-}
-
-// Parses and answers complete requests in c.in, stopping at one that must wait for a key.
-inline void StoreServer::serve(Client& c) {
-  std::size_t pos = 0;
-  while (!c.blocked && !c.dead) {
-    const std::size_t avail = c.in.size() - pos;
-    const char* p = c.in.data() + pos;
-    if (avail < 5) break;
-    const auto cmd = std::uint8_t(p[0]);
-    const std::uint64_t klen = detail::get_le(p + 1, 4);
-    if (cmd < detail::kSet || cmd > detail::kWait || klen > detail::kMaxKey) {
-      c.dead = true;
-      break;
-    }
-    std::size_t need = 5 + klen;
-    std::uint64_t vlen = 0;
-    if (cmd == detail::kSet) {
-      if (avail < need + 8) break;
-      vlen = detail::get_le(p + need, 8);
-      if (vlen > detail::kMaxValue) {
-        c.dead = true;
-        break;
-      }
-      need += 8 + vlen;
-    } else if (cmd == detail::kAdd) {
-      need += 8;
-    }
-    if (avail < need) break;
-    std::string key(p + 5, klen);
-    pos += need;
-    switch (cmd) {
-      case detail::kSet: {
-        std::string value(p + 5 + klen + 8, vlen);
-        auto it = data_.find(key);
-        const std::uint64_t old = it == data_.end() ? 0 : key.size() + it->second.size();
-        if (bytes_ - old + key.size() + vlen > detail::kMaxStoreBytes) {
-          reply(c, detail::kRefused, "the store is full");
-          break;
-        }
-        bytes_ = bytes_ - old + key.size() + vlen;
-        data_[key] = std::move(value);
-        reply(c, detail::kOk, {});
-        wake_waiters(key);
-        break;
-      }
-      case detail::kAdd: {
-        const auto delta = std::int64_t(detail::get_le(p + 5 + klen, 8));
-        std::string& v = data_[key];
-        long long cur = 0;
-        if (!v.empty() && !ember::detail::parse_int(v, cur)) {
-          reply(c, detail::kRefused, "the value is not an integer");
-          break;
-        }
-        const std::uint64_t old = v.size();
-        v = std::to_string(static_cast<long long>(static_cast<std::uint64_t>(cur) + static_cast<std::uint64_t>(delta)));
-        bytes_ = bytes_ - old + v.size() + (old == 0 ? key.size() : 0);
-        reply(c, detail::kOk, v);
-        wake_waiters(key);
-        break;
-      }
-      case detail::kCheck: reply(c, data_.count(key) ? detail::kOk : detail::kMissing, {}); break;
-      case detail::kDel: {
-        auto it = data_.find(key);
-        if (it == data_.end()) {
-          reply(c, detail::kMissing, {});
-        } else {
-          bytes_ -= key.size() + it->second.size();
-          data_.erase(it);
-          reply(c, detail::kOk, {});
-        }
-        break;
-      }
-      case detail::kGet:
-      case detail::kWait: {
-        auto it = data_.find(key);
-        if (it != data_.end()) {
-          reply(c, detail::kOk, cmd == detail::kGet ? it->second : std::string());
-        } else {
-          c.blocked = true;
-          c.waiting = std::move(key);
-          c.waiting_cmd = cmd;
-        }
-        break;
-      }
-    }
-  }
-  c.in.erase(0, pos);
-  if (c.in.size() > detail::kMaxValue + detail::kMaxKey + 64) c.dead = true;  // (cannot happen: parsed as it comes)
-}
 
 inline void StoreServer::run() {
   listener_.set_nonblocking(true);
   std::vector<pollfd> fds;
-  char buf[1 << 16];
+  std::vector<StoreCore::Id> ids;
+  static constexpr std::size_t kChunk = std::size_t(1) << 16;
+  std::unique_ptr<char[]> buf(new char[kChunk]);
+  auto close_dropped = [&] {
+    for (StoreCore::Id id : core_.take_dropped()) socks_.erase(id);
+  };
+  // Sends what the kernel takes of the connection's output; false when the connection failed.
+  auto flush = [&](StoreCore::Id id, const Socket& s) {
+    for (;;) {
+      const std::string_view out = core_.output(id);
+      if (out.empty()) return true;
+      const ssize_t w = ::send(s.fd(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        core_.sent(id, std::size_t(w));
+        continue;
+      }
+      return w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+    }
+  };
   for (;;) {
+    core_.tick(Clock::now());
+    close_dropped();
+    publish();
     fds.clear();
+    ids.clear();
     fds.push_back({wake_[0], POLLIN, 0});
     fds.push_back({listener_.fd(), POLLIN, 0});
-    for (Client& c : clients_)
-      fds.push_back({c.s.fd(), short(POLLIN | (c.out.size() > c.out_off ? POLLOUT : 0)), 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    for (const auto& [id, s] : socks_) {
+      // A connection that may not send more is still watched for hanging up.
+      const short ev = short((core_.want_read(id) > 0 ? POLLIN : POLLRDHUP) | (core_.output(id).empty() ? 0 : POLLOUT));
+      fds.push_back({s.fd(), ev, 0});
+      ids.push_back(id);
+    }
+    const auto next = core_.next_deadline();
+    const int wait_ms = next == StoreCore::TimePoint::max() ? -1 : std::max(1, ms_until(next, 1000));
+    if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[0].revents) return;
     if (fds[1].revents & POLLIN) {
-      for (;;) {
+      for (int k = 0; k < 256; ++k) {  // a burst of connections does not hold up the served ones
         const int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
-        if (clients_.size() >= detail::kMaxStoreClients) {
-          ::close(fd);
-          continue;
-        }
-        clients_.emplace_back();
-        clients_.back().s = Socket(fd);
-        clients_.back().s.set_nodelay();
+        Socket s(fd);
+        s.set_nodelay();
+        const StoreCore::Id id = core_.open(Clock::now());
+        close_dropped();  // the oldest handshake, when too many wait
+        if (flush(id, s)) socks_.emplace(id, std::move(s));
+        else core_.close(id);
       }
     }
     for (std::size_t i = 2; i < fds.size(); ++i) {
-      Client& c = clients_[i - 2];
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        for (;;) {
-          const ssize_t r = ::recv(c.s.fd(), buf, sizeof buf, MSG_DONTWAIT);
-          if (r > 0) {
-            c.in.append(buf, std::size_t(r));
-            if (r < ssize_t(sizeof buf)) break;
-          } else {
-            if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) c.dead = true;
-            break;
-          }
-        }
-        if (!c.dead) serve(c);
-      }
-      if (!c.dead && c.out.size() > c.out_off) {
-        const ssize_t w = ::send(c.s.fd(), c.out.data() + c.out_off, c.out.size() - c.out_off,
-                                 MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w > 0) c.out_off += std::size_t(w);
-        else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c.dead = true;
-        if (c.out_off == c.out.size()) {
-          c.out.clear();
-          c.out_off = 0;
+      const StoreCore::Id id = ids[i - 2];
+      auto it = socks_.find(id);
+      if (it == socks_.end()) continue;  // dropped meanwhile
+      const int fd = it->second.fd();
+      bool gone = false;
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR | POLLRDHUP)) {
+        std::size_t want = std::min(core_.want_read(id), kChunk);
+        if (want == 0) {
+          gone = (fds[i].revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0;
+        } else {
+          const ssize_t r = ::recv(fd, buf.get(), want, MSG_DONTWAIT);
+          if (r > 0) core_.received(id, buf.get(), std::size_t(r), Clock::now());
+          else gone = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
         }
       }
+      if (!gone && core_.alive(id)) gone = !flush(id, it->second);
+      if (gone) {
+        core_.close(id);
+        socks_.erase(id);
+      }
+      close_dropped();
     }
-    // Replies queued for other clients by this round's SETs go out on the next round (POLLOUT).
-    std::erase_if(clients_, [](const Client& c) { return c.dead; });
+    // Replies queued by this round for connections served earlier in it: sent now where the kernel takes them.
+    for (auto& [id, s] : socks_)
+      if (!core_.output(id).empty() && !flush(id, s)) core_.close(id), s.close();
+    std::erase_if(socks_, [](const auto& kv) { return !kv.second.valid(); });
+    close_dropped();
   }
 }
 
@@ -260,9 +187,12 @@ inline void StoreServer::run() {
 /// connection mid-request; the next operation opens a new one.
 class Store {
  public:
-  /// Connects to host:port, retrying until `timeout` (the server may start after this process).
-  Store(std::string host, int port, std::chrono::milliseconds timeout = std::chrono::minutes(5))
-      : host_(std::move(host)), port_(port), timeout_(timeout) {
+  /// Connects to host:port, retrying until `timeout` (the server may start after this process). With a `token`, the
+  /// client proves it knows the token and requires the server to prove it too; without one, it expects a store in
+  /// open mode.
+  Store(std::string host, int port, std::chrono::milliseconds timeout = std::chrono::minutes(5), std::string token = {})
+      : host_(std::move(host)), port_(port), timeout_(timeout), token_(std::move(token)) {
+    if (!token_.empty()) detail::check_token(token_, "dist::Store: the token");
     std::lock_guard<std::mutex> lk(mu_);
     connect_locked(deadline_in(timeout_));
   }
@@ -282,7 +212,8 @@ class Store {
   std::int64_t add(const std::string& key, std::int64_t delta) {
     std::string payload;
     detail::put_u64(payload, std::uint64_t(delta));
-    const std::string v = request(detail::kAdd, key, payload, "add", timeout_).second;
+    const auto answer = request(detail::kAdd, key, payload, "add", timeout_);
+    const std::string& v = answer.second;
     long long sum = 0;
     EMBER_CHECK(ember::detail::parse_int(v, sum), "dist::Store::add(", ember::detail::quote_untrusted(key), ") at ",
                 address(), ": the store answered ", ember::detail::quote_untrusted(v), ", not an integer");
@@ -307,9 +238,74 @@ class Store {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
+  // Connects and authenticates; a connection the server closes during the handshake (it was busy with others) is
+  // tried again until the deadline.
   void connect_locked(Deadline d) {
-    s_ = Socket::connect(host_, port_, d, "dist::Store: connecting to the store at " + address());
+    const std::string ctx = "dist::Store: connecting to the store at " + address();
+    auto pause = std::chrono::milliseconds(5);
+    for (;;) {
+      s_ = Socket::connect(host_, port_, d, ctx);
+      if (handshake_locked(d, ctx)) break;
+      if (Clock::now() + pause >= d)
+        detail::fail(ctx, "the store closed the connection during the handshake, each time until the timeout");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(250));
+    }
     broken_ = false;
+  }
+  // false when the connection was lost before the server answered (worth another try); an error when the server
+  // refused, failed its proof, or is no ember store.
+  bool handshake_locked(Deadline d, const std::string& ctx) {
+    char hello[detail::kServerHelloBytes];
+    char head[detail::kReplyHead];
+    std::string answer;
+    unsigned char nonce_c[detail::kNonceBytes];
+    detail::random_bytes(nonce_c, sizeof nonce_c);
+    const auto* nonce_s = reinterpret_cast<const unsigned char*>(hello + 6);
+    try {
+      s_.recv_all(hello, sizeof hello, d, ctx);
+      if (std::string_view(hello, 4) != detail::kServerMagic || hello[4] != char(detail::kStoreProtocol))
+        detail::fail(ctx, "the peer does not answer as this version of ember's store (it sent " +
+                              ember::detail::quote_untrusted(std::string_view(hello, sizeof hello)) + ")");
+      const auto mode = std::uint8_t(hello[5]);
+      if (mode == detail::kAuthToken && token_.empty())
+        detail::fail(ctx, "the store requires the job's token: set EMBER_DIST_TOKEN to it on every rank (ember-run "
+                          "sets it for the ranks it starts)");
+      if (mode == detail::kAuthOpen && !token_.empty())
+        detail::fail(ctx, "the store does not ask for a token, but this process has one (EMBER_DIST_TOKEN), so the "
+                          "store cannot prove it is the job's: it was started without the token, or another program "
+                          "listens on this port");
+      EMBER_CHECK(mode == detail::kAuthOpen || mode == detail::kAuthToken, ctx, ": the store asks for an unknown "
+                  "kind of authentication (", int(mode), ")");
+      std::string msg(detail::kClientMagic);
+      msg.append(reinterpret_cast<const char*>(nonce_c), sizeof nonce_c);
+      detail::Digest proof{};
+      if (!token_.empty()) proof = detail::client_proof(token_, nonce_s, nonce_c);
+      msg.append(reinterpret_cast<const char*>(proof.data()), proof.size());
+      s_.send_all(msg.data(), msg.size(), d, ctx);
+      s_.recv_all(head, sizeof head, d, ctx);
+      const std::uint64_t n = detail::get_le(head + 1, 8);
+      EMBER_CHECK(n <= detail::kMaxKey, ctx, ": the store answered the handshake with ", n, " bytes (at most ",
+                  detail::kMaxKey, ")");
+      answer.resize(n);
+      s_.recv_all(answer.data(), n, d, ctx);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("the peer closed the connection") == std::string::npos || Clock::now() >= d) throw;
+      return false;
+    }
+    if (head[0] == char(detail::kRefused))
+      detail::fail(ctx, "the store refused the connection: " + ember::detail::quote_untrusted(answer));
+    EMBER_CHECK(head[0] == char(detail::kOk) && answer.size() == sizeof(detail::Digest), ctx,
+                ": the store answered the handshake with status ", int(std::uint8_t(head[0])), " and ", answer.size(),
+                " bytes (expected ok and a 32-byte proof)");
+    if (!token_.empty()) {
+      const detail::Digest want = detail::server_proof(token_, nonce_s, nonce_c);
+      if (!detail::equal_constant_time(want.data(), answer.data(), want.size()))
+        detail::fail(ctx, "the store could not prove it knows the job's token (EMBER_DIST_TOKEN): it is not this "
+                          "job's store");
+    }
+    return true;
   }
   // (found, payload) for status ok/missing; an error for refused, timeouts and lost connections.
   std::pair<bool, std::string> request(std::uint8_t cmd, const std::string& key, const std::string& payload,
@@ -341,13 +337,15 @@ class Store {
     std::string out(n, '\0');
     s_.recv_all(out.data(), n, d, ctx);
     broken_ = false;
-    if (head[0] == detail::kRefused) detail::fail(ctx, "the store refused the request: " + out);
+    if (head[0] == detail::kRefused)
+      detail::fail(ctx, "the store refused the request: " + ember::detail::quote_untrusted(out));
     return {head[0] == detail::kOk, std::move(out)};
   }
 
   std::string host_;
   int port_;
   std::chrono::milliseconds timeout_;
+  std::string token_;
   std::mutex mu_;
   Socket s_;
   bool broken_ = false;
