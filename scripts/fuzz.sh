@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ with clang (address + undefined-behaviour sanitizers) and runs each for a
 # bounded time on a working copy of its seed corpus (fuzz/corpus/<name>). Crashing inputs land in
-# build-fuzz/artifacts/; turn each into a regular test (tests/test_io.cpp, tests/test_data.cpp, tests/test_optim.cpp).
-# usage: scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (targets: safetensors records idx state)
+# build-fuzz/artifacts/; turn each into a regular test (tests/test_io.cpp, tests/test_data.cpp, tests/test_optim.cpp,
+# tests/test_store.cpp).
+# usage: scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (targets: safetensors records idx state store)
 # EMBER_FUZZ_OUT sets the output folder (default build-fuzz). Inputs up to 256 KiB, so that the hostile seeds (deep
 # nesting, thousands of tensors, gzip bombs) are reachable. CI runs it for 20 s a target (ctest's fuzz_smoke).
 # needs: clang and libclang-rt-14-dev (scripts/deps.sh --fuzz)
@@ -11,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors records idx state)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors records idx state store)
 cxx=${CLANGXX:-clang++}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (scripts/deps.sh --fuzz)" >&2; exit 2; }
 
