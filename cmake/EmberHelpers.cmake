@@ -88,3 +88,52 @@ macro(ember_default_cuda_architectures)
     set(CMAKE_CUDA_ARCHITECTURES ${EMBER_DETECTED_CUDA_ARCHITECTURES})
   endif()
 endmacro()
+
+# ember_precompiled_arch(target arch): compiles `target` (ember::precompiled) and every target that links it with
+# -march=<arch>. For the installed package "native" is spelled out as the flags it means on this machine (g++'s
+# -march=<name> and every -m<feature> it enables or disables: the name alone can be less, as in a VM whose CPU model
+# predates its features), so an installed library and its users agree on one instruction set wherever they are
+# compiled; the build tree keeps -march=native. An empty arch adds no flag and warns that the library then holds
+# the portable kernels.
+function(ember_precompiled_arch target arch)
+  if(arch STREQUAL "")
+    message(WARNING "ember: EMBER_PRECOMPILED_ARCH is empty: ember::precompiled is compiled without -march, with "
+                    "the portable kernels (several times slower GEMMs and convolutions). Set it to native, or to "
+                    "the oldest CPU the program must run on (e.g. x86-64-v3 for AVX2).")
+    return()
+  endif()
+  include(CheckCXXCompilerFlag)
+  string(MAKE_C_IDENTIFIER "ember_march_${arch}" _ok)
+  check_cxx_compiler_flag("-march=${arch}" ${_ok})
+  if(NOT ${_ok})
+    message(FATAL_ERROR "ember: the compiler does not accept -march=${arch} (EMBER_PRECOMPILED_ARCH); set it to a "
+                        "level it knows (native, x86-64-v3, ...) or to \"\" for the compiler's default")
+  endif()
+  set(installed "-march=${arch}")
+  if(arch STREQUAL "native")
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      execute_process(COMMAND ${CMAKE_CXX_COMPILER} -march=native -E -v -x c++ /dev/null
+                      OUTPUT_QUIET ERROR_VARIABLE _out RESULT_VARIABLE _rc)
+      string(REGEX MATCH "cc1plus [^\n]*" _cc1 "${_out}")
+      string(REGEX MATCHALL " -m(arch=|tune=|no-)?[A-Za-z0-9_.=-]+" _flags "${_cc1}")
+      string(REPLACE " " "" _flags "${_flags}")
+      if(_rc EQUAL 0 AND _flags MATCHES "-march=")
+        set(installed ${_flags})
+      endif()
+    elseif(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+      execute_process(COMMAND ${CMAKE_CXX_COMPILER} -march=native -x c++ -c /dev/null -o /dev/null -###
+                      ERROR_VARIABLE _out OUTPUT_QUIET RESULT_VARIABLE _rc)
+      if(_rc EQUAL 0 AND _out MATCHES "\"-target-cpu\" \"([A-Za-z0-9_.-]+)\"")
+        set(installed "-march=${CMAKE_MATCH_1}")
+      endif()
+    endif()
+  endif()
+  string(REPLACE ";" "$<SEMICOLON>" _installed_genex "${installed}")  # one list inside the generator expression
+  target_compile_options(${target} PUBLIC
+    "$<BUILD_INTERFACE:$<$<COMPILE_LANGUAGE:CXX>:-march=${arch}>>"
+    "$<INSTALL_INTERFACE:$<$<COMPILE_LANGUAGE:CXX>:${_installed_genex}>>")
+  list(GET installed 0 _name)
+  list(LENGTH installed _n)
+  message(STATUS "ember: ember::precompiled and the targets that link it compile with -march=${arch} "
+                 "(installed as ${_name} and ${_n} feature flags)")
+endfunction()

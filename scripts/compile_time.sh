@@ -8,7 +8,7 @@
 #   --pch      also time each TU against a precompiled header of <ember/ember.hpp> + <ember/data.hpp> + <ember/io.hpp>
 #              (what ember_target_precompile_headers() sets up in CMake); the PCH's own build time is printed
 #   --precompiled  also time each TU with EMBER_PRECOMPILED (what linking ember::precompiled sets), after
-#              compiling the library's source (src/precompiled.cpp) once, whose time is printed too
+#              compiling the library's sources (src/precompiled_*.cpp) once, whose times are printed too
 #   --floor    also compile each TU at -O0 and -O1 (the other flags unchanged): what parsing and instantiating the
 #              program's code costs with little or no optimisation, a floor for the -O2 figures
 #   --lto      also build each TU into a program (compile and link, -pthread -lz), once in one process and once
@@ -135,8 +135,10 @@ if [ "$pch" = 1 ]; then
 fi
 
 if [ "$pre" = 1 ]; then
-  row "src/precompiled.cpp, the ember::precompiled library itself (once)" "$cxx" "${common[@]}" "${pre_defs[@]:1}" \
-    "$root/src/precompiled.cpp"
+  for part in "$root"/src/precompiled_*.cpp; do  # the library's parts, which a parallel build compiles side by side
+    row "src/$(basename "$part"), a part of the ember::precompiled library itself (once)" "$cxx" "${common[@]}" \
+      "${pre_defs[@]:1}" -I"$root/src" "$part"
+  done
   for tu in "${tus[@]}"; do
     row "$(basename "$tu") (EMBER_PRECOMPILED)" "$cxx" "${common[@]}" "${pre_defs[@]}" "$tu"
   done

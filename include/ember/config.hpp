@@ -62,16 +62,30 @@
 
 // Opt-in precompilation (CMake target ember::precompiled, README "Building fast"): under EMBER_PRECOMPILED the
 // instantiations listed at the end of <ember/ember.hpp> and <ember/data.hpp> are declared extern; the library's
-// source (src/precompiled.cpp) defines EMBER_PRECOMPILED_BUILD and compiles them. CPU only.
+// sources (src/precompiled_*.cpp) define EMBER_PRECOMPILED_BUILD and compile them. CPU only.
 #if defined(EMBER_PRECOMPILED) || defined(EMBER_PRECOMPILED_BUILD)
 #if EMBER_WITH_CUDA
 #error "ember::precompiled is built without CUDA; a TU that uses ember::cuda compiles ember header-only"
 #endif
-#ifdef EMBER_PRECOMPILED_BUILD
-#define EMBER_PRECOMPILED_EXTERN
-#else
-#define EMBER_PRECOMPILED_EXTERN extern
+// The library is compiled as several TUs (src/precompiled_*.cpp) so that a parallel build compiles them side by
+// side: each defines EMBER_PRECOMPILED_PART (0 when it is not given) and instantiates only its part's list, declaring
+// the other parts' lists extern as users do. Part 0 also holds the bodies of the non-template functions (below).
+// EMBER_PRECOMPILED_EXTERN_<k> is empty in the TU of part k and `extern` everywhere else; EMBER_PRECOMPILED_EXTERN
+// is part 0's.
+#if defined(EMBER_PRECOMPILED_BUILD) && !defined(EMBER_PRECOMPILED_PART)
+#define EMBER_PRECOMPILED_PART 0
 #endif
+#if defined(EMBER_PRECOMPILED_BUILD) && EMBER_PRECOMPILED_PART == 0
+#define EMBER_PRECOMPILED_EXTERN_0
+#else
+#define EMBER_PRECOMPILED_EXTERN_0 extern
+#endif
+#if defined(EMBER_PRECOMPILED_BUILD) && EMBER_PRECOMPILED_PART == 1
+#define EMBER_PRECOMPILED_EXTERN_1
+#else
+#define EMBER_PRECOMPILED_EXTERN_1 extern
+#endif
+#define EMBER_PRECOMPILED_EXTERN EMBER_PRECOMPILED_EXTERN_0
 #endif
 
 // EMBER_HOST_ONLY: 1 when every tensor a TU handles lives on the CPU, so that Tensor::device() is the constant
@@ -100,7 +114,7 @@
 // engine's graph walk, module bookkeeping, the thread pool's machinery, schedulers, transforms): each is declared
 // EMBER_HEADER_INLINE and its body sits in an `#if EMBER_HEADER_BODIES` block. Header-only, EMBER_HEADER_INLINE is
 // `inline` and the bodies are compiled in every TU that uses them. Under EMBER_PRECOMPILED the bodies are skipped
-// (the TU calls the library's copies); the library's one TU (EMBER_PRECOMPILED_BUILD) compiles them as ordinary,
+// (the TU calls the library's copies); the library's part 0 (EMBER_PRECOMPILED_BUILD) compiles them as ordinary,
 // non-inline definitions. Every TU of a program that links ember::precompiled must therefore see EMBER_PRECOMPILED,
 // as CMake's usage requirement arranges.
 // EMBER_DEFERRED (on a declaration) and EMBER_DEFERRED_DEF (on the definition that follows a declaration) mark an
@@ -118,7 +132,11 @@
 #endif
 #if defined(EMBER_PRECOMPILED_BUILD)
 #define EMBER_HEADER_INLINE
+#if EMBER_PRECOMPILED_PART == 0
 #define EMBER_HEADER_BODIES 1
+#else
+#define EMBER_HEADER_BODIES 0
+#endif
 #elif defined(EMBER_PRECOMPILED)
 #define EMBER_HEADER_INLINE
 #define EMBER_HEADER_BODIES 0

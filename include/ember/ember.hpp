@@ -23,6 +23,7 @@
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/pool.hpp"
+#include "ember/cpu/isa.hpp"
 // CUDA (empty unless EMBER_WITH_CUDA): devices, streams, the caching allocators, copies between devices.
 #include "ember/cuda/check.hpp"
 #include "ember/cuda/device.hpp"
@@ -84,33 +85,34 @@
 // ---- opt-in precompilation ------------------------------------------------------------------------------------
 // ember stays header-only. A user who links the CMake target ember::precompiled gets EMBER_PRECOMPILED defined, and
 // the heavy, dtype-only instantiations below are declared `extern`: the TU calls the copies compiled once into the
-// ember_precompiled library (src/precompiled.cpp, which defines EMBER_PRECOMPILED_BUILD) instead of compiling its
-// own. Fused expressions, which differ per call site, are compiled where they are written (the commonest one-operation
-// ones excepted, below). The library is
-// built for the CPU only: with CUDA the precompiled copies would lack the GPU paths, so the two do not combine.
+// ember_precompiled library instead of compiling its own. The library is several TUs (src/precompiled*.cpp, which
+// define EMBER_PRECOMPILED_BUILD) compiled side by side, each the lists of its EMBER_PRECOMPILED_PART (config.hpp):
+// X below is EMBER_PRECOMPILED_EXTERN_<part>. Fused expressions, which differ per call site, are compiled where they
+// are written (the commonest one-operation ones excepted, below). The library is built for the CPU only: with CUDA
+// the precompiled copies would lack the GPU paths, so the two do not combine.
 #ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)
 // float, bfloat16 and half: the layers' compute dtypes under the fp32, bf16 and fp16 precision policies.
-#define EMBER_PRECOMPILED_OPS(T)                                                                                      \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);       \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,         \
-                                                        ops::LinearAct);                                              \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> mm<T>(const Tensor<T>&, const Tensor<T>&);                              \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> bmm<T>(const Tensor<T>&, const Tensor<T>&);                             \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&);                          \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,         \
-                                                        const Conv2dOptions&);                                        \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> max_pool2d<T>(const Tensor<T>&, Size2, const Pool2dOptions&);           \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> avg_pool2d<T>(const Tensor<T>&, Size2, const Pool2dOptions&);           \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> adaptive_avg_pool2d<T>(const Tensor<T>&, Size2);                        \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> batch_norm<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,     \
-                                                            const Tensor<T>&, const Tensor<T>&, bool, double, double); \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> layer_norm<T>(const Tensor<T>&, const Shape&, const Tensor<T>&,         \
-                                                            const Tensor<T>&, double);                                \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t);                             \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t);                         \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> nn::cross_entropy<T>(const Tensor<T>&, const Tensor<std::int64_t>&,     \
-                                                                   const nn::CrossEntropyOptions<T>&);                \
-  EMBER_PRECOMPILED_EXTERN template Tensor<T> nn::mse_loss<T>(const Tensor<T>&, const Tensor<T>&, nn::Reduction);
+#define EMBER_PRECOMPILED_OPS(T, X)                                                                                   \
+  X template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);                               \
+  X template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,                                \
+      ops::LinearAct);                                                                                                \
+  X template Tensor<T> mm<T>(const Tensor<T>&, const Tensor<T>&);                                                     \
+  X template Tensor<T> bmm<T>(const Tensor<T>&, const Tensor<T>&);                                                    \
+  X template Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&);                                                 \
+  X template Tensor<T> conv2d<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,                                \
+      const Conv2dOptions&);                                                                                          \
+  X template Tensor<T> max_pool2d<T>(const Tensor<T>&, Size2, const Pool2dOptions&);                                  \
+  X template Tensor<T> avg_pool2d<T>(const Tensor<T>&, Size2, const Pool2dOptions&);                                  \
+  X template Tensor<T> adaptive_avg_pool2d<T>(const Tensor<T>&, Size2);                                               \
+  X template Tensor<T> batch_norm<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,                            \
+      const Tensor<T>&, const Tensor<T>&, bool, double, double);                                                      \
+  X template Tensor<T> layer_norm<T>(const Tensor<T>&, const Shape&, const Tensor<T>&,                                \
+      const Tensor<T>&, double);                                                                                      \
+  X template Tensor<T> softmax<T>(const Tensor<T>&, std::int64_t);                                                    \
+  X template Tensor<T> log_softmax<T>(const Tensor<T>&, std::int64_t);                                                \
+  X template Tensor<T> nn::cross_entropy<T>(const Tensor<T>&, const Tensor<std::int64_t>&,                            \
+      const nn::CrossEntropyOptions<T>&);                                                                             \
+  X template Tensor<T> nn::mse_loss<T>(const Tensor<T>&, const Tensor<T>&, nn::Reduction);
 // The element-wise kernels every program runs whatever it computes: copies (copy_, clone, contiguous) and fills.
 #define EMBER_PRECOMPILED_KERNELS(T)                                                                                  \
   EMBER_PRECOMPILED_EXTERN template void cpu::assign<T, expr::TensorLeaf<T, false>>(                                  \
@@ -118,9 +120,9 @@
   EMBER_PRECOMPILED_EXTERN template void cpu::assign<T, expr::ScalarLeaf<T>>(const Tensor<T>&,                        \
                                                                              const expr::ScalarLeaf<T>&, const char*);
 namespace ember {
-EMBER_PRECOMPILED_OPS(float)
-EMBER_PRECOMPILED_OPS(bfloat16)
-EMBER_PRECOMPILED_OPS(half)
+EMBER_PRECOMPILED_OPS(float, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_OPS(bfloat16, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_OPS(half, EMBER_PRECOMPILED_EXTERN_0)
 EMBER_PRECOMPILED_KERNELS(float)
 EMBER_PRECOMPILED_KERNELS(double)
 EMBER_PRECOMPILED_KERNELS(bfloat16)
@@ -136,10 +138,10 @@ cpu::reduce<expr::ArgR<float, false>, std::int64_t, expr::TensorLeaf<float, fals
 // `relu(x)`, `gelu(x)`, `silu(x)`, `tanh(x)`, `sigmoid(x)`. Each is its kernel, its autograd node and the node's
 // fused backward: a TU with `Tensor<float> y = a + b;` then compiles none of them (the character transformer's
 // object code 117 -> 75 KB). Longer expressions are compiled where they are written, as header-only.
-#define EMBER_PRECOMPILED_EXPR(E)                                                                                     \
-  EMBER_PRECOMPILED_EXTERN template void cpu::assign<float, E>(const Tensor<float>&, const E&, const char*);          \
-  EMBER_PRECOMPILED_EXTERN template void autograd::record_expr<float, E>(Tensor<float>&, const E&);                   \
-  EMBER_PRECOMPILED_EXTERN template struct autograd::ExprNode<float, E>;
+#define EMBER_PRECOMPILED_EXPR(E, X)                                                                                  \
+  X template void cpu::assign<float, E>(const Tensor<float>&, const E&, const char*);                                 \
+  X template void autograd::record_expr<float, E>(Tensor<float>&, const E&);                                          \
+  X template struct autograd::ExprNode<float, E>;
 namespace detail::precompiled {
 using Leaf = expr::TensorLeaf<float, true>;
 template <class Op>
@@ -147,14 +149,14 @@ using Binary = expr::BinaryExpr<Op, Leaf, Leaf>;
 template <class Op>
 using Unary = expr::UnaryExpr<Op, Leaf>;
 }  // namespace detail::precompiled
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Add>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Sub>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Mul>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Relu>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Gelu>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Silu>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Tanh>)
-EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Sigmoid>)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Add>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Sub>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Binary<::ember::ops_table::Mul>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Relu>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Gelu>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Silu>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Tanh>, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_EXPR(::ember::detail::precompiled::Unary<::ember::ops_table::Sigmoid>, EMBER_PRECOMPILED_EXTERN_1)
 // Batching and concatenation of float data and int64 indices (token windows, labels), ranges of positions, and
 // the reduction that sums a broadcast float operand's gradient down to its shape.
 #define EMBER_PRECOMPILED_SHAPE_OPS(T)                                                                                \
@@ -212,15 +214,15 @@ EMBER_PRECOMPILED_EXTERN template class optim::BasicAdam<float, true>;
 // The layers' and optimizers' constructors, forwards and steps are defined outside their classes (not inline): an
 // `extern` class instantiation then keeps a TU from compiling them at all, where in-class (inline) members would
 // still be instantiated and optimised in every TU, to be inlined.
-#define EMBER_PRECOMPILED_LAYERS(P)                                                                                   \
-  EMBER_PRECOMPILED_EXTERN template class nn::LinearT<P>;                                                             \
-  EMBER_PRECOMPILED_EXTERN template class nn::Conv2dT<P>;                                                             \
-  EMBER_PRECOMPILED_EXTERN template class nn::BatchNormT<2, P>;                                                       \
-  EMBER_PRECOMPILED_EXTERN template class nn::LayerNormT<P>;                                                          \
-  EMBER_PRECOMPILED_EXTERN template class nn::EmbeddingT<P>;
-EMBER_PRECOMPILED_LAYERS(amp::fp32)
-EMBER_PRECOMPILED_LAYERS(amp::bf16_mixed)
-EMBER_PRECOMPILED_LAYERS(amp::fp16_mixed)
+#define EMBER_PRECOMPILED_LAYERS(P, X)                                                                                \
+  X template class nn::LinearT<P>;                                                                                    \
+  X template class nn::Conv2dT<P>;                                                                                    \
+  X template class nn::BatchNormT<2, P>;                                                                              \
+  X template class nn::LayerNormT<P>;                                                                                 \
+  X template class nn::EmbeddingT<P>;
+EMBER_PRECOMPILED_LAYERS(amp::fp32, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_LAYERS(amp::bf16_mixed, EMBER_PRECOMPILED_EXTERN_1)
+EMBER_PRECOMPILED_LAYERS(amp::fp16_mixed, EMBER_PRECOMPILED_EXTERN_1)
 }  // namespace ember
 #undef EMBER_PRECOMPILED_OPS
 #undef EMBER_PRECOMPILED_KERNELS
@@ -228,4 +230,5 @@ EMBER_PRECOMPILED_LAYERS(amp::fp16_mixed)
 #undef EMBER_PRECOMPILED_TENSOR
 #undef EMBER_PRECOMPILED_NODES
 #undef EMBER_PRECOMPILED_LAYERS
+#undef EMBER_PRECOMPILED_EXPR
 #endif
