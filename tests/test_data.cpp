@@ -828,6 +828,19 @@ TEST_CASE("DataLoader: an iterator that outlives its loader keeps what its epoch
   }
 }
 
+TEST_CASE("DataLoader: an epoch that kept the model waiting gives a hint naming what to change") {
+  data::LoaderStats s;
+  s.total_seconds = 10;
+  s.wait_seconds = 1;  // 10%: not input-bound
+  CHECK(data::input_bound_hint(s, 0).empty());
+  s.wait_seconds = 6;
+  CHECK(data::input_bound_hint(s, 0).find("waited for data 60% of the epoch") != std::string::npos);
+  CHECK(data::input_bound_hint(s, 0).find("set num_workers") != std::string::npos);
+  CHECK(data::input_bound_hint(s, 2).find("with 2 workers; more workers, packed record files") != std::string::npos);
+  s.total_seconds = 1, s.wait_seconds = 0.9;  // a short epoch says nothing
+  CHECK(data::input_bound_hint(s, 0).empty());
+}
+
 TEST_CASE("DataLoader: invalid options") {
   CountingDataset ds;
   EXPECT_ERROR([&] { data::DataLoader l(ds, {.batch_size = 0}); }, {"DataLoader", "batch_size", "got 0"});

@@ -30,6 +30,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/device_copy.hpp"
+#include "ember/core/hint.hpp"
 #include "ember/cuda/device.hpp"
 #include "ember/data/dataset.hpp"
 #include "ember/data/rng.hpp"
@@ -63,6 +64,21 @@ struct LoaderStats {
   double wait_fraction() const { return total_seconds > 0 ? wait_seconds / total_seconds : 0.0; }
   double samples_per_second() const { return total_seconds > 0 ? double(samples) / total_seconds : 0.0; }
 };
+
+/// What to change when an epoch's statistics say the consumer (the model) waited for data a quarter of the epoch or
+/// more (epochs of at least 2 s); empty otherwise. DataLoader prints it once per process as a hint (core/hint.hpp).
+EMBER_HEADER_INLINE std::string input_bound_hint(const LoaderStats& s, int num_workers);
+#if EMBER_HEADER_BODIES
+EMBER_COLD EMBER_HEADER_INLINE std::string input_bound_hint(const LoaderStats& s, int num_workers) {
+  if (s.total_seconds < 2.0 || s.wait_fraction() < 0.25) return {};
+  const std::string pct = std::to_string(int(s.wait_fraction() * 100 + 0.5)) + "%";
+  if (num_workers == 0)
+    return "DataLoader: the model waited for data " + pct + " of the epoch, loading in its own thread "
+           "(num_workers = 0); set num_workers (2 or more) so that worker threads prepare the next batches";
+  return "DataLoader: the model waited for data " + pct + " of the epoch with " + std::to_string(num_workers) +
+         " workers; more workers, packed record files (data::RecordWriter) or cheaper transforms would feed it";
+}
+#endif
 
 /// The transform of a loader that has none.
 struct NoTransform {};
@@ -237,6 +253,7 @@ EMBER_HEADER_INLINE std::optional<std::size_t> EpochCore::next() {
   if (failed_) return std::nullopt;
   if (next_ >= batches_.size()) {
     stats_->total_seconds = seconds_since(t0_);
+    if (const std::string h = input_bound_hint(*stats_, opt_.num_workers); !h.empty()) hint("dataloader-input", h);
     return std::nullopt;
   }
   const auto tw = Clock::now();

@@ -23,9 +23,11 @@
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/core/hint.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/epilogue.hpp"
+#include "ember/cpu/isa.hpp"
 #include "ember/cpu/pool.hpp"
 #include "ember/cpu/qgemm.hpp"
 #include "ember/cpu/thread_pool.hpp"
@@ -42,6 +44,18 @@ namespace ember::quant {
 inline constexpr std::int64_t kMaxDepth = 2147483647LL / (255 * 128);
 
 /// A Linear or Conv2d converted to int8.
+namespace detail {
+/// Said once when an int8 layer is prepared in a build without VNNI dot products (vpdpbusd), where the int8 kernels
+/// run on AVX2's vpmaddubsw and can be slower than float32: either the CPU has VNNI and the build does not use it,
+/// or the CPU has none.
+[[gnu::cold, gnu::noinline]] inline void hint_int8_without_vnni() {
+  hint("int8-vnni", cpu::has_vnni(cpu::read_cpuid()) ? "int8 layers run the AVX2 kernel: this CPU has VNNI dot-product instructions but the "
+                               "program was compiled without them; compile with -march=native"
+                             : "this CPU has no VNNI dot-product instructions (AVX512-VNNI or AVX-VNNI): int8 layers "
+                               "run the AVX2 kernel and can be slower than float32 here; measure before deploying");
+}
+}  // namespace detail
+
 struct QuantizedLayer {
   bool conv = false;
   std::string name;                  // for messages
@@ -75,6 +89,7 @@ struct QuantizedLayer {
                 weight.defined() ? weight.shape().str() : std::string("an undefined tensor"));
     out = weight.size(0);
     depth = weight.numel() / std::max<std::int64_t>(out, 1);
+    if (!EMBER_QGEMM_VNNI512 && !EMBER_QGEMM_VNNI256) detail::hint_int8_without_vnni();
     if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<float>();  // the forward reads GELU's or SiLU's loops
     EMBER_CHECK(out > 0 && depth > 0 && depth <= kMaxDepth, what, " '", name, "': weight ", weight.shape().str(),
                 " has a GEMM depth of ", depth, "; int8 layers take 1 to ", kMaxDepth,
