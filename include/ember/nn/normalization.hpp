@@ -125,8 +125,14 @@ double BatchNormT<Rank, P>::count_batch() const {
   return factor;
 }
 
-using BatchNorm1d = BatchNormT<1>;
-using BatchNorm2d = BatchNormT<2>;
+/// torch.nn.BatchNorm1d / BatchNorm2d under a precision policy (`nn::BatchNorm2dT<amp::bf16_mixed>`), named as the
+/// other layers' policy forms are (LinearT, Conv2dT, LayerNormT, EmbeddingT).
+template <amp::PrecisionPolicy P = amp::fp32>
+using BatchNorm1dT = BatchNormT<1, P>;
+template <amp::PrecisionPolicy P = amp::fp32>
+using BatchNorm2dT = BatchNormT<2, P>;
+using BatchNorm1d = BatchNorm1dT<>;
+using BatchNorm2d = BatchNorm2dT<>;
 
 /// Layer normalisation over the trailing normalized_shape dims, with elementwise affine parameters.
 template <amp::PrecisionPolicy P = amp::fp32>
