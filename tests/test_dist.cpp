@@ -657,6 +657,57 @@ int worker_zero(const std::vector<std::string>&) {
   return failures == 0 ? 0 : 1;
 }
 
+// ZeRO under DDP with no options: ZeRO sees that DDP averages the gradients and does not average them again, and
+// trains as a plain optimizer under DDP does; DDP over part of the parameters is an error.
+int worker_ddp_zero(const std::vector<std::string>&) {
+  auto& pg = dist::init();
+  const int r = pg.rank();
+  struct Net : nn::Module {
+    nn::Linear a{4, 6}, b{6, 3};
+    Net() {
+      register_module("a", a);
+      register_module("b", b);
+    }
+    Tensor<float> forward(const Tensor<float>& x) { return b(relu(a(x))); }
+  };
+  manual_seed(5);
+  Net m1;
+  manual_seed(5);
+  Net m2;
+  nn::DistributedDataParallel d1(m1), d2(m2);
+  optim::ZeroRedundancyOptimizer<optim::AdamW<float>> zero(d1.parameters(), {.lr = 0.05}, &pg);
+  optim::AdamW<float> plain(d2.parameters(), {.lr = 0.05});
+  WCHECK(zero.averaged_by_ddp(), "ZeRO did not see that DDP averages its parameters' gradients");
+  for (int step = 0; step < 5; ++step) {
+    manual_seed(100 + std::uint64_t(r) * 7 + std::uint64_t(step));
+    const Tensor<float> x = randn<float>(Shape{8, 4});
+    zero.zero_grad();
+    Tensor<float>(sum(square(d1(x)))).backward();
+    zero.step();
+    plain.zero_grad();
+    Tensor<float>(sum(square(d2(x)))).backward();
+    plain.step();
+  }
+  WCHECK(max_diff(m1.parameters(), m2.parameters()) < 1e-6, "ZeRO under DDP differs from AdamW under DDP by ",
+         max_diff(m1.parameters(), m2.parameters()));
+  // DDP around one layer, ZeRO over the whole model: an error, not a silent mix.
+  manual_seed(5);
+  Net m3;
+  nn::DistributedDataParallel<nn::Linear> part(m3.a);
+  optim::ZeroRedundancyOptimizer<optim::SGD<float>> zero3(m3.parameters(), {.lr = 0.1}, &pg);
+  std::string msg;
+  try {
+    Tensor<float>(sum(square(m3.forward(randn<float>(Shape{2, 4}))))).backward();
+    zero3.step();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  WCHECK(msg.find("averages the gradients of 2 of its 4 parameters") != std::string::npos,
+         "DDP over part of ZeRO's parameters gave: ", msg);
+  std::printf("rank %d: ddp + zero ok (%d failures)\n", r, failures);
+  return failures == 0 ? 0 : 1;
+}
+
 int worker_exit(const std::vector<std::string>& args) {
   // For the launcher's tests: rank 1 exits with the code given, the others wait to be stopped.
   const int code = std::atoi(args.at(0).c_str());
@@ -696,6 +747,7 @@ int run_worker(const std::string& name, const std::vector<std::string>& args) {
     if (name == "rendezvous") return worker_rendezvous(args);
     if (name == "ddp") return worker_ddp(args);
     if (name == "zero") return worker_zero(args);
+    if (name == "ddp_zero") return worker_ddp_zero(args);
     if (name == "exit") return worker_exit(args);
     if (name == "late") return worker_late(args);
   } catch (const std::exception& e) {
@@ -782,6 +834,12 @@ TEST_CASE("ZeroRedundancyOptimizer: equals the plain optimizer over 10 steps wit
     INFO(res.all());
     for (int r = 0; r < world; ++r) CHECK(res.exited_ok(r));
   }
+}
+
+TEST_CASE("ZeRO under DDP: the gradients are averaged once, with no options") {
+  const Ranks res = run_ranks("ddp_zero", 2);
+  INFO(res.all());
+  for (int r = 0; r < 2; ++r) CHECK(res.exited_ok(r));
 }
 
 TEST_CASE("dist: a world of one needs no launcher") {

@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -51,6 +53,18 @@ struct DDPOptions {
 
 namespace detail {
 
+/// The parameters whose gradients a live DistributedDataParallel averages during backward, by storage and byte
+/// offset, with the reducer and its process group: optim::ZeroRedundancyOptimizer reads it (ddp_group_of) so that it
+/// does not average those gradients a second time.
+struct DdpRegistry {
+  std::mutex mu;
+  std::map<std::pair<const StorageImpl*, std::size_t>, std::pair<const void*, const dist::ProcessGroup*>> params;
+};
+inline DdpRegistry& ddp_registry() {
+  static DdpRegistry r;
+  return r;
+}
+
 /// The type-erased engine of DistributedDataParallel (one instantiation whatever the model).
 class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
  public:
@@ -65,6 +79,17 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
     check_same_model();
     broadcast_state(true);
     build_buckets();
+    std::lock_guard<std::mutex> lk(ddp_registry().mu);
+    for (const Param& p : params_) ddp_registry().params[key_of(p.t)] = {this, &pg_};
+  }
+  DdpReducer(const DdpReducer&) = delete;
+  DdpReducer& operator=(const DdpReducer&) = delete;
+  ~DdpReducer() {
+    std::lock_guard<std::mutex> lk(ddp_registry().mu);
+    for (const Param& p : params_) {
+      auto it = ddp_registry().params.find(key_of(p.t));
+      if (it != ddp_registry().params.end() && it->second.first == this) ddp_registry().params.erase(it);
+    }
   }
 
   /// Registers the gradient hooks (after construction: they hold a weak reference to this reducer).
@@ -118,6 +143,9 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
     dist::Work work;
   };
 
+  static std::pair<const StorageImpl*, std::size_t> key_of(const AnyTensor& t) {
+    return {storage_of(t).get(), byte_offset(t)};
+  }
   static Storage storage_of(const AnyTensor& t) {
     return std::visit([](const auto& x) { return x.storage(); }, t);
   }
@@ -357,6 +385,17 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
 };
 
 }  // namespace detail
+
+/// The process group over which a live DistributedDataParallel averages the gradient of parameter `p` during
+/// backward, or nullptr when none does.
+template <class T>
+const dist::ProcessGroup* ddp_group_of(const Tensor<T>& p) {
+  if (!p.defined()) return nullptr;
+  auto& r = detail::ddp_registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.params.find({p.storage().get(), std::size_t(p.storage_offset()) * sizeof(T)});
+  return it == r.params.end() ? nullptr : it->second.second;
+}
 
 /// Data-parallel training of `M` (any nn::Module type with a forward) on a process group (the default one unless
 /// given). Copies of the wrapper share the module and the reducer.

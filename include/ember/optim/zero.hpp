@@ -5,8 +5,10 @@
 // only, so each rank holds about 1/world of the state a plain optimizer would. A step reduce-scatters the gradients
 // (each rank receives the average of its part), runs the wrapped optimizer (SGD, Adam, AdamW) on the part, and
 // all-gathers the updated parts into every rank's parameters. The result equals the wrapped optimizer stepping on
-// the averaged gradients. With `{.reduce_gradients = false}` the gradients are taken as already averaged (under
-// DistributedDataParallel) and each rank only reads its part.
+// the averaged gradients. Under nn::DistributedDataParallel the gradients are averaged already when backward returns:
+// ZeRO sees that (nn::ddp_group_of) and only reads its part, so the two compose without options; DDP over another
+// process group than ZeRO's, or over part of the parameters, is an error. With `{.reduce_gradients = false}` the
+// gradients are taken as averaged by other means.
 //
 //   optim::ZeroRedundancyOptimizer<optim::AdamW<float>> opt(model.parameters(), {.lr = 3e-4});
 //   opt.zero_grad(); loss.backward(); opt.step();
@@ -30,6 +32,7 @@
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/dist/init.hpp"
 #include "ember/dist/process_group.hpp"
+#include "ember/nn/ddp.hpp"
 #include "ember/optim/optimizer.hpp"
 #include "ember/profile/range.hpp"
 
@@ -37,6 +40,7 @@ namespace ember::optim {
 
 struct ZeroOptions {
   /// Reduce-scatter the gradients (average over the ranks) before the step; false when they are averaged already.
+  /// Gradients that a DistributedDataParallel averaged are never averaged again, whatever this says.
   bool reduce_gradients = true;
 };
 
@@ -88,11 +92,12 @@ class ZeroRedundancyOptimizer final : public Optimizer {
     for (const Flat& f : flats_)
       for (const auto& p : f.params) any = any || (p.has_meta() && p.grad().defined());
     if (!any) return;
+    const bool reduce = zopt_.reduce_gradients && !averaged_by_ddp();
     // 1. Every rank's gradients, flat; each rank receives the average of its own part.
     std::vector<dist::Work> works;
     for (Flat& f : flats_) {
       gather(f, f.flat_grad, 0, true);
-      if (zopt_.reduce_gradients) {
+      if (reduce) {
         works.push_back(pg_.reduce_scatter_tensor(f.shard_grad, f.flat_grad, dist::ReduceOp::Avg));
       } else {
         copy_bytes(f.shard_grad.storage(), 0, f.flat_grad.storage(), std::size_t(f.begin) * sizeof(T),
@@ -108,6 +113,26 @@ class ZeroRedundancyOptimizer final : public Optimizer {
     for (Flat& f : flats_) works.push_back(pg_.all_gather_into_tensor(f.flat_param, f.shard_param));
     for (auto& w : works) w.wait();
     for (Flat& f : flats_) scatter(f);
+  }
+
+  /// Whether a DistributedDataParallel averages these parameters' gradients in backward (then the step does not
+  /// average them again): all of them over this optimizer's group, or none; anything else is an error.
+  bool averaged_by_ddp() const {
+    std::size_t n = 0, by_ddp = 0;
+    bool other_group = false;
+    for (const Flat& f : flats_)
+      for (const auto& p : f.params) {
+        ++n;
+        if (const dist::ProcessGroup* g = nn::ddp_group_of(p)) {
+          ++by_ddp;
+          other_group = other_group || g != &pg_;
+        }
+      }
+    EMBER_CHECK(by_ddp == 0 || by_ddp == n, "optim::ZeroRedundancyOptimizer: DistributedDataParallel averages the "
+                "gradients of ", by_ddp, " of its ", n, " parameters; wrap the whole model in DDP, or none of it");
+    EMBER_CHECK(!other_group, "optim::ZeroRedundancyOptimizer: its parameters' gradients are averaged by a "
+                "DistributedDataParallel over another process group than the optimizer's; give both the same group");
+    return by_ddp > 0;
   }
 
   void zero_grad(bool set_to_none = true) override {
