@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -198,6 +199,7 @@ TEST_CASE("Optimizer and schedule state from a file: hostile values are errors, 
       CAPTURE(c.key);
       nn::StateDict bad = good;
       bad[c.key] = c.value;
+      CHECK_THROWS_WITH_AS(opt.check_state_dict(bad), doctest::Contains(c.message), Error);
       CHECK_THROWS_WITH_AS(opt.load_state_dict(bad), doctest::Contains(c.message), Error);
       const nn::StateDict now = opt.state_dict();
       REQUIRE(now.size() == good.size());
@@ -222,7 +224,8 @@ TEST_CASE("Optimizer and schedule state from a file: hostile values are errors, 
   refused(adam, good, {
       {"param_groups.0.lr", scalar(nan), "optim::Adam::load_state_dict: param_groups.0: invalid learning rate nan"},
       {"param_groups.0.lr", scalar(-0.5), "param_groups.0: invalid learning rate -0.5"},
-      {"param_groups.0.beta1", scalar(1.0), "param_groups.0: invalid betas (1, 0.999), expected each in [0, 1)"},
+      {"param_groups.0.beta1", scalar(1.0),
+       "param_groups.0: invalid betas (1, 0.999), expected each in [0, 1 - 2^-24]"},
       {"param_groups.0.beta2", scalar(nan), "invalid betas (0.9, nan)"},
       {"param_groups.0.eps", scalar(inf), "param_groups.0: invalid epsilon inf"},
       {"param_groups.0.weight_decay", scalar(-1.0), "param_groups.0: invalid weight_decay -1"},
@@ -286,6 +289,190 @@ TEST_CASE("Optimizer and schedule state from a file: hostile values are errors, 
   ssd["scale"] = scalar(1e39);
   CHECK_THROWS_WITH_AS(scaler.load_state_dict(ssd), doctest::Contains("inconsistent state (scale 1e+39"), Error);
   CHECK(scaler.get_scale() == 65536.0);
+}
+
+namespace {
+using TF = Tensor<float>;
+bool all_finite(const TF& t) {
+  const TF c = t.contiguous();
+  for (std::int64_t i = 0; i < c.numel(); ++i)
+    if (!std::isfinite(c.data()[i])) return false;
+  return true;
+}
+// Every float tensor of a state dict finite (its float64 entries are the hyper-parameters and step counts).
+bool state_finite(const nn::StateDict& sd) {
+  for (const auto& [k, t] : sd)
+    if (const auto* f = std::get_if<TF>(&t); f && !all_finite(*f)) return false;
+  return true;
+}
+}  // namespace
+
+// Values a file held that loaded and made the parameters inf or NaN within three steps are refused now: the ranges of
+// optimizer.hpp, checked in the constructors and in load_state_dict by the same code, and a schedule's base rates
+// and the rates it would set held to the optimizers' range.
+TEST_CASE("Optimizer hyper-parameters are bounded: lr, weight_decay, momentum, dampening of 1e308, 2^62, 9e15 fail") {
+  auto scalar = [](double v) { return full<double>(Shape{}, v); };
+  const double huge[] = {1e308, 0x1p62, 9e15};
+  TF w = full<float>(Shape{4}, 0.5f);
+  w.requires_grad_();
+
+  optim::SGD<float> sgd({w}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
+  const nn::StateDict sgood = sgd.state_dict();
+  for (const char* key : {"lr", "weight_decay", "momentum", "dampening"})
+    for (const double v : huge) {
+      CAPTURE(key);
+      CAPTURE(v);
+      nn::StateDict bad = sgood;
+      bad[std::string("param_groups.0.") + key] = scalar(v);
+      CHECK_THROWS_WITH_AS(sgd.load_state_dict(bad), doctest::Contains("optim::SGD::load_state_dict: param_groups.0: "
+                                                                       "invalid "),
+                           Error);
+      CHECK(sgd.lr(0) == 0.1);
+      CHECK(*sgd.momentum(0) == 0.9);
+    }
+  // The constructor holds the same ranges (PyTorch's own checks are the floor: momentum and dampening in [0, 1]).
+  EXPECT_ERROR([&] { optim::SGD<float>({w}, {.lr = 1e308}); },
+               {"optim::SGD: invalid learning rate 1e+308, expected a value in [0, 1e4]"});
+  EXPECT_ERROR([&] { optim::SGD<float>({w}, {.momentum = 1.5}); }, {"optim::SGD: invalid momentum 1.5", "[0, 1]"});
+  EXPECT_ERROR([&] { optim::SGD<float>({w}, {.dampening = -0.1}); }, {"optim::SGD: invalid dampening -0.1"});
+  EXPECT_ERROR([&] { optim::SGD<float>({w}, {.dampening = 2}); }, {"optim::SGD: invalid dampening 2"});
+  EXPECT_ERROR([&] { optim::SGD<float>({w}, {.weight_decay = 0x1p62}); }, {"optim::SGD: invalid weight_decay"});
+  optim::SGD<float>({w}, {.lr = optim::kMaxLr, .momentum = 1, .dampening = 1, .weight_decay = optim::kMaxWeightDecay});
+
+  optim::AdamW<float> adam({w}, {.lr = 0.01});
+  const nn::StateDict agood = adam.state_dict();
+  for (const char* key : {"lr", "weight_decay", "eps", "beta1", "beta2"})
+    for (const double v : huge) {
+      CAPTURE(key);
+      CAPTURE(v);
+      nn::StateDict bad = agood;
+      bad[std::string("param_groups.0.") + key] = scalar(v);
+      CHECK_THROWS_WITH_AS(adam.load_state_dict(bad), doctest::Contains("optim::AdamW::load_state_dict: "
+                                                                        "param_groups.0: invalid "),
+                           Error);
+      CHECK(adam.lr(0) == 0.01);
+    }
+  // eps must be positive (PyTorch takes 0, which makes 0 / 0 of a parameter whose gradients are all 0) and at least
+  // 1e-20; a beta that rounds to 1 in float is refused.
+  EXPECT_ERROR([&] { optim::Adam<float>({w}, {.eps = 0}); }, {"optim::Adam: invalid epsilon 0", "[1e-20, 1e4]"});
+  EXPECT_ERROR([&] { optim::Adam<float>({w}, {.eps = 1e-30}); }, {"optim::Adam: invalid epsilon 1e-30"});
+  EXPECT_ERROR([&] { optim::Adam<float>({w}, {.beta1 = 1 - 1e-9}); }, {"optim::Adam: invalid betas", "1 - 2^-24"});
+  EXPECT_ERROR([&] { optim::AdamW<float>({w}, {.lr = 9e15}); }, {"optim::AdamW: invalid learning rate 9e+15"});
+  optim::Adam<float>({w}, {.lr = optim::kMaxLr, .beta1 = optim::kMaxBeta, .beta2 = optim::kMaxBeta,
+                           .eps = optim::kMinEps, .weight_decay = optim::kMaxWeightDecay});
+
+  // A schedule's base rates of 1e308 are refused, and so is a step whose rate would leave the optimizers' range (a
+  // StepLR with gamma 2 at step 2000: 0.1 * 2^2000 is infinite) or that the schedule cannot reach (OneCycleLR's
+  // total_steps). A refused state changes neither the schedule nor the optimizer's rate and momentum.
+  optim::StepLR grow(sgd, 1, 2.0);
+  const nn::StateDict lgood = grow.state_dict();
+  for (const double v : huge) {
+    CAPTURE(v);
+    nn::StateDict bad = lgood;
+    bad["base_lrs.0"] = scalar(v);
+    CHECK_THROWS_WITH_AS(grow.load_state_dict(bad), doctest::Contains("base_lrs.0 is "), Error);
+  }
+  nn::StateDict far = lgood;
+  far["last_epoch"] = scalar(2000);
+  CHECK_THROWS_WITH_AS(grow.check_state_dict(far), doctest::Contains("at last_epoch 2000 the schedule gives parameter "
+                                                                     "group 0 the learning rate inf"),
+                       Error);
+  CHECK_THROWS_AS(grow.load_state_dict(far), Error);
+  CHECK(grow.last_step() == 0);
+  CHECK(sgd.lr(0) == 0.1);
+  optim::OneCycleLR cycle(sgd, 0.5, {.total_steps = 10, .cos_anneal = false});
+  const double lr0 = sgd.lr(0), mom0 = *sgd.momentum(0);
+  nn::StateDict past = cycle.state_dict();
+  past["last_epoch"] = scalar(1e6);
+  CHECK_THROWS_WITH_AS(cycle.check_state_dict(past), doctest::Contains("last_epoch is 1000000, beyond the schedule's "
+                                                                       "10 steps"),
+                       Error);
+  past["last_epoch"] = scalar(7);
+  cycle.check_state_dict(past);  // a check writes no rate or momentum
+  CHECK(sgd.lr(0) == lr0);
+  CHECK(*sgd.momentum(0) == mom0);
+  cycle.load_state_dict(past);
+  CHECK(cycle.last_step() == 7);
+  CHECK(sgd.lr(0) != lr0);
+  CHECK(*sgd.momentum(0) != mom0);
+}
+
+// The claim the ranges make (optimizer.hpp): at any hyper-parameters within them, one fp32 step from parameters,
+// gradients and optimizer state of magnitude at most kFiniteStepMagnitude (1e6) is finite. Checked at the ends of
+// every range, on elements that take every sign combination of parameter, gradient and first moment (or momentum
+// buffer), with second moments of 0 and 1e6, fresh and loaded state, Adam's loaded step count 0 (its bias correction
+// at its largest) and more.
+TEST_CASE("At the ends of every hyper-parameter range, one fp32 step from values of magnitude 1e6 stays finite") {
+  const double M = optim::kFiniteStepMagnitude;
+  std::vector<double> pv, gv, mv, vv;
+  for (double p : {-M, M})
+    for (double g : {-M, 0.0, M})
+      for (double m : {-M, M})
+        for (double v : {0.0, M}) {
+          pv.push_back(p);
+          gv.push_back(g);
+          mv.push_back(m);
+          vv.push_back(v);
+        }
+  auto tensor = [](const std::vector<double>& v) {
+    TF t = empty<float>({std::int64_t(v.size())});
+    for (std::size_t i = 0; i < v.size(); ++i) t.data()[i] = float(v[i]);
+    return t;
+  };
+  auto step_is_finite = [&](auto& opt, TF& p, const std::string& what) {
+    p.grad() = tensor(gv);
+    opt.step();
+    CHECK_MESSAGE(all_finite(p), what);
+    CHECK_MESSAGE(state_finite(opt.state_dict()), what);
+  };
+  int steps = 0;
+  for (const double wd : {0.0, optim::kMaxWeightDecay})
+    for (const double mom : {0.0, 0.5, 1.0})
+      for (const double damp : {0.0, 1.0})
+        for (const bool nesterov : {false, true})
+          for (const bool maximize : {false, true})
+            for (const bool loaded : {false, true}) {
+              if (nesterov && (mom == 0 || damp != 0)) continue;
+              TF p = tensor(pv);
+              p.requires_grad_();
+              optim::SGD<float> sgd({p}, {.lr = optim::kMaxLr, .momentum = mom, .dampening = damp,
+                                          .weight_decay = wd, .nesterov = nesterov, .maximize = maximize});
+              if (loaded && mom != 0) {
+                nn::StateDict sd = sgd.state_dict();
+                sd["state.0.momentum_buffer"] = tensor(mv);
+                sgd.load_state_dict(sd);
+              }
+              step_is_finite(sgd, p, "SGD wd " + std::to_string(wd) + " momentum " + std::to_string(mom));
+              ++steps;
+            }
+  auto adam_corners = [&](auto tag) {
+    using Opt = typename decltype(tag)::type;
+    for (const double wd : {0.0, optim::kMaxWeightDecay})
+      for (const double b1 : {0.0, optim::kMaxBeta})
+        for (const double b2 : {0.0, optim::kMaxBeta})
+          for (const double eps : {optim::kMinEps, optim::kMaxEps})
+            for (const bool amsgrad : {false, true})
+              for (const double loaded_step : {-1.0, 0.0, 1.0, 1000.0}) {  // -1: fresh state
+                TF p = tensor(pv);
+                p.requires_grad_();
+                Opt adam({p}, {.lr = optim::kMaxLr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd,
+                               .amsgrad = amsgrad});
+                if (loaded_step >= 0) {
+                  nn::StateDict sd = adam.state_dict();
+                  sd["state.0.step"] = full<double>(Shape{}, loaded_step);
+                  sd["state.0.exp_avg"] = tensor(mv);
+                  sd["state.0.exp_avg_sq"] = tensor(vv);
+                  if (amsgrad) sd["state.0.max_exp_avg_sq"] = tensor(vv);
+                  adam.load_state_dict(sd);
+                }
+                step_is_finite(adam, p, "Adam wd " + std::to_string(wd) + " beta1 " + std::to_string(b1) + " eps " +
+                                            std::to_string(eps) + " step " + std::to_string(loaded_step));
+                ++steps;
+              }
+  };
+  adam_corners(std::type_identity<optim::Adam<float>>{});
+  adam_corners(std::type_identity<optim::AdamW<float>>{});
+  CHECK(steps == 64 + 2 * 128);
 }
 
 TEST_CASE("Parameter groups: no weight decay on biases; parameters without gradients are skipped") {

@@ -253,26 +253,19 @@ class GradScaler {
     sd["_growth_tracker"] = scalar(double(growth_tracker_));
     return sd;
   }
+  /// Checks every entry before anything is written: a refused state leaves the scaler as it was.
   void load_state_dict(const StateDict& sd) {
-    EMBER_CHECK(enabled_ || sd.empty(), "amp::GradScaler::load_state_dict: this scaler is disabled but the state is "
-                "not empty");
+    const Loaded l = read_state(sd);
     if (!enabled_) return;
-    EMBER_CHECK(!sd.empty(), "amp::GradScaler::load_state_dict: the state is empty (saved from a disabled scaler?)");
-    constexpr const char* kName = "amp::GradScaler";
-    const double s = read_scalar(sd, "scale", kName), gf = read_scalar(sd, "growth_factor", kName),
-                 bf = read_scalar(sd, "backoff_factor", kName), gi = read_scalar(sd, "growth_interval", kName),
-                 gt = read_scalar(sd, "_growth_tracker", kName);
-    EMBER_CHECK(s > 0 && s <= kMaxScale && gf > 1 && bf > 0 && bf < 1 && gi >= 1 && gi < 9.0e15 && gt >= 0 &&
-                    gt < gi && gi == std::floor(gi) && gt == std::floor(gt),
-                "amp::GradScaler::load_state_dict: inconsistent state (scale ", s, ", growth_factor ", gf,
-                ", backoff_factor ", bf, ", growth_interval ", gi, ", _growth_tracker ", gt, ")");
-    scale_ = s;
-    growth_factor_ = gf;
-    backoff_factor_ = bf;
-    growth_interval_ = std::int64_t(gi);
-    growth_tracker_ = std::int64_t(gt);
+    scale_ = l.scale;
+    growth_factor_ = l.growth_factor;
+    backoff_factor_ = l.backoff_factor;
+    growth_interval_ = l.growth_interval;
+    growth_tracker_ = l.growth_tracker;
     opts_.clear();
   }
+  /// Throws what load_state_dict(sd) would throw, and changes nothing.
+  void check_state_dict(const StateDict& sd) const { read_state(sd); }
 
  private:
   enum class Stage { ready, unscaled, stepped };
@@ -285,6 +278,27 @@ class GradScaler {
       if (o.first == opt) return o.second;
     opts_.emplace_back(opt, OptState{});
     return opts_.back().second;
+  }
+
+  struct Loaded {
+    double scale = 0, growth_factor = 0, backoff_factor = 0;
+    std::int64_t growth_interval = 0, growth_tracker = 0;
+  };
+  // The checks of a state for load_state_dict and check_state_dict (nothing to read when disabled).
+  Loaded read_state(const StateDict& sd) const {
+    EMBER_CHECK(enabled_ || sd.empty(), "amp::GradScaler::load_state_dict: this scaler is disabled but the state is "
+                "not empty");
+    if (!enabled_) return {};
+    EMBER_CHECK(!sd.empty(), "amp::GradScaler::load_state_dict: the state is empty (saved from a disabled scaler?)");
+    constexpr const char* kName = "amp::GradScaler";
+    const double s = read_scalar(sd, "scale", kName), gf = read_scalar(sd, "growth_factor", kName),
+                 bf = read_scalar(sd, "backoff_factor", kName), gi = read_scalar(sd, "growth_interval", kName),
+                 gt = read_scalar(sd, "_growth_tracker", kName);
+    EMBER_CHECK(s > 0 && s <= kMaxScale && gf > 1 && bf > 0 && bf < 1 && gi >= 1 && gi < 9.0e15 && gt >= 0 &&
+                    gt < gi && gi == std::floor(gi) && gt == std::floor(gt),
+                "amp::GradScaler::load_state_dict: inconsistent state (scale ", s, ", growth_factor ", gf,
+                ", backoff_factor ", bf, ", growth_interval ", gi, ", _growth_tracker ", gt, ")");
+    return {s, gf, bf, std::int64_t(gi), std::int64_t(gt)};
   }
 
   double scale_;

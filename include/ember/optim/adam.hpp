@@ -84,15 +84,18 @@ class BasicAdam : public Optimizer {
 
   nn::StateDict state_dict() const override;
   void load_state_dict(const nn::StateDict& sd) override;
+  void check_state_dict(const nn::StateDict& sd) const override { read_state(sd, nullptr); }
 
  private:
   struct State {
     std::int64_t step = 0;
     Tensor<T> m, v, vmax;  // first and second moments, running max of the second (amsgrad)
   };
-  // The hyper-parameters' checks (weight_decay resolved), for the constructor and for a loaded state (`where`
-  // begins the message).
+  // The hyper-parameters' checks (weight_decay resolved; the ranges of optimizer.hpp), for the constructor and for
+  // a loaded state (`where` begins the message).
   static void check_options(const AdamOptions& o, const char* where);
+  // Checks every entry of `sd` and returns the groups' options; fills `st` (one per parameter) when not null.
+  std::vector<AdamOptions> read_state(const nn::StateDict& sd, std::vector<State>* st) const;
 
   std::vector<Group> groups_;
   std::vector<State> state_;
@@ -100,13 +103,12 @@ class BasicAdam : public Optimizer {
 
 template <class T, bool Decoupled>
 EMBER_COLD void BasicAdam<T, Decoupled>::check_options(const AdamOptions& o, const char* where) {
-  // Finite as well as in range: an infinite rate, epsilon or decay makes every parameter inf or NaN.
-  EMBER_CHECK(std::isfinite(o.lr) && o.lr >= 0, where, ": invalid learning rate ", o.lr);
-  EMBER_CHECK(std::isfinite(o.eps) && o.eps >= 0, where, ": invalid epsilon ", o.eps);
-  EMBER_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, where, ": invalid betas (", o.beta1, ", ",
-              o.beta2, "), expected each in [0, 1)");
-  EMBER_CHECK(std::isfinite(*o.weight_decay) && *o.weight_decay >= 0, where, ": invalid weight_decay ",
-              *o.weight_decay);
+  detail::check_lr(where, o.lr);
+  // eps > 0, unlike PyTorch's >= 0: with eps = 0 a parameter whose gradients are all 0 becomes 0 / 0 = NaN.
+  detail::check_hyper(where, "epsilon", o.eps, kMinEps, kMaxEps, "[1e-20, 1e4]");
+  EMBER_CHECK(o.beta1 >= 0 && o.beta1 <= kMaxBeta && o.beta2 >= 0 && o.beta2 <= kMaxBeta, where, ": invalid betas (",
+              o.beta1, ", ", o.beta2, "), expected each in [0, 1 - 2^-24] (below 1 in float)");
+  detail::check_hyper(where, "weight_decay", *o.weight_decay, 0, kMaxWeightDecay, "[0, 1e4]");
 }
 
 template <class T, bool Decoupled>
@@ -199,7 +201,8 @@ EMBER_COLD nn::StateDict BasicAdam<T, Decoupled>::state_dict() const {
 }
 
 template <class T, bool Decoupled>
-EMBER_COLD void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd) {
+EMBER_COLD std::vector<AdamOptions> BasicAdam<T, Decoupled>::read_state(const nn::StateDict& sd,
+                                                                       std::vector<State>* st) const {
   std::vector<AdamOptions> opts;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<double> v = detail::get_group(sd, g, {"lr", "beta1", "beta2", "eps", "weight_decay"}, kName);
@@ -212,22 +215,31 @@ EMBER_COLD void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd
     check_options(o, (std::string(kName) + "::load_state_dict: param_groups." + std::to_string(g)).c_str());
     opts.push_back(o);
   }
-  std::vector<State> st(state_.size());
+  if (st) st->assign(state_.size(), State{});
   std::size_t k = 0;
-  for (auto& grp : groups_)
-    for (auto& p : grp.params) {
+  for (const auto& grp : groups_)
+    for (const auto& p : grp.params) {
       const std::string pre = "state." + std::to_string(k) + ".";
-      State& s = st[k++];
+      State* s = st ? &(*st)[k] : nullptr;
+      ++k;
       if (!sd.count(pre + "step")) continue;
-      s.step = read_count(sd, pre + "step", kName);
-      detail::load_buffer(sd, pre + "exp_avg", p, s.m, kName);
-      detail::load_buffer(sd, pre + "exp_avg_sq", p, s.v, kName, /*non_negative=*/true);
-      detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s.vmax, kName, /*non_negative=*/true);
-      EMBER_CHECK(s.m.defined() && s.v.defined(), kName, "::load_state_dict: '", pre,
-                  "step' is present but exp_avg / exp_avg_sq are missing");
-      EMBER_CHECK(!grp.options.amsgrad || s.vmax.defined(), kName, "::load_state_dict: '", pre,
+      const std::int64_t step = read_count(sd, pre + "step", kName);
+      const bool m = detail::load_buffer(sd, pre + "exp_avg", p, s ? &s->m : nullptr, kName);
+      const bool v = detail::load_buffer(sd, pre + "exp_avg_sq", p, s ? &s->v : nullptr, kName, /*non_negative=*/true);
+      const bool vmax = detail::load_buffer(sd, pre + "max_exp_avg_sq", p, s ? &s->vmax : nullptr, kName,
+                                            /*non_negative=*/true);
+      EMBER_CHECK(m && v, kName, "::load_state_dict: '", pre, "step' is present but exp_avg / exp_avg_sq are missing");
+      EMBER_CHECK(!grp.options.amsgrad || vmax, kName, "::load_state_dict: '", pre,
                   "max_exp_avg_sq' is missing and amsgrad is on");
+      if (s) s->step = step;
     }
+  return opts;
+}
+
+template <class T, bool Decoupled>
+EMBER_COLD void BasicAdam<T, Decoupled>::load_state_dict(const nn::StateDict& sd) {
+  std::vector<State> st;
+  const std::vector<AdamOptions> opts = read_state(sd, &st);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
   state_ = std::move(st);
 }

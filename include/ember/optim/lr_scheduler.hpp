@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,7 +31,9 @@ class LRScheduler {
   }
   std::int64_t last_step() const { return step_; }
   /// PyTorch's keys: last_epoch (the step count) and base_lrs.<group> (0-d float64). Loading one restores the step
-  /// count and writes that step's rates into the optimizer, so a resumed schedule continues where it stopped.
+  /// count and writes that step's rates into the optimizer, so a resumed schedule continues where it stopped. A
+  /// state is refused (and nothing changes) unless its base rates and the rates it gives the optimizer are in the
+  /// optimizers' range ([0, kMaxLr]) and its step is one the schedule can reach.
   StateDict state_dict() const {
     StateDict sd;
     sd["last_epoch"] = full<double>(Shape{}, double(step_));
@@ -39,20 +42,16 @@ class LRScheduler {
     return sd;
   }
   void load_state_dict(const StateDict& sd) {
-    constexpr const char* op = "optim::LRScheduler";
-    const std::int64_t last = read_count(sd, "last_epoch", op);
     std::vector<double> base;
-    for (std::size_t g = 0; g < base_lrs_.size(); ++g) {
-      const std::string key = "base_lrs." + std::to_string(g);
-      base.push_back(read_scalar(sd, key, op));
-      EMBER_CHECK(std::isfinite(base.back()) && base.back() >= 0, op, "::load_state_dict: ", key, " is ",
-                  base.back(), ", expected a finite learning rate >= 0");
-    }
-    EMBER_CHECK(sd.size() == base.size() + 1, op, "::load_state_dict: expected last_epoch and ", base.size(),
-                " base_lrs entries (one per parameter group), got ", sd.size(), " entries");
+    const std::int64_t last = read_state(sd, base);
     base_lrs_ = std::move(base);
     step_ = last;
     apply();
+  }
+  /// Throws what load_state_dict(sd) would throw, and changes nothing.
+  void check_state_dict(const StateDict& sd) const {
+    std::vector<double> base;
+    read_state(sd, base);
   }
   std::vector<double> last_lr() const {
     std::vector<double> r;
@@ -61,13 +60,44 @@ class LRScheduler {
   }
 
  protected:
-  virtual double lr_at(std::size_t group, std::int64_t step) const = 0;
+  /// Group `group`'s rate at `step` when its base rate is `base_lr`; no side effects (check_state_dict calls it).
+  virtual double lr_at(std::size_t group, std::int64_t step, double base_lr) const = 0;
+  /// The momentum (or beta1) the schedule sets for the group at `step`; none by default.
+  virtual std::optional<double> momentum_at(std::size_t, std::int64_t) const { return std::nullopt; }
+  /// The largest step count a loaded state may have.
+  virtual std::int64_t step_limit() const { return std::int64_t(9.0e15); }
   void apply() {
-    for (std::size_t g = 0; g < opt_.num_groups(); ++g) opt_.lr(g) = lr_at(g, step_);
+    for (std::size_t g = 0; g < opt_.num_groups(); ++g) {
+      opt_.lr(g) = lr_at(g, step_, base_lrs_[g]);
+      if (const std::optional<double> m = momentum_at(g, step_)) *opt_.momentum(g) = *m;
+    }
   }
   Optimizer& opt_;
   std::vector<double> base_lrs_;
   std::int64_t step_ = 0;
+
+ private:
+  // Checks every entry of `sd` and the rates it would set; returns last_epoch and fills `base`.
+  std::int64_t read_state(const StateDict& sd, std::vector<double>& base) const {
+    constexpr const char* op = "optim::LRScheduler";
+    const std::int64_t last = read_count(sd, "last_epoch", op);
+    EMBER_CHECK(last <= step_limit(), op, "::load_state_dict: last_epoch is ", last, ", beyond the schedule's ",
+                step_limit(), " steps");
+    for (std::size_t g = 0; g < base_lrs_.size(); ++g) {
+      const std::string key = "base_lrs." + std::to_string(g);
+      base.push_back(read_scalar(sd, key, op));
+      EMBER_CHECK(base.back() >= 0 && base.back() <= kMaxLr, op, "::load_state_dict: ", key, " is ", base.back(),
+                  ", expected a learning rate in [0, 1e4] (the optimizers' range)");
+    }
+    EMBER_CHECK(sd.size() == base.size() + 1, op, "::load_state_dict: expected last_epoch and ", base.size(),
+                " base_lrs entries (one per parameter group), got ", sd.size(), " entries");
+    for (std::size_t g = 0; g < base.size() && g < opt_.num_groups(); ++g) {
+      const double lr = lr_at(g, last, base[g]);
+      EMBER_CHECK(lr >= 0 && lr <= kMaxLr, op, "::load_state_dict: at last_epoch ", last, " the schedule gives "
+                  "parameter group ", g, " the learning rate ", lr, ", outside the optimizers' range [0, 1e4]");
+    }
+    return last;
+  }
 };
 
 #if EMBER_HEADER_BODIES
@@ -85,8 +115,8 @@ class StepLR final : public LRScheduler {
   }
 
  protected:
-  double lr_at(std::size_t g, std::int64_t s) const override {
-    return base_lrs_[g] * std::pow(gamma_, double(s / size_));
+  double lr_at(std::size_t, std::int64_t s, double base) const override {
+    return base * std::pow(gamma_, double(s / size_));
   }
 
  private:
@@ -101,7 +131,7 @@ class CosineWarmupLR final : public LRScheduler {
                                      double min_lr = 0.0);
 
  protected:
-  EMBER_HEADER_INLINE double lr_at(std::size_t g, std::int64_t s) const override;
+  EMBER_HEADER_INLINE double lr_at(std::size_t g, std::int64_t s, double base) const override;
 
  private:
   std::int64_t warmup_, total_;
@@ -117,10 +147,10 @@ EMBER_HEADER_INLINE CosineWarmupLR::CosineWarmupLR(Optimizer& opt, std::int64_t 
   apply();
 }
 
-EMBER_HEADER_INLINE double CosineWarmupLR::lr_at(std::size_t g, std::int64_t s) const {
-  if (s < warmup_) return base_lrs_[g] * double(s) / double(warmup_);
+EMBER_HEADER_INLINE double CosineWarmupLR::lr_at(std::size_t, std::int64_t s, double base) const {
+  if (s < warmup_) return base * double(s) / double(warmup_);
   const double progress = std::min(1.0, double(s - warmup_) / double(total_ - warmup_));
-  return min_lr_ + (base_lrs_[g] - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  return min_lr_ + (base - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
 }
 #endif
 
@@ -152,7 +182,9 @@ class OneCycleLR final : public LRScheduler {
 
  protected:
   // lr and momentum of step s: within the phase containing s, annealed from the phase's start to its end value.
-  EMBER_HEADER_INLINE double lr_at(std::size_t g, std::int64_t s) const override;
+  EMBER_HEADER_INLINE double lr_at(std::size_t g, std::int64_t s, double base) const override;
+  EMBER_HEADER_INLINE std::optional<double> momentum_at(std::size_t g, std::int64_t s) const override;
+  std::int64_t step_limit() const override { return o_.total_steps; }
 
  private:
   struct Phase {
@@ -160,6 +192,8 @@ class OneCycleLR final : public LRScheduler {
     int lr_from, lr_to;    // 0 initial, 1 max, 2 min
     int mom_from, mom_to;  // 0 max_momentum, 1 base_momentum
   };
+  // The phase that holds step s and how far into it s is (0 at its start, 1 at its end).
+  EMBER_HEADER_INLINE std::pair<const Phase*, double> phase_at(std::int64_t s) const;
   double anneal(double a, double b, double pct) const {
     if (o_.cos_anneal) return b + (a - b) / 2.0 * (std::cos(std::numbers::pi * pct) + 1);
     return (b - a) * pct + a;
@@ -193,21 +227,27 @@ EMBER_COLD EMBER_HEADER_INLINE OneCycleLR::OneCycleLR(Optimizer& opt, std::vecto
   apply();
 }
 
-EMBER_HEADER_INLINE double OneCycleLR::lr_at(std::size_t g, std::int64_t s) const {
+EMBER_HEADER_INLINE std::pair<const OneCycleLR::Phase*, double> OneCycleLR::phase_at(std::int64_t s) const {
   double start_step = 0;
   for (std::size_t i = 0; i < phases_.size(); ++i) {
     const Phase& p = phases_[i];
-    if (double(s) <= p.end_step || i + 1 == phases_.size()) {
-      const double pct = (double(s) - start_step) / (p.end_step - start_step);
-      if (o_.cycle_momentum) {
-        const double m[2] = {o_.max_momentum, o_.base_momentum};
-        *opt_.momentum(g) = anneal(m[p.mom_from], m[p.mom_to], pct);
-      }
-      return anneal(lrs_[g][p.lr_from], lrs_[g][p.lr_to], pct);
-    }
+    if (double(s) <= p.end_step || i + 1 == phases_.size())
+      return {&p, (double(s) - start_step) / (p.end_step - start_step)};
     start_step = p.end_step;
   }
-  return lrs_[g][2];
+  return {nullptr, 0.0};  // (not reached: there are two or three phases)
+}
+
+EMBER_HEADER_INLINE double OneCycleLR::lr_at(std::size_t g, std::int64_t s, double) const {
+  const auto [p, pct] = phase_at(s);
+  return p ? anneal(lrs_[g][p->lr_from], lrs_[g][p->lr_to], pct) : lrs_[g][2];
+}
+
+EMBER_HEADER_INLINE std::optional<double> OneCycleLR::momentum_at(std::size_t, std::int64_t s) const {
+  if (!o_.cycle_momentum) return std::nullopt;
+  const auto [p, pct] = phase_at(s);
+  const double m[2] = {o_.max_momentum, o_.base_momentum};
+  return p ? anneal(m[p->mom_from], m[p->mom_to], pct) : m[1];
 }
 #endif
 

@@ -41,8 +41,29 @@ class Optimizer {
   /// Per-parameter state ("state.<i>.<name>", i counting parameters over the groups in order) and the groups'
   /// hyper-parameters ("param_groups.<g>.<name>" as 0-d float64 tensors), as PyTorch's optimizer state_dict.
   virtual nn::StateDict state_dict() const = 0;
+  /// Loads a state (from state_dict(), or PyTorch's names): every entry is checked before anything is written, so a
+  /// refused state leaves the optimizer as it was.
   virtual void load_state_dict(const nn::StateDict& sd) = 0;
+  /// Throws what load_state_dict(sd) would throw, and changes nothing (the Trainer checks every part of a checkpoint
+  /// before it loads any).
+  virtual void check_state_dict(const nn::StateDict& sd) const = 0;
 };
+
+/// The ranges of the optimizers' hyper-parameters, held by their constructors and by load_state_dict (one check,
+/// detail::check_hyper). PyTorch's own checks are the floor (lr, weight_decay >= 0, momentum and dampening in
+/// [0, 1], betas in [0, 1)); the upper bounds, and eps's lower one, keep one fp32 update finite: with every
+/// hyper-parameter in range and parameters, gradients and optimizer state of magnitude at most kFiniteStepMagnitude,
+/// a step of SGD, Adam or AdamW gives finite parameters and state. (The largest term is Adam's step when the second
+/// moment is 0: lr / (1 - beta1) * |exp_avg| / eps <= 1e4 * 2^24 * 1e6 / 1e-20 ~ 1.7e37, below float's 3.4e38.)
+/// Several steps can still diverge, as any too-large learning rate makes training diverge.
+inline constexpr double kMaxLr = 1e4;
+inline constexpr double kMaxWeightDecay = 1e4;
+inline constexpr double kMinEps = 1e-20;
+inline constexpr double kMaxEps = 1e4;
+/// Betas are used in float, where a value above 1 - 2^-24 rounds to 1 (and Adam's bias correction 1 - beta1^t
+/// could amplify a loaded moment 2^53-fold).
+inline constexpr double kMaxBeta = 1.0 - 0x1p-24;
+inline constexpr double kFiniteStepMagnitude = 1e6;
 
 namespace detail {
 
@@ -88,6 +109,15 @@ void zero_grads(const std::vector<Tensor<T>>& params, bool set_to_none) {
   }
 }
 
+/// The one check of a hyper-parameter's range: `value` in [lo, hi] (NaN never is); `range` shows the bounds in the
+/// message ("<where>: invalid <name> <value>, expected a value in <range>").
+EMBER_COLD inline void check_hyper(const char* where, const char* name, double value, double lo, double hi,
+                                   const char* range) {
+  EMBER_CHECK(value >= lo && value <= hi, where, ": invalid ", name, " ", value, ", expected a value in ", range);
+}
+/// The learning rate's range, shared by the optimizers and by the schedules that write rates into them.
+inline void check_lr(const char* where, double lr) { check_hyper(where, "learning rate", lr, 0, kMaxLr, "[0, 1e4]"); }
+
 inline Tensor<double> scalar(double v) { return full<double>(Shape{}, v); }
 using ::ember::read_scalar;
 
@@ -115,16 +145,17 @@ EMBER_COLD EMBER_HEADER_INLINE std::vector<double> get_group(const nn::StateDict
   return out;
 }
 #endif
-/// Copies a saved state tensor into (or creates) a buffer of the parameter's shape, on the parameter's device. Its
-/// values must be finite (and, with `non_negative`, at least 0, as second moments are): a NaN or an infinity from a
-/// file would otherwise reach the parameter at the next step without a word.
+/// Checks a saved state tensor and, when `buf` is not null, copies it into (or creates) a buffer of the parameter's
+/// shape, on the parameter's device; returns whether `sd` has the key. Its values must be finite (and, with
+/// `non_negative`, at least 0, as second moments are): a NaN or an infinity from a file would otherwise reach the
+/// parameter at the next step without a word. With `buf` null (check_state_dict) nothing is copied.
 template <class T>
-EMBER_COLD void load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>& buf,
-                 const char* op, bool non_negative = false) {
+EMBER_COLD bool load_buffer(const nn::StateDict& sd, const std::string& key, const Tensor<T>& like, Tensor<T>* buf,
+                            const char* op, bool non_negative = false) {
   auto it = sd.find(key);
   if (it == sd.end()) {
-    buf = Tensor<T>();
-    return;
+    if (buf) *buf = Tensor<T>();
+    return false;
   }
   const auto* t = std::get_if<Tensor<T>>(&it->second);
   EMBER_CHECK(t && t->shape() == like.shape(), op, "::load_state_dict: '", key, "' is ", nn::describe(it->second),
@@ -135,7 +166,8 @@ EMBER_COLD void load_buffer(const nn::StateDict& sd, const std::string& key, con
     EMBER_CHECK(std::isfinite(double(v[i])) && (!non_negative || v[i] >= T(0)), op, "::load_state_dict: '", key,
                 "' holds ", double(v[i]), " at element ", i, ", expected finite values",
                 non_negative ? " >= 0 (a second moment)" : "");
-  buf = t->device() == like.device() ? t->clone() : t->to(like.device());  // on the parameter's device, as PyTorch
+  if (buf) *buf = t->device() == like.device() ? t->clone() : t->to(like.device());  // on the parameter's device
+  return true;
 }
 
 }  // namespace detail

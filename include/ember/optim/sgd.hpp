@@ -66,10 +66,14 @@ class SGD final : public Optimizer {
 
   nn::StateDict state_dict() const override;
   void load_state_dict(const nn::StateDict& sd) override;
+  void check_state_dict(const nn::StateDict& sd) const override { read_state(sd, nullptr); }
 
  private:
-  // The hyper-parameters' checks, for the constructor and for a loaded state (`where` begins the message).
+  // The hyper-parameters' checks (the ranges of optimizer.hpp), for the constructor and for a loaded state (`where`
+  // begins the message).
   static void check_options(const SGDOptions& o, const char* where);
+  // Checks every entry of `sd` and returns the groups' options; fills `bufs` (one per parameter) when not null.
+  std::vector<SGDOptions> read_state(const nn::StateDict& sd, std::vector<Tensor<T>>* bufs) const;
 
   std::vector<Group> groups_;
   std::vector<Tensor<T>> buf_;  // momentum buffer per parameter, undefined until its first step
@@ -77,11 +81,10 @@ class SGD final : public Optimizer {
 
 template <class T>
 EMBER_COLD void SGD<T>::check_options(const SGDOptions& o, const char* where) {
-  // Finite as well as non-negative: an infinite rate, momentum or decay makes every parameter inf or NaN.
-  EMBER_CHECK(std::isfinite(o.lr) && o.lr >= 0, where, ": invalid learning rate ", o.lr);
-  EMBER_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, where, ": invalid momentum ", o.momentum);
-  EMBER_CHECK(std::isfinite(o.dampening), where, ": invalid dampening ", o.dampening);
-  EMBER_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, where, ": invalid weight_decay ", o.weight_decay);
+  detail::check_lr(where, o.lr);
+  detail::check_hyper(where, "momentum", o.momentum, 0, 1, "[0, 1]");
+  detail::check_hyper(where, "dampening", o.dampening, 0, 1, "[0, 1]");
+  detail::check_hyper(where, "weight_decay", o.weight_decay, 0, kMaxWeightDecay, "[0, 1e4]");
   EMBER_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), where,
               ": Nesterov momentum requires a momentum and zero dampening");
 }
@@ -166,7 +169,7 @@ EMBER_COLD nn::StateDict SGD<T>::state_dict() const {
 }
 
 template <class T>
-EMBER_COLD void SGD<T>::load_state_dict(const nn::StateDict& sd) {
+EMBER_COLD std::vector<SGDOptions> SGD<T>::read_state(const nn::StateDict& sd, std::vector<Tensor<T>>* bufs) const {
   std::vector<SGDOptions> opts;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<double> v =
@@ -179,13 +182,21 @@ EMBER_COLD void SGD<T>::load_state_dict(const nn::StateDict& sd) {
     check_options(o, ("optim::SGD::load_state_dict: param_groups." + std::to_string(g)).c_str());
     opts.push_back(o);
   }
-  std::vector<Tensor<T>> bufs(buf_.size());
+  if (bufs) bufs->assign(buf_.size(), Tensor<T>());
   std::size_t k = 0;
-  for (auto& grp : groups_)
-    for (auto& p : grp.params) {
-      detail::load_buffer(sd, "state." + std::to_string(k) + ".momentum_buffer", p, bufs[k], "optim::SGD");
+  for (const auto& grp : groups_)
+    for (const auto& p : grp.params) {
+      detail::load_buffer(sd, "state." + std::to_string(k) + ".momentum_buffer", p, bufs ? &(*bufs)[k] : nullptr,
+                          "optim::SGD");
       ++k;
     }
+  return opts;
+}
+
+template <class T>
+EMBER_COLD void SGD<T>::load_state_dict(const nn::StateDict& sd) {
+  std::vector<Tensor<T>> bufs;
+  const std::vector<SGDOptions> opts = read_state(sd, &bufs);
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].options = opts[g];
   buf_ = std::move(bufs);
 }

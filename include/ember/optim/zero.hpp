@@ -207,7 +207,12 @@ class ZeroRedundancyOptimizer final : public Optimizer {
   }
   /// Loads a state in the wrapped optimizer's format (a plain optimizer's or a consolidated one); every rank keeps
   /// its own part.
-  void load_state_dict(const nn::StateDict& sd) override {
+  void load_state_dict(const nn::StateDict& sd) override { inner_->load_state_dict(local_state(sd)); }
+  void check_state_dict(const nn::StateDict& sd) const override { inner_->check_state_dict(local_state(sd)); }
+
+ private:
+  // This rank's part of a state in the wrapped optimizer's format, in the format of inner_ (its shards).
+  nn::StateDict local_state(const nn::StateDict& sd) const {
     nn::StateDict local;
     std::size_t first_param = 0;
     for (std::size_t g = 0; g < flats_.size(); ++g) {
@@ -239,10 +244,9 @@ class ZeroRedundancyOptimizer final : public Optimizer {
     }
     for (auto it = sd.lower_bound("param_groups."); it != sd.end() && it->first.rfind("param_groups.", 0) == 0; ++it)
       local.emplace(it->first, it->second);
-    inner_->load_state_dict(local);
+    return local;
   }
 
- private:
   struct Flat {
     std::vector<Tensor<T>> params;
     std::vector<std::int64_t> offsets;  // of each parameter in the flat vector
