@@ -11,8 +11,11 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <tuple>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 #include <spawn.h>
@@ -518,6 +521,351 @@ TEST_CASE("Trainer checkpoints are untrusted: no file outside dirpath is deleted
   }, {"EarlyStopping", "best_score is NaN"});
   fit(mid_epoch("1", "8"));  // the unedited kind resumes
   CHECK(fs::exists(victim));
+}
+
+namespace {
+/// Every bit a resume may change, as text: the model's parameters and buffers, the optimizer's and the scheduler's
+/// state (with the rates and momenta the optimizer holds), each stateful callback's saved state and what its
+/// accessors report, and the default generator. (The loss scaler lives inside fit, so a failed fit drops it.)
+using Snapshot = std::map<std::string, std::string>;
+void put_state(Snapshot& out, const std::string& prefix, const StateDict& sd) {
+  for (const auto& entry : sd)
+    std::visit(
+        [&](const auto& x) {
+          using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+          const auto c = x.contiguous();
+          const std::size_t bytes = std::size_t(c.numel()) * sizeof(T);
+          out[prefix + entry.first] = std::string(dtype_name<T>()) + c.shape().str() + ":" +
+                                      std::string(reinterpret_cast<const char*>(c.data()), bytes);
+        },
+        entry.second);
+}
+
+/// A user's callback with state, checked only by its load_state (no check_state), which writes `tag` before it
+/// finds `batches` malformed: resuming must undo that too.
+struct Tally : train::Callback {
+  std::int64_t batches = 0;
+  std::string tag = "fresh";
+  void on_train_batch_end(train::Trainer& t) override {
+    ++batches;
+    tag = "step " + std::to_string(t.global_step());
+  }
+  std::string state_key() const override { return "Tally"; }
+  void save_state(std::map<std::string, std::string>& kv) const override {
+    kv["batches"] = std::to_string(batches);
+    kv["tag"] = tag;
+  }
+  void load_state(const std::map<std::string, std::string>& kv) override {
+    if (kv.empty()) return;
+    const auto b = kv.find("batches"), t = kv.find("tag");
+    EMBER_CHECK(t != kv.end(), "Tally: no tag");
+    tag = t->second;
+    char* end = nullptr;
+    const long long v = b == kv.end() ? -1 : std::strtoll(b->second.c_str(), &end, 10);
+    EMBER_CHECK(b != kv.end() && !b->second.empty() && *end == '\0' && v >= 0, "Tally: batches is not a count");
+    batches = v;
+  }
+};
+
+/// What to write instead of a metadata entry of a Trainer checkpoint (nullopt: drop the entry).
+std::vector<std::optional<std::string>> hostile_texts(const std::string& key, const std::string& ckdir) {
+  using V = std::vector<std::optional<std::string>>;
+  const std::optional<std::string> missing;
+  auto ends = [&](const char* s) { return key.size() >= std::strlen(s) && key.ends_with(s); };
+  if (key == "format") return V{"ember-train-checkpoint-2", "", missing};
+  if (key == "epoch" || key == "global_step") return V{"-1", "x", "", "1e3", "9000000000000001", missing};
+  if (key == "batch_in_epoch") return V{"-1", "x", "5", "9000000000000001", missing};  // 4 batches an epoch
+  if (key == "rng_seed" || key == "rng_offset") return V{"-1", "x", " 1", "18446744073709551616", missing};
+  if (key == "extra/trainer/loss_sum") return V{"x", "", "1.5 ", missing};
+  if (key == "extra/trainer/loss_n") return V{"-1", "x", "3", "0.5", missing};  // at most batch_in_epoch (2)
+  if (key == "extra/trainer/samples") return V{"-1", "x", "1e300", missing};
+  if (ends("}/kept"))
+    return V{"garbage", "1\t/etc/x.ckpt\n", "nan\t" + ckdir + "/epoch=0-step=3.ckpt\n",
+             "1\t" + ckdir + "/notes.ckpt\n", "1\t" + ckdir + "/last.ckpt\n", missing};
+  if (ends("}/best_model_path")) return V{"garbage", ckdir + "/epoch=9-step=99.ckpt", missing};
+  if (ends("}/last_model_path")) return V{"garbage", ckdir + "/other.ckpt", missing};
+  if (ends("}/best_score")) return V{"x", "nan", missing};
+  if (ends("}/wait_count")) return V{"-1", "x", "2.5", missing};
+  if (key == "extra/callback/Tally/batches") return V{"x", "-3", missing};
+  if (key == "extra/callback/Tally/tag") return V{missing};  // (any text is a tag)
+  FAIL("no hostile values for the metadata entry ", key);
+  return {};
+}
+
+/// What to write instead of a tensor entry (nullopt: drop it): the wrong shape, a dtype the entry cannot have, a dtype
+/// no state holds; NaN and out-of-range values where the entry is not a weight (a model's weights are data, NaN
+/// included, as in PyTorch). A parameter without optimizer state is legitimate: those entries are not dropped.
+std::vector<std::optional<io::AnyTensor>> hostile_tensors(const std::string& key, const io::AnyTensor& good) {
+  std::vector<std::optional<io::AnyTensor>> out;
+  const Shape shape = io::shape_of(good);
+  const std::int64_t n = std::visit([](const auto& x) { return x.numel(); }, good);
+  const bool floating = io::scalar_type(good) != ScalarType::Int64;
+  std::visit([&](const auto& x) {
+    using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+    out.emplace_back(zeros<T>(Shape{n + 1}));
+  }, good);
+  if (floating) out.emplace_back(zeros<std::int64_t>(shape));
+  else out.emplace_back(zeros<float>(shape));
+  out.emplace_back(zeros<std::uint8_t>(shape));
+  const bool model = key.starts_with("model/");
+  if (!key.starts_with("optimizer/state.")) out.emplace_back(std::nullopt);
+  if (model || !floating) return out;
+  auto with = [&](double v) {
+    return std::visit([&](const auto& x) -> io::AnyTensor {
+      using T = typename std::remove_cvref_t<decltype(x)>::value_type;
+      Tensor<T> c = x.clone();
+      c.data()[0] = T(v);
+      return c;
+    }, good);
+  };
+  out.emplace_back(with(std::numeric_limits<double>::quiet_NaN()));
+  if (n > 1) {  // a momentum buffer
+    out.emplace_back(with(std::numeric_limits<double>::infinity()));
+    return out;
+  }
+  out.emplace_back(with(-1));
+  auto ends = [&](const char* s) { return key.ends_with(s); };
+  std::vector<double> extra;
+  if (ends(".lr") || ends(".weight_decay") || ends(".momentum") || ends(".dampening")) extra = {1e308, 0x1p62, 9e15};
+  else if (ends("base_lrs.0")) extra = {1e308};
+  else if (ends("last_epoch") || ends("growth_interval") || ends("_growth_tracker")) extra = {2.5, 1e300};
+  else if (ends("/scale")) extra = {1e39};
+  else if (ends("growth_factor") || ends("backoff_factor")) extra = {1.0};
+  else FAIL("no out-of-range values for ", key);
+  for (double v : extra) out.emplace_back(with(v));
+  return out;
+}
+}  // namespace
+
+// A resume that throws partway leaves nothing half-loaded: every part of the checkpoint is checked before any is
+// loaded. Each entry of a real checkpoint (every tensor of the model, optimizer, loss scaler and scheduler, every
+// metadata entry: format, position, generator, the epoch's running totals, each callback's state, a user callback's
+// included) is replaced in turn by each of its hostile values; every resume must throw an ember::Error and leave the
+// model, optimizer, scheduler, callbacks and default generator bit for bit as they were.
+TEST_CASE("Trainer resume is all or nothing: a hostile value in any checkpoint entry is refused, changing nothing") {
+  TempDir dir;
+  const std::string ckdir = dir / "ck";
+  manual_seed(11);
+  Net m;
+  data::DataLoader tl(Toy{16}, {.batch_size = 4});  // 4 batches an epoch
+  optim::SGD opt(m.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+  optim::StepLR sched(opt, 3, 0.5);
+  auto step = [&](data::Batch& b) {  // (noise from the default generator: its state moves with the run)
+    const Tensor<float> x = flat(b.data) + randn<float>(Shape{std::int64_t(b.size()), 4}) * 0.01f;
+    return nn::cross_entropy(m(x), b.target);
+  };
+  struct Callbacks {
+    std::shared_ptr<train::ModelCheckpoint> ck;
+    std::shared_ptr<train::EarlyStopping> es;
+    std::shared_ptr<Tally> tally;
+  };
+  auto make_callbacks = [&] {
+    return Callbacks{std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions{
+                         .dirpath = ckdir, .save_top_k = 2, .save_last = true, .every_n_train_steps = 3}),
+                     std::make_shared<train::EarlyStopping>(
+                         train::EarlyStoppingOptions{.monitor = "train_loss", .patience = 100, .verbose = false}),
+                     std::make_shared<Tally>()};
+  };
+  auto fit = [&](const Callbacks& cb, std::int64_t max_steps, const std::string& resume) {
+    train::Trainer t(quiet({.max_steps = max_steps, .precision = train::Precision::fp16_mixed, .deterministic = true,
+                            .seed = 7}));
+    t.add_callback(cb.ck).add_callback(cb.es).add_callback(cb.tally);
+    t.fit(m, opt, tl, step, {.scheduler = &sched, .ckpt_path = resume});
+  };
+  // The checkpoint: mid-epoch (step 6 is batch 2 of epoch 1), with the loss scaler's state and the running totals.
+  fit(make_callbacks(), 6, "");
+  const io::SafeTensors good = io::load_safetensors(ckdir + "/last.ckpt");
+  REQUIRE(good.metadata.at("batch_in_epoch") == "2");
+  REQUIRE(good.tensors.count("scaler/scale") == 1);
+  REQUIRE(good.metadata.count("extra/trainer/loss_n") == 1);
+  REQUIRE(good.metadata.count("extra/callback/Tally/batches") == 1);
+  // Then the run goes on elsewhere (5 more steps, other callbacks), so that a partial load would show.
+  const Callbacks live = make_callbacks();
+  fit(live, 5, "");
+
+  auto snapshot = [&] {
+    Snapshot s;
+    put_state(s, "model/", m.state_dict());
+    put_state(s, "optimizer/", opt.state_dict());
+    put_state(s, "scheduler/", sched.state_dict());
+    for (const train::Callback* c : {static_cast<train::Callback*>(live.ck.get()),
+                                     static_cast<train::Callback*>(live.es.get()),
+                                     static_cast<train::Callback*>(live.tally.get())}) {
+      std::map<std::string, std::string> kv;
+      c->save_state(kv);
+      for (const auto& [k, v] : kv) s["callback/" + c->state_key() + "/" + k] = v;
+    }
+    s["ck/best"] = live.ck->best_model_path() + " " + train::detail::exact(live.ck->best_model_score());
+    s["ck/last"] = live.ck->last_model_path();
+    s["es/best"] = train::detail::exact(live.es->best_score()) + " " + std::to_string(live.es->wait_count());
+    s["rng"] = std::to_string(default_generator().seed()) + " " + std::to_string(default_generator().offset());
+    return s;
+  };
+  const Snapshot before = snapshot();
+  const std::string edited = dir / "edited.ckpt";
+  int refused = 0;
+  auto refuse = [&](const io::TensorMap& tensors, const io::Metadata& meta, const std::string& what) {
+    CAPTURE(what);
+    const std::vector<unsigned char> bytes = io::serialize_safetensors(tensors, meta);
+    std::ofstream(edited, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                  std::streamsize(bytes.size()));
+    const std::string msg = error_of([&] { fit(live, 6, edited); });
+    INFO("message: " << msg);
+    CHECK_MESSAGE(msg.rfind("<", 0) != 0, "expected an ember::Error");
+    const Snapshot after = snapshot();
+    for (const auto& entry : before)  // (clang before 16 cannot capture structured bindings)
+      CHECK_MESSAGE(after.at(entry.first) == entry.second, "changed: ", entry.first);
+    CHECK(after.size() == before.size());
+    ++refused;
+  };
+  for (const auto& [key, t] : good.tensors)
+    for (const std::optional<io::AnyTensor>& h : hostile_tensors(key, t)) {
+      io::TensorMap tensors = good.tensors;
+      if (h) tensors.at(key) = *h;
+      else tensors.erase(key);
+      refuse(tensors, good.metadata, key + (h ? " as " + std::string(dtype_name(io::scalar_type(*h))) + " " +
+                                                    io::shape_of(*h).str()
+                                              : std::string(" dropped")));
+    }
+  for (const auto& [key, v] : good.metadata)
+    for (const std::optional<std::string>& h : hostile_texts(key, ckdir)) {
+      io::Metadata meta = good.metadata;
+      if (h) meta.at(key) = *h;
+      else meta.erase(key);
+      refuse(good.tensors, meta, key + (h ? " = \"" + *h + "\"" : std::string(" dropped")));
+    }
+  CHECK(refused > 150);
+  // The unedited checkpoint resumes (and stops at once, at max_steps = 6): the test could see a change.
+  {
+    const std::vector<unsigned char> bytes = io::serialize_safetensors(good.tensors, good.metadata);
+    std::ofstream(edited, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                  std::streamsize(bytes.size()));
+  }
+  fit(live, 6, edited);
+  const Snapshot resumed = snapshot();
+  CHECK(resumed.at("model/fc1.weight") != before.at("model/fc1.weight"));
+  CHECK(resumed.at("rng") != before.at("rng"));
+  CHECK(std::to_string(live.tally->batches) == good.metadata.at("extra/callback/Tally/batches"));
+  for (const auto& [k, v] : m.state_dict())
+    CHECK(bitwise_equal(std::get<Tensor<float>>(v), std::get<Tensor<float>>(good.tensors.at("model/" + k))));
+}
+
+// ModelCheckpoint deletes a kept file that a better one replaced by its single name inside dirpath (opened once), and
+// only a regular file named by its own template: a kept-files list cannot lead it through a symlinked folder, to
+// another file of dirpath, or along a symlink.
+TEST_CASE("ModelCheckpoint deletes only files it wrote, inside dirpath: a symlinked folder or file leads nowhere") {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  const std::string ckdir = dir / "ck", outside = dir / "outside";
+  fs::create_directories(ckdir);
+  fs::create_directories(outside);
+  std::ofstream(outside + "/victim.ckpt") << "keep me";
+  std::ofstream(outside + "/target.ckpt") << "keep me too";
+  std::ofstream(ckdir + "/notes.ckpt") << "not a checkpoint of this callback";
+  fs::create_directory_symlink(outside, ckdir + "/link");
+  fs::create_symlink(outside + "/target.ckpt", ckdir + "/epoch=0-step=1.ckpt");
+
+  manual_seed(5);
+  Net m;
+  data::DataLoader tl(Toy{16}, {.batch_size = 8});
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  auto fit = [&](const std::string& resume, std::int64_t max_epochs) {
+    train::Trainer t(quiet({.max_epochs = max_epochs}));
+    t.add_callback(std::make_shared<train::ModelCheckpoint>(
+        train::ModelCheckpointOptions{.dirpath = ckdir, .save_top_k = 1, .save_last = true}));
+    t.fit(m, opt, tl, [&](data::Batch& b) { return nn::cross_entropy(m(flat(b.data)), b.target); },
+          {.ckpt_path = resume});
+  };
+  fit("", 1);
+  const train::TrainingState good = train::load_checkpoint(ckdir + "/last.ckpt");
+  const std::string key = "callback/ModelCheckpoint{" + ckdir + ",}/";
+  auto listing = [&](const std::string& kept) {
+    train::TrainingState s = good;
+    s.extra[key + "kept"] = "1\t" + kept + "\n";
+    s.extra[key + "best_model_path"] = kept;
+    const std::string p = dir / "edited.ckpt";
+    train::detail::save_training_state(p, s);
+    return p;
+  };
+  // Resuming at epoch 1 of 2 with a full one-file list would delete the listed file at the next save.
+  for (const std::string& kept : {ckdir + "/link/victim.ckpt", ckdir + "/notes.ckpt", ckdir + "/last.ckpt"}) {
+    CAPTURE(kept);
+    EXPECT_ERROR([&] { fit(listing(kept), 2); }, {"ModelCheckpoint", "among its kept files", "filename template"});
+  }
+  // A name of the template's kind that is a symlink: the list is accepted, and when epoch 1's checkpoint replaces it
+  // the link is left (no file this callback wrote) and so is what it points at.
+  fit(listing(ckdir + "/epoch=0-step=1.ckpt"), 2);
+  CHECK(fs::exists(ckdir + "/epoch=1-step=4.ckpt"));
+  CHECK(fs::is_symlink(fs::symlink_status(ckdir + "/epoch=0-step=1.ckpt")));
+  CHECK(fs::exists(outside + "/victim.ckpt"));
+  CHECK(fs::exists(outside + "/target.ckpt"));
+  CHECK(fs::exists(ckdir + "/notes.ckpt"));
+  // A regular file of its own is still deleted when a better one replaces it.
+  fit(listing(ckdir + "/epoch=0-step=2.ckpt"), 2);
+  CHECK_FALSE(fs::exists(ckdir + "/epoch=0-step=2.ckpt"));
+  // File names are single names in dirpath: a '/' in a metric's name becomes '_', and one in the template is refused.
+  train::ModelCheckpoint slash({.dirpath = ckdir, .filename = "{epoch}-{val/loss:.1f}"});
+  CHECK(slash.format_name(2, 0, train::Metrics{{"val/loss", 0.3}}) == "epoch=2-val_loss=0.3");
+  EXPECT_ERROR([&] { train::ModelCheckpoint({.filename = "{epoch}/last"}); }, {"ModelCheckpoint", "names a folder"});
+}
+
+// A kill at any point of a save leaves every checkpoint that exists complete (each is renamed into place only when
+// written and synced), and may leave the temporary file of the save it cut short: the next run's ModelCheckpoint
+// removes those (its own names, writers that no longer run). Each round resumes from the last checkpoint the killed
+// round left, so the chain of resumes is checked too.
+TEST_CASE("ModelCheckpoint every step, SIGKILLed 30 times: every checkpoint left loads, no temporary file stays") {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  const std::string ckdir = dir / "ck";
+  fs::create_directories(ckdir);
+  data::DataLoader tl(Toy{16}, {.batch_size = 4});
+  auto options = [&](bool save_last) {
+    return train::ModelCheckpointOptions{.dirpath = ckdir, .save_top_k = 3, .save_last = save_last,
+                                         .every_n_train_steps = 1};
+  };
+  std::mt19937 rng(48);
+  std::uniform_int_distribution<int> delay_us(0, 20000);
+  int temp_files_seen = 0;
+  for (int round = 0; round < 30; ++round) {
+    CAPTURE(round);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // trains, checkpointing every step, until it is killed (nothing here may touch doctest)
+      try {
+        manual_seed(3);
+        Net m;
+        optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
+        train::Trainer t(quiet({.max_steps = 1'000'000}));
+        t.add_callback(std::make_shared<train::ModelCheckpoint>(options(true)));
+        const bool resume = fs::exists(ckdir + "/last.ckpt");
+        t.fit(m, opt, tl, [&](data::Batch& b) { return nn::cross_entropy(m(flat(b.data)), b.target); },
+              {.ckpt_path = resume ? "last" : ""});
+        ::_exit(2);
+      } catch (...) {
+        ::_exit(1);
+      }
+    }
+    ::usleep(useconds_t(delay_us(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE_MESSAGE(WIFSIGNALED(status), "the training child exited with ", WEXITSTATUS(status), " before the kill");
+    for (const auto& e : fs::directory_iterator(ckdir)) {
+      const std::string name = e.path().filename().string();
+      if (name.find(".tmp-") != std::string::npos) ++temp_files_seen;
+      else if (e.path().extension() == ".ckpt") CHECK_NOTHROW(train::load_checkpoint(e.path().string()));
+    }
+    {  // the next run (here one that stops at once) cleans up
+      Net m;
+      optim::SGD opt(m.parameters(), {.lr = 0.05});
+      train::Trainer t(quiet({.max_steps = 0}));
+      t.add_callback(std::make_shared<train::ModelCheckpoint>(options(false)));
+      t.fit(m, opt, tl, [&](data::Batch& b) { return nn::cross_entropy(m(flat(b.data)), b.target); });
+    }
+    for (const auto& e : fs::directory_iterator(ckdir))
+      CHECK_MESSAGE(e.path().filename().string().find(".tmp-") == std::string::npos, "left: ", e.path().string());
+  }
+  MESSAGE("temporary files the kills left, all removed by the next run: " << temp_files_seen);
 }
 
 TEST_CASE("CSVLogger: a column per metric, widened by rewriting, rows appended") {

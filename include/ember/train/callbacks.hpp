@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "ember/config.hpp"
 #include "ember/train/trainer.hpp"
@@ -32,7 +33,8 @@ inline double parse_double(const std::map<std::string, std::string>& kv, const s
   const auto it = kv.find(key);
   EMBER_CHECK(it != kv.end(), who, ": the checkpoint has no '", key, "' entry for this callback");
   double v = 0;
-  EMBER_CHECK(parse_number(it->second, v), who, ": the checkpoint's '", key, "' is not a number");
+  EMBER_CHECK(parse_number(it->second, v), who, ": the checkpoint's '", key, "' is ",
+              ember::detail::quote_untrusted(it->second), ", not a number");
   return v;
 }
 }  // namespace detail
@@ -105,15 +107,25 @@ class EarlyStopping : public Callback {
   }
   void load_state(const std::map<std::string, std::string>& kv) override {
     if (kv.empty()) return;  // a checkpoint from a run without this callback
-    best_ = detail::parse_double(kv, "best_score", "train::EarlyStopping");
-    // +-inf is the start of a run; NaN would make every later score a non-improvement.
-    EMBER_CHECK(!std::isnan(best_), "train::EarlyStopping: the checkpoint's best_score is NaN");
-    const double w = detail::parse_double(kv, "wait_count", "train::EarlyStopping");
-    EMBER_CHECK(w >= 0 && w <= 1e9 && w == std::floor(w), "train::EarlyStopping: the checkpoint's wait_count is ", w);
-    wait_ = int(w);
+    const auto [best, wait] = read_state(kv);
+    best_ = best;
+    wait_ = wait;
+  }
+  void check_state(const std::map<std::string, std::string>& kv) const override {
+    if (!kv.empty()) read_state(kv);
   }
 
  private:
+  // The checks of a saved state, for load_state and check_state: the best score and the wait count.
+  static std::pair<double, int> read_state(const std::map<std::string, std::string>& kv) {
+    const double best = detail::parse_double(kv, "best_score", "train::EarlyStopping");
+    // +-inf is the start of a run; NaN would make every later score a non-improvement.
+    EMBER_CHECK(!std::isnan(best), "train::EarlyStopping: the checkpoint's best_score is NaN");
+    const double w = detail::parse_double(kv, "wait_count", "train::EarlyStopping");
+    EMBER_CHECK(w >= 0 && w <= 1e9 && w == std::floor(w), "train::EarlyStopping: the checkpoint's wait_count is ", w);
+    return {best, int(w)};
+  }
+
   /// Whether a beats b by more than delta.
   bool better(double a, double b, double delta) const { return o_.mode == Mode::min ? a < b - delta : a > b + delta; }
   void run(Trainer& t) {

@@ -45,127 +45,15 @@
 #include "ember/optim/lr_scheduler.hpp"
 #include "ember/optim/optimizer.hpp"
 #include "ember/profile/profiler.hpp"
+#include "ember/train/hooks.hpp"
 #include "ember/train/metrics.hpp"
+#include "ember/train/options.hpp"
 #include "ember/train/progress.hpp"
+#include "ember/train/resume.hpp"
 
 namespace ember::train {
 
-/// Lightning's precision flag. The arithmetic is the model's own policy type (Net<amp::bf16_mixed>, ...); this
-/// flag decides the loss scaling: fp16_mixed runs an amp::GradScaler (Lightning's "16-mixed"), the others none.
-enum class Precision { fp32, bf16_mixed, fp16_mixed };
-enum class ClipAlgorithm { norm, value };
-enum class Interval { step, epoch };
-
-struct TrainerOptions {
-  std::int64_t max_epochs = -1;            ///< -1: 1000 when max_steps is -1 too (Lightning's default), else no limit
-  std::int64_t max_steps = -1;             ///< optimizer steps; -1: no limit
-  Precision precision = Precision::fp32;
-  amp::GradScalerOptions scaler{};         ///< the loss scaler's options when precision is fp16_mixed
-  int accumulate_grad_batches = 1;
-  double gradient_clip_val = 0;            ///< 0: no clipping
-  ClipAlgorithm gradient_clip_algorithm = ClipAlgorithm::norm;
-  double val_check_interval = 1.0;         ///< fraction of an epoch between validations (in (0, 1])
-  int check_val_every_n_epoch = 1;
-  std::int64_t limit_train_batches = -1;   ///< batches per epoch; -1: all
-  std::int64_t limit_val_batches = -1;     ///< -1: all
-  std::int64_t num_sanity_val_steps = 0;   ///< validation batches run before training to catch errors early
-  bool deterministic = false;              ///< seed every generator from `seed` at the start of fit
-  std::uint64_t seed = 0;
-  int log_every_n_steps = 50;              ///< how often training metrics go to the loggers
-  bool enable_progress_bar = true;
-  ProgressOptions progress{};              ///< the progress bar's options (output, refresh rates)
-  bool stop_on_nonfinite_loss = true;      ///< a NaN or infinite loss is an error (fp16_mixed: the scaler skips)
-  bool print_summary = true;               ///< at the end: why it stopped, and whether input- or compute-bound
-  /// Records the run with this profiler (started at fit's start unless running, one step per training batch,
-  /// stopped at the end; its table printed with the summary). Export the trace from it afterwards.
-  profile::Profiler* profiler = nullptr;
-};
-
-class Trainer;
-
-/// What fit needs besides the model, optimizer, loaders and steps.
-struct FitOptions {
-  optim::LRScheduler* scheduler = nullptr;  ///< stepped every optimizer step, or every epoch
-  Interval scheduler_interval = Interval::step;
-  /// Resume from this checkpoint ("last": the newest one a ModelCheckpoint callback wrote); empty: start afresh.
-  /// Needs <ember/train/checkpoint.hpp> (ember::io).
-  std::string ckpt_path{};
-};
-
-/// What a training_step may return instead of the bare loss: the loss and metrics to log beside it.
-struct StepOutput {
-  Tensor<float> loss;
-  Metrics metrics;
-};
-
-/// Everything a resumable checkpoint holds (see <ember/train/checkpoint.hpp> for the file).
-struct TrainingState {
-  StateDict model, optimizer, scaler, scheduler;
-  std::int64_t epoch = 0;           ///< the epoch in progress (0-based)
-  std::int64_t batch_in_epoch = 0;  ///< batches of that epoch already trained on
-  std::int64_t global_step = 0;     ///< optimizer steps taken
-  Generator rng{};                  ///< the default generator (dropout, initialisation, rand)
-  std::map<std::string, std::string> extra;  ///< callbacks' state and anything else, as text
-};
-
-/// A hook into the loop. Every method has an empty default; override what you need.
-class Callback {
- public:
-  virtual ~Callback() = default;
-  virtual void on_fit_start(Trainer&) {}
-  virtual void on_train_epoch_start(Trainer&) {}
-  /// After each batch (after the optimizer step when this batch completed one).
-  virtual void on_train_batch_end(Trainer&) {}
-  virtual void on_validation_end(Trainer&) {}
-  virtual void on_train_epoch_end(Trainer&) {}
-  virtual void on_fit_end(Trainer&) {}
-  /// A name unique among the callbacks of a run that keep state (the key of their state in checkpoints).
-  virtual std::string state_key() const { return {}; }
-  virtual void save_state(std::map<std::string, std::string>&) const {}
-  virtual void load_state(const std::map<std::string, std::string>&) {}
-  /// The checkpoint FitOptions{.ckpt_path = "last"} resumes from, when this callback wrote one.
-  virtual std::string last_checkpoint() const { return {}; }
-};
-
-/// Receives metrics: a CSV file, TensorBoard event files, ...
-class Logger {
- public:
-  virtual ~Logger() = default;
-  virtual void log_metrics(const Metrics& m, std::int64_t step) = 0;
-  virtual void finalize() {}
-};
-
-/// What fit returns.
-struct FitResult {
-  std::int64_t epochs = 0;        ///< epochs completed
-  std::int64_t global_step = 0;   ///< optimizer steps taken
-  std::string stop_reason;        ///< why it stopped ("max_epochs=5 reached", an EarlyStopping message, ...)
-  Metrics metrics;                ///< the last value of every metric (Trainer::callback_metrics)
-  double seconds = 0;             ///< wall time of fit
-  double data_wait_fraction = 0;  ///< share of the training loop's time spent waiting for batches
-  std::int64_t skipped_steps = 0; ///< optimizer steps the loss scaler skipped (fp16 overflow)
-};
-
 namespace detail {
-/// Writing and reading checkpoints lives in <ember/train/checkpoint.hpp> (it needs ember::io); including that
-/// header fills these in.
-struct CheckpointIO {
-  void (*save)(const std::string& path, const TrainingState& s) = nullptr;
-  TrainingState (*load)(const std::string& path) = nullptr;
-};
-inline CheckpointIO& checkpoint_io() {
-  static CheckpointIO io;
-  return io;
-}
-
-/// Text saved in a checkpoint read back as a double: the whole text must be one number (strtod's syntax, so "inf"
-/// and "nan" too); returns false otherwise. Callers check the range they need.
-inline bool parse_number(const std::string& text, double& out) {
-  char* end = nullptr;
-  out = std::strtod(text.c_str(), &end);
-  return !text.empty() && end && *end == '\0';
-}
-
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -314,7 +202,7 @@ class Trainer {
 
  private:
   // ---- the non-template parts of the loop ------------------------------------------------------------------
-  void begin_fit(const FitOptions& fo, bool has_val) {
+  void begin_fit(const FitOptions& fo, bool has_val, std::int64_t loader_batches) {
     EMBER_CHECK(!running_, "train::Trainer::fit: already running (fit is not reentrant)");
     running_ = true;
     has_val_ = has_val;
@@ -325,8 +213,9 @@ class Trainer {
     skipped_steps_ = 0;
     fit_t0_ = detail::now_seconds();
     fit_wait_ = fit_loop_ = 0;
-    if (o_.deterministic) manual_seed(o_.seed);
-    if (!fo.ckpt_path.empty()) resume(fo.ckpt_path);
+    // A resume restores the default generator (and changes nothing if the checkpoint is refused).
+    if (!fo.ckpt_path.empty()) resume(fo.ckpt_path, epoch_length(loader_batches));
+    else if (o_.deterministic) manual_seed(o_.seed);
     for (auto& c : callbacks_) c->on_fit_start(*this);
     if (o_.profiler && !o_.profiler->started()) {
       o_.profiler->start();
@@ -334,7 +223,7 @@ class Trainer {
     }
   }
 
-  void resume(const std::string& which) {
+  void resume(const std::string& which, std::int64_t epoch_batches) {
     EMBER_CHECK(detail::checkpoint_io().load != nullptr, "train::Trainer::fit: resuming (ckpt_path = '", which,
                 "') needs #include <ember/train/checkpoint.hpp> (and the CMake target ember::io)");
     std::string path = which;
@@ -345,42 +234,25 @@ class Trainer {
       EMBER_CHECK(!path.empty(), "train::Trainer::fit: ckpt_path = \"last\" but no callback has written a checkpoint "
                   "(add a ModelCheckpoint with save_last = true, or pass a path)");
     }
-    TrainingState s = detail::checkpoint_io().load(path);
+    const TrainingState s = detail::checkpoint_io().load(path);  // the file: its format, counts, generator state
+    // All or nothing (<ember/train/resume.hpp>): every part is checked before any is loaded.
+    const detail::EpochTotals totals = detail::check_position(s, path, epoch_batches);
+    detail::check_callback_states(callbacks_, s);
+    check_state_(s);
+    detail::CallbackLoad loaded(callbacks_, s);  // (undone if the model's load below is refused)
     set_state_(s);
+    loaded.commit();
     default_generator() = s.rng;
     epoch_ = s.epoch;
     start_batch_ = batch_in_epoch_ = s.batch_in_epoch;
     global_step_ = s.global_step;
-    resumed_totals_ = {0.0, 0, 0};
-    const auto a = s.extra.find("trainer/loss_sum"), b = s.extra.find("trainer/loss_n"),
-               c = s.extra.find("trainer/samples");
-    if (a != s.extra.end() && b != s.extra.end() && c != s.extra.end()) {
-      // The epoch's running totals so far, each written in full: the loss sum (NaN or inf only if the run trained on
-      // with stop_on_nonfinite_loss = false), the loss count (at most one per batch so far) and the sample count.
-      auto number = [&](const std::pair<const std::string, std::string>& kv, double max_count) {
-        double v = 0;
-        const bool count = max_count >= 0;
-        EMBER_CHECK(detail::parse_number(kv.second, v) && (!count || (v >= 0 && v <= max_count && v == std::floor(v))),
-                    "train::Trainer::fit: '", path, "': extra/", kv.first, " is ",
-                    ember::detail::quote_untrusted(kv.second),
-                    count ? ", expected a whole number in [0, " + std::to_string(std::int64_t(max_count)) + "]"
-                          : std::string(", expected a number"));
-        return v;
-      };
-      resumed_totals_.loss_sum = number(*a, -1);
-      resumed_totals_.loss_n = std::int64_t(number(*b, double(s.batch_in_epoch)));
-      resumed_totals_.samples = std::int64_t(number(*c, 9.0e15));
-    }
-    for (auto& c : callbacks_) {
-      const std::string key = c->state_key();
-      if (key.empty()) continue;
-      const std::string prefix = "callback/" + key + "/";
-      std::map<std::string, std::string> kv;
-      for (auto& [k, v] : s.extra)
-        if (k.rfind(prefix, 0) == 0) kv[k.substr(prefix.size())] = v;
-      c->load_state(kv);
-    }
+    resumed_totals_ = totals;
     resumed_from_ = path;
+  }
+
+  /// The batches an epoch trains on, of a loader with `loader_batches`.
+  std::int64_t epoch_length(std::int64_t loader_batches) const {
+    return o_.limit_train_batches >= 0 ? std::min(loader_batches, o_.limit_train_batches) : loader_batches;
   }
 
   /// Whether another epoch may start.
@@ -398,17 +270,14 @@ class Trainer {
   }
 
   void begin_epoch(std::int64_t loader_batches) {
-    epoch_batches_ = o_.limit_train_batches >= 0 ? std::min(loader_batches, o_.limit_train_batches) : loader_batches;
+    epoch_batches_ = epoch_length(loader_batches);
     val_every_ = o_.val_check_interval >= 1.0
                      ? 0
                      : std::max<std::int64_t>(1, std::int64_t(double(epoch_batches_) * o_.val_check_interval));
     loss_sum_ = 0;
     loss_n_ = 0;
     samples_ = 0;
-    if (batch_in_epoch_ > 0) {  // resumed mid-epoch
-      EMBER_CHECK(batch_in_epoch_ <= epoch_batches_, "train::Trainer::fit: the checkpoint ", resumed_from_,
-                  " resumes at batch ", batch_in_epoch_, " of an epoch of ", epoch_batches_,
-                  " batches (did the data or limit_train_batches change?)");
+    if (batch_in_epoch_ > 0) {  // resumed mid-epoch (the position was checked against the epoch's length then)
       loss_sum_ = resumed_totals_.loss_sum;
       loss_n_ = resumed_totals_.loss_n;
       samples_ = resumed_totals_.samples;
@@ -540,7 +409,7 @@ class Trainer {
     started_profiler_ = false;
     running_ = false;
     get_state_ = nullptr;
-    set_state_ = nullptr;
+    check_state_ = set_state_ = nullptr;
     optimizer_ = nullptr;
   }
 
@@ -549,16 +418,13 @@ class Trainer {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::function<TrainingState()> get_state_;
-  std::function<void(const TrainingState&)> set_state_;
+  std::function<void(const TrainingState&)> check_state_, set_state_;  // (resume.hpp's check_ and load_components)
   optim::Optimizer* optimizer_ = nullptr;
   Metrics metrics_, val_metrics_;
   std::string stop_reason_, resumed_from_;
   bool running_ = false, has_val_ = false, stop_ = false, stepped_ = false, validated_this_epoch_ = false,
        at_epoch_end_ = false, epoch_complete_ = false, started_profiler_ = false;
-  struct Totals {
-    double loss_sum;
-    std::int64_t loss_n, samples;
-  } resumed_totals_{0.0, 0, 0};
+  detail::EpochTotals resumed_totals_{};
   std::int64_t epoch_ = 0, global_step_ = 0, batch_in_epoch_ = 0, start_batch_ = 0, epoch_batches_ = 0,
                val_every_ = 0, loss_n_ = 0, samples_ = 0, step_loss_n_ = 0, skipped_steps_ = 0;
   double loss_sum_ = 0, step_loss_ = 0, wait_ = 0, fit_t0_ = 0, epoch_t0_ = 0, last_t_ = 0, fit_wait_ = 0,
@@ -583,12 +449,8 @@ FitResult Trainer::fit(Model& model, Opt& opt, TrainLoader& train_loader, ValLoa
     if (sched) s.scheduler = sched->state_dict();
     return s;
   };
-  set_state_ = [&](const TrainingState& s) {
-    model.load_state_dict(s.model);
-    opt.load_state_dict(s.optimizer);
-    if (scaler.is_enabled()) scaler.load_state_dict(s.scaler);
-    if (sched) sched->load_state_dict(s.scheduler);
-  };
+  check_state_ = [&](const TrainingState& s) { detail::check_components(opt, scaler, sched, s); };
+  set_state_ = [&](const TrainingState& s) { detail::load_components(model, opt, scaler, sched, s); };
   struct Reset {  // the hooks capture this frame: clear them whichever way fit leaves
     Trainer* t;
     ~Reset() {
@@ -621,7 +483,7 @@ FitResult Trainer::fit(Model& model, Opt& opt, TrainLoader& train_loader, ValLoa
     return mean;
   };
 
-  begin_fit(fo, val_loader != nullptr);
+  begin_fit(fo, val_loader != nullptr, std::int64_t(train_loader.size()));
   if (val_loader && o_.num_sanity_val_steps > 0 && start_batch_ == 0 && epoch_ == 0) validate(o_.num_sanity_val_steps);
   const int acc = o_.accumulate_grad_batches;
   auto params = model.parameters();

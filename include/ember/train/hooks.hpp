@@ -1,0 +1,83 @@
+// ember — what train::Trainer calls out to: Callback (hooks into the loop, with state saved in checkpoints), Logger
+// (receives metrics), and TrainingState, everything a resumable checkpoint holds; the checkpoint files themselves are
+// read and written by <ember/train/checkpoint.hpp>, which registers itself in detail::checkpoint_io().
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "ember/core/random.hpp"
+#include "ember/core/state_dict.hpp"
+#include "ember/train/metrics.hpp"
+
+namespace ember::train {
+
+class Trainer;
+
+/// Everything a resumable checkpoint holds (see <ember/train/checkpoint.hpp> for the file).
+struct TrainingState {
+  StateDict model, optimizer, scaler, scheduler;
+  std::int64_t epoch = 0;           ///< the epoch in progress (0-based)
+  std::int64_t batch_in_epoch = 0;  ///< batches of that epoch already trained on
+  std::int64_t global_step = 0;     ///< optimizer steps taken
+  Generator rng{};                  ///< the default generator (dropout, initialisation, rand)
+  std::map<std::string, std::string> extra;  ///< callbacks' state and anything else, as text
+};
+
+/// A hook into the loop. Every method has an empty default; override what you need.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_fit_start(Trainer&) {}
+  virtual void on_train_epoch_start(Trainer&) {}
+  /// After each batch (after the optimizer step when this batch completed one).
+  virtual void on_train_batch_end(Trainer&) {}
+  virtual void on_validation_end(Trainer&) {}
+  virtual void on_train_epoch_end(Trainer&) {}
+  virtual void on_fit_end(Trainer&) {}
+  /// A name unique among the callbacks of a run that keep state (the key of their state in checkpoints).
+  virtual std::string state_key() const { return {}; }
+  virtual void save_state(std::map<std::string, std::string>&) const {}
+  /// Loads what save_state wrote (`kv` is empty when the checkpoint holds no state of this callback); it should write
+  /// nothing unless all of kv is valid.
+  virtual void load_state(const std::map<std::string, std::string>&) {}
+  /// Throws what load_state(kv) would throw, and changes nothing: a resume checks every part of the checkpoint before
+  /// it loads any (<ember/train/resume.hpp>). A callback that does not override it is checked by its load_state, and
+  /// gets back the state its save_state gave before the resume should a later part fail.
+  virtual void check_state(const std::map<std::string, std::string>&) const {}
+  /// The checkpoint FitOptions{.ckpt_path = "last"} resumes from, when this callback wrote one.
+  virtual std::string last_checkpoint() const { return {}; }
+};
+
+/// Receives metrics: a CSV file, TensorBoard event files, ...
+class Logger {
+ public:
+  virtual ~Logger() = default;
+  virtual void log_metrics(const Metrics& m, std::int64_t step) = 0;
+  virtual void finalize() {}
+};
+
+namespace detail {
+/// Writing and reading checkpoints lives in <ember/train/checkpoint.hpp> (it needs ember::io); including that
+/// header fills these in.
+struct CheckpointIO {
+  void (*save)(const std::string& path, const TrainingState& s) = nullptr;
+  TrainingState (*load)(const std::string& path) = nullptr;
+};
+inline CheckpointIO& checkpoint_io() {
+  static CheckpointIO io;
+  return io;
+}
+
+/// Text saved in a checkpoint read back as a double: the whole text must be one number (strtod's syntax, so "inf"
+/// and "nan" too); returns false otherwise. Callers check the range they need.
+inline bool parse_number(const std::string& text, double& out) {
+  char* end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return !text.empty() && end && *end == '\0';
+}
+}  // namespace detail
+
+}  // namespace ember::train
