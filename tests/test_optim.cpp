@@ -380,6 +380,15 @@ TEST_CASE("Optimizer hyper-parameters are bounded: lr, weight_decay, momentum, d
   CHECK_THROWS_AS(grow.load_state_dict(far), Error);
   CHECK(grow.last_step() == 0);
   CHECK(sgd.lr(0) == 0.1);
+  // A schedule's own options keep the rates and momenta it sets in range (so that its checkpoints load back).
+  EXPECT_ERROR([&] { optim::OneCycleLR(sgd, 2e4, {.total_steps = 10}); }, {"optim::OneCycleLR: max_lr: invalid "
+                                                                          "learning rate 20000"});
+  EXPECT_ERROR([&] { optim::OneCycleLR(sgd, 0.5, {.total_steps = 10, .div_factor = -1}); },
+               {"max_lr / div_factor: invalid learning rate -0.5"});
+  EXPECT_ERROR([&] { optim::OneCycleLR(sgd, 0.5, {.total_steps = 10, .max_momentum = 1.5}); },
+               {"base_momentum and max_momentum must be in [0, 1 - 2^-24]"});
+  EXPECT_ERROR([&] { optim::CosineWarmupLR(sgd, 1, 10, -1); },
+               {"optim::CosineWarmupLR: min_lr: invalid learning rate"});
   optim::OneCycleLR cycle(sgd, 0.5, {.total_steps = 10, .cos_anneal = false});
   const double lr0 = sgd.lr(0), mom0 = *sgd.momentum(0);
   nn::StateDict past = cycle.state_dict();

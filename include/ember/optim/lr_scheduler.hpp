@@ -144,6 +144,7 @@ EMBER_HEADER_INLINE CosineWarmupLR::CosineWarmupLR(Optimizer& opt, std::int64_t 
     : LRScheduler(opt), warmup_(warmup_steps), total_(total_steps), min_lr_(min_lr) {
   EMBER_CHECK(warmup_steps >= 0 && total_steps > warmup_steps, "optim::CosineWarmupLR: expected 0 <= warmup_steps < ",
               "total_steps, got warmup_steps=", warmup_steps, ", total_steps=", total_steps);
+  detail::check_lr("optim::CosineWarmupLR: min_lr", min_lr);  // (the rates it sets stay in the optimizers' range)
   apply();
 }
 
@@ -213,6 +214,12 @@ EMBER_COLD EMBER_HEADER_INLINE OneCycleLR::OneCycleLR(Optimizer& opt, std::vecto
               " max_lr values for ", opt.num_groups(), " parameter groups");
   EMBER_CHECK(!o.cycle_momentum || opt.momentum(0) != nullptr,
               "optim::OneCycleLR: cycle_momentum needs an optimizer with momentum or beta1");
+  // The rates and momenta it sets stay in the optimizers' ranges (optimizer.hpp), so its checkpoints load back.
+  if (o.cycle_momentum)
+    EMBER_CHECK(o.base_momentum >= 0 && o.base_momentum <= kMaxBeta && o.max_momentum >= 0 &&
+                    o.max_momentum <= kMaxBeta,
+                "optim::OneCycleLR: base_momentum and max_momentum must be in [0, 1 - 2^-24], got ", o.base_momentum,
+                " and ", o.max_momentum);
   const double n = double(o.total_steps);
   if (o.three_phase) {
     phases_ = {{o.pct_start * n - 1, 0, 1, 0, 1}, {2 * o.pct_start * n - 2, 1, 0, 1, 0}, {n - 1, 0, 2, 0, 0}};
@@ -223,6 +230,9 @@ EMBER_COLD EMBER_HEADER_INLINE OneCycleLR::OneCycleLR(Optimizer& opt, std::vecto
     const double mx = max_lrs.size() == 1 ? max_lrs[0] : max_lrs[g];
     const double init = mx / o.div_factor;
     lrs_.push_back({init, mx, init / o.final_div_factor});
+    detail::check_lr("optim::OneCycleLR: max_lr", mx);
+    detail::check_lr("optim::OneCycleLR: max_lr / div_factor", lrs_.back()[0]);
+    detail::check_lr("optim::OneCycleLR: max_lr / div_factor / final_div_factor", lrs_.back()[2]);
   }
   apply();
 }
