@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 using namespace ember;
 
@@ -382,6 +383,39 @@ TEST_CASE("max/min: tied extremes share the gradient evenly") {
   TD my = max(y);
   my.backward();
   check_values(y.grad(), {0.25, 0.25, 0.25, 0.25});
+}
+
+TEST_CASE("max/min over dims: a group holding a NaN has a NaN gradient (torch.amax); over all, the NaNs share it") {
+  // PyTorch's references (tests/fixtures/gen_parity.py): torch.amax/amin over dims spread the gradient over the
+  // elements equal to the result, and NaN equals nothing, so the count is 0 and the whole group's gradient is NaN;
+  // torch.max(x) over everything gives it to the NaN elements, shared evenly.
+  static const ember_test::Fixtures fx("parity.txt");
+  auto same = [](const TD& got, const TD& want) {
+    REQUIRE(got.defined());
+    REQUIRE(got.shape() == want.shape());
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+      const double g = got.data()[i], w = want.data()[i];
+      INFO("element " << i << ": got " << g << ", want " << w);
+      CHECK((std::isnan(w) ? std::isnan(g) : std::fabs(g - w) <= 1e-12 * (1 + std::fabs(w))));
+    }
+  };
+  const std::vector<std::pair<std::string, std::function<TD(const TD&)>>> cases = {
+      {"amax1", [](const TD& a) { return max(a, 1); }},
+      {"amin1", [](const TD& a) { return min(a, 1, true); }},
+      {"amax0", [](const TD& a) { return max(a, 0); }},
+      {"amax01", [](const TD& a) { return max(a, {0, 1}); }},
+      {"max_all", [](const TD& a) { return max(a); }},
+      {"min_all", [](const TD& a) { return min(a); }}};
+  for (const auto& c : cases) {
+    const std::string name = c.first;  // (a plain variable: clang before 16 cannot capture structured bindings)
+    const auto& f = c.second;
+    INFO("case nanmax." << name);
+    const TD x = leaf(fx["nanmax." + name + ".in0"]);
+    TD y = f(x);
+    same(y, fx["nanmax." + name + ".y"]);
+    y.backward(fx["nanmax." + name + ".g"]);
+    same(x.grad(), fx["nanmax." + name + ".d0"]);
+  }
 }
 
 TEST_CASE("prod: gradients with no zero, one zero, two zeros") {

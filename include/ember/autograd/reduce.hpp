@@ -117,14 +117,18 @@ struct ReduceNode final : TypedNode<T> {
     } else if constexpr (K == RKind::Mean) {
       run(mul_(g, S{compute_t<T>(scale)}));
     } else if constexpr (K == RKind::Max || K == RKind::Min) {
-      // Ties share the gradient evenly; a NaN result came from the group's NaN elements, which share it (as
-      // torch.max(x) and, with one NaN per group, torch.max(x, dim)).
-      auto hit = expr::CastExpr<T, decltype(expr::make_binary(ops_table::SameValue{}, e, r))>{
-          expr::make_binary(ops_table::SameValue{}, e, r)};
-      Tensor<T> cnt = empty<T>(plan.keep, gk.device());
-      ops::reduce<expr::SumR<double>>(cnt, hit, name());
-      const L c{&cnt};
-      run(div_(mul_(g, hit), c));
+      // The elements equal to the result share the gradient evenly (ties). Over everything, as torch.max(x), a NaN
+      // result gives it to the NaN elements (SameValue: NaN matches NaN). Over dims, as torch.amax(x, dims), NaN
+      // equals nothing: a group whose result is NaN divides by a count of 0, and its whole gradient is NaN.
+      auto shared = [&](auto same) {
+        auto hit = expr::CastExpr<T, decltype(expr::make_binary(same, e, r))>{expr::make_binary(same, e, r)};
+        Tensor<T> cnt = empty<T>(plan.keep, gk.device());
+        ops::reduce<expr::SumR<double>>(cnt, hit, name());
+        const L c{&cnt};
+        run(div_(mul_(g, hit), c));
+      };
+      if (plan.all) shared(ops_table::SameValue{});
+      else shared(ops_table::Eq{});
     } else if constexpr (K == RKind::Prod) {
       Tensor<T> others = prod_of_others();
       const L o{&others};
@@ -329,13 +333,14 @@ Tensor<std::int64_t> arg_extremum(const X& x, std::int64_t dim, bool has_dim, bo
 }
 }  // namespace autograd
 
-/// Largest element (NaN propagates), over all elements or dims, as torch.amax: ties share the gradient; where the
-/// result is NaN, the NaN elements share it (torch.amax would make the whole group's gradient NaN).
+/// Largest element (NaN propagates), over all elements (torch.max(x)) or dims (torch.amax(x, dims)): ties share the
+/// gradient evenly. Where the result is NaN, over all elements the NaN elements share the gradient (as torch.max);
+/// over dims the whole group's gradient is NaN (as torch.amax, whose NaN result equals no element).
 template <expr::TensorOrExpr X>
 auto max(const X& x, const Dims& dims = {}, bool keepdim = false) {
   return autograd::extremum<false>(x, dims, keepdim, "max");
 }
-/// Smallest element, over all elements or dims.
+/// Smallest element, over all elements or dims (torch.min(x), torch.amin(x, dims); gradients as max's).
 template <expr::TensorOrExpr X>
 auto min(const X& x, const Dims& dims = {}, bool keepdim = false) {
   return autograd::extremum<true>(x, dims, keepdim, "min");
