@@ -585,7 +585,22 @@ TEST_CASE("Schedules follow torch.optim.lr_scheduler (OneCycleLR, StepLR, Reduce
     lrs.push_back(plain.lr(0));
   }
   check_close(lrs, fixture("plateau_lr"), 1e-15, "ReduceLROnPlateau");
-  CHECK_THROWS_WITH_AS(plateau.step(std::nan("")), doctest::Contains("metric is NaN"), Error);
+  {
+    // A NaN metric is never an improvement (it compares false), so it counts as a bad epoch, as in PyTorch
+    // (tests/fixtures/gen_parity.py).
+    const ember_test::Fixtures pf("parity.txt");
+    optim::SGD<double> sgd({w}, {.lr = 1.0});
+    optim::ReduceLROnPlateau nan_plateau(sgd, {.factor = 0.5, .patience = 1});
+    const std::vector<double> m = pf["plateau.metrics"].to_vector(), want_lr = pf["plateau.lr"].to_vector(),
+                              want_bad = pf["plateau.bad"].to_vector();
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      INFO("step " << i << ", metric " << m[i]);
+      nan_plateau.step(m[i]);
+      CHECK(sgd.lr(0) == want_lr[i]);
+      CHECK(double(nan_plateau.num_bad_epochs()) == want_bad[i]);
+    }
+    CHECK(nan_plateau.best() == pf["plateau.best"].item());
+  }
   // Stopped halfway and resumed from the state dicts, it continues on the same rates.
   const std::vector<double> metrics = fixture("plateau_metrics");
   const std::size_t half = metrics.size() / 2;

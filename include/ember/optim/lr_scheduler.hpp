@@ -281,8 +281,9 @@ class ReduceLROnPlateau {
     EMBER_CHECK(o.patience >= 0 && o.cooldown >= 0, "optim::ReduceLROnPlateau: patience and cooldown must be >= 0");
     best_ = o.mode_max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   }
+  /// A NaN metric is never an improvement (every comparison with it is false), so it counts as a bad epoch, as in
+  /// PyTorch; `best` stays a number.
   void step(double metric) {
-    EMBER_CHECK(!std::isnan(metric), "optim::ReduceLROnPlateau: the metric is NaN");
     if (better(metric)) {
       best_ = metric;
       bad_ = 0;
