@@ -1,5 +1,6 @@
-// ember — torch.nn.functional's pad, interpolate and one_hot, built from differentiable pieces (cat, index_select,
-// fused expressions), so their gradients come from those and they run wherever those run.
+// ember — torch.nn.functional's pad, interpolate and one_hot. pad is built from differentiable pieces (cat,
+// index_select), interpolate from one resampling pass per spatial dim (autograd/interpolate.hpp; the loops in
+// cpu/interpolate.hpp), so their gradients come from those and they run wherever those run.
 #pragma once
 
 #include <cmath>
@@ -7,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "ember/autograd/interpolate.hpp"
 #include "ember/autograd/reduce.hpp"
 #include "ember/autograd/shape_ops.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/interpolate.hpp"
 #include "ember/expr/nodes.hpp"
 
 namespace ember::nn::functional {
@@ -99,111 +102,102 @@ Tensor<T> pad(const Tensor<T>& x, const std::vector<std::int64_t>& pads, PadMode
   return r.same_impl(x) ? r.clone() : r;
 }
 
-enum class InterpolateMode { nearest, linear, bilinear };
+enum class InterpolateMode { nearest, linear, bilinear, bicubic, trilinear, area, nearest_exact };
 
 struct InterpolateOptions {
   std::vector<std::int64_t> size{};    // the output's spatial size, or
   std::vector<double> scale_factor{};  // a factor per spatial dim (one value applies to all)
   InterpolateMode mode = InterpolateMode::nearest;
-  bool align_corners = false;  // linear modes only
+  bool align_corners = false;  // linear, bilinear, bicubic and trilinear only
 };
 
 namespace detail {
-/// PyTorch's source coordinate scale for one dim (area_pixel_compute_scale).
-inline double interp_scale(std::int64_t in, std::int64_t out, double factor, bool align_corners) {
-  if (align_corners) return out > 1 ? double(in - 1) / double(out - 1) : 0.0;
-  return factor > 0 ? 1.0 / factor : double(in) / double(out);
+inline const char* interp_mode_name(InterpolateMode m) {
+  switch (m) {
+    case InterpolateMode::nearest: return "nearest";
+    case InterpolateMode::linear: return "linear";
+    case InterpolateMode::bilinear: return "bilinear";
+    case InterpolateMode::bicubic: return "bicubic";
+    case InterpolateMode::trilinear: return "trilinear";
+    case InterpolateMode::area: return "area";
+    default: return "nearest-exact";
+  }
 }
-/// Resizes dim d of x from n to `out` positions.
-template <class T>
-Tensor<T> interp_dim(const Tensor<T>& x, int d, std::int64_t out, double factor, InterpolateMode mode,
-                     bool align_corners) {
-  const std::int64_t in = x.shape()[d];
-  Tensor<std::int64_t> i0 = empty<std::int64_t>({out});
-  if (mode == InterpolateMode::nearest) {
-    // As PyTorch's CPU kernel: in float, floor(dst * scale), clamped.
-    const float scale = float(interp_scale(in, out, factor, false));
-    for (std::int64_t j = 0; j < out; ++j)
-      i0.data()[j] = out == in ? j : std::min<std::int64_t>(std::int64_t(std::floor(float(j) * scale)), in - 1);
-    return index_select(x, d, i0);
+/// The number of spatial dims a mode needs (0: any of 1, 2 and 3).
+inline int interp_mode_dims(InterpolateMode m) {
+  switch (m) {
+    case InterpolateMode::linear: return 1;
+    case InterpolateMode::bilinear:
+    case InterpolateMode::bicubic: return 2;
+    case InterpolateMode::trilinear: return 3;
+    default: return 0;
   }
-  Tensor<std::int64_t> i1 = empty<std::int64_t>({out});
-  Shape ws(std::vector<std::int64_t>(std::size_t(x.dim()), 1));
-  ws[d] = out;
-  Tensor<T> w0 = empty<T>(ws), w1 = empty<T>(ws);
-  const double scale = interp_scale(in, out, factor, align_corners);
-  for (std::int64_t j = 0; j < out; ++j) {
-    double src = align_corners ? scale * double(j) : scale * (double(j) + 0.5) - 0.5;
-    if (src < 0) src = 0;
-    const std::int64_t a = std::min<std::int64_t>(std::int64_t(src), in - 1);
-    i0.data()[j] = a;
-    i1.data()[j] = a < in - 1 ? a + 1 : a;
-    const double l1 = std::min(src - double(a), 1.0);
-    w1.data()[j] = T(l1);
-    w0.data()[j] = T(1.0 - l1);
+}
+inline cpu::ResampleKind interp_kind(InterpolateMode m) {
+  switch (m) {
+    case InterpolateMode::nearest: return cpu::ResampleKind::nearest;
+    case InterpolateMode::nearest_exact: return cpu::ResampleKind::nearest_exact;
+    case InterpolateMode::bicubic: return cpu::ResampleKind::cubic;
+    case InterpolateMode::area: return cpu::ResampleKind::area;
+    default: return cpu::ResampleKind::linear;
   }
-  if (!x.device().is_cpu()) {
-    w0 = w0.to(x.device());
-    w1 = w1.to(x.device());
-  }
-  const Tensor<T> a = index_select(x, d, i0), b = index_select(x, d, i1);
-  return Tensor<T>(a * w0 + b * w1);
 }
 }  // namespace detail
 
-/// torch.nn.functional.interpolate for nearest (3-D and 4-D inputs), linear (3-D) and bilinear (4-D) resizing
-/// of the trailing spatial dims, with PyTorch's source coordinates (align_corners, the scale from scale_factor
-/// when given, as recompute_scale_factor=None).
+/// torch.nn.functional.interpolate of the trailing spatial dims of a 3-D (N, C, W), 4-D (N, C, H, W) or 5-D
+/// (N, C, D, H, W) input: nearest, nearest-exact and area (= adaptive_avg_pool) for any of them, linear (3-D),
+/// bilinear and bicubic (4-D, bicubic with A = -0.75) and trilinear (5-D), with PyTorch's source coordinates
+/// (align_corners, the scale from scale_factor when given, as recompute_scale_factor=None; output sizes
+/// floor(in * scale_factor)). Each spatial dim is one separable pass (cpu/interpolate.hpp), differentiable.
 template <class T>
 Tensor<T> interpolate(const Tensor<T>& x, const InterpolateOptions& o) {
-  const char* m = o.mode == InterpolateMode::nearest ? "nearest" : o.mode == InterpolateMode::linear ? "linear" : "bilinear";
-  const int sp = x.dim() - 2;
-  EMBER_CHECK(x.dim() == 3 || x.dim() == 4, "interpolate: expected a 3-D (N, C, W) or 4-D (N, C, H, W) input, got ",
-              "shape ", x.shape().str());
-  EMBER_CHECK(o.mode != InterpolateMode::linear || sp == 1, "interpolate: mode linear needs a 3-D input, got shape ",
+  const char* m = detail::interp_mode_name(o.mode);
+  EMBER_CHECK(x.dim() >= 3 && x.dim() <= 5, "interpolate: expected a 3-D (N, C, W), 4-D (N, C, H, W) or 5-D ",
+              "(N, C, D, H, W) input, got shape ", x.shape().str());
+  const int sp = x.dim() - 2, need = detail::interp_mode_dims(o.mode);
+  EMBER_CHECK(need == 0 || need == sp, "interpolate: mode ", m, " needs a ", need + 2, "-D input, got shape ",
               x.shape().str());
-  EMBER_CHECK(o.mode != InterpolateMode::bilinear || sp == 2,
-              "interpolate: mode bilinear needs a 4-D input, got shape ", x.shape().str());
-  EMBER_CHECK(!(o.mode == InterpolateMode::nearest && o.align_corners),
-              "interpolate: align_corners only applies to the linear modes (mode ", m, ")");
+  EMBER_CHECK(!o.align_corners || need > 0, "interpolate: align_corners only applies to the interpolating modes ",
+              "(linear, bilinear, bicubic, trilinear), not mode ", m);
   EMBER_CHECK(o.size.empty() != o.scale_factor.empty(), "interpolate: give either size or scale_factor, not ",
               o.size.empty() ? "neither" : "both");
+  EMBER_CHECK(o.size.empty() || o.size.size() == 1 || int(o.size.size()) == sp, "interpolate: ", o.size.size(),
+              " sizes for ", sp, " spatial dims (shape ", x.shape().str(), ")");
+  EMBER_CHECK(o.scale_factor.empty() || o.scale_factor.size() == 1 || int(o.scale_factor.size()) == sp,
+              "interpolate: ", o.scale_factor.size(), " scale factors for ", sp, " spatial dims (shape ",
+              x.shape().str(), ")");
+  // PyTorch's kernels take sizes as int32-range values; the bound also keeps the taps' tables finite.
+  constexpr std::int64_t kMaxOut = std::int64_t(1) << 31;
+  std::vector<std::int64_t> outs(static_cast<std::size_t>(sp));
+  std::vector<double> factors(static_cast<std::size_t>(sp), 0.0);
   for (int k = 0; k < sp; ++k) {
     const int d = 2 + k;
     const std::int64_t in = x.shape()[d];
     std::int64_t out = 0;
-    double factor = 0;
     if (!o.size.empty()) {
-      EMBER_CHECK(o.size.size() == 1 || int(o.size.size()) == sp, "interpolate: ", o.size.size(),
-                  " sizes for ", sp, " spatial dims (shape ", x.shape().str(), ")");
       out = o.size[o.size.size() == 1 ? 0 : std::size_t(k)];
     } else {
-      EMBER_CHECK(o.scale_factor.size() == 1 || int(o.scale_factor.size()) == sp, "interpolate: ",
-                  o.scale_factor.size(), " scale factors for ", sp, " spatial dims (shape ", x.shape().str(), ")");
-      factor = o.scale_factor[o.scale_factor.size() == 1 ? 0 : std::size_t(k)];
+      const double factor = o.scale_factor[o.scale_factor.size() == 1 ? 0 : std::size_t(k)];
       EMBER_CHECK(std::isfinite(factor) && factor > 0, "interpolate: scale_factor must be positive and finite, got ",
                   factor);
-      out = std::int64_t(std::floor(double(in) * factor));
+      // In floating point first: the product may lie beyond int64, whose conversion is undefined.
+      const double want = std::floor(double(in) * factor);
+      EMBER_CHECK(want <= double(kMaxOut), "interpolate: scale_factor ", factor, " makes the output size of dim ", d,
+                  " too large (", in, " * ", factor, " = ", want, " positions, at most 2^31)");
+      out = std::int64_t(want);
+      if (o.mode != InterpolateMode::area) factors[std::size_t(k)] = factor;  // area: adaptive pooling, sizes only
     }
     EMBER_CHECK(out > 0 && in > 0, "interpolate: input (", in, ") and output (", out, ") sizes of dim ", d,
                 " must be positive (shape ", x.shape().str(), ")");
-    EMBER_CHECK(out <= (std::int64_t(1) << 31), "interpolate: output size ", out, " of dim ", d, " is too large");
+    EMBER_CHECK(out <= kMaxOut, "interpolate: output size ", out, " of dim ", d, " is too large (at most 2^31)");
+    outs[std::size_t(k)] = out;
   }
   Tensor<T> r = x;
-  for (int k = 0; k < sp; ++k) {
-    const int d = 2 + k;
-    const std::int64_t in = x.shape()[d];
-    double factor = 0;
-    std::int64_t out;
-    if (!o.size.empty()) {
-      out = o.size[o.size.size() == 1 ? 0 : std::size_t(k)];
-    } else {
-      factor = o.scale_factor[o.scale_factor.size() == 1 ? 0 : std::size_t(k)];
-      out = std::int64_t(std::floor(double(in) * factor));
-    }
-    r = detail::interp_dim(r, d, out, factor, o.mode, o.align_corners);
-  }
-  return r.same_impl(x) ? r.clone() : r;
+  for (int k = 0; k < sp; ++k)
+    r = ember::detail::resample(r, 2 + k,
+                                cpu::resample_taps(detail::interp_kind(o.mode), x.shape()[2 + k], outs[std::size_t(k)],
+                                                   factors[std::size_t(k)], o.align_corners, sp == 2));
+  return r;
 }
 
 /// torch.nn.functional.one_hot: an int64 tensor of index's shape plus a last dim of num_classes (-1: the largest
