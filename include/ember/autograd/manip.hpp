@@ -1,6 +1,6 @@
 // ember — the tensor ops a transformer reaches for, with PyTorch's semantics: tril/triu, masked_fill,
 // split/chunk/unbind, gather/scatter/scatter_add/index_add, sort/argsort/topk, cumsum/cumprod, flip, roll,
-// repeat/tile, outer, baddbmm, einsum (lowered to bmm) and multinomial.
+// repeat/tile, outer, baddbmm and multinomial; einsum is in autograd/einsum.hpp (included here).
 //
 // Where an op is a composition of differentiable pieces (views, fused expressions, cat, index_select, bmm) it is
 // written as one and runs on every device those run on; the ones with a loop of their own (gather, scatter,
@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ember/autograd/einsum.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/linalg.hpp"
 #include "ember/autograd/node.hpp"
@@ -699,222 +700,19 @@ Tensor<T> outer(const Tensor<T>& a, const Tensor<T>& b) {
   return Tensor<T>(col * row);
 }
 
-/// beta * input + alpha * bmm(b1, b2), input broadcast to the product's shape: torch.baddbmm (with beta == 0 the
-/// input is ignored, NaN included, as in PyTorch).
+/// beta * input + alpha * bmm(b1, b2), input broadcast to the product's shape: torch.baddbmm. With beta == 0 the
+/// input is ignored, NaN and inf included, and its gradient is zeros (defined), as in PyTorch.
 template <class T>
 Tensor<T> baddbmm(const Tensor<T>& input, const Tensor<T>& b1, const Tensor<T>& b2, double beta = 1, double alpha = 1) {
   Tensor<T> p = bmm(b1, b2);
   EMBER_CHECK(broadcast_shapes(input.shape(), p.shape(), "baddbmm") == p.shape(), "baddbmm: input of shape ",
               input.shape().str(), " does not broadcast to the product's shape ", p.shape().str());
-  if (beta == 0) return alpha == 1 ? p : Tensor<T>(p * detail::expr_scalar<T>(alpha));
-  return Tensor<T>(input * detail::expr_scalar<T>(beta) + p * detail::expr_scalar<T>(alpha));
-}
-
-namespace detail {
-/// One einsum term: a label per dim (A-Z -> 0..25, a-z -> 26..51, ellipsis dims -> 52 + k).
-struct EinsumTerm {
-  std::vector<int> labels;
-  bool ellipsis = false;
-};
-inline int einsum_label(char ch, const std::string& eq) {
-  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
-  if (ch >= 'a' && ch <= 'z') return 26 + (ch - 'a');
-  throw Error("einsum: invalid subscript '" + std::string(1, ch) + "' in \"" + eq + "\" (letters only)");
-}
-/// Parses a term's letters and "..."; with ndim >= 0 expands the ellipsis to ndim - letters dims, right-aligned
-/// to `ell` dims in all.
-inline EinsumTerm einsum_parse(const std::string& s, const std::string& eq) {
-  EinsumTerm t;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '.') {
-      EMBER_CHECK(!t.ellipsis && s.compare(i, 3, "...") == 0, "einsum: malformed ellipsis in \"", eq, "\"");
-      t.ellipsis = true;
-      t.labels.push_back(-1);
-      i += 2;
-    } else {
-      t.labels.push_back(einsum_label(s[i], eq));
-    }
-  }
-  return t;
-}
-inline std::vector<int> einsum_expand(const EinsumTerm& t, int ndim, int ell, const std::string& eq,
-                                      std::size_t which) {
-  const int letters = int(t.labels.size()) - (t.ellipsis ? 1 : 0);
-  EMBER_CHECK(t.ellipsis ? ndim >= letters : ndim == letters, "einsum: operand ", which, " has ", ndim,
-              " dims but its subscripts in \"", eq, "\" name ", letters);
-  std::vector<int> r;
-  for (int l : t.labels) {
-    if (l >= 0) {
-      r.push_back(l);
-      continue;
-    }
-    const int e = ndim - letters;
-    for (int k = 0; k < e; ++k) r.push_back(52 + ell - e + k);
-  }
-  for (std::size_t i = 0; i < r.size(); ++i)
-    for (std::size_t j = i + 1; j < r.size(); ++j)
-      EMBER_CHECK(r[i] != r[j] || r[i] >= 52, "einsum: a subscript repeats within operand ", which, " of \"", eq,
-                  "\" (diagonals are not supported)");
-  return r;
-}
-inline std::int64_t einsum_size(const std::vector<int>& labels, const Shape& s, int l) {
-  for (std::size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] == l) return s[int(i)];
-  return 1;
-}
-/// Sums over the dims whose label is not in `keep`; returns the remaining labels.
-template <class T>
-Tensor<T> einsum_sum_out(const Tensor<T>& x, std::vector<int>& labels, const std::vector<bool>& keep) {
-  std::vector<std::int64_t> dims;
-  std::vector<int> rest;
-  for (std::size_t i = 0; i < labels.size(); ++i) {
-    if (keep[std::size_t(labels[i])]) rest.push_back(labels[i]);
-    else dims.push_back(std::int64_t(i));
-  }
-  labels = rest;
-  if (dims.empty()) return x;
-  return Tensor<T>(sum(x, Dims(dims)));
-}
-}  // namespace detail
-
-/// Einstein summation over one or two operands: torch.einsum for permutations, sums, batched and broadcast
-/// products and contractions ("bij,bjk->bik", "bhqd,bhkd->bhqk", "i,j->ij", "...ij,...jk", "ij->ji", "ij->").
-/// Two operands are lowered to one bmm. A subscript repeated within one operand (a diagonal) is an error.
-template <class T>
-Tensor<T> einsum(const std::string& equation, const std::vector<Tensor<T>>& operands) {
-  std::string eq;
-  for (char ch : equation)
-    if (ch != ' ') eq.push_back(ch);
-  const std::size_t n = operands.size();
-  EMBER_CHECK(n == 1 || n == 2, "einsum: one or two operands are supported, got ", n);
-  const std::size_t arrow = eq.find("->");
-  const std::string lhs = eq.substr(0, arrow);
-  std::vector<std::string> parts;
-  for (std::size_t at = 0;;) {
-    const std::size_t comma = lhs.find(',', at);
-    parts.push_back(lhs.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  EMBER_CHECK(parts.size() == n, "einsum: \"", equation, "\" names ", parts.size(), " operands, ", n, " given");
-  int ell = 0;
-  std::vector<detail::EinsumTerm> terms;
-  for (std::size_t i = 0; i < n; ++i) {
-    terms.push_back(detail::einsum_parse(parts[i], equation));
-    const int letters = int(terms[i].labels.size()) - (terms[i].ellipsis ? 1 : 0);
-    if (terms[i].ellipsis) ell = std::max(ell, operands[i].dim() - letters);
-  }
-  std::vector<std::vector<int>> lab;
-  for (std::size_t i = 0; i < n; ++i)
-    lab.push_back(detail::einsum_expand(terms[i], operands[i].dim(), ell, equation, i));
-  const int nl = 52 + ell;
-  std::vector<int> count(std::size_t(nl), 0);
-  for (auto& l : lab)
-    for (int x : l) ++count[std::size_t(x)];
-  std::vector<int> out;
-  if (arrow != std::string::npos) {
-    const detail::EinsumTerm t = detail::einsum_parse(eq.substr(arrow + 2), equation);
-    for (int l : t.labels) {
-      if (l < 0) {
-        for (int k = 0; k < ell; ++k) out.push_back(52 + k);
-        continue;
-      }
-      EMBER_CHECK(count[std::size_t(l)] > 0, "einsum: output subscript of \"", equation,
-                  "\" does not appear in any operand");
-      out.push_back(l);
-    }
-    for (std::size_t i = 0; i < out.size(); ++i)
-      for (std::size_t j = i + 1; j < out.size(); ++j)
-        EMBER_CHECK(out[i] != out[j], "einsum: an output subscript repeats in \"", equation, "\"");
-  } else {  // implicit: the ellipsis dims, then the labels used once, in order (upper case before lower case)
-    for (int k = 0; k < ell; ++k) out.push_back(52 + k);
-    for (int l = 0; l < 52; ++l)
-      if (count[std::size_t(l)] == 1) out.push_back(l);
-  }
-  std::vector<bool> in_out(std::size_t(nl), false);
-  for (int l : out) in_out[std::size_t(l)] = true;
-  // Sizes: a label's size must agree across operands (1 broadcasts).
-  std::vector<std::int64_t> size(std::size_t(nl), 1);
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t k = 0; k < lab[i].size(); ++k) {
-      const std::int64_t s = operands[i].shape()[int(k)];
-      std::int64_t& have = size[std::size_t(lab[i][k])];
-      EMBER_CHECK(have == 1 || s == 1 || have == s, "einsum: subscript ", k, " of operand ", i, " in \"", equation,
-                  "\" has size ", s, " where another operand has ", have, " (shapes must agree or be 1)");
-      if (s != 1) have = s;
-    }
-  auto permuted = [](const Tensor<T>& x, const std::vector<int>& labels, const std::vector<int>& order) {
-    std::vector<std::int64_t> perm;
-    for (int l : order)
-      for (std::size_t k = 0; k < labels.size(); ++k)
-        if (labels[k] == l) perm.push_back(std::int64_t(k));
-    return x.permute(perm);
-  };
-  if (n == 1) {
-    std::vector<int> l = lab[0];
-    Tensor<T> x = detail::einsum_sum_out(operands[0], l, in_out);
-    if (x.dim() == 0) return x.same_impl(operands[0]) ? x.clone() : x;
-    Tensor<T> r = permuted(x, l, out);
-    return r.same_impl(operands[0]) ? r.clone() : r;
-  }
-  // Labels only one operand has and the output does not are summed out first.
-  std::vector<bool> keep_a = in_out, keep_b = in_out;
-  for (int x : lab[1]) keep_a[std::size_t(x)] = true;
-  for (int x : lab[0]) keep_b[std::size_t(x)] = true;
-  std::vector<int> la = lab[0], lb = lab[1];
-  Tensor<T> a = detail::einsum_sum_out(operands[0], la, keep_a);
-  Tensor<T> b = detail::einsum_sum_out(operands[1], lb, keep_b);
-  auto has = [](const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); };
-  std::vector<int> batch, contract, fa, fb;
-  for (int l : out) {
-    if (has(la, l) && has(lb, l)) batch.push_back(l);
-    else if (has(la, l)) fa.push_back(l);
-    else fb.push_back(l);
-  }
-  for (int l : la)
-    if (has(lb, l) && !in_out[std::size_t(l)]) contract.push_back(l);
-  auto extent = [&](const std::vector<int>& ls) {
-    std::int64_t p = 1;
-    Shape s;
-    for (int l : ls) {
-      p *= size[std::size_t(l)];
-      s.push_back(size[std::size_t(l)]);
-    }
-    return std::pair{p, s};
-  };
-  // (plain variables: clang before 16 cannot capture structured bindings in the lambda below)
-  const auto eb = extent(batch), em = extent(fa), en = extent(fb), ek = extent(contract);
-  const std::int64_t nb = eb.first, nm = em.first, nn = en.first, nk = ek.first;
-  const Shape sb = eb.second, sm = em.second, sn = en.second;
-  auto as_matrix = [&](const Tensor<T>& x, const std::vector<int>& labels, const std::vector<int>& rows,
-                       const std::vector<int>& cols, std::int64_t r, std::int64_t c) {
-    std::vector<int> order = batch;
-    order.insert(order.end(), rows.begin(), rows.end());
-    order.insert(order.end(), cols.begin(), cols.end());
-    Tensor<T> p = permuted(x, labels, order);
-    Shape full;
-    for (int l : order) full.push_back(size[std::size_t(l)]);
-    if (!(p.shape() == full)) p = p.expand(full);  // a size-1 dim against a larger one
-    return p.reshape({nb, r, c});
-  };
-  Tensor<T> am = as_matrix(a, la, fa, contract, nm, nk);
-  Tensor<T> bm = as_matrix(b, lb, contract, fb, nk, nn);
-  Tensor<T> c = bmm(am, bm);
-  Shape cs = sb;
-  for (std::int64_t s : sm) cs.push_back(s);
-  for (std::int64_t s : sn) cs.push_back(s);
-  std::vector<int> have = batch;
-  have.insert(have.end(), fa.begin(), fa.end());
-  have.insert(have.end(), fb.begin(), fb.end());
-  return permuted(c.reshape(cs), have, out);
-}
-template <class T>
-Tensor<T> einsum(const std::string& equation, const Tensor<T>& a) {
-  return einsum<T>(equation, std::vector<Tensor<T>>{a});
-}
-template <class T>
-Tensor<T> einsum(const std::string& equation, const Tensor<T>& a, const Tensor<T>& b) {
-  return einsum<T>(equation, std::vector<Tensor<T>>{a, b});
+  if (beta != 0) return Tensor<T>(input * detail::expr_scalar<T>(beta) + p * detail::expr_scalar<T>(alpha));
+  if (!(is_grad_enabled() && input.requires_grad()))
+    return alpha == 1 ? p : Tensor<T>(p * detail::expr_scalar<T>(alpha));
+  // Selecting from the input nowhere: the value is alpha * p exactly and the input's gradient is zeros.
+  const Tensor<bool> nowhere = zeros<bool>(Shape{}, p.device());
+  return Tensor<T>(where(nowhere, input, p * detail::expr_scalar<T>(alpha)));
 }
 
 // ---- sampling ----------------------------------------------------------------------------------------------------
