@@ -1,8 +1,8 @@
 // What a transformer needs: the tensor ops of autograd/manip.hpp, nn::functional pad/interpolate/one_hot,
 // scaled_dot_product_attention, MultiheadAttention and TransformerEncoderLayer. Values and gradients against
-// PyTorch (fixtures written by tests/fixtures/gen_manip.py and gen_attention.py with the PyPI wheel), gradcheck
-// in double for every differentiable op, the blocked attention against the unfused composition, its memory, and
-// the errors bad arguments get.
+// PyTorch (fixtures written by tests/fixtures/gen_manip.py, gen_attention.py and gen_parity.py with the PyPI
+// wheel), gradcheck in double for every differentiable op, the blocked attention against the unfused composition,
+// its memory, and the errors bad arguments get.
 //
 // Compile time: every op is called through one std::function type over double tensors, so each op is
 // instantiated once, for double, whatever the number of cases.
@@ -15,6 +15,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ember/ember.hpp"
@@ -42,23 +44,31 @@ Tensor<bool> mask_of(const TD& t) {
   return m;
 }
 
+/// The fixtures of tests/fixtures/gen_parity.py (options beyond the basics, PyTorch's less obvious rules).
+const Fixtures& pfx() {
+  static const Fixtures f("parity.txt");
+  return f;
+}
+
 /// Runs `f` on the case's inputs (name.in0, ...): the value against name.y, the gradients for upstream name.g
-/// against name.d0, ..., then gradcheck on the same inputs.
-void check_case(const std::string& name, std::size_t n_inputs, const Fn& f, bool grad = true) {
+/// against name.d0, ..., then gradcheck on the same inputs. The records come from `src` (manip.txt by default).
+void check_case(const std::string& name, std::size_t n_inputs, const Fn& f, bool grad = true,
+                const Fixtures& src = fx()) {
   INFO("case " << name);
   Inputs in;
-  for (std::size_t i = 0; i < n_inputs; ++i) in.push_back(fx()[name + ".in" + std::to_string(i)].requires_grad_(true));
+  for (std::size_t i = 0; i < n_inputs; ++i) in.push_back(src[name + ".in" + std::to_string(i)].requires_grad_(true));
   TD y = f(in);
-  ember_test::check_close(y, fx()[name + ".y"], 1e-12, 1e-12);
+  ember_test::check_close(y, src[name + ".y"], 1e-12, 1e-12);
   if (!grad) return;
-  y.backward(fx()[name + ".g"]);
+  y.backward(src[name + ".g"]);
   for (std::size_t i = 0; i < n_inputs; ++i) {
     INFO("gradient of input " << i);
     REQUIRE(in[i].grad().defined());
-    ember_test::check_close(in[i].grad(), fx()[name + ".d" + std::to_string(i)], 1e-12, 1e-12);
+    ember_test::check_close(in[i].grad(), src[name + ".d" + std::to_string(i)], 1e-12, 1e-12);
   }
   Inputs fresh;
-  for (std::size_t i = 0; i < n_inputs; ++i) fresh.push_back(fx()[name + ".in" + std::to_string(i)].requires_grad_(true));
+  for (std::size_t i = 0; i < n_inputs; ++i)
+    fresh.push_back(src[name + ".in" + std::to_string(i)].requires_grad_(true));
   ember_test::check_grad(name, f, fresh);
 }
 
@@ -217,11 +227,14 @@ TEST_CASE("outer, baddbmm and einsum match PyTorch, gradients included") {
     const std::string e = eq;
     check_case("einsum." + name, 1, [e](const Inputs& v) { return einsum(e, v[0]); });
   }
-  // beta = 0 ignores the input, NaN included (as PyTorch).
+  // beta = 0 ignores the input, NaN included, and gives it a zero gradient (as PyTorch).
   TD nan_in = full<double>({2, 2}, std::numeric_limits<double>::quiet_NaN());
   CHECK(baddbmm(nan_in, ones<double>({1, 2, 3}), ones<double>({1, 3, 2}), 0.0).to_vector() ==
         std::vector<double>{3, 3, 3, 3});
-  EXPECT_ERROR([] { (void)einsum("ii->i", ones<double>({3, 3})); }, {"einsum", "repeats within operand 0"});
+  check_case("baddbmm0", 3, [](const Inputs& v) { return baddbmm(v[0], v[1], v[2], 0.0, 1.5); }, true, pfx());
+  check_case("baddbmm0.broadcast", 3, [](const Inputs& v) { return baddbmm(v[0], v[1], v[2], 0.0); }, true, pfx());
+  EXPECT_ERROR([] { (void)einsum("ii->i", ones<double>({2, 3})); }, {"einsum", "subscript i is repeated in operand 0",
+               "sizes differ (2 and 3"});
   EXPECT_ERROR([] { (void)einsum("ij,jk->ik", ones<double>({2, 3}), ones<double>({4, 2})); }, {"einsum", "size 4",
                "has 3"});
   EXPECT_ERROR([] { (void)einsum("ij,jk->iz", ones<double>({2, 3}), ones<double>({3, 2})); }, {"einsum",
@@ -262,6 +275,100 @@ TEST_CASE("nn::functional pad, interpolate and one_hot match PyTorch, gradients 
   EXPECT_ERROR([] { (void)F::interpolate(ones<double>({1, 2, 2}), {{3, 3}, {}, M::bilinear, false}); },
                {"interpolate", "bilinear needs a 4-D input"});
   EXPECT_ERROR([] { (void)F::one_hot(tensor<std::int64_t>({0, 5}), 3); }, {"one_hot", "class value 5"});
+  // An output size beyond any int64 is refused before it is converted (the conversion would be undefined).
+  for (const double factor : {1e30, 1e300}) {
+    INFO("scale_factor " << factor);
+    std::string msg;
+    try {
+      (void)F::interpolate(ones<double>({1, 1, 2, 2}), {{}, {factor}, M::nearest, false});
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("interpolate") != std::string::npos);
+    CHECK(msg.find("scale_factor") != std::string::npos);
+    CHECK(msg.find("too large") != std::string::npos);
+    CHECK(msg.find("-9223372036854775808") == std::string::npos);
+  }
+}
+
+TEST_CASE("einsum: three and more operands, diagonals and traces match PyTorch, gradients included") {
+  const std::vector<std::tuple<std::string, std::string, std::size_t>> cases = {
+      {"three", "ij,jk,kl->il", 3},      {"three_implicit", "ij,jk,kl", 3}, {"three_batch", "bij,bjk,bkl->bil", 3},
+      {"outer3", "i,j,k->ijk", 3},       {"dot3", "i,i,i->", 3},            {"four", "ab,bc,cd,de->ae", 4},
+      {"shared", "bi,bj,bi->bj", 3},     {"ellipsis3", "...ij,...jk,kl->...il", 3},
+      {"diag", "ii->i", 1},              {"trace", "ii->", 1},              {"trace_implicit", "ii", 1},
+      {"diag_batch", "bii->bi", 1},      {"diag_keep", "iji->ij", 1},       {"diag_pair", "iij,jk->ik", 2},
+      {"diag_three", "ii,ij,jj->j", 3}};
+  for (const auto& [name, eq, n] : cases) {
+    const std::string e = eq;
+    check_case("einsum." + name, n, [e](const Inputs& v) { return einsum(e, v); }, true, pfx());
+  }
+  // A diagonal of a non-contiguous operand reads through its strides.
+  const TD x = ember_test::normal({3, 3}, 11);
+  CHECK(einsum("ii->i", x.t()).to_vector() == einsum("ii->i", x).to_vector());
+  EXPECT_ERROR([] { (void)einsum("ij,jk,kl->il", std::vector<TD>{ones<double>({2, 3}), ones<double>({3, 4})}); },
+               {"einsum", "names 3 operands, 2 given"});
+  EXPECT_ERROR([] { (void)einsum("", std::vector<TD>{}); }, {"einsum", "at least one operand"});
+  EXPECT_ERROR([] { (void)einsum("ij,jk,kl->il", ones<double>({2, 3}), ones<double>({3, 4}), ones<double>({5, 2})); },
+               {"einsum", "subscript 0 of operand 2", "has size 5 where another operand has 4"});
+}
+
+TEST_CASE("interpolate: bicubic, area, nearest-exact, trilinear and 5-D nearest match PyTorch, gradients included") {
+  using M = F::InterpolateMode;
+  const std::vector<std::pair<std::string, F::InterpolateOptions>> cases = {
+      {"bicubic.size", {{7, 8}, {}, M::bicubic, false}},
+      {"bicubic.corners", {{7, 8}, {}, M::bicubic, true}},
+      {"bicubic.scale", {{}, {1.7}, M::bicubic, false}},
+      {"bicubic.scale2", {{}, {0.6, 2.0}, M::bicubic, false}},
+      {"bicubic.down", {{3, 2}, {}, M::bicubic, false}},
+      {"bicubic.down_corners", {{2, 3}, {}, M::bicubic, true}},
+      {"bicubic.one", {{1, 3}, {}, M::bicubic, true}},
+      {"area.1d", {{3}, {}, M::area, false}},
+      {"area.2d", {{3, 4}, {}, M::area, false}},
+      {"area.3d", {{2, 3, 4}, {}, M::area, false}},
+      {"area.up", {{9, 8}, {}, M::area, false}},
+      {"area.scale", {{}, {0.5}, M::area, false}},
+      {"nearest_exact.1d", {{7}, {}, M::nearest_exact, false}},
+      {"nearest_exact.2d", {{7, 3}, {}, M::nearest_exact, false}},
+      {"nearest_exact.3d", {{}, {1.5}, M::nearest_exact, false}},
+      {"nearest_exact.scale", {{}, {0.7}, M::nearest_exact, false}},
+      {"nearest.3d", {{3, 5, 7}, {}, M::nearest, false}},
+      {"nearest.twice2d", {{}, {2.3, 1.1}, M::nearest, false}},
+      {"trilinear.size", {{5, 6, 4}, {}, M::trilinear, false}},
+      {"trilinear.corners", {{5, 6, 4}, {}, M::trilinear, true}},
+      {"trilinear.scale", {{}, {1.5, 0.5, 2.0}, M::trilinear, false}}};
+  for (const auto& [name, o] : cases) {
+    const F::InterpolateOptions opt = o;
+    check_case("interp." + name, 1, [opt](const Inputs& v) { return F::interpolate(v[0], opt); }, true, pfx());
+  }
+  // A 1-D input whose output is twice as long: PyTorch's forward reads floor(j / 2.3), not j / 2 as for 2-D
+  // inputs; its backward takes the j / 2 shortcut all the same, so only the value is PyTorch's, and ember's gradient
+  // is the adjoint of its forward (README, differences from PyTorch).
+  const F::InterpolateOptions twice{{}, {2.3}, M::nearest, false};
+  check_case("interp.nearest.twice", 1, [twice](const Inputs& v) { return F::interpolate(v[0], twice); }, false,
+             pfx());
+  ember_test::check_grad("interp.nearest.twice", [twice](const Inputs& v) { return F::interpolate(v[0], twice); },
+                         {pfx()["interp.nearest.twice.in0"].requires_grad_(true)});
+  // float and bfloat16 follow double (the passes compute in fp32).
+  const TD xd = ember_test::normal({2, 3, 5, 6}, 12);
+  const F::InterpolateOptions bic{{7, 4}, {}, M::bicubic, false};
+  const TD want = F::interpolate(xd, bic);
+  ember_test::check_close(F::interpolate(Tensor<float>(cast<float>(xd)), bic), want, 1e-5, 1e-5);
+  ember_test::check_close(F::interpolate(Tensor<bfloat16>(cast<bfloat16>(xd)), bic), want, 0.05, 0.05);
+  // Area bins of different widths: a bin that does not cover an inf stays finite (unused taps read nothing).
+  TD xi = ones<double>({1, 1, 5});
+  xi.at(0, 0, 0) = std::numeric_limits<double>::infinity();
+  const TD ya = F::interpolate(xi, {{3}, {}, M::area, false});  // bins [0, 2), [1, 4), [3, 5)
+  CHECK(std::isinf(ya.at(0, 0, 0)));
+  CHECK(ya.at(0, 0, 2) == 1.0);
+  EXPECT_ERROR([] { (void)F::interpolate(ones<double>({1, 2, 3}), {{4}, {}, M::bicubic, false}); },
+               {"interpolate", "bicubic needs a 4-D input"});
+  EXPECT_ERROR([] { (void)F::interpolate(ones<double>({1, 2, 3, 3}), {{4, 4}, {}, M::trilinear, false}); },
+               {"interpolate", "trilinear needs a 5-D input"});
+  EXPECT_ERROR([] { (void)F::interpolate(ones<double>({1, 2, 3, 3}), {{4, 4}, {}, M::area, true}); },
+               {"interpolate", "align_corners", "not mode area"});
+  EXPECT_ERROR([] { (void)F::interpolate(ones<double>({1, 1, 2, 2, 2, 2}), {{3}, {}, M::nearest, false}); },
+               {"interpolate", "5-D", "[1, 1, 2, 2, 2, 2]"});
 }
 
 TEST_CASE("multinomial: seeded, every row's distribution, no repeats without replacement, zero weights never drawn") {
@@ -312,9 +419,9 @@ const Fixtures& afx() {
 
 /// Copies a module's parameters from the fixture records `<prefix>.param.<name>` (PyTorch's names) through
 /// load_state_dict, so a parameter PyTorch does not have fails the lookup.
-void load_params(nn::Module& m, const std::string& prefix) {
+void load_params(nn::Module& m, const std::string& prefix, const Fixtures& src = afx()) {
   StateDict sd;
-  for (auto& [n, p] : m.named_parameters<double>()) sd.emplace(n, afx()[prefix + ".param." + n]);
+  for (auto& [n, p] : m.named_parameters<double>()) sd.emplace(n, src[prefix + ".param." + n]);
   m.load_state_dict(sd);
 }
 
@@ -377,6 +484,153 @@ TEST_CASE("scaled_dot_product_attention: the blocked kernel equals the unfused c
   SdpaOptions<double> scaled;
   scaled.scale = 0.05;
   compare_with_math(ember_test::normal({2, 40, 3, 16}, 5).transpose(1, 2), k, v, scaled, 1e-11);
+}
+
+TEST_CASE("scaled_dot_product_attention with enable_gqa matches PyTorch; grouped heads are read in place") {
+  for (const std::string c : {"plain", "causal", "bool", "mixed", "three_d"}) {
+    INFO("case " << c);
+    const std::string pre = "gqa." + c + ".";
+    SdpaOptions<double> o;
+    o.enable_gqa = true;
+    if (c == "causal") o.is_causal = true;
+    if (c == "bool") o.attn_mask = mask_of(pfx()[pre + "mask"]);
+    TD q = pfx()[pre + "q"].requires_grad_(true), k = pfx()[pre + "k"].requires_grad_(true),
+       v = pfx()[pre + "v"].requires_grad_(true);
+    TD y = scaled_dot_product_attention(q, k, v, o);
+    ember_test::check_close(y, pfx()[pre + "y"], 1e-12, 1e-12);
+    y.backward(pfx()[pre + "g"]);
+    ember_test::check_close(q.grad(), pfx()[pre + "dq"], 1e-11, 1e-12);
+    ember_test::check_close(k.grad(), pfx()[pre + "dk"], 1e-11, 1e-12);
+    ember_test::check_close(v.grad(), pfx()[pre + "dv"], 1e-11, 1e-12);
+    ember_test::check_grad("sdpa gqa " + c,
+                           [o](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], o); },
+                           {pfx()[pre + "q"].requires_grad_(true), pfx()[pre + "k"].requires_grad_(true),
+                            pfx()[pre + "v"].requires_grad_(true)});
+  }
+  // Across block edges, with dropout (one mask per query head), against the composition with repeated heads.
+  const TD q = ember_test::normal({2, 6, 130, 8}, 21), k = ember_test::normal({2, 2, 70, 8}, 22),
+           v = ember_test::normal({2, 2, 70, 4}, 23);
+  SdpaOptions<double> g;
+  g.enable_gqa = true;
+  compare_with_math(q, k, v, g, 1e-11);
+  g.is_causal = true;
+  compare_with_math(q, k, v, g, 1e-11);
+  SdpaOptions<double> d;
+  d.enable_gqa = true;
+  d.dropout_p = 0.3;
+  Generator g1(5), g2(5);
+  d.generator = &g1;
+  TD qd = q.clone().requires_grad_(true), kd = k.clone().requires_grad_(true), vd = v.clone().requires_grad_(true);
+  TD yd = scaled_dot_product_attention(qd, kd, vd, d);
+  // The same draws on repeated heads without enable_gqa: the kernel's mask depends on (query head, query, key).
+  SdpaOptions<double> r;
+  r.dropout_p = 0.3;
+  r.generator = &g2;
+  TD kr = ember::detail::repeat_heads(k, 3).contiguous().requires_grad_(true),
+     vr = ember::detail::repeat_heads(v, 3).contiguous().requires_grad_(true), qr = q.clone().requires_grad_(true);
+  TD yr = scaled_dot_product_attention(qr, kr, vr, r);
+  ember_test::check_close(yd, yr.detach(), 1e-12, 1e-12);
+  const TD up = ember_test::normal(yd.shape(), 24);
+  yd.backward(up);
+  yr.backward(up);
+  ember_test::check_close(qd.grad(), qr.grad().detach(), 1e-11, 1e-12);
+  // A key/value head's gradient is the sum over the query heads it serves.
+  ember_test::check_close(kd.grad(), TD(sum(kr.grad().reshape({2, 2, 3, 70, 8}), 2)).detach(), 1e-11, 1e-12);
+  ember_test::check_close(vd.grad(), TD(sum(vr.grad().reshape({2, 2, 3, 70, 4}), 2)).detach(), 1e-11, 1e-12);
+  EXPECT_ERROR([] { (void)scaled_dot_product_attention(ones<double>({1, 3, 2, 4}), ones<double>({1, 2, 5, 4}),
+                                                       ones<double>({1, 2, 5, 4}), {.enable_gqa = true}); },
+               {"scaled_dot_product_attention", "key (2) and value (2) must divide the number of heads in query (3)"});
+  EXPECT_ERROR([] { (void)scaled_dot_product_attention(ones<double>({2, 4}), ones<double>({5, 4}), ones<double>({5, 4}),
+                                                       {.enable_gqa = true}); },
+               {"scaled_dot_product_attention", "enable_gqa needs a head dim"});
+  EXPECT_ERROR([] { (void)scaled_dot_product_attention(ones<double>({1, 4, 2, 4}), ones<double>({1, 2, 5, 4}),
+                                                       ones<double>({1, 2, 5, 4})); },
+               {"scaled_dot_product_attention", "batch dims"});
+}
+
+TEST_CASE("MultiheadAttention with kdim/vdim and add_bias_kv matches PyTorch, masks and gradients included") {
+  using MHA = nn::MultiheadAttentionT<amp::fp64>;
+  auto names = [](const nn::Module& m) {
+    std::set<std::string> r;
+    for (const auto& [n, p] : m.named_parameters<double>()) r.insert(n);
+    return r;
+  };
+  {
+    MHA mha(8, 2, {.kdim = 5, .vdim = 6, .batch_first = true});
+    CHECK(names(mha) == std::set<std::string>{"q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                                             "out_proj.weight", "out_proj.bias"});
+    CHECK(double(names(mha).size()) == pfx()["mha.kv.nparams"].item());
+    CHECK(!mha.in_proj_weight.defined());
+    load_params(mha, "mha.kv", pfx());
+    TD q = pfx()["mha.kv.q"].requires_grad_(true), k = pfx()["mha.kv.k"].requires_grad_(true),
+       v = pfx()["mha.kv.v"].requires_grad_(true);
+    nn::MhaForwardOptions<double> o;
+    o.key_padding_mask = mask_of(pfx()["mha.kv.kpm"]);
+    auto [y, w] = mha(q, k, v, o);
+    ember_test::check_close(y, pfx()["mha.kv.y"], 1e-11, 1e-12);
+    ember_test::check_close(w, pfx()["mha.kv.w"], 1e-11, 1e-12);
+    y.backward(pfx()["mha.kv.g"]);
+    ember_test::check_close(q.grad(), pfx()["mha.kv.dq"], 1e-10, 1e-12);
+    ember_test::check_close(k.grad(), pfx()["mha.kv.dk"], 1e-10, 1e-12);
+    ember_test::check_close(v.grad(), pfx()["mha.kv.dv"], 1e-10, 1e-12);
+    ember_test::check_close(mha.q_proj_weight.grad(), pfx()["mha.kv.d_q_proj_weight"], 1e-10, 1e-12);
+    ember_test::check_close(mha.k_proj_weight.grad(), pfx()["mha.kv.d_k_proj_weight"], 1e-10, 1e-12);
+    ember_test::check_close(mha.v_proj_weight.grad(), pfx()["mha.kv.d_v_proj_weight"], 1e-10, 1e-12);
+    EXPECT_ERROR([&] { (void)mha(q, q, v); }, {"MultiheadAttention", "kdim = 5 (key)"});
+  }
+  {
+    MHA mha(8, 2, {.add_bias_kv = true});
+    CHECK(names(mha) == std::set<std::string>{"in_proj_weight", "in_proj_bias", "bias_k", "bias_v", "out_proj.weight",
+                                             "out_proj.bias"});
+    CHECK(mha.bias_k.shape() == Shape{1, 1, 8});
+    load_params(mha, "mha.bkv", pfx());
+    TD x = pfx()["mha.bkv.x"].requires_grad_(true);
+    nn::MhaForwardOptions<double> o;
+    o.attn_mask = mask_of(pfx()["mha.bkv.am"]);
+    o.key_padding_mask = mask_of(pfx()["mha.bkv.kpm"]);
+    o.average_attn_weights = false;
+    auto [y, w] = mha(x, x, x, o);
+    CHECK(w.shape() == Shape{2, 2, 5, 6});  // one more key: the appended bias
+    ember_test::check_close(y, pfx()["mha.bkv.y"], 1e-11, 1e-12);
+    ember_test::check_close(w, pfx()["mha.bkv.w"], 1e-11, 1e-12);
+    y.backward(pfx()["mha.bkv.g"]);
+    ember_test::check_close(x.grad(), pfx()["mha.bkv.dx"], 1e-10, 1e-12);
+    ember_test::check_close(mha.bias_k.grad(), pfx()["mha.bkv.d_bias_k"], 1e-10, 1e-12);
+    ember_test::check_close(mha.bias_v.grad(), pfx()["mha.bkv.d_bias_v"], 1e-10, 1e-12);
+    // Without weights (the blocked kernel), an additive mask.
+    x.grad() = TD();
+    mha.zero_grad();
+    nn::MhaForwardOptions<double> f;
+    f.attn_mask = pfx()["mha.bkv.fm"];
+    f.need_weights = false;
+    TD y2 = mha(x, x, x, f).output;
+    ember_test::check_close(y2, pfx()["mha.bkv.y2"], 1e-11, 1e-12);
+    y2.backward(pfx()["mha.bkv.g2"]);
+    ember_test::check_close(x.grad(), pfx()["mha.bkv.dx2"], 1e-10, 1e-12);
+    ember_test::check_close(mha.bias_k.grad(), pfx()["mha.bkv.d2_bias_k"], 1e-10, 1e-12);
+    // is_causal equals the explicit causal mask, which keeps the appended position for every query.
+    nn::MhaForwardOptions<double> c, m;
+    c.is_causal = true;
+    m.attn_mask = mask_of(pfx()["mha.bkv.am"]);
+    ember_test::check_close(mha(x, x, x, c).output, mha(x, x, x, m).output.detach(), 1e-12, 1e-12);
+  }
+  {
+    MHA mha(8, 4, {.bias = false, .add_bias_kv = true, .kdim = 3, .vdim = 5, .batch_first = true});
+    CHECK(names(mha) == std::set<std::string>{"q_proj_weight", "k_proj_weight", "v_proj_weight", "bias_k", "bias_v",
+                                             "out_proj.weight"});
+    load_params(mha, "mha.both", pfx());
+    TD q = pfx()["mha.both.q"].requires_grad_(true), k = pfx()["mha.both.k"].requires_grad_(true),
+       v = pfx()["mha.both.v"].requires_grad_(true);
+    auto [y, w] = mha(q, k, v);
+    ember_test::check_close(y, pfx()["mha.both.y"], 1e-11, 1e-12);
+    ember_test::check_close(w, pfx()["mha.both.w"], 1e-11, 1e-12);
+    y.backward(pfx()["mha.both.g"]);
+    ember_test::check_close(q.grad(), pfx()["mha.both.dq"], 1e-10, 1e-12);
+    ember_test::check_close(k.grad(), pfx()["mha.both.dk"], 1e-10, 1e-12);
+    ember_test::check_close(v.grad(), pfx()["mha.both.dv"], 1e-10, 1e-12);
+    ember_test::check_close(mha.bias_v.grad(), pfx()["mha.both.d_bias_v"], 1e-10, 1e-12);
+  }
+  EXPECT_ERROR([] { (void)nn::MultiheadAttention(8, 2, {.kdim = -1}); }, {"MultiheadAttention", "kdim (-1)"});
 }
 
 TEST_CASE("scaled_dot_product_attention: fully masked rows give zeros, dropout is reproducible and differentiable") {
@@ -526,6 +780,30 @@ TEST_CASE("TransformerEncoderLayer matches PyTorch: post-norm ReLU and pre-norm 
     ember_test::check_close(layer.linear1.weight.grad(), afx()[pre + "d_linear1_weight"], 1e-9, 1e-11);
     ember_test::check_close(layer.self_attn.in_proj_weight.grad(), afx()[pre + "d_in_proj_weight"], 1e-9, 1e-11);
   }
+}
+
+TEST_CASE("TransformerEncoderLayer without bias: no bias anywhere, LayerNorms included; PyTorch's state dict loads") {
+  nn::TransformerEncoderLayerOptions o;
+  o.dim_feedforward = 16;
+  o.dropout = 0;
+  o.batch_first = true;
+  o.bias = false;
+  nn::TransformerEncoderLayerT<amp::fp64> layer(8, 2, o);
+  // torch.nn.TransformerEncoderLayer(bias=False)'s keys, exactly.
+  std::set<std::string> keys;
+  for (const auto& [k, v] : layer.state_dict()) keys.insert(k);
+  CHECK(keys == std::set<std::string>{"self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight",
+                                      "linear2.weight", "norm1.weight", "norm2.weight"});
+  CHECK(double(keys.size()) == pfx()["enc.nobias.nstate"].item());
+  CHECK(!layer.norm1.bias.defined());
+  CHECK(!layer.norm2.bias.defined());
+  load_params(layer, "enc.nobias", pfx());
+  TD x = pfx()["enc.nobias.x"].requires_grad_(true);
+  TD y = layer(x);
+  ember_test::check_close(y, pfx()["enc.nobias.y"], 1e-10, 1e-12);
+  y.backward(pfx()["enc.nobias.g"]);
+  ember_test::check_close(x.grad(), pfx()["enc.nobias.dx"], 1e-9, 1e-11);
+  ember_test::check_close(layer.norm1.weight.grad(), pfx()["enc.nobias.d_norm1_weight"], 1e-9, 1e-11);
 }
 
 TEST_CASE("attention in bf16 and fp16: the layers under the mixed policies follow fp32, dropout included") {

@@ -5,6 +5,7 @@
 // and dropout (detail::sdpa_math).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -43,6 +44,9 @@ struct SdpaOptions {
   bool is_causal = false;       // key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
   double dropout_p = 0;         // on the attention weights (always applied when > 0, as the functional form)
   std::optional<double> scale{};  // default 1 / sqrt(E)
+  /// Grouped-query attention: k and v may have fewer heads (dim -3) than q, each dividing q's; key/value head h
+  /// serves the q/kv consecutive query heads from h * (Hq / Hkv) on, as torch's repeat_interleave of k and v.
+  bool enable_gqa = false;
   Generator* generator = nullptr;  // the dropout's stream; the default generator unless given
 };
 
@@ -88,9 +92,26 @@ inline Tensor<bool> future_mask(std::int64_t l, std::int64_t s, Device device) {
   return device.is_cpu() ? m : m.to(device);
 }
 
-/// The unfused reference: matmul, mask, softmax, dropout, matmul (materialises the L x S weights).
+/// x (..., H, S, E) with every head repeated `group` times in place: (..., H * group, S, E), as torch's
+/// repeat_interleave(group, -3) (differentiable: a broadcast view, then a copy).
 template <class T>
-Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const SdpaOptions<T>& o) {
+Tensor<T> repeat_heads(const Tensor<T>& x, std::int64_t group) {
+  if (group == 1) return x;
+  const int n = x.dim();
+  Shape e = x.shape();
+  e.insert(n - 2, group);
+  Shape r = x.shape();
+  r[n - 3] *= group;
+  return x.unsqueeze(n - 2).expand(e).reshape(r);
+}
+
+/// The unfused reference: matmul, mask, softmax, dropout, matmul (materialises the L x S weights). With
+/// enable_gqa, k and v are first repeated to q's heads.
+template <class T>
+Tensor<T> sdpa_math(const Tensor<T>& q, const Tensor<T>& k0, const Tensor<T>& v0, const SdpaOptions<T>& o) {
+  const int nd = q.dim();
+  const Tensor<T> k = o.enable_gqa ? repeat_heads(k0, q.shape()[nd - 3] / k0.shape()[nd - 3]) : k0;
+  const Tensor<T> v = o.enable_gqa ? repeat_heads(v0, q.shape()[nd - 3] / v0.shape()[nd - 3]) : v0;
   const std::int64_t l = q.shape()[q.dim() - 2], s = k.shape()[k.dim() - 2], e = q.shape()[q.dim() - 1];
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(e));
   Tensor<T> sc = matmul(q, k.transpose(-2, -1));
@@ -119,7 +140,7 @@ namespace autograd {
 template <class T>
 struct SdpaNode final : TypedNode<T> {
   ops::AttentionGeom g;
-  Saved<T> q, k, v, out;  // (BH, L, E), (BH, S, E), (BH, S, Ev), (BH, L, Ev), contiguous
+  Saved<T> q, k, v, out;  // (BH, L, E), (BH / G, S, E), (BH / G, S, Ev), (BH, L, Ev), contiguous (G: kv_group)
   Tensor<T> lse, bias;
   Shape qs, ks, vs;
   const char* name() const override { return "ScaledDotProductAttentionBackward"; }
@@ -135,6 +156,10 @@ struct SdpaNode final : TypedNode<T> {
     const Tensor<T>& oo = out.get(op);
     const Tensor<T> go = this->grad.contiguous().reshape(oo.shape());
     Tensor<T> dq = empty<T>(qq.shape()), dk = empty<T>(kk.shape()), dv = empty<T>(vv.shape());
+    if (g.bh == 0) {  // no query heads: the kernel visits no key/value head
+      dk = zeros<T>(kk.shape());
+      dv = zeros<T>(vv.shape());
+    }
     ops::attention_backward<T>(g, qq.data(), kk.data(), vv.data(), bias.defined() ? bias.data() : nullptr, oo.data(),
                                lse.data(), go.data(), dq.data(), dk.data(), dv.data());
     this->template deliver<T>(0, dq.view(qs));
@@ -145,9 +170,10 @@ struct SdpaNode final : TypedNode<T> {
 }  // namespace autograd
 
 /// torch.nn.functional.scaled_dot_product_attention: q (..., L, E), k (..., S, E), v (..., S, Ev) with the same
-/// batch dims; the result is (..., L, Ev). A query row whose keys are all masked out gives zeros. On the CPU
-/// (float, double; half and bfloat16 compute in float) the blocked kernel runs: memory O(L) per head beyond the
-/// inputs and output, in the backward too. The mask gets no gradient.
+/// batch dims (with enable_gqa, k and v may have fewer heads in dim -3); the result is (..., L, Ev). A query row
+/// whose keys are all masked out gives zeros. On the CPU (float, double; half and bfloat16 compute in float) the
+/// blocked kernel runs: memory O(L) per head beyond the inputs and output, in the backward too, and grouped
+/// key/value heads are read in place. The mask gets no gradient.
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                        const SdpaOptions<std::type_identity_t<T>>& o = {}) {
@@ -156,9 +182,19 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, c
   EMBER_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), op, ": q, k and v need the same number (>= 2)",
               " of dims, got shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
   const int n = q.dim();
+  EMBER_CHECK(!o.enable_gqa || n >= 3, op, ": enable_gqa needs a head dim (-3): q, k and v of 3 or more dims, got ",
+              "shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
+  const int head = o.enable_gqa ? n - 3 : -1;  // the dim where k and v may have fewer heads than q
   for (int d = 0; d < n - 2; ++d)
-    EMBER_CHECK(k.shape()[d] == q.shape()[d] && v.shape()[d] == q.shape()[d], op, ": the batch dims of q ",
-                q.shape().str(), ", k ", k.shape().str(), " and v ", v.shape().str(), " differ");
+    EMBER_CHECK(d == head || (k.shape()[d] == q.shape()[d] && v.shape()[d] == q.shape()[d]), op,
+                ": the batch dims of q ", q.shape().str(), ", k ", k.shape().str(), " and v ", v.shape().str(),
+                " differ", o.enable_gqa ? " (outside the head dim -3)" : "");
+  if (o.enable_gqa) {
+    const std::int64_t hq = q.shape()[head], hk = k.shape()[head], hv = v.shape()[head];
+    EMBER_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0, op, ": with enable_gqa the number of heads in ",
+                "key (", hk, ") and value (", hv, ") must divide the number of heads in query (", hq, "); shapes q ",
+                q.shape().str(), ", k ", k.shape().str(), ", v ", v.shape().str());
+  }
   EMBER_CHECK(k.shape()[n - 1] == q.shape()[n - 1], op, ": q's last dim (", q.shape()[n - 1], ") and k's (",
               k.shape()[n - 1], ") must match; shapes ", q.shape().str(), " and ", k.shape().str());
   EMBER_CHECK(v.shape()[n - 2] == k.shape()[n - 2], op, ": k has ", k.shape()[n - 2], " keys but v has ",
@@ -174,19 +210,30 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, c
     of.is_causal = o.is_causal;
     of.dropout_p = o.dropout_p;
     of.scale = o.scale;
+    of.enable_gqa = o.enable_gqa;
     of.generator = o.generator;
     if (o.attn_mask.keep.defined()) of.attn_mask = o.attn_mask.keep;
     else if (o.attn_mask.add.defined()) of.attn_mask = Tensor<float>(cast<float>(o.attn_mask.add));
     const Tensor<float> qf = cast<float>(q), kf = cast<float>(k), vf = cast<float>(v);
     return Tensor<T>(cast<T>(scaled_dot_product_attention<float>(qf, kf, vf, of)));
   } else {
+    // k and v with different head counts: both repeated to q's heads (the kernel reads one group size).
+    const bool mixed = o.enable_gqa && k.shape()[n - 3] != v.shape()[n - 3];
+    const Tensor<T> kx = mixed ? detail::repeat_heads(k, q.shape()[n - 3] / k.shape()[n - 3]) : k;
+    const Tensor<T> vx = mixed ? detail::repeat_heads(v, q.shape()[n - 3] / v.shape()[n - 3]) : v;
     ops::AttentionGeom g;
     g.l = q.shape()[n - 2];
     g.s = k.shape()[n - 2];
     g.e = q.shape()[n - 1];
     g.ev = v.shape()[n - 1];
     g.bh = 1;
-    for (int d = 0; d < n - 2; ++d) g.bh *= q.shape()[d];
+    std::int64_t bkv = 1;  // key/value batch-heads
+    for (int d = 0; d < n - 2; ++d) {
+      g.bh *= q.shape()[d];
+      bkv *= kx.shape()[d];
+    }
+    if (o.enable_gqa && !mixed && kx.shape()[n - 3] > 0)
+      g.kv_group = std::max<std::int64_t>(1, q.shape()[n - 3] / kx.shape()[n - 3]);
     g.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(g.e));
     g.causal = o.is_causal;
     g.dropout_p = o.dropout_p;
@@ -206,8 +253,8 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, c
     {
       NoGradGuard ng;
       qc = q.detach().contiguous().view({g.bh, g.l, g.e});
-      kc = k.detach().contiguous().view({g.bh, g.s, g.e});
-      vc = v.detach().contiguous().view({g.bh, g.s, g.ev});
+      kc = kx.detach().contiguous().view({bkv, g.s, g.e});
+      vc = vx.detach().contiguous().view({bkv, g.s, g.ev});
     }
     Tensor<T> out = empty<T>(Shape{g.bh, g.l, g.ev});
     Tensor<T> lse = empty<T>(Shape{g.bh, g.l});
@@ -215,7 +262,7 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, c
       ops::attention_forward<T>(g, qc.data(), kc.data(), vc.data(), bias.defined() ? bias.data() : nullptr, out.data(),
                                 lse.data());
     Tensor<T> r = out.view(os);
-    if ((q.requires_grad() || k.requires_grad() || v.requires_grad()) && is_grad_enabled()) {
+    if ((q.requires_grad() || kx.requires_grad() || vx.requires_grad()) && is_grad_enabled()) {
       auto node = std::make_shared<autograd::SdpaNode<T>>();
       node->g = g;
       node->q = autograd::Saved<T>(qc);
@@ -225,9 +272,9 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, c
       node->lse = lse;
       node->bias = bias;
       node->qs = q.shape();
-      node->ks = k.shape();
-      node->vs = v.shape();
-      node->next = {autograd::gradient_edge(q), autograd::gradient_edge(k), autograd::gradient_edge(v)};
+      node->ks = kx.shape();
+      node->vs = vx.shape();
+      node->next = {autograd::gradient_edge(q), autograd::gradient_edge(kx), autograd::gradient_edge(vx)};
       node->output = r.impl_ptr();
       autograd::set_history<T>(r, node);
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "ember/amp/policy.hpp"
 #include "ember/autograd/attention.hpp"
@@ -46,8 +47,20 @@ struct MhaForwardOptions {
   bool is_causal = false;  // causal masking (key j for query i when j <= i), without building a mask
 };
 
-/// torch.nn.MultiheadAttention (embed_dim, num_heads; kdim = vdim = embed_dim): in_proj_weight (3E, E) and
-/// in_proj_bias (3E) project q, k, v; out_proj is a Linear. Without need_weights the heads run through
+/// The options of nn::MultiheadAttention after (embed_dim, num_heads), in torch.nn.MultiheadAttention's order.
+struct MultiheadAttentionOptions {
+  double dropout = 0.0;      // on the attention weights, in training
+  bool bias = true;          // in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;  // learned bias_k, bias_v (1, 1, E) appended to the keys and values as one more position
+  std::int64_t kdim = 0;     // the key's features (0: embed_dim)
+  std::int64_t vdim = 0;     // the value's features (0: embed_dim)
+  bool batch_first = false;
+};
+
+/// torch.nn.MultiheadAttention (embed_dim, num_heads): in_proj_weight (3E, E) and in_proj_bias (3E) project q, k, v
+/// (with kdim or vdim other than embed_dim: q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim)
+/// instead of in_proj_weight, as PyTorch); out_proj is a Linear. add_bias_kv appends bias_k / bias_v to the
+/// projected keys and values (the masks get a column that keeps it). Without need_weights the heads run through
 /// scaled_dot_product_attention (blocked on the CPU); with it the weights are materialised, as PyTorch does.
 template <amp::PrecisionPolicy P = amp::fp32>
 class MultiheadAttentionT : public Module {
@@ -55,27 +68,54 @@ class MultiheadAttentionT : public Module {
   using param_t = typename P::param_t;
   using compute_t = typename P::compute_t;
 
-  MultiheadAttentionT(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
-                      bool batch_first = false)
-      : Module("MultiheadAttention"), embed_dim(embed_dim), num_heads(num_heads), dropout(dropout),
-        batch_first(batch_first), out_proj(embed_dim, embed_dim, bias) {
+  MultiheadAttentionT(std::int64_t embed_dim, std::int64_t num_heads, const MultiheadAttentionOptions& o)
+      : Module("MultiheadAttention"), embed_dim(embed_dim), num_heads(num_heads), dropout(o.dropout),
+        batch_first(o.batch_first), kdim(o.kdim > 0 ? o.kdim : embed_dim), vdim(o.vdim > 0 ? o.vdim : embed_dim),
+        out_proj(embed_dim, embed_dim, o.bias) {
     EMBER_CHECK(embed_dim > 0 && num_heads > 0 && embed_dim % num_heads == 0, "nn::MultiheadAttention: embed_dim (",
                 embed_dim, ") must be a positive multiple of num_heads (", num_heads, ")");
-    EMBER_CHECK(dropout >= 0 && dropout < 1, "nn::MultiheadAttention: dropout must be in [0, 1), got ", dropout);
-    in_proj_weight = empty<param_t>(Shape{3 * embed_dim, embed_dim});
-    init::xavier_uniform_(in_proj_weight);
-    register_parameter("in_proj_weight", in_proj_weight);
-    if (bias) {
+    EMBER_CHECK(o.dropout >= 0 && o.dropout < 1, "nn::MultiheadAttention: dropout must be in [0, 1), got ", o.dropout);
+    EMBER_CHECK(o.kdim >= 0 && o.vdim >= 0, "nn::MultiheadAttention: kdim (", o.kdim, ") and vdim (", o.vdim,
+                ") must be positive (or 0 for embed_dim)");
+    if (kdim == embed_dim && vdim == embed_dim) {
+      in_proj_weight = empty<param_t>(Shape{3 * embed_dim, embed_dim});
+      init::xavier_uniform_(in_proj_weight);
+      register_parameter("in_proj_weight", in_proj_weight);
+    } else {
+      q_proj_weight = empty<param_t>(Shape{embed_dim, embed_dim});
+      k_proj_weight = empty<param_t>(Shape{embed_dim, kdim});
+      v_proj_weight = empty<param_t>(Shape{embed_dim, vdim});
+      for (Tensor<param_t>* w : {&q_proj_weight, &k_proj_weight, &v_proj_weight}) init::xavier_uniform_(*w);
+      register_parameter("q_proj_weight", q_proj_weight);
+      register_parameter("k_proj_weight", k_proj_weight);
+      register_parameter("v_proj_weight", v_proj_weight);
+    }
+    if (o.bias) {
       in_proj_bias = zeros<param_t>(Shape{3 * embed_dim});
       register_parameter("in_proj_bias", in_proj_bias);
       init::zeros_(out_proj.bias);
     }
+    if (o.add_bias_kv) {
+      bias_k = empty<param_t>(Shape{1, 1, embed_dim});
+      bias_v = empty<param_t>(Shape{1, 1, embed_dim});
+      init::xavier_normal_(bias_k);
+      init::xavier_normal_(bias_v);
+      register_parameter("bias_k", bias_k);
+      register_parameter("bias_v", bias_v);
+    }
     register_module("out_proj", out_proj);
-    set_extra_repr([embed_dim, num_heads, batch_first]() EMBER_COLD {
-      return "embed_dim=" + std::to_string(embed_dim) + ", num_heads=" + std::to_string(num_heads) +
-             ", batch_first=" + (batch_first ? "True" : "False");
+    const std::int64_t kd = kdim, vd = vdim;
+    const bool bf = o.batch_first;
+    set_extra_repr([embed_dim, num_heads, bf, kd, vd]() EMBER_COLD {
+      std::string r = "embed_dim=" + std::to_string(embed_dim) + ", num_heads=" + std::to_string(num_heads);
+      if (kd != embed_dim || vd != embed_dim) r += ", kdim=" + std::to_string(kd) + ", vdim=" + std::to_string(vd);
+      return r + ", batch_first=" + (bf ? "True" : "False");
     });
   }
+  MultiheadAttentionT(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
+                      bool batch_first = false)
+      : MultiheadAttentionT(embed_dim, num_heads,
+                            MultiheadAttentionOptions{.dropout = dropout, .bias = bias, .batch_first = batch_first}) {}
 
   AttentionOutput<compute_t> forward(const Tensor<compute_t>& query, const Tensor<compute_t>& key,
                                      const Tensor<compute_t>& value, const MhaForwardOptions<compute_t>& o = {}) const {
@@ -93,26 +133,35 @@ class MultiheadAttentionT : public Module {
     };
     const Tensor<T> qi = nle(query), ki = nle(key), vi = nle(value);
     const std::int64_t n = qi.shape()[0], l = qi.shape()[1], s = ki.shape()[1], e = embed_dim, h = num_heads;
-    EMBER_CHECK(qi.shape()[2] == e && ki.shape()[2] == e && vi.shape()[2] == e, op, ": the inputs' feature dims must ",
-                "be embed_dim = ", e, "; got query ", query.shape().str(), ", key ", key.shape().str(), ", value ",
-                value.shape().str());
+    EMBER_CHECK(qi.shape()[2] == e && ki.shape()[2] == kdim && vi.shape()[2] == vdim, op, ": the inputs' feature ",
+                "dims must be embed_dim = ", e, " (query), kdim = ", kdim, " (key) and vdim = ", vdim, " (value); got ",
+                "query ", query.shape().str(), ", key ", key.shape().str(), ", value ", value.shape().str());
     EMBER_CHECK(ki.shape()[0] == n && vi.shape()[0] == n && vi.shape()[1] == s, op, ": query ", query.shape().str(),
                 ", key ", key.shape().str(), " and value ", value.shape().str(), " disagree on batch or sequence size");
-    const Tensor<T> w = detail::to_compute<T>(in_proj_weight);
     const Tensor<T> b = in_proj_bias.defined() ? detail::to_compute<T>(in_proj_bias) : Tensor<T>();
     auto part = [&](int i) { return b.defined() ? b.narrow(0, i * e, e) : Tensor<T>(); };
     Tensor<T> q, k, v;
-    if (query.same_impl(key) && key.same_impl(value)) {  // self-attention: one projection GEMM
-      auto qkv = chunk(linear(qi, w, b), 3, -1);
+    if (!in_proj_weight.defined()) {  // separate projections (kdim / vdim)
+      q = linear(qi, detail::to_compute<T>(q_proj_weight), part(0));
+      k = linear(ki, detail::to_compute<T>(k_proj_weight), part(1));
+      v = linear(vi, detail::to_compute<T>(v_proj_weight), part(2));
+    } else if (query.same_impl(key) && key.same_impl(value)) {  // self-attention: one projection GEMM
+      auto qkv = chunk(linear(qi, detail::to_compute<T>(in_proj_weight), b), 3, -1);
       q = qkv[0], k = qkv[1], v = qkv[2];
     } else {
+      const Tensor<T> w = detail::to_compute<T>(in_proj_weight);
       q = linear(qi, w.narrow(0, 0, e), part(0));
       k = linear(ki, w.narrow(0, e, e), part(1));
       v = linear(vi, w.narrow(0, 2 * e, e), part(2));
     }
+    if (bias_k.defined()) {  // one more key and value position, (N, S + 1, E)
+      k = cat(std::vector<Tensor<T>>{k, detail::to_compute<T>(bias_k).expand({n, 1, e})}, 1);
+      v = cat(std::vector<Tensor<T>>{v, detail::to_compute<T>(bias_v).expand({n, 1, e})}, 1);
+    }
+    const std::int64_t s_kv = bias_k.defined() ? s + 1 : s;
     // (N, L, E) -> (N, H, L, Dh)
     auto heads = [&](const Tensor<T>& x, std::int64_t len) { return x.reshape({n, len, h, e / h}).transpose(1, 2); };
-    q = heads(q, l), k = heads(k, s), v = heads(v, s);
+    q = heads(q, l), k = heads(k, s_kv), v = heads(v, s_kv);
     // Every mask as one additive bias, (N, H or 1, L, S) or (L, S).
     const double ninf = -std::numeric_limits<double>::infinity();
     Tensor<T> bias;
@@ -136,10 +185,16 @@ class MultiheadAttentionT : public Module {
       kp = kp.reshape({n, 1, 1, s});
       bias = bias.defined() ? Tensor<T>(bias + kp) : kp;
     }
-    const bool causal_flag = o.is_causal && !bias.defined();
-    if (o.is_causal && bias.defined())  // folded into the bias with the other masks
-      bias = masked_fill(Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device())),
+    if (o.is_causal && (bias.defined() || bias_k.defined()))  // folded into the bias with the other masks
+      bias = masked_fill(bias.defined() ? Tensor<T>(bias + zeros<T>(Shape{l, s}, query.device()))
+                                        : zeros<T>(Shape{l, s}, query.device()),
                          ember::detail::future_mask(l, s, query.device()), ninf);
+    const bool causal_flag = o.is_causal && !bias.defined();
+    if (bias_k.defined() && bias.defined()) {  // every query may attend to the appended position
+      Shape one = bias.shape();
+      one[one.n - 1] = 1;
+      bias = cat(std::vector<Tensor<T>>{bias, zeros<T>(one, query.device())}, -1);
+    }
     const double p = is_training() ? dropout : 0.0;
     AttentionOutput<T> r;
     Tensor<T> att;  // (N, H, L, Dh)
@@ -174,7 +229,11 @@ class MultiheadAttentionT : public Module {
   std::int64_t embed_dim, num_heads;
   double dropout;
   bool batch_first;
-  Tensor<param_t> in_proj_weight, in_proj_bias;
+  std::int64_t kdim, vdim;
+  Tensor<param_t> in_proj_weight;                               // (3E, E); undefined with kdim/vdim != E
+  Tensor<param_t> q_proj_weight, k_proj_weight, v_proj_weight;  // (E, E), (E, kdim), (E, vdim); with kdim/vdim != E
+  Tensor<param_t> in_proj_bias;                                 // (3E), or undefined without bias
+  Tensor<param_t> bias_k, bias_v;                               // (1, 1, E) with add_bias_kv, else undefined
   LinearT<P> out_proj;
 };
 using MultiheadAttention = MultiheadAttentionT<>;
@@ -188,7 +247,7 @@ struct TransformerEncoderLayerOptions {
   double layer_norm_eps = 1e-5;
   bool batch_first = false;
   bool norm_first = false;  // pre-norm (x + sa(norm1(x))) instead of post-norm (norm1(x + sa(x)))
-  bool bias = true;
+  bool bias = true;  // false: no bias in the linear layers, the attention's projections or the LayerNorms
 };
 
 /// torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block (linear1 -> activation -> dropout ->
@@ -202,7 +261,7 @@ class TransformerEncoderLayerT : public Module {
       : Module("TransformerEncoderLayer"), options(o),
         self_attn(d_model, nhead, o.dropout, o.bias, o.batch_first),
         linear1(d_model, o.dim_feedforward, o.bias), dropout(o.dropout), linear2(o.dim_feedforward, d_model, o.bias),
-        norm1(Shape{d_model}, o.layer_norm_eps, true), norm2(Shape{d_model}, o.layer_norm_eps, true),
+        norm1(Shape{d_model}, o.layer_norm_eps, true, o.bias), norm2(Shape{d_model}, o.layer_norm_eps, true, o.bias),
         dropout1(o.dropout), dropout2(o.dropout) {
     register_module("self_attn", self_attn);
     register_module("linear1", linear1);

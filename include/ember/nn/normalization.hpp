@@ -141,28 +141,31 @@ class LayerNormT : public Module {
   using param_t = typename P::param_t;
   using compute_t = typename P::compute_t;
 
-  explicit LayerNormT(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
-  explicit LayerNormT(std::int64_t features, double eps = 1e-5, bool elementwise_affine = true)
-      : LayerNormT(Shape{features}, eps, elementwise_affine) {}
+  /// bias = false: an affine weight without a bias (torch.nn.LayerNorm(bias=False)).
+  explicit LayerNormT(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
+  explicit LayerNormT(std::int64_t features, double eps = 1e-5, bool elementwise_affine = true, bool bias = true)
+      : LayerNormT(Shape{features}, eps, elementwise_affine, bias) {}
 
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
   Shape normalized_shape;
   double eps;
-  Tensor<param_t> weight, bias;  // normalized_shape, undefined without elementwise_affine
+  Tensor<param_t> weight, bias;  // normalized_shape; undefined without elementwise_affine (bias: or with bias = false)
 };
 
 template <amp::PrecisionPolicy P>
-EMBER_COLD LayerNormT<P>::LayerNormT(Shape normalized_shape, double eps, bool elementwise_affine)
+EMBER_COLD LayerNormT<P>::LayerNormT(Shape normalized_shape, double eps, bool elementwise_affine, bool has_bias)
     : Module("LayerNorm"), normalized_shape(normalized_shape), eps(eps) {
   EMBER_CHECK(normalized_shape.n > 0 && normalized_shape.numel() > 0, "nn::LayerNorm: normalized_shape must be "
               "non-empty, got ", normalized_shape.str());
   if (elementwise_affine) {
     weight = ones<param_t>(normalized_shape);
-    bias = zeros<param_t>(normalized_shape);
     register_parameter("weight", weight);
-    register_parameter("bias", bias);
+    if (has_bias) {
+      bias = zeros<param_t>(normalized_shape);
+      register_parameter("bias", bias);
+    }
   }
   set_extra_repr([normalized_shape, eps, elementwise_affine]() EMBER_COLD {
     return normalized_shape.str() + ", eps=" + std::to_string(eps) +

@@ -4,7 +4,9 @@
 // output and one log-sum-exp per query row; the backward recomputes each score block from them. Memory beyond the
 // inputs and outputs is O(L) per head plus a few blocks per thread.
 //
-// Layout: q (BH, L, E), k (BH, S, E), v (BH, S, Ev), contiguous, float or double. `bias`, when given, is an
+// Layout: q (BH, L, E), k (BH / G, S, E), v (BH / G, S, Ev), contiguous, float or double, where G = kv_group is
+// the number of consecutive query heads one key/value head serves (grouped-query attention; 1: one each). Within
+// a batch the heads are consecutive, so batch-head b reads key/value head b / G. `bias`, when given, is an
 // additive (L, S) score bias per batch-head (-inf masks a position out), with a batch stride of 0 when one bias
 // serves every head. Causal masking keeps key j for query i when j <= i (PyTorch's top-left alignment). Dropout
 // draws one Philox value per (head, query, key) from (seed, offset), so the backward regenerates the same mask.
@@ -34,6 +36,7 @@ struct AttentionGeom {
   double dropout_p = 0;
   std::uint64_t seed = 0, offset = 0;  // the dropout stream
   std::int64_t bias_batch_stride = 0;  // elements between two batch-heads' (L, S) biases (0: one bias for all)
+  std::int64_t kv_group = 1;           // query heads per key/value head (bh is a multiple of it)
 };
 
 namespace detail {
@@ -137,8 +140,8 @@ void attention_forward(const AttentionGeom& g, const T* q, const T* k, const T* 
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t b = t / nqb, i0 = (t % nqb) * kAttnBlockQ, bq = std::min(kAttnBlockQ, g.l - i0);
       const T* qb = q + b * g.l * g.e;
-      const T* kb = k + b * g.s * g.e;
-      const T* vb = v + b * g.s * g.ev;
+      const T* kb = k + (b / g.kv_group) * g.s * g.e;
+      const T* vb = v + (b / g.kv_group) * g.s * g.ev;
       std::fill(m.begin(), m.end(), ninf);
       std::fill(l.begin(), l.end(), T(0));
       std::fill(acc.begin(), acc.end(), T(0));
@@ -180,9 +183,9 @@ void attention_forward(const AttentionGeom& g, const T* q, const T* k, const T* 
   });
 }
 
-/// Backward: dq, dk, dv (the inputs' shapes) from dout, with out and lse from the forward. Parallel over heads;
-/// within one, key blocks outside, query blocks inside (dk and dv of a key block stay in a thread's buffers, dq
-/// accumulates in place).
+/// Backward: dq, dk, dv (the inputs' shapes) from dout, with out and lse from the forward. Parallel over key/value
+/// heads; within one, key blocks outside, then the query heads it serves and their query blocks inside (dk and dv
+/// of a key block stay in a thread's buffers, summed over the group's heads; dq accumulates in place).
 template <class T>
 void attention_backward(const AttentionGeom& g, const T* q, const T* k, const T* v, const T* bias, const T* out,
                         const T* lse, const T* dout, T* dq, T* dk, T* dv) {
@@ -191,71 +194,78 @@ void attention_backward(const AttentionGeom& g, const T* q, const T* k, const T*
   const bool drop = g.dropout_p > 0;
   const T keep_scale = drop ? T(1.0 / (1.0 - g.dropout_p)) : T(1);
   const T scale = T(g.scale);
-  cpu::parallel_for(0, g.bh, 1, [&](std::int64_t b0, std::int64_t b1) {
+  const std::int64_t G = g.kv_group;
+  cpu::parallel_for(0, g.bh / G, 1, [&](std::int64_t h0, std::int64_t h1) {
     const std::int64_t BQ = kAttnBlockQ, BK = kAttnBlockK;
     std::vector<T> p(std::size_t(BQ * BK)), dp(std::size_t(BQ * BK)), dkb(std::size_t(BK * g.e)),
-        dvb(std::size_t(BK * g.ev)), delta(std::size_t(g.l)), pd;
+        dvb(std::size_t(BK * g.ev)), delta(std::size_t(G * g.l)), pd;
     std::vector<T> keep(static_cast<std::size_t>(BK));
-    for (std::int64_t b = b0; b < b1; ++b) {
-      const T* qb = q + b * g.l * g.e;
-      const T* kb = k + b * g.s * g.e;
-      const T* vb = v + b * g.s * g.ev;
-      const T* ob = out + b * g.l * g.ev;
-      const T* gb = dout + b * g.l * g.ev;
-      const T* lb = lse + b * g.l;
-      T* dqb = dq + b * g.l * g.e;
-      std::fill(dqb, dqb + g.l * g.e, T(0));
-      for (std::int64_t i = 0; i < g.l; ++i) {  // rowsum(dout * out): the softmax backward's per-row term
-        T s = 0;
-        for (std::int64_t c = 0; c < g.ev; ++c) s += gb[i * g.ev + c] * ob[i * g.ev + c];
-        delta[std::size_t(i)] = s;
+    for (std::int64_t h = h0; h < h1; ++h) {
+      const T* kb = k + h * g.s * g.e;
+      const T* vb = v + h * g.s * g.ev;
+      for (std::int64_t b = h * G; b < (h + 1) * G; ++b) {
+        const T* ob = out + b * g.l * g.ev;
+        const T* gb = dout + b * g.l * g.ev;
+        std::fill(dq + b * g.l * g.e, dq + (b + 1) * g.l * g.e, T(0));
+        for (std::int64_t i = 0; i < g.l; ++i) {  // rowsum(dout * out): the softmax backward's per-row term
+          T s = 0;
+          for (std::int64_t c = 0; c < g.ev; ++c) s += gb[i * g.ev + c] * ob[i * g.ev + c];
+          delta[std::size_t((b - h * G) * g.l + i)] = s;
+        }
       }
       for (std::int64_t j0 = 0; j0 < g.s; j0 += BK) {
         const std::int64_t bk = std::min(BK, g.s - j0);
         std::fill(dkb.begin(), dkb.end(), T(0));
         std::fill(dvb.begin(), dvb.end(), T(0));
         const std::int64_t i_begin = g.causal ? (j0 / BQ) * BQ : 0;  // query rows before j0 see none of these keys
-        for (std::int64_t i0 = i_begin; i0 < g.l; i0 += BQ) {
-          const std::int64_t bq = std::min(BQ, g.l - i0);
-          attn_scores(g, b, i0, bq, j0, bk, qb, kb, bias, p.data());
-          for (std::int64_t r = 0; r < bq; ++r) attn_exp(p.data() + r * bk, bk, lb[i0 + r]);  // P = exp(s - lse)
-          // dP = dout V^T (bq x bk)
-          cpu::detail::gemm_block<T, T>(bq, bk, g.ev, {gb + i0 * g.ev, g.ev, 1}, {vb + j0 * g.ev, 1, g.ev}, dp.data(),
-                                        bk, false);
-          if (drop) {
-            // dV uses the dropped weights; dP passes back through the same mask.
-            pd.assign(p.begin(), p.begin() + bq * bk);
-            for (std::int64_t r = 0; r < bq; ++r) {
-              attn_keep_row(g, b, i0 + r, j0, bk, keep_scale, keep.data());
-              T* pr = pd.data() + r * bk;
-              T* dr = dp.data() + r * bk;
-              for (std::int64_t c = 0; c < bk; ++c) {
-                pr[c] *= keep[std::size_t(c)];
-                dr[c] *= keep[std::size_t(c)];
+        for (std::int64_t b = h * G; b < (h + 1) * G; ++b) {
+          const T* qb = q + b * g.l * g.e;
+          const T* gb = dout + b * g.l * g.ev;
+          const T* lb = lse + b * g.l;
+          const T* db = delta.data() + (b - h * G) * g.l;
+          T* dqb = dq + b * g.l * g.e;
+          for (std::int64_t i0 = i_begin; i0 < g.l; i0 += BQ) {
+            const std::int64_t bq = std::min(BQ, g.l - i0);
+            attn_scores(g, b, i0, bq, j0, bk, qb, kb, bias, p.data());
+            for (std::int64_t r = 0; r < bq; ++r) attn_exp(p.data() + r * bk, bk, lb[i0 + r]);  // P = exp(s - lse)
+            // dP = dout V^T (bq x bk)
+            cpu::detail::gemm_block<T, T>(bq, bk, g.ev, {gb + i0 * g.ev, g.ev, 1}, {vb + j0 * g.ev, 1, g.ev},
+                                          dp.data(), bk, false);
+            if (drop) {
+              // dV uses the dropped weights; dP passes back through the same mask.
+              pd.assign(p.begin(), p.begin() + bq * bk);
+              for (std::int64_t r = 0; r < bq; ++r) {
+                attn_keep_row(g, b, i0 + r, j0, bk, keep_scale, keep.data());
+                T* pr = pd.data() + r * bk;
+                T* dr = dp.data() + r * bk;
+                for (std::int64_t c = 0; c < bk; ++c) {
+                  pr[c] *= keep[std::size_t(c)];
+                  dr[c] *= keep[std::size_t(c)];
+                }
               }
+              cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {pd.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
+                                            g.ev, true);
+            } else {
+              // dV += P^T dout
+              cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {p.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
+                                            g.ev, true);
             }
-            cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {pd.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
-                                          g.ev, true);
-          } else {
-            // dV += P^T dout
-            cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {p.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
-                                          g.ev, true);
+            // dS = P (dP - delta) * scale, in p
+            for (std::int64_t r = 0; r < bq; ++r) {
+              T* pr = p.data() + r * bk;
+              const T* dr = dp.data() + r * bk;
+              const T dl = db[i0 + r];
+              for (std::int64_t c = 0; c < bk; ++c) pr[c] = pr[c] * (dr[c] - dl) * scale;
+            }
+            // dQ += dS K ; dK += dS^T Q
+            cpu::detail::gemm_block<T, T>(bq, g.e, bk, {p.data(), bk, 1}, {kb + j0 * g.e, g.e, 1}, dqb + i0 * g.e,
+                                          g.e, true);
+            cpu::detail::gemm_block<T, T>(bk, g.e, bq, {p.data(), 1, bk}, {qb + i0 * g.e, g.e, 1}, dkb.data(), g.e,
+                                          true);
           }
-          // dS = P (dP - delta) * scale, in p
-          for (std::int64_t r = 0; r < bq; ++r) {
-            T* pr = p.data() + r * bk;
-            const T* dr = dp.data() + r * bk;
-            const T dl = delta[std::size_t(i0 + r)];
-            for (std::int64_t c = 0; c < bk; ++c) pr[c] = pr[c] * (dr[c] - dl) * scale;
-          }
-          // dQ += dS K ; dK += dS^T Q
-          cpu::detail::gemm_block<T, T>(bq, g.e, bk, {p.data(), bk, 1}, {kb + j0 * g.e, g.e, 1}, dqb + i0 * g.e, g.e,
-                                        true);
-          cpu::detail::gemm_block<T, T>(bk, g.e, bq, {p.data(), 1, bk}, {qb + i0 * g.e, g.e, 1}, dkb.data(), g.e,
-                                        true);
         }
-        std::copy(dkb.begin(), dkb.begin() + bk * g.e, dk + (b * g.s + j0) * g.e);
-        std::copy(dvb.begin(), dvb.begin() + bk * g.ev, dv + (b * g.s + j0) * g.ev);
+        std::copy(dkb.begin(), dkb.begin() + bk * g.e, dk + (h * g.s + j0) * g.e);
+        std::copy(dvb.begin(), dvb.begin() + bk * g.ev, dv + (h * g.s + j0) * g.ev);
       }
     }
   });
