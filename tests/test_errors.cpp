@@ -60,6 +60,19 @@ TEST_CASE("errors: numbers from the environment are whole integers in range, nev
     CHECK_FALSE(parse_int(text, v));
     CHECK(v == 7);  // untouched
   }
+  // Unsigned: digits only, up to a maximum (2^64 - 1 by default).
+  using ember::detail::parse_uint;
+  unsigned long long u = 7;
+  CHECK((parse_uint("18446744073709551615", u) && u == std::numeric_limits<unsigned long long>::max()));
+  CHECK((parse_uint("0", u) && u == 0));
+  CHECK((parse_uint("900", u, 900) && u == 900));
+  for (const char* text : {"", "+1", "-1", " 1", "1 ", "8x", "18446744073709551616", "1e3"}) {
+    INFO(text);
+    u = 7;
+    CHECK_FALSE(parse_uint(text, u));
+    CHECK(u == 7);
+  }
+  CHECK_FALSE(parse_uint("901", u, 900));
   // An unset or empty variable gives the default; anything else must be an integer in the range.
   {
     ember_test::EnvGuard e("EMBER_NUM_THREADS", nullptr);

@@ -292,22 +292,31 @@ template <class... Args>
   } while (0)
 
 namespace ember::detail {
-/// The whole of `s` as a base-10 integer: an optional sign and digits, nothing else (no spaces, no trailing text),
-/// within long long. Text from outside (the environment, a peer's reply) goes through this rather than atoi, which
-/// reads "8x" as 8 and garbage as 0.
-inline bool parse_int(std::string_view s, long long& out) noexcept {
-  std::size_t i = 0;
-  const bool neg = !s.empty() && s[0] == '-';
-  if (!s.empty() && (s[0] == '-' || s[0] == '+')) i = 1;
-  if (i == s.size()) return false;
-  const unsigned long long limit = neg ? 9223372036854775808ull : 9223372036854775807ull;
+/// The whole of `s` as base-10 digits, nothing else (no sign, no spaces, no trailing text), at most `max`. The one
+/// reader of whole numbers from outside (the environment, a peer's reply, a file's metadata), rather than atoi or
+/// strtoull, which read "8x" as 8, garbage as 0 and "-1" as 2^64 - 1.
+inline bool parse_uint(std::string_view s, unsigned long long& out,
+                       unsigned long long max = 18446744073709551615ull) noexcept {
+  if (s.empty()) return false;
   unsigned long long v = 0;
-  for (; i < s.size(); ++i) {
-    const unsigned long long d = static_cast<unsigned char>(s[i]) - static_cast<unsigned long long>('0');
-    if (d > 9 || v > (limit - d) / 10) return false;
+  for (const char ch : s) {
+    const unsigned long long d = static_cast<unsigned char>(ch) - static_cast<unsigned long long>('0');
+    if (d > 9 || v > (max - d) / 10) return false;
     v = v * 10 + d;
   }
-  out = !neg ? static_cast<long long>(v) : v == limit ? -9223372036854775807LL - 1 : -static_cast<long long>(v);
+  out = v;
+  return true;
+}
+
+/// The whole of `s` as a base-10 integer: an optional sign and digits, nothing else (no spaces, no trailing text),
+/// within long long.
+inline bool parse_int(std::string_view s, long long& out) noexcept {
+  const bool neg = !s.empty() && s[0] == '-';
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  unsigned long long v = 0;
+  if (!parse_uint(s, v, neg ? 9223372036854775808ull : 9223372036854775807ull)) return false;
+  out = !neg ? static_cast<long long>(v) : v == 9223372036854775808ull ? -9223372036854775807LL - 1
+                                                                       : -static_cast<long long>(v);
   return true;
 }
 
