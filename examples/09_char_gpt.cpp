@@ -16,6 +16,7 @@
 #include <ember/ember.hpp>
 #if EMBER_EXAMPLE_SAVE
 #include <ember/io.hpp>
+#include <ember/train/run.hpp>
 #endif
 
 #include "flags.hpp"
@@ -188,20 +189,19 @@ int main(int argc, char** argv) {
 
     std::int64_t first = 0;
 #if EMBER_EXAMPLE_SAVE
+    // The whole run's state (and the default generator's), saved and restored in one call each, all or nothing.
+    std::int64_t saved_step = 0;
+    const train::Run run{.model = &model, .optimizer = opt, .scheduler = schedule, .step = &saved_step};
     if (c.resume) {
       EMBER_CHECK(!c.ckpt.empty(), "09_char_gpt: --resume needs --ckpt FILE");
-      const io::Checkpoint ck = io::load_checkpoint(c.ckpt);
-      model.load_state_dict(ck.model);
-      opt.load_state_dict(ck.optimizer);
-      schedule.load_state_dict(ck.scheduler);
-      default_generator() = ck.rng;
-      first = ck.step;
+      train::resume_run(c.ckpt, run);
+      first = saved_step;
       std::printf("resumed from %s at step %lld\n", c.ckpt.c_str(), static_cast<long long>(first));
     }
     auto save = [&](std::int64_t step) {
       if (c.ckpt.empty()) return;
-      io::save_checkpoint(c.ckpt, {.model = model.state_dict(), .optimizer = opt.state_dict(),
-                                   .scheduler = schedule.state_dict(), .step = step, .rng = default_generator()});
+      saved_step = step;
+      train::save_run(c.ckpt, run);
     };
 #else
     auto save = [](std::int64_t) {};

@@ -28,6 +28,7 @@
 #include "ember/profile/profiler.hpp"
 #include "ember/train.hpp"
 #include "ember/train/checkpoint.hpp"
+#include "ember/train/run.hpp"
 #include "ember/train/tensorboard.hpp"
 #include "helpers.hpp"
 
@@ -300,12 +301,12 @@ TEST_CASE("ModelCheckpoint: file names from the template, top-k by the monitor, 
   CHECK(ck->best_model_score() == 0.2);
   // The best checkpoint holds the model as it was after epoch 3 (global step 8), and its file is a Trainer's.
   const train::TrainingState s = train::load_checkpoint(ck->best_model_path());
-  CHECK(s.global_step == 8);
+  CHECK(s.step == 8);
   CHECK(s.epoch == 4);  // the run continues with epoch 4
   CHECK(s.batch_in_epoch == 0);
   CHECK(s.model.size() == m.state_dict().size());
   const train::TrainingState last = train::load_checkpoint(dir / "ck/last.ckpt");
-  CHECK(last.global_step == 10);
+  CHECK(last.step == 10);
   for (const auto& [k, v] : m.state_dict())
     CHECK(bitwise_equal(std::get<Tensor<float>>(v), std::get<Tensor<float>>(last.model.at(k))));
   // Without a monitor, save_top_k = 1 keeps the newest only.
@@ -316,10 +317,10 @@ TEST_CASE("ModelCheckpoint: file names from the template, top-k by the monitor, 
   files.clear();
   for (const auto& e : fs::directory_iterator(dir / "n")) files.push_back(e.path().filename().string());
   CHECK(files == std::vector<std::string>{"epoch=2-step=6.ckpt"});
-  // Not a Trainer checkpoint: a clear error.
+  // Not a checkpoint: a clear error.
   io::save_safetensors(dir / "other.safetensors", {{"w", zeros<float>(Shape{2})}});
   expect_error(__LINE__, [&] { train::load_checkpoint(dir / "other.safetensors"); },
-               {"not a Trainer checkpoint", "<missing>"});
+               {"not an ember checkpoint", "<missing>"});
 }
 
 namespace {
@@ -385,7 +386,7 @@ TEST_CASE("Trainer: a run interrupted mid-epoch and resumed from last.ckpt ends 
   const auto whole = ResumeRun{dir / "a", 30}();
   CHECK_THROWS_WITH(ResumeRun({dir / "b", 30, 18})(), "interrupted");
   const train::TrainingState s = train::load_checkpoint(dir / "b/last.ckpt");
-  CHECK(s.global_step == 16);
+  CHECK(s.step == 16);
   CHECK(s.epoch == 1);
   CHECK(s.batch_in_epoch == 5);
   CHECK(s.rng.offset() > 0);
@@ -426,7 +427,7 @@ TEST_CASE("Trainer: a process killed (SIGKILL) mid-epoch resumes from last.ckpt 
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGKILL);
   const train::TrainingState s = train::load_checkpoint(dir / "b/last.ckpt");
-  CHECK(s.global_step == 16);
+  CHECK(s.step == 16);
   const auto resumed = ResumeRun{dir / "b", 30, -1, "last"}();
   REQUIRE(whole.size() == resumed.size());
   for (std::size_t i = 0; i < whole.size(); ++i) CHECK(bitwise_equal(whole[i], resumed[i]));
@@ -498,8 +499,14 @@ TEST_CASE("Trainer checkpoints are untrusted: no file outside dirpath is deleted
 
   // Counters the loop advances are bounded, so resuming cannot overflow them.
   expect_error(__LINE__, [&] {
-    train::load_checkpoint(edited([](train::TrainingState& s) { s.global_step = std::numeric_limits<std::int64_t>::max(); }));
-  }, {"'global_step' is \"9223372036854775807\", not an integer in [0, 9000000000000000]"});
+    io::SafeTensors f = io::load_safetensors(ckdir + "/last.ckpt");
+    f.metadata["step"] = std::to_string(std::numeric_limits<std::int64_t>::max());
+    io::save_safetensors(dir / "edited.ckpt", f.tensors, f.metadata);
+    train::load_checkpoint(dir / "edited.ckpt");
+  }, {"'step' is \"9223372036854775807\", not an integer in [0, 9000000000000000]"});
+  // (nor can a run write such a checkpoint)
+  expect_error(__LINE__, [&] { edited([](train::TrainingState& s) { s.step = std::numeric_limits<std::int64_t>::max(); }); },
+               {"save_checkpoint", "step 9223372036854775807", "in [0, 9000000000000000]"});
   // A position past the end of the epoch, running totals that do not fit it, a NaN best score.
   expect_error(__LINE__, [&] { fit(edited([](train::TrainingState& s) { s.epoch = 1; s.batch_in_epoch = 7; })); },
                {"resumes at batch 7 of an epoch of 2 batches"});
@@ -573,7 +580,7 @@ std::vector<std::optional<std::string>> hostile_texts(const std::string& key, co
   const std::optional<std::string> missing;
   auto ends = [&](const char* s) { return key.size() >= std::strlen(s) && key.ends_with(s); };
   if (key == "format") return V{"ember-train-checkpoint-2", "", missing};
-  if (key == "epoch" || key == "global_step") return V{"-1", "x", "", "1e3", "9000000000000001", missing};
+  if (key == "epoch" || key == "step") return V{"-1", "x", "", "1e3", "9000000000000001", missing};
   if (key == "batch_in_epoch") return V{"-1", "x", "5", "9000000000000001", missing};  // 4 batches an epoch
   if (key == "rng_seed" || key == "rng_offset") return V{"-1", "x", " 1", "18446744073709551616", missing};
   if (key == "extra/trainer/loss_sum") return V{"x", "", "1.5 ", missing};
@@ -1181,4 +1188,118 @@ TEST_CASE("Trainer with a profiler: the loop's phases and the data waits are in 
   CHECK(calls["SGD.step"] == 4);
   CHECK(calls["DataLoader.wait"] == 4);
   CHECK(calls["ProfilerStep"] == 4);
+}
+
+// ---- train::save_run / resume_run: a hand-written loop checkpointed and resumed in one call each --------------
+
+namespace {
+/// An fp16 loop with loss scaling: a half-precision layer, SGD with momentum, StepLR, a GradScaler that grows every
+/// 2 steps, dropout from the default generator, and a named generator for the data. Step 4's loss is scaled up until
+/// its half gradients overflow, so the scaler backs off once and skips that step.
+struct Fp16Loop {
+  nn::LinearT<amp::fp16_mixed> fc{6, 4};
+  optim::SGD<float> opt{fc.parameters(), {.lr = 0.05, .momentum = 0.9}};
+  optim::StepLR sched{opt, 3, 0.5};
+  amp::GradScaler scaler{{.init_scale = 256.0, .growth_interval = 2}};
+  Generator data{77};
+  std::int64_t epoch = 0, step = 0;
+  train::Run run() {
+    return {.model = &fc, .optimizer = opt, .scheduler = sched, .scaler = scaler, .epoch = &epoch, .step = &step,
+            .generators = {{"data", &data}}};
+  }
+  void train(int steps) {
+    for (int i = 0; i < steps; ++i, ++step) {
+      const Tensor<half> x = cast<half>(randn<float>(Shape{8, 6}, data));
+      const Tensor<float> y = cast<float>(fc(x));
+      Tensor<float> h = nn::functional::dropout(y, 0.25, true, default_generator());
+      Tensor<float> loss = mean(square(h)) * float(step == 4 ? 1e30 : 1.0);
+      opt.zero_grad();
+      scaler.scale(loss).backward();
+      scaler.step(opt);
+      scaler.update();
+      sched.step();
+      if (step % 5 == 4) ++epoch;
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("train::resume_run: an fp16 run with a GradScaler resumes bit-identically, scale and growth tracker too") {
+  TempDir dir;
+  manual_seed(21);
+  Fp16Loop straight;
+  straight.train(12);
+  const std::uint64_t straight_offset = default_generator().offset();
+  CHECK(straight.scaler.get_scale() != 256.0);  // the scaler moved: it grew, and backed off at step 4
+
+  manual_seed(21);
+  Fp16Loop first;
+  first.train(6);
+  train::save_run(dir / "run.ckpt", first.run());
+  first.train(2);  // lost in the "crash"
+
+  manual_seed(999);  // a fresh process: other weights, another generator state
+  Fp16Loop resumed;
+  train::resume_run(dir / "run.ckpt", resumed.run());
+  CHECK(resumed.step == 6);
+  CHECK(resumed.epoch == 1);
+  resumed.train(6);
+  CHECK(resumed.step == straight.step);
+  CHECK(resumed.scaler.get_scale() == straight.scaler.get_scale());
+  CHECK(resumed.scaler.get_growth_tracker() == straight.scaler.get_growth_tracker());
+  CHECK(resumed.opt.lr(0) == straight.opt.lr(0));
+  CHECK(default_generator().offset() == straight_offset);  // the dropout masks were the same
+  const auto a = straight.fc.parameters(), b = resumed.fc.parameters();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(bitwise_equal(a[i], b[i]));
+  CHECK(resumed.data.offset() == straight.data.offset());
+  // And the comparison can fail: without the scaler's state the resumed run scales differently and diverges.
+  manual_seed(999);
+  Fp16Loop no_scaler;
+  train::Run r = no_scaler.run();
+  r.scaler = {};
+  expect_error(__LINE__, [&] { train::resume_run(dir / "run.ckpt", r); }, {"holds scaler state", "Run::scaler"});
+}
+
+TEST_CASE("train::resume_run is all or nothing and strict about the parts") {
+  TempDir dir;
+  manual_seed(3);
+  Fp16Loop a;
+  a.train(3);
+  train::save_run(dir / "a.ckpt", a.run());
+  const auto snapshot = [](Fp16Loop& l) {
+    std::vector<float> v;
+    for (const auto& p : l.fc.parameters())
+      for (float x : p.to_vector()) v.push_back(x);
+    return std::make_tuple(v, l.scaler.get_scale(), l.opt.lr(0), l.step, l.epoch, l.data.offset(),
+                           default_generator().offset());
+  };
+  // A file whose optimizer state does not fit this run's optimizer: refused, and nothing changed (the model would
+  // have loaded first).
+  manual_seed(4);
+  Fp16Loop b;
+  b.train(1);
+  io::Checkpoint c = io::load_checkpoint(dir / "a.ckpt");
+  c.optimizer.begin()->second = Tensor<float>(full<float>(Shape{1}, 1.0f));
+  io::save_checkpoint(dir / "bad.ckpt", c);
+  const auto before = snapshot(b);
+  expect_error(__LINE__, [&] { train::resume_run(dir / "bad.ckpt", b.run()); }, {"optim::SGD"});
+  CHECK(snapshot(b) == before);
+  // A scaler state that a disabled scaler cannot take, a missing generator, an extra one.
+  c = io::load_checkpoint(dir / "a.ckpt");
+  c.scaler["scale"] = Tensor<double>(full<double>(Shape{}, -1.0));
+  io::save_checkpoint(dir / "bad2.ckpt", c);
+  expect_error(__LINE__, [&] { train::resume_run(dir / "bad2.ckpt", b.run()); }, {"amp::GradScaler"});
+  CHECK(snapshot(b) == before);
+  train::Run more = b.run();
+  Generator other;
+  more.generators["other"] = &other;
+  expect_error(__LINE__, [&] { train::resume_run(dir / "a.ckpt", more); }, {"holds no generator 'other'"});
+  train::Run fewer = b.run();
+  fewer.generators.clear();
+  expect_error(__LINE__, [&] { train::resume_run(dir / "a.ckpt", fewer); }, {"holds generator 'data'"});
+  CHECK(snapshot(b) == before);
+  // The unedited file resumes.
+  train::resume_run(dir / "a.ckpt", b.run());
+  CHECK(b.step == 3);
 }

@@ -315,18 +315,28 @@ class ReduceLROnPlateau {
     return sd;
   }
   void load_state_dict(const StateDict& sd) {
-    constexpr const char* op = "optim::ReduceLROnPlateau";
-    const double best = read_scalar(sd, "best", op);
-    const std::int64_t b = read_count(sd, "num_bad_epochs", op), c = read_count(sd, "cooldown_counter", op);
-    EMBER_CHECK(!std::isnan(best), op, "::load_state_dict: best is NaN");
-    EMBER_CHECK(sd.size() == 3, op, "::load_state_dict: expected best, num_bad_epochs and cooldown_counter, got ",
-                sd.size(), " entries");
-    best_ = best;
+    std::int64_t b = 0, c = 0;
+    best_ = read_state(sd, b, c);
     bad_ = b;
     cooldown_left_ = c;
   }
+  /// Throws what load_state_dict(sd) would throw, and changes nothing.
+  void check_state_dict(const StateDict& sd) const {
+    std::int64_t b = 0, c = 0;
+    read_state(sd, b, c);
+  }
 
  private:
+  static double read_state(const StateDict& sd, std::int64_t& bad, std::int64_t& cooldown) {
+    constexpr const char* op = "optim::ReduceLROnPlateau";
+    const double best = read_scalar(sd, "best", op);
+    bad = read_count(sd, "num_bad_epochs", op);
+    cooldown = read_count(sd, "cooldown_counter", op);
+    EMBER_CHECK(!std::isnan(best), op, "::load_state_dict: best is NaN");
+    EMBER_CHECK(sd.size() == 3, op, "::load_state_dict: expected best, num_bad_epochs and cooldown_counter, got ",
+                sd.size(), " entries");
+    return best;
+  }
   bool better(double a) const {
     if (!o_.mode_max) return o_.threshold_rel ? a < best_ * (1 - o_.threshold) : a < best_ - o_.threshold;
     return o_.threshold_rel ? a > best_ * (1 + o_.threshold) : a > best_ + o_.threshold;

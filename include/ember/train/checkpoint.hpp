@@ -1,11 +1,8 @@
 // ember — Trainer checkpoints: the whole state of a run (model, optimizer, loss scaler, scheduler, the default
-// generator, the epoch and the position in it, callbacks' state) in one safetensors file written atomically, and
-// ModelCheckpoint, the callback that writes them (top-k by a monitored metric, the last one, every n epochs or
-// steps; Lightning's names). Includes <ember/io.hpp>; including this header is what lets Trainer save and
-// resume (FitOptions::ckpt_path).
-//
-// File layout: tensors model/<name>, optimizer/<name>, scaler/<name>, scheduler/<name>; metadata format
-// (ember-train-checkpoint-1), epoch, batch_in_epoch, global_step, rng_seed, rng_offset and extra/<key>.
+// generator, the epoch and the position in it, callbacks' state) in ember's one checkpoint format
+// (io/checkpoint.hpp), written atomically, and ModelCheckpoint, the callback that writes them (top-k by a monitored
+// metric, the last one, every n epochs or steps; Lightning's names). Includes <ember/io.hpp>; including this header
+// is what lets Trainer save and resume (FitOptions::ckpt_path).
 #pragma once
 
 #include <fcntl.h>
@@ -29,6 +26,7 @@
 
 #include "ember/config.hpp"
 #include "ember/io/any_tensor.hpp"
+#include "ember/io/checkpoint.hpp"
 #include "ember/io/safetensors.hpp"
 #include "ember/train/callbacks.hpp"
 #include "ember/train/trainer.hpp"
@@ -36,100 +34,22 @@
 namespace ember::train {
 
 namespace detail {
-inline constexpr const char* kTrainCheckpointFormat = "ember-train-checkpoint-1";
-
-inline void put_state(io::TensorMap& out, const std::string& prefix, const StateDict& sd) {
-  for (const auto& entry : sd)  // (clang before 16 cannot capture structured bindings)
-    std::visit([&](const auto& x) { out.emplace(prefix + entry.first, x); }, entry.second);
-}
-
-/// A count from the checkpoint's metadata: a whole number in [0, max], written in full (no sign, no other text).
-/// The counters the Trainer advances (epoch, batch, step) stop at 9e15, so resuming can never overflow them; the
-/// generator's seed and offset take every 64-bit value.
-template <class I>
-I parse_count(const io::Metadata& m, const std::string& key, const std::string& file, I max) {
-  const auto it = m.find(key);
-  EMBER_CHECK(it != m.end(), "train::load_checkpoint: '", file, "' has no '", key, "' entry");
-  I v{};
-  const char* b = it->second.data();
-  const char* e = b + it->second.size();
-  const auto r = std::from_chars(b, e, v);
-  EMBER_CHECK(r.ec == std::errc() && r.ptr == e && std::cmp_greater_equal(v, 0) && v <= max, "train::load_checkpoint: '",
-              file, "': '", key, "' is ", io::detail::quote_untrusted(it->second), ", not an integer in [0, ", max, "]");
-  return v;
-}
-inline constexpr std::int64_t kMaxCount = 9'000'000'000'000'000;
-
 inline void save_training_state(const std::string& path, const TrainingState& s) {
-  io::TensorMap all;
-  put_state(all, "model/", s.model);
-  put_state(all, "optimizer/", s.optimizer);
-  put_state(all, "scaler/", s.scaler);
-  put_state(all, "scheduler/", s.scheduler);
-  io::Metadata meta;
-  for (const auto& [k, v] : s.extra) meta.emplace("extra/" + k, v);
-  meta["format"] = kTrainCheckpointFormat;
-  meta["epoch"] = std::to_string(s.epoch);
-  meta["batch_in_epoch"] = std::to_string(s.batch_in_epoch);
-  meta["global_step"] = std::to_string(s.global_step);
-  meta["rng_seed"] = std::to_string(s.rng.seed());
-  meta["rng_offset"] = std::to_string(s.rng.offset());
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  io::save_safetensors(path, all, meta);
-}
-
-inline TrainingState load_training_state(const std::string& path) {
-  io::SafeTensors f = io::load_safetensors(path);
-  const auto fmt = f.metadata.find("format");
-  EMBER_CHECK(fmt != f.metadata.end() && fmt->second == kTrainCheckpointFormat, "train::load_checkpoint: '", path,
-              "' is not a Trainer checkpoint (metadata format is ",
-              fmt == f.metadata.end() ? std::string("<missing>") : io::detail::quote_untrusted(fmt->second),
-              ", expected '", kTrainCheckpointFormat, "')");
-  TrainingState s;
-  for (const auto& entry : f.tensors) {
-    const std::string& k = entry.first;
-    const auto slash = k.find('/');
-    const std::string section = slash == std::string::npos ? std::string() : k.substr(0, slash);
-    StateDict* sd = section == "model"       ? &s.model
-                    : section == "optimizer" ? &s.optimizer
-                    : section == "scaler"    ? &s.scaler
-                    : section == "scheduler" ? &s.scheduler
-                                             : nullptr;
-    EMBER_CHECK(sd != nullptr, "train::load_checkpoint: '", path, "': tensor ", io::detail::quote_untrusted(k),
-                " is in no section (model/, optimizer/, scaler/, scheduler/)");
-    const std::string name = k.substr(slash + 1);
-    std::visit(
-        [&](const auto& x) {
-          using T = typename std::remove_cvref_t<decltype(x)>::value_type;
-          if constexpr (std::is_constructible_v<StateTensor, Tensor<T>>) sd->emplace(name, x);
-          else EMBER_CHECK(false, "train::load_checkpoint: '", path, "': tensor ",
-                           io::detail::quote_untrusted(entry.first), " has dtype ", dtype_name<T>(),
-                           ", which no state holds");
-        },
-        entry.second);
-  }
-  s.epoch = parse_count(f.metadata, "epoch", path, kMaxCount);
-  s.batch_in_epoch = parse_count(f.metadata, "batch_in_epoch", path, kMaxCount);
-  s.global_step = parse_count(f.metadata, "global_step", path, kMaxCount);
-  constexpr std::uint64_t any = std::numeric_limits<std::uint64_t>::max();
-  s.rng = Generator(parse_count(f.metadata, "rng_seed", path, any));
-  s.rng.set_offset(parse_count(f.metadata, "rng_offset", path, any));
-  for (const auto& [k, v] : f.metadata)
-    if (k.rfind("extra/", 0) == 0) s.extra.emplace(k.substr(6), v);
-  return s;
+  io::save_checkpoint(path, s);
 }
 
 /// Including this header gives the Trainer its checkpoint files.
 inline const bool checkpoint_io_registered = [] {
-  checkpoint_io() = {&save_training_state, &load_training_state};
+  checkpoint_io() = {&save_training_state, &io::load_checkpoint};
   return true;
 }();
 }  // namespace detail
 
 /// Reads a checkpoint the Trainer wrote (to inspect it, or to take the model's weights out of it).
-inline TrainingState load_checkpoint(const std::string& path) { return detail::load_training_state(path); }
+inline TrainingState load_checkpoint(const std::string& path) { return io::load_checkpoint(path); }
 
 struct ModelCheckpointOptions {
   std::string dirpath = "checkpoints";

@@ -10,21 +10,16 @@
 
 #include "ember/core/random.hpp"
 #include "ember/core/state_dict.hpp"
+#include "ember/io/checkpoint_state.hpp"
 #include "ember/train/metrics.hpp"
 
 namespace ember::train {
 
 class Trainer;
 
-/// Everything a resumable checkpoint holds (see <ember/train/checkpoint.hpp> for the file).
-struct TrainingState {
-  StateDict model, optimizer, scaler, scheduler;
-  std::int64_t epoch = 0;           ///< the epoch in progress (0-based)
-  std::int64_t batch_in_epoch = 0;  ///< batches of that epoch already trained on
-  std::int64_t global_step = 0;     ///< optimizer steps taken
-  Generator rng{};                  ///< the default generator (dropout, initialisation, rand)
-  std::map<std::string, std::string> extra;  ///< callbacks' state and anything else, as text
-};
+/// Everything a resumable checkpoint holds: ember's one checkpoint type (io/checkpoint_state.hpp), whose `extra`
+/// carries the callbacks' state ("callback/<key>/<name>") and the Trainer's running totals ("trainer/...").
+using TrainingState = io::Checkpoint;
 
 /// A hook into the loop. Every method has an empty default; override what you need.
 class Callback {

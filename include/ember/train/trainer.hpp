@@ -175,7 +175,7 @@ class Trainer {
     // At the end of an epoch (its validation and scheduler step done) the run continues with the next one.
     s.epoch = epoch_complete_ ? epoch_ + 1 : epoch_;
     s.batch_in_epoch = epoch_complete_ ? 0 : batch_in_epoch_;
-    s.global_step = global_step_;
+    s.step = global_step_;
     s.rng = default_generator();
     if (!epoch_complete_) {  // the epoch's running totals, so its logged means continue exactly
       char buf[40];
@@ -245,7 +245,7 @@ class Trainer {
     default_generator() = s.rng;
     epoch_ = s.epoch;
     start_batch_ = batch_in_epoch_ = s.batch_in_epoch;
-    global_step_ = s.global_step;
+    global_step_ = s.step;
     resumed_totals_ = totals;
     resumed_from_ = path;
   }
