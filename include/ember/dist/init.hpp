@@ -247,7 +247,8 @@ inline std::shared_ptr<ProcessGroup> new_process_group(const InitOptions& o = {}
               "ranks run on several; use tcp");
   std::shared_ptr<detail::Collectives> cpu;
   if (b == Backend::Shm) cpu = std::make_shared<ShmCollectives>(li.rank, li.world_size, *boot, li.timeout);
-  else cpu = std::make_shared<TcpCollectives>(li.rank, li.world_size, boot, store->local_address(), li.timeout);
+  else cpu = std::make_shared<TcpCollectives>(li.rank, li.world_size, boot, store->local_address(), li.timeout,
+                                              li.token);
   return std::make_shared<ProcessGroup>(li.rank, li.world_size, std::move(cpu), std::move(boot), std::move(store),
                                         std::move(server));
 }

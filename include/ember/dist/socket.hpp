@@ -94,6 +94,8 @@ class Socket {
                                             const std::string& ctx);
   /// The next connection on a listening socket, waiting until `deadline`.
   inline Socket accept(Deadline deadline, const std::string& ctx) const;
+  /// A connection waiting on a non-blocking listening socket, itself non-blocking; an invalid Socket when none is.
+  inline Socket try_accept() const;
 
   /// The port this socket is bound to.
   inline int local_port() const;
@@ -269,6 +271,18 @@ inline Socket Socket::accept(Deadline deadline, const std::string& ctx) const {
     }
     if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED)
       detail::fail(ctx, "accept: " + detail::errno_message(errno));
+  }
+}
+
+inline Socket Socket::try_accept() const {
+  for (;;) {
+    const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Socket s(fd);
+      s.set_nodelay();
+      return s;
+    }
+    if (errno != EINTR && errno != ECONNABORTED) return Socket();
   }
 }
 

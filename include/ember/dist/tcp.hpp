@@ -2,7 +2,9 @@
 // (to the next rank, from the previous one), non-blocking, driven by the group's progress thread with poll(). Chunks
 // are sent while earlier ones are still being reduced, so the network, the kernel's buffers and the reduction
 // overlap. A peer that closes its connections (it failed, it aborted, its process died) makes this rank fail at once,
-// quoting the reason the peer left in the store when it left one.
+// quoting the reason the peer left in the store when it left one. Each rank listens on the address it announces (not
+// on every interface) and takes the previous rank's connection only once it has proven the job's token and its rank
+// (dist/detail/tcp_greeting.hpp).
 #pragma once
 
 #include <poll.h>
@@ -20,7 +22,9 @@
 #include "ember/config.hpp"
 #include "ember/dist/backend.hpp"
 #include "ember/dist/bootstrap.hpp"
+#include "ember/dist/detail/auth.hpp"
 #include "ember/dist/detail/ring.hpp"
+#include "ember/dist/detail/tcp_greeting.hpp"
 #include "ember/dist/socket.hpp"
 
 namespace ember::dist {
@@ -114,55 +118,45 @@ class TcpChannel {
   CallContext ctx_;
 };
 
-/// The first bytes on each ring connection: who is calling.
-struct TcpHello {
-  std::uint32_t magic = 0x4c4c4548;  // "HELL"
-  std::int32_t rank = 0, world = 0;
-  std::uint32_t group = 0;
-};
-
 }  // namespace detail
 
-/// The TCP backend. `boot` must outlive it (the process group owns both).
+/// The TCP backend. `boot` must outlive it (the process group owns both). It listens on `local_address`, the address
+/// it announces to the other ranks (the one this host reaches the store from: loopback when every rank is on this
+/// host), and greets its ring connections with the job's `token` (dist/detail/tcp_greeting.hpp; "" for none).
 class TcpCollectives final : public detail::RingCollectives<TcpCollectives> {
  public:
   TcpCollectives(int rank, int world, std::shared_ptr<Bootstrap> boot, std::string local_address,
-                 std::chrono::milliseconds timeout)
+                 std::chrono::milliseconds timeout, const std::string& token)
       : RingCollectives(rank, world, timeout), boot_(std::move(boot)) {
     const std::string ctx = "dist: setting up the tcp backend (rank " + std::to_string(rank) + " of " +
                             std::to_string(world) + ")";
+    if (!token.empty()) detail::check_token(token, ctx + ": the token");
     const Deadline d = deadline_in(timeout);
-    Socket listener = Socket::listen(0, ctx);
+    Socket listener = Socket::listen(local_address, 0, ctx);
+    listen_address_ = listener.local_address();
     const auto addrs =
         boot_->all_gather(local_address + " " + std::to_string(listener.local_port()), "tcp addresses", d);
-    const std::uint32_t group = std::uint32_t(std::hash<std::string>{}(addrs[0]));
-    const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
-    // Connect to the next rank's listener (its backlog holds the connection until it accepts), then accept the
-    // previous rank's connection.
+    const int next = (rank + 1) % world;
     const std::string& a = addrs[std::size_t(next)];
     const auto sp = a.rfind(' ');
     long long port = -1;
     EMBER_CHECK(sp != std::string::npos && sp > 0 &&
                     ember::detail::parse_int(std::string_view(a).substr(sp + 1), port) && port > 0 && port < 65536,
                 ctx, ": rank ", next, " announced an invalid address ", ember::detail::quote_untrusted(a));
-    out_ = Socket::connect(a.substr(0, sp), int(port), d, ctx + ": connecting to rank " + std::to_string(next));
-    detail::TcpHello hello;
-    hello.rank = rank;
-    hello.world = world;
-    hello.group = group;
-    out_.send_all(&hello, sizeof hello, d, ctx + ": greeting rank " + std::to_string(next));
-    in_ = listener.accept(d, ctx + ": waiting for rank " + std::to_string(prev) + " to connect");
-    detail::TcpHello theirs;
-    in_.recv_all(&theirs, sizeof theirs, d, ctx + ": reading rank " + std::to_string(prev) + "'s greeting");
-    EMBER_CHECK(theirs.magic == hello.magic && theirs.rank == prev && theirs.world == world && theirs.group == group,
-                ctx, ": the connection that arrived is not from rank ", prev, " of this group (it says rank ",
-                theirs.rank, " of ", theirs.world, ")");
+    // Both connections at once: each rank connects to the next one while it greets whoever connects to it, and takes
+    // the previous rank's connection once it has proven who it is.
+    auto links = detail::RingGreeting(listener, a.substr(0, sp), int(port), rank, world,
+                                      detail::ring_group_digest(addrs), token, d, ctx)
+                     .run();
+    out_ = std::move(links.out);
+    in_ = std::move(links.in);
     out_.set_nonblocking(true);
     in_.set_nonblocking(true);
-
   }
   ~TcpCollectives() override { stop(); }
   const char* name() const override { return "tcp"; }
+  /// The numeric address the ring's listener was bound to ("127.0.0.1" in a job on one host).
+  const std::string& listen_address() const { return listen_address_; }
   detail::TcpChannel channel(detail::CallContext ctx) {
     return detail::TcpChannel(out_, in_, stage_, (rank_ + 1) % world_, (rank_ + world_ - 1) % world_, boot_.get(),
                               ctx);
@@ -177,6 +171,7 @@ class TcpCollectives final : public detail::RingCollectives<TcpCollectives> {
 
  private:
   std::shared_ptr<Bootstrap> boot_;
+  std::string listen_address_;
   Socket out_, in_;
   detail::TcpStage stage_;
 };

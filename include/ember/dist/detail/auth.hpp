@@ -8,7 +8,8 @@
 //
 // Each side sends a fresh nonce, so neither proof can be replayed on another connection, and the two proofs are
 // keyed hashes of different messages, so one cannot be reflected as the other. In open mode (no token) the proofs
-// are not checked and are sent as zeros.
+// are not checked and are sent as zeros. Other protocols that prove the token (the tcp backend's ring greeting,
+// dist/detail/tcp_greeting.hpp) use labelled_proof, whose messages cannot be taken for the store's.
 #pragma once
 
 #include <fcntl.h>
@@ -100,6 +101,23 @@ inline Digest client_proof(std::string_view token, const unsigned char* nonce_s,
 /// What the server answers to prove it knows the token too.
 inline Digest server_proof(std::string_view token, const unsigned char* nonce_s, const unsigned char* nonce_c) {
   return handshake_proof(token, "server", nonce_s, nonce_c);
+}
+
+/// A proof for another of ember's protocols, named by `label` ("ring": the tcp backend's connections):
+/// HMAC-SHA256(token, "ember-" label " " side 0 nonce_s nonce_c bound), where `bound` is what else the proof vouches
+/// for (the sender's rank and group). The label keeps a proof made for one protocol from passing in another, the
+/// store's included ("ember-store client" ...), and `side` one side's proof from passing as the other's.
+inline Digest labelled_proof(std::string_view token, std::string_view label, std::string_view side,
+                             const unsigned char* nonce_s, const unsigned char* nonce_c, std::string_view bound = {}) {
+  std::string msg = "ember-";
+  msg += label;
+  msg += ' ';
+  msg += side;
+  msg += '\0';
+  msg.append(reinterpret_cast<const char*>(nonce_s), kNonceBytes);
+  msg.append(reinterpret_cast<const char*>(nonce_c), kNonceBytes);
+  msg += bound;
+  return hmac_sha256(token, msg);
 }
 
 }  // namespace ember::dist::detail
