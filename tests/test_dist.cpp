@@ -5,7 +5,11 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -62,8 +66,12 @@ std::string self_exe() {
 }
 
 /// Starts ranks [0, started) of a world of `world` running `scenario` with `args`, each with RANK etc. and `env`.
+/// `during`, when given, runs in this process once the ranks are started (with the store and its token), before
+/// they are waited for.
+using DuringRun = std::function<void(dist::StoreServer& store, const std::string& token)>;
 Ranks run_ranks(const std::string& scenario, int world, std::vector<std::string> args = {},
-                std::map<std::string, std::string> env = {}, int started = -1, double limit_s = 120) {
+                std::map<std::string, std::string> env = {}, int started = -1, double limit_s = 120,
+                const DuringRun& during = {}) {
   if (started < 0) started = world;
   // As ember-run does: a token for the job, which the store asks every rank to prove it knows.
   const std::string token = dist::detail::new_token();
@@ -113,6 +121,14 @@ Ranks run_ranks(const std::string& scenario, int world, std::vector<std::string>
     ::close(fd);
     REQUIRE(rc == 0);
     pids.push_back(pid);
+  }
+  if (during) {
+    try {
+      during(store, token);
+    } catch (const std::exception& e) {
+      const std::string what = std::string("while the ranks ran: ") + e.what();
+      FAIL_CHECK(what);
+    }
   }
   Ranks res;
   res.status.assign(std::size_t(started), -1);
@@ -739,6 +755,57 @@ int worker_late(const std::vector<std::string>& args) {
   return failures == 0 ? 0 : 1;
 }
 
+// ---- the tcp ring's connections -------------------------------------------------------------------------------
+
+bool loopback_address(const std::string& a) {
+  in_addr v4{};
+  if (::inet_pton(AF_INET, a.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  return a == "::1";
+}
+
+/// The store's all-gather, except that rank 0 waits, once the ranks' ring addresses are known and before it connects
+/// to rank 1, until the test has made its own connections to rank 1 (it sets "test/rogues done"): they arrive first.
+class GatedBootstrap : public dist::StoreBootstrap {
+ public:
+  GatedBootstrap(std::shared_ptr<dist::Store> store, int rank, int world)
+      : StoreBootstrap(store, "test/ring", rank, world), rank_(rank) {}
+  std::vector<std::string> all_gather(const std::string& mine, const std::string& what, dist::Deadline d) override {
+    auto out = StoreBootstrap::all_gather(mine, what, d);
+    if (what == "tcp addresses" && rank_ == 0) (void)store()->get("test/rogues done");
+    return out;
+  }
+
+ private:
+  int rank_;
+};
+
+// A tcp group assembled as dist::init does (the store's token from the environment), its ring greeted with the token
+// ("token"), with none ("open"), or, on rank 1 only, with another one ("other"); rank 0 waits at the gate ("gated").
+int worker_ring(const std::vector<std::string>& args) {
+  const auto li = dist::launch_info();
+  const std::string& mode = args.at(0);
+  std::string token = mode == "open" ? std::string() : li.token;
+  if (mode == "other" && li.rank == 1) token = "another-token-of-32-bytes-abcdef";
+  auto store = std::make_shared<dist::Store>(li.master_addr, li.master_port, li.timeout, li.token);
+  std::shared_ptr<dist::StoreBootstrap> boot =
+      args.size() > 1 && args[1] == "gated" ? std::make_shared<GatedBootstrap>(store, li.rank, li.world_size)
+                                            : std::make_shared<dist::StoreBootstrap>(store, "test/ring", li.rank,
+                                                                                     li.world_size);
+  try {
+    auto tcp = std::make_shared<dist::TcpCollectives>(li.rank, li.world_size, boot, store->local_address(),
+                                                      li.timeout, token);
+    // The listener was bound to the address the rank announced, loopback on this host: getsockname says which.
+    WCHECK(loopback_address(tcp->listen_address()), "the ring listened on ", tcp->listen_address());
+    dist::ProcessGroup pg(li.rank, li.world_size, tcp, boot, store);
+    for (std::int64_t n : {std::int64_t(1), std::int64_t(7), std::int64_t(100003)}) check_collectives<float>(pg, n, false);
+  } catch (const Error& e) {
+    std::printf("rank %d: error: %s\n", li.rank, e.what());
+    return 5;
+  }
+  std::printf("rank %d: ring ok (%d failures)\n", li.rank, failures);
+  return failures == 0 ? 0 : 1;
+}
+
 int run_worker(const std::string& name, const std::vector<std::string>& args) {
   try {
     if (name == "collectives") return worker_collectives(args);
@@ -750,6 +817,7 @@ int run_worker(const std::string& name, const std::vector<std::string>& args) {
     if (name == "ddp_zero") return worker_ddp_zero(args);
     if (name == "exit") return worker_exit(args);
     if (name == "late") return worker_late(args);
+    if (name == "ring") return worker_ring(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker %s: %s\n", name.c_str(), e.what());
     return 10;
@@ -957,6 +1025,253 @@ TEST_CASE("dist: rank 0's store listens on MASTER_ADDR and serves only clients t
     }
     EnvGuard bind("EMBER_DIST_STORE_BIND", "0.0.0.0");
     CHECK(dist::launch_info({.token = token}).store_bind == "0.0.0.0");
+  }
+}
+
+namespace {
+/// What the peer sends on `s` until it closes the connection; `closed` is false when `limit` passed first.
+std::string read_until_closed(const dist::Socket& s, bool& closed,
+                              std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  std::string got;
+  const auto d = dist::deadline_in(limit);
+  char buf[256];
+  closed = false;
+  for (;;) {
+    if (!s.wait_readable(d)) return got;
+    try {
+      got.append(buf, s.recv_some(buf, sizeof buf, {}));
+    } catch (const Error&) {
+      closed = true;
+      return got;
+    }
+  }
+}
+
+/// An IPv4 address of this host's that is not loopback ("" when it has none).
+std::string non_loopback_address() {
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return {};
+  std::string found;
+  for (ifaddrs* i = ifs; i && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+    const in_addr a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if ((ntohl(a.s_addr) >> 24) == 127) continue;
+    char buf[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &a, buf, sizeof buf);
+    found = buf;
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+// While rank 0 waits at the gate: connections to rank 1's ring port (read from the store, as the ranks announce it)
+// from a program that is not rank 0, each of which must be refused and closed.
+void rogue_connections(dist::StoreServer& server, const std::string& token, bool open) {
+  using dist::detail::Digest;
+  const auto d = dist::deadline_in(std::chrono::seconds(60));
+  dist::Store st("127.0.0.1", server.port(), std::chrono::seconds(60), token);
+  struct Release {  // rank 0 goes on whatever happens here
+    dist::Store& st;
+    ~Release() {
+      try {
+        st.set("test/rogues done", "1");
+      } catch (...) {
+      }
+    }
+  } release{st};
+  std::vector<std::string> addrs;
+  for (int r = 0; r < 3; ++r) addrs.push_back(st.get("test/ring/tcp addresses/0/" + std::to_string(r)));
+  const std::string& a1 = addrs[1];
+  const int port = std::stoi(a1.substr(a1.rfind(' ') + 1));
+  CHECK(a1.substr(0, a1.rfind(' ')) == "127.0.0.1");
+  // From another interface of this host the port cannot be reached at all.
+  const std::string other = non_loopback_address();
+  if (other.empty()) MESSAGE("this host has no interface but loopback: not tried from another one");
+  else CHECK_THROWS_AS(dist::Socket::connect(other, port, dist::deadline_in(std::chrono::milliseconds(300)), "rogue"),
+                       Error);
+
+  auto connect = [&] { return dist::Socket::connect("127.0.0.1", port, d, "rogue"); };
+  const Digest group = dist::detail::ring_group_digest(addrs);
+  Digest other_group = group;
+  other_group[0] ^= 1;
+  using Prove =
+      std::function<Digest(const unsigned char* nonce_l, const unsigned char* nonce_c, const std::string& id)>;
+  const Prove zeros = [](const unsigned char*, const unsigned char*, const std::string&) { return Digest{}; };
+  auto ring_proof = [&](const std::string& key) -> Prove {
+    return [key](const unsigned char* nl, const unsigned char* nc, const std::string& id) {
+      return dist::detail::labelled_proof(key, "ring", "client", nl, nc, id);
+    };
+  };
+  // A greeting in the ring's own format, as `rank` of `grp`, with the proof `prove` makes.
+  auto greet = [&](int rank, const Digest& grp, const Prove& prove) {
+    dist::Socket s = connect();
+    char hello[dist::detail::kRingHelloBytes];
+    s.recv_all(hello, sizeof hello, d, "rogue: reading the listener's greeting");
+    CHECK(std::string_view(hello, 4) == "EMRS");
+    CHECK(int(hello[5]) == (open ? 0 : 1));  // the listener says whether it wants the token
+    unsigned char nonce_c[dist::detail::kNonceBytes];
+    dist::detail::random_bytes(nonce_c, sizeof nonce_c);
+    const std::string id = dist::detail::ring_identity(rank, 3, grp);
+    const Digest proof = prove(reinterpret_cast<const unsigned char*>(hello + 6), nonce_c, id);
+    const std::string msg = "EMRC" + id + std::string(reinterpret_cast<const char*>(nonce_c), sizeof nonce_c) +
+                            std::string(reinterpret_cast<const char*>(proof.data()), proof.size());
+    s.send_all(msg.data(), msg.size(), d, "rogue: greeting");
+    return s;
+  };
+  auto raw = [&](const std::string& bytes) {
+    dist::Socket s = connect();
+    s.send_all(bytes.data(), bytes.size(), d, "rogue: sending");
+    return s;
+  };
+  struct Attempt {
+    std::string what;
+    dist::Socket s;
+    int reason;         // the refusal's code
+    std::size_t heard;  // the bytes of the listener's greeting read already
+  };
+  std::vector<Attempt> tries;
+  // The first: the greeting the ring used to take, rank 0's as far as it could tell (magic, rank, world, group).
+  std::string old_hello = "HELL";
+  dist::detail::put_u32(old_hello, 0);
+  dist::detail::put_u32(old_hello, 3);
+  dist::detail::put_u32(old_hello, std::uint32_t(std::hash<std::string>{}(addrs[0])));
+  const std::size_t hello = dist::detail::kRingHelloBytes;
+  tries.push_back({"the unproven greeting of rank 0", raw(old_hello), 1, 0});
+  tries.push_back({"an HTTP request", raw("GET / HTTP/1.1\r\nHost: ember\r\n\r\n"), 1, 0});
+  dist::Socket stall = connect();  // says nothing
+  if (!open) {
+    tries.push_back({"rank 0's greeting with another token",
+                     greet(0, group, ring_proof("not-the-job-token-0123456789")), 2, hello});
+    tries.push_back({"rank 0's greeting proven as the store's client would prove it",
+                     greet(0, group,
+                           [&](const unsigned char* nl, const unsigned char* nc, const std::string&) {
+                             return dist::detail::client_proof(token, nl, nc);
+                           }),
+                     2, hello});
+  }
+  // The token proves the job, not the rank: rank 2 (the next one, not the previous) and another group are refused.
+  tries.push_back({"rank 2's greeting", greet(2, group, open ? zeros : ring_proof(token)), 3, hello});
+  tries.push_back({"a greeting from another group", greet(0, other_group, open ? zeros : ring_proof(token)), 3, hello});
+  for (auto& t : tries) {
+    CAPTURE(t.what);
+    bool closed = false;
+    const std::string got = read_until_closed(t.s, closed);
+    CHECK(closed);
+    // The listener's greeting, then its refusal and nothing else: never the answer that takes a connection.
+    const std::size_t at = hello - t.heard;
+    CHECK(got.size() == at + dist::detail::kRingAnswerBytes);
+    if (got.size() != at + dist::detail::kRingAnswerBytes) continue;
+    if (at > 0) CHECK(got.substr(0, 4) == "EMRS");
+    CHECK(got.substr(at, 4) == "EMRX");
+    CHECK(int(got[at + 4]) == t.reason);
+  }
+  // One that stalls is closed after a short while, still before rank 0 arrives.
+  bool closed = false;
+  const std::string got = read_until_closed(stall, closed);
+  CHECK(closed);
+  CHECK(got.size() == hello);
+}
+}  // namespace
+
+TEST_CASE("dist: tcp: rogue connections to a rank's ring port, made before its neighbour's, are refused; sums hold") {
+  for (bool open : {false, true}) {
+    CAPTURE(open);
+    const Ranks res = run_ranks("ring", 3, {open ? "open" : "token", "gated"}, {{"EMBER_DIST_TIMEOUT", "30"}}, -1, 120,
+                                [&](dist::StoreServer& server, const std::string& token) {
+                                  rogue_connections(server, token, open);
+                                });
+    INFO(res.all());
+    for (int r = 0; r < 3; ++r) {
+      CHECK(res.exited_ok(r));
+      CHECK(contains(res.output[std::size_t(r)], "ring ok (0 failures)"));
+    }
+  }
+}
+
+TEST_CASE("dist: tcp: a rank with another token is refused, and the message says so") {
+  // Rank 1 has another token: rank 2 refuses it, and waits for the real rank 1 until its timeout.
+  const Ranks res = run_ranks("ring", 3, {"other"}, {{"EMBER_DIST_TIMEOUT", "5"}});
+  INFO(res.all());
+  for (int st : res.status) CHECK((st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 5));  // (each gave an error)
+  CHECK(contains(res.output[1], "greeting rank 2 at 127.0.0.1:"));
+  CHECK(contains(res.output[1], "it refused this rank: this rank's proof of the job's token was wrong"));
+  // (Rank 2 may fail connecting to rank 0, which failed first, or waiting for rank 1.)
+  CHECK(contains(res.output[2], "this rank refused 1 connection that did not prove to be rank 1 (the last: its proof "
+                                "of the job's token (EMBER_DIST_TOKEN) was wrong)"));
+}
+
+namespace {
+/// The all-gather of a rank whose peers are made up by the test: its own address, then `others`.
+class FixedBootstrap : public dist::Bootstrap {
+ public:
+  explicit FixedBootstrap(std::vector<std::string> others) : others_(std::move(others)) {}
+  std::vector<std::string> all_gather(const std::string& mine, const std::string&, dist::Deadline) override {
+    std::vector<std::string> all{mine};
+    all.insert(all.end(), others_.begin(), others_.end());
+    return all;
+  }
+  std::string where() const override { return "the test"; }
+
+ private:
+  std::vector<std::string> others_;
+};
+}  // namespace
+
+TEST_CASE("dist: tcp: a rank checks the proof of the rank it connects to before it sends anything") {
+  const std::string token = "the-job-token-0123456789";
+  {
+    // A world of one connects to itself, through the same greeting.
+    auto boot = std::make_shared<FixedBootstrap>(std::vector<std::string>{});
+    auto tcp = std::make_shared<dist::TcpCollectives>(0, 1, boot, "127.0.0.1", std::chrono::seconds(10), token);
+    CHECK(tcp->listen_address() == "127.0.0.1");
+    dist::ProcessGroup pg(0, 1, tcp, boot);
+    Tensor<float> t = full<float>(Shape{5}, 3.f);
+    pg.all_reduce(t).wait();
+    CHECK(t.to_vector()[4] == 3.f);
+  }
+  // The next rank's address leads to a program that answers the greeting, each time in another wrong way.
+  struct Case {
+    std::string hello;   // what it sends first (its nonce: zeros)
+    std::string answer;  // what it answers to the greeting
+    const char* error;
+  };
+  const std::string zeros(32, '\0');
+  const std::vector<Case> cases{
+      {"EMRS\x01\x01" + zeros, "EMRA" + zeros, "could not prove it knows the job's token (EMBER_DIST_TOKEN)"},
+      {"SSH-2.0-OpenSSH_9.2 " + std::string(18, 'x'), "", "does not answer as the ring of this version of ember"},
+      {std::string("EMRS\x01\x00", 6) + zeros, "", "it does not ask for the job's token and this rank has one"},
+      {"EMRS\x01\x01" + zeros, "EMRX\x02" + std::string(31, '\0'),
+       "it refused this rank: this rank's proof of the job's token was wrong"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.error);
+    dist::Socket fake = dist::Socket::listen("127.0.0.1", 0, "fake rank");
+    std::string greeting;
+    std::thread peer([&] {
+      try {
+        const auto d = dist::deadline_in(std::chrono::seconds(10));
+        dist::Socket s = fake.accept(d, "fake rank");
+        s.send_all(c.hello.data(), c.hello.size(), d, "fake rank");
+        if (c.answer.empty()) return;
+        greeting.resize(dist::detail::kRingGreetingBytes);
+        s.recv_all(greeting.data(), greeting.size(), d, "fake rank");
+        s.send_all(c.answer.data(), c.answer.size(), d, "fake rank");
+        bool closed = false;
+        read_until_closed(s, closed, std::chrono::seconds(10));  // (what the rank sends after: nothing)
+        greeting += closed ? "" : " and more";
+      } catch (const std::exception& e) {
+        greeting = e.what();
+      }
+    });
+    auto boot =
+        std::make_shared<FixedBootstrap>(std::vector<std::string>{"127.0.0.1 " + std::to_string(fake.local_port())});
+    CHECK_THROWS_WITH_AS(dist::TcpCollectives(0, 2, boot, "127.0.0.1", std::chrono::seconds(10), token),
+                         doctest::Contains(c.error), Error);
+    peer.join();
+    if (!c.answer.empty()) {
+      CHECK(greeting.size() == dist::detail::kRingGreetingBytes);
+      CHECK(greeting.substr(0, 4) == "EMRC");
+    }
   }
 }
 
