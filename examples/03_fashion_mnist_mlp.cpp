@@ -75,9 +75,9 @@ void train_and_evaluate(const Args& a) {
   data::DataLoader test(test_set, {.batch_size = 1000, .num_workers = a.workers}, normalize);
 
   Mlp<P> model;
-  std::printf("%zu training and %zu test images, %lld parameters, %d threads, precision %s\n", train_set.size(),
+  std::printf("%zu training and %zu test images, %lld parameters, %d threads, precision %s, %s\n", train_set.size(),
               test_set.size(), static_cast<long long>(model.num_parameters()), cpu::get_num_threads(),
-              a.precision.c_str());
+              a.precision.c_str(), cpu::describe().c_str());
   optim::SGD opt(model.parameters(), {.lr = a.max_lr, .momentum = 0.9, .nesterov = true});
   optim::OneCycleLR schedule(opt, a.max_lr, {.total_steps = std::int64_t(a.epochs) * std::int64_t(train.size())});
   train::Trainer trainer({.max_epochs = a.epochs, .precision = std::is_same_v<typename P::compute_t, half>

@@ -109,9 +109,9 @@ int run(const Args& a) {
   optim::OneCycleLR schedule(opt, a.max_lr, {.total_steps = total_steps});
   nn::CrossEntropyOptions<float> loss_options;
   loss_options.label_smoothing = a.smoothing;
-  std::printf("speedrun: %lld training and %lld test images in memory after %.2f s; %lld parameters, %d threads\n",
+  std::printf("speedrun: %lld training and %lld test images in memory after %.2f s; %lld parameters, %d threads, %s\n",
               static_cast<long long>(n), static_cast<long long>(test.x.size(0)), since_start(),
-              static_cast<long long>(model.num_parameters()), cpu::get_num_threads());
+              static_cast<long long>(model.num_parameters()), cpu::get_num_threads(), cpu::describe().c_str());
 
   std::mt19937_64 rng(1);
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));

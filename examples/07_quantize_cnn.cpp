@@ -105,8 +105,8 @@ void run(const Args& a) {
   data::FashionMNIST train_set(data::Split::Train, a.root), test_set(data::Split::Test, a.root);
   const auto test64 = load_batches(test_set, 64, test_set.size());
   const auto test1 = load_batches(test_set, 1, std::size_t(a.batch1));
-  std::printf("%zu test images (batch 1: the first %zu), %d threads, int8 GEMM kernel: %s\n", test_set.size(),
-              test1.size(), cpu::get_num_threads(), cpu::q::path_name(cpu::q::best_path()));
+  std::printf("%zu test images (batch 1: the first %zu), %d threads, int8 GEMM kernel: %s, %s\n", test_set.size(),
+              test1.size(), cpu::get_num_threads(), cpu::q::path_name(cpu::q::best_path()), cpu::describe().c_str());
 
   Model model;
   load_weights(model, a.weights);

@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
     optim::SGD opt(model.parameters(), {.lr = max_lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
     optim::OneCycleLR schedule(opt, max_lr, {.total_steps = std::int64_t(epochs) * std::int64_t(train.size())});
     if (rank == 0)
-      std::printf("%d ranks (%s backend), %zu images per rank per step (global batch %zu), %d threads per rank\n",
-                  world, pg.backend(), batch, global_batch, cpu::get_num_threads());
+      std::printf("%d ranks (%s backend), %zu images per rank per step (global batch %zu), %d threads per rank, %s\n",
+                  world, pg.backend(), batch, global_batch, cpu::get_num_threads(), cpu::describe().c_str());
 
     for (int epoch = 0; epoch < epochs; ++epoch) {
       const auto t0 = std::chrono::steady_clock::now();
