@@ -1151,3 +1151,91 @@ TEST_CASE("large tensors (threaded paths) give the gradients computed by hand") 
   }
   CHECK(bad == 0);
 }
+
+// ---- autograd::apply_function: ops with a backward of the user's --------------------------------------------------
+
+namespace {
+// swish(x) = x * sigmoid(x) with its derivative by hand, and a two-input op (a * b^2) returning gradients for both.
+template <class T>
+Tensor<T> my_swish(const Tensor<T>& x) {
+  return autograd::apply_function<T>(
+      "MySwish", {x}, [](const std::vector<Tensor<T>>& in) { return Tensor<T>(in[0] * sigmoid(in[0])); },
+      [](const Tensor<T>& g, const std::vector<Tensor<T>>& in, const Tensor<T>&) {
+        const Tensor<T> s = sigmoid(in[0]);
+        return std::vector<Tensor<T>>{Tensor<T>(g * s * (T(1) + in[0] * (T(1) - s)))};
+      });
+}
+template <class T>
+Tensor<T> my_mul_sq(const Tensor<T>& a, const Tensor<T>& b) {
+  return autograd::apply_function<T>(
+      "MyMulSq", {a, b}, [](const std::vector<Tensor<T>>& in) { return Tensor<T>(in[0] * square(in[1])); },
+      [](const Tensor<T>& g, const std::vector<Tensor<T>>& in, const Tensor<T>& out) {
+        (void)out;
+        return std::vector<Tensor<T>>{Tensor<T>(g * square(in[1])), Tensor<T>(g * in[0] * in[1] * T(2))};
+      });
+}
+}  // namespace
+
+TEST_CASE("apply_function: a user's forward and backward, recorded as one node, pass gradcheck") {
+  manual_seed(4);
+  const Tensor<double> x = randn<double>({3, 5}), a = randn<double>({4}), b = randn<double>({4});
+  auto r1 = gradcheck([](const std::vector<Tensor<double>>& in) { return my_swish(in[0]); }, {x});
+  CHECK_MESSAGE(r1.ok, r1.message);
+  auto r2 = gradcheck(
+      [](const std::vector<Tensor<double>>& in) { return Tensor<double>(my_mul_sq(in[0], in[1]) * 3.0); }, {a, b});
+  CHECK_MESSAGE(r2.ok, r2.message);
+  // A backward that is wrong fails gradcheck: the check can fail.
+  auto wrong = gradcheck(
+      [](const std::vector<Tensor<double>>& in) {
+        return autograd::apply_function<double>(
+            "Wrong", {in[0]}, [](const std::vector<Tensor<double>>& v) { return Tensor<double>(square(v[0])); },
+            [](const Tensor<double>& g, const std::vector<Tensor<double>>& v, const Tensor<double>&) {
+              return std::vector<Tensor<double>>{Tensor<double>(g * v[0])};  // misses the factor 2
+            });
+      },
+      {x});
+  CHECK_FALSE(wrong.ok);
+  // Equal to autograd's own derivative of the same formula, and one node on the tape.
+  Tensor<float> xf = randn<float>({64}).requires_grad_();
+  Tensor<float> yf = my_swish(xf);
+  CHECK(yf.requires_grad());
+  sum(yf).backward();
+  const Tensor<float> mine = xf.grad().clone();
+  xf.grad() = Tensor<float>();
+  sum(Tensor<float>(silu(xf))).backward();
+  const auto m = mine.to_vector(), ref = xf.grad().to_vector();
+  for (std::size_t i = 0; i < m.size(); ++i) CHECK(m[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+  // No input needs a gradient, or grad mode is off: nothing is recorded.
+  CHECK_FALSE(my_swish(randn<float>({3})).requires_grad());
+  {
+    NoGradGuard ng;
+    CHECK_FALSE(my_swish(xf).requires_grad());
+  }
+}
+
+TEST_CASE("apply_function: a backward that returns the wrong gradients, and inputs changed before backward") {
+  Tensor<float> x = randn<float>({2, 3}).requires_grad_();
+  auto op = [&](std::vector<Tensor<float>> grads) {
+    return autograd::apply_function<float>(
+        "Bad", {x}, [](const std::vector<Tensor<float>>& in) { return Tensor<float>(in[0] * 2.f); },
+        [grads](const Tensor<float>&, const std::vector<Tensor<float>>&, const Tensor<float>&) { return grads; });
+  };
+  EXPECT_ERROR([&] { sum(op({zeros<float>({3, 2})})).backward(); },
+               {"Bad", "gradient of shape [3, 2] for input 0 of shape [2, 3]"});
+  EXPECT_ERROR([&] { sum(op({})).backward(); }, {"Bad", "returned 0 gradients for 1 inputs"});
+  sum(op({Tensor<float>()})).backward();  // an undefined gradient: none for that input
+  CHECK_FALSE(x.grad().defined());
+  // The saved input was modified in place before backward: an error, as for ember's own ops.
+  Tensor<float> y = my_swish(x);
+  {
+    NoGradGuard ng;
+    x += 1.f;
+  }
+  EXPECT_ERROR([&] { sum(y).backward(); }, {"MySwish", "modified by an in-place operation"});
+  EXPECT_ERROR([] { autograd::apply_function<float>(
+                        "Undef", {Tensor<float>()}, [](const std::vector<Tensor<float>>& in) { return in[0]; },
+                        [](const Tensor<float>& g, const std::vector<Tensor<float>>&, const Tensor<float>&) {
+                          return std::vector<Tensor<float>>{g};
+                        }); },
+               {"Undef", "input 0 is an undefined tensor"});
+}

@@ -44,6 +44,7 @@
 #include "ember/autograd/einsum.hpp"
 #include "ember/autograd/interpolate.hpp"
 #include "ember/autograd/attention.hpp"
+#include "ember/autograd/function.hpp"
 #include "ember/autograd/gradcheck.hpp"
 #include "ember/autograd/conv.hpp"
 #include "ember/autograd/pool.hpp"
