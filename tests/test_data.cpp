@@ -536,6 +536,15 @@ TEST_CASE("transforms: RandomHorizontalFlip mirrors rows with probability p") {
   CHECK(flipped < 1100);
 }
 
+TEST_CASE("transforms: RandomErasing with aspect ratios whose sizes are beyond any integer erases nothing") {
+  data::Rng g(3);
+  const Tensor<float> x = rand<float>({1, 8, 8});
+  // area * ratio (or area / ratio) overflows float: the sizes are inf, which no rectangle fits.
+  for (const auto& o : {data::transforms::RandomErasingOptions{.p = 1.0f, .ratio_min = 1e37f, .ratio_max = 3e38f},
+                        data::transforms::RandomErasingOptions{.p = 1.0f, .ratio_min = 1e-45f, .ratio_max = 1e-44f}})
+    CHECK(vec(data::transforms::RandomErasing(o)(x, g)) == vec(x));
+}
+
 TEST_CASE("transforms: RandomErasing fills one rectangle and leaves the rest") {
   const Tensor<float> x = img(2, 16, 16);
   for (std::uint64_t s = 0; s < 50; ++s) {

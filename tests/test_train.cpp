@@ -1028,6 +1028,17 @@ std::string write_tensorboard_events(const std::string& dir) {
 }
 }  // namespace
 
+TEST_CASE("TensorBoardLogger: histogram values that are not finite, or span more than a double can count") {
+  TempDir dir;
+  train::TensorBoardLogger tb({.save_dir = dir.path.string(), .name = "h"});
+  expect_error(__LINE__, [&] { tb.add_histogram_values("w", {1.0, std::nan(""), 2.0}, 0); },
+               {"add_histogram_values", "'w'", "value 1 is nan", "finite"});
+  expect_error(__LINE__, [&] { tb.add_histogram_values("w", {1.0}, 0, 0); }, {"buckets must be in [1, 100000]"});
+  // hi - lo overflows to inf: every value still lands in a bucket (under UBSan: no out-of-range conversion).
+  tb.add_histogram_values("wide", {-1.7e308, -1.0, 0.0, 1.0, 1.7e308}, 1, 7);
+  tb.add_histogram("t", from_vector(std::vector<float>{1.f, kInfF, kNaNF, -3.f}), 2);  // the finite ones only
+}
+
 TEST_CASE("TensorBoardLogger: TFRecord framing with masked CRC-32C, events that read back, TensorBoard's reading") {
   const char* digits = "123456789";
   CHECK(train::tb::crc32c(digits, 9) == 0xE3069283u);  // the CRC-32C check value

@@ -218,9 +218,11 @@ EMBER_HEADER_INLINE bool RandomErasing::draw(const Tensor<float>& x, Rng& g, Rec
   for (int attempt = 0; attempt < 10; ++attempt) {
     const float target = area * g.uniform(opt.scale_min, opt.scale_max);
     const float ratio = std::exp(g.uniform(lr0, lr1));
-    const std::int64_t h = std::int64_t(std::lround(std::sqrt(target * ratio)));
-    const std::int64_t w = std::int64_t(std::lround(std::sqrt(target / ratio)));
-    if (h < 1 || w < 1 || h >= H || w >= W) continue;
+    // Sizes rounded and checked in floating point before they become integers (huge options give sizes beyond
+    // int64; NaN fails every comparison).
+    const float hf = std::round(std::sqrt(target * ratio)), wf = std::round(std::sqrt(target / ratio));
+    if (!(hf >= 1 && wf >= 1 && hf < float(H) && wf < float(W))) continue;
+    const std::int64_t h = std::int64_t(hf), w = std::int64_t(wf);
     r.top = std::int64_t(g.below(std::uint64_t(H - h + 1)));
     r.left = std::int64_t(g.below(std::uint64_t(W - w + 1)));
     r.h = h;

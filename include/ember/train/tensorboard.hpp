@@ -170,7 +170,13 @@ class TensorBoardLogger : public Logger {
     }
     add_histogram_values(tag, v, step, buckets);
   }
+  /// A histogram of finite values (an ember::Error names the first that is not).
   void add_histogram_values(const std::string& tag, const std::vector<double>& v, std::int64_t step, int buckets = 30) {
+    EMBER_CHECK(buckets >= 1 && buckets <= 100000, "train::TensorBoardLogger::add_histogram_values: buckets must be "
+                "in [1, 100000], got ", buckets);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      EMBER_CHECK(std::isfinite(v[i]), "train::TensorBoardLogger::add_histogram_values: '", tag, "': value ", i,
+                  " is ", v[i], "; a histogram takes finite values (add_histogram leaves the others out)");
     double lo = 0, hi = 0, sum = 0, sq = 0;
     if (!v.empty()) lo = hi = v[0];
     for (double x : v) {
@@ -183,7 +189,10 @@ class TensorBoardLogger : public Logger {
     const double w = hi > lo ? (hi - lo) / buckets : 1.0;
     for (int b = 0; b < buckets; ++b) limits.push_back(b + 1 == buckets ? hi : lo + w * (b + 1));
     for (double x : v) {  // bucket i holds (limit[i-1], limit[i]], as TensorBoard reads it
-      int i = std::clamp(int(std::ceil((x - lo) / w)) - 1, 0, buckets - 1);
+      // The bucket by division, clamped in floating point (a range wider than double's, hi - lo = inf, gives NaN
+      // here), then moved to the one whose limits hold x.
+      const double q = std::ceil((x - lo) / w) - 1;
+      int i = q >= 0 ? int(std::min(q, double(buckets - 1))) : 0;
       while (i > 0 && x <= limits[std::size_t(i - 1)]) --i;
       while (i < buckets - 1 && x > limits[std::size_t(i)]) ++i;
       counts[std::size_t(i)] += 1;
