@@ -18,11 +18,11 @@ namespace examples {
   std::exit(2);
 }
 
-/// The value of `flag` as a whole number in [lo, hi], read by the strict parser ember uses for its environment
-/// variables.
+/// The value of `flag` as a whole number in [lo, hi], read by ember's strict parser (ember::parse_int, the one it
+/// uses for its environment variables).
 inline long long int_flag(const char* flag, const char* text, long long lo, long long hi) {
   long long v = 0;
-  if (!ember::detail::parse_int(text, v) || v < lo || v > hi) {
+  if (!ember::parse_int(text, v) || v < lo || v > hi) {
     char what[96];
     std::snprintf(what, sizeof what, "a whole number in [%lld, %lld]", lo, hi);
     bad_flag(flag, what, text);

@@ -320,6 +320,16 @@ inline bool parse_int(std::string_view s, long long& out) noexcept {
   return true;
 }
 
+}  // namespace ember::detail
+
+namespace ember {
+/// The strict readers of whole numbers (all of the text, digits after an optional sign for parse_int, digits only
+/// for parse_uint, in range) that ember uses for text from outside, for programs that read numbers too.
+using detail::parse_int;
+using detail::parse_uint;
+}  // namespace ember
+
+namespace ember::detail {
 /// The integer in environment variable `name`, or `fallback` when it is unset or empty. Anything but a whole number
 /// in [lo, hi] is an ember::Error naming `who` (the part of ember that reads it), the variable, what it holds and
 /// the range.
