@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # Installs what building and testing ember needs on Debian 12; does nothing when all of it is there.
 # usage: scripts/deps.sh [--bench] [--bench-python] [--fuzz]
-#   --bench         the performance peer of bench/vs_libtorch: the current PyPI `torch` wheel (~1.3 GB), without its
+#   --bench         libjpeg-turbo-progs (tjbench, the decode limit of bench/bench_images; cjpeg/djpeg for
+#                   tests/fixtures/gen_images.py), plasma-workspace-wallpapers (the photographs of
+#                   scripts/make_photo_set.sh), and the performance peer of bench/vs_libtorch: the current PyPI `torch` wheel (~1.3 GB), without its
 #                   dependencies except two small CUDA runtime libraries that libtorch_cpu loads, in a virtual
 #                   environment outside the tree ($EMBER_TORCH_VENV, by default ~/.cache/ember/torch-venv);
 #                   vs_libtorch links only its CPU libraries (libtorch_cpu, libc10).
 #                   EMBER_TORCH_VERSION=2.15.0 pins a version. Also Debian's libgloo-dev, the Gloo peer of
 #                   bench/bench_allreduce.
 #   --bench-python  --bench plus the wheel's dependencies (~4 GB: PyPI's Linux wheel is the CUDA build, and `import
-#                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile)
+#                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile),
+#                   and torchvision + Pillow (bench/torchvision_loader_peer.py, tests/fixtures/gen_images.py)
 #   --fuzz          accepted for old scripts (clang and libFuzzer are now always installed: the tests run the fuzzers)
 set -euo pipefail
 # zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: the tests' independent JSON parser; dataset-fashion-mnist: the examples' data
 # clang, libclang-rt-14-dev: libFuzzer for the fuzz jobs of the test suite (ctest's fuzz_smoke, scripts/fuzz.sh)
 # time: GNU time, for scripts/compile_time.sh's peak-memory figures
 # libopenmpi-dev, openmpi-bin: the mpi backend of the collectives (ember::mpi) and its test under mpirun
+# libjpeg62-turbo-dev, libspng-dev: JPEG and PNG decoding (ember::image) and its tests (whose reference decodes are
+# committed fixtures: CI needs no djpeg)
 pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist
-      clang libclang-rt-14-dev time libopenmpi-dev openmpi-bin)
+      clang libclang-rt-14-dev time libopenmpi-dev openmpi-bin libjpeg62-turbo-dev libspng-dev)
 bench=0 bench_python=0
 for arg in "$@"; do
   case $arg in
@@ -27,6 +32,7 @@ for arg in "$@"; do
   esac
 done
 [ $bench -eq 0 ] || pkgs+=(python3-venv libgloo-dev)  # (Gloo: bench/allreduce_gloo_peer, bench_allreduce's TCP peer)
+[ $bench -eq 0 ] || pkgs+=(libjpeg-turbo-progs plasma-workspace-wallpapers)
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -65,5 +71,8 @@ fi
 if [ $bench_python -eq 1 ]; then
   echo "deps: torch $version's dependencies (for the Python peers) into $venv"
   "$py" -m pip install --quiet "torch==${version%%+*}"
+  # bench/torchvision_loader_peer.py and tests/fixtures/gen_images.py: the torchvision that matches this torch
+  echo "deps: torchvision and Pillow for torch $version into $venv"
+  "$py" -m pip install --quiet "torch==${version%%+*}" torchvision pillow
 fi
 echo "deps: LibTorch $version in $venv; cmake finds it through -DEMBER_TORCH_PYTHON=$py (the default is ~/.cache/ember/torch-venv/bin/python)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every public header of include/ember compiles on its own (.cuh files need nvcc and are left out): a TU that
 # includes it twice (so a missing include guard fails too) must compile with nothing else before it.
-# <ember/dist/mpi.hpp> needs MPI's headers: checked with MPI_INCLUDE_DIRS when given, skipped otherwise.
+# <ember/dist/mpi.hpp> needs MPI's headers: checked with MPI_INCLUDE_DIRS when given, skipped otherwise. The image
+# headers need libjpeg's and libspng's: skipped when the compiler does not find them.
 # FLAGS: more compiler flags, space-separated (CMake passes g++'s garbage-collector parameters here).
 # usage: check_headers.sh CXX SOURCE_DIR [EIGEN_INCLUDE_DIRS [MPI_INCLUDE_DIRS [FLAGS]]] (dirs ':'-separated)
 set -euo pipefail
@@ -17,8 +18,12 @@ if [ -n "$mpi" ]; then
 fi
 args+=(-x c++ -)
 
+# The image headers (<ember/image.hpp>, data/image*.hpp) need libjpeg's and libspng's headers: skipped without them.
+image=1
+printf '#include <cstdio>\n#include <jpeglib.h>\n#include <spng.h>\n' | "${args[@]}" >/dev/null 2>&1 || image=0
 mapfile -t headers < <(find include/ember -type f -name '*.hpp' 2>/dev/null | sort |
-                       { if [ -n "$mpi" ]; then cat; else grep -v '^include/ember/dist/mpi\.hpp$'; fi; })
+                       { if [ -n "$mpi" ]; then cat; else grep -v '^include/ember/dist/mpi\.hpp$'; fi; } |
+                       { if [ $image = 1 ]; then cat; else grep -Ev '^include/ember/(image|data/image[^/]*)\.hpp$'; fi; })
 [ ${#headers[@]} -gt 0 ] || { echo "headers_standalone: no headers yet"; exit 0; }
 
 export log=$(mktemp -d)

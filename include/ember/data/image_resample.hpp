@@ -1,0 +1,173 @@
+// ember — separable image resampling with torchvision's bilinear filter: antialiased when downscaling (the filter
+// widens to the scale factor, as torch.nn.functional.interpolate(mode="bilinear", antialias=True) and PIL), plain
+// bilinear (align_corners=False) otherwise. One horizontal pass over the source rows the output needs, then one
+// vertical pass that writes the output channel-planar (CHW) with an optional mirror and a per-channel affine map
+// (ToTensor's 1/255 and Normalize folded together), so a decoded image goes to its slot of a batch tensor in one go.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ember/config.hpp"
+
+namespace ember::data {
+
+/// The weights of one axis of a resampling: output i reads count[i] source samples from first[i] on, with weights
+/// weights[i * taps + k] (summing to 1).
+struct ResampleAxis {
+  std::vector<std::int64_t> first;
+  std::vector<int> count;
+  std::vector<float> weights;  // (n, taps)
+  int taps = 0;
+  std::int64_t lo = 0, hi = 0;  ///< the source samples any output reads: [lo, hi)
+  std::int64_t size() const { return std::int64_t(first.size()); }
+};
+
+/// Fills `a` for n outputs sampling the source interval [x0, x0 + len): output i is centred on
+/// x0 + (i + 0.5) * len / n. The filter is the triangle of bilinear interpolation, widened by len / n when that is
+/// above 1 and `antialias` is set; the samples it reads are clipped to [clip_lo, clip_hi) and the weights
+/// renormalised (torchvision's _upsample_bilinear2d_aa, where a crop's clip range is the crop itself).
+inline void compute_resample_axis(ResampleAxis& a, double x0, double len, std::int64_t n,
+                                               std::int64_t clip_lo, std::int64_t clip_hi, bool antialias = true);
+
+/// A source image for resample(): element (y, x, c) at data[y * row + x * col + c * chan], y and x counted from
+/// (y0, x0) of the full image (a decoded window starts there).
+template <class T>
+struct ResampleSource {
+  const T* data = nullptr;
+  int channels = 0;
+  std::ptrdiff_t row = 0, col = 0, chan = 0;
+  std::int64_t y0 = 0, x0 = 0;
+};
+
+/// Where resample() writes: channel c, row y, column x at data[c * chan + y * row + x], the value v * scale[c] +
+/// bias[c], columns mirrored when `flip`.
+struct ResampleTarget {
+  float* data = nullptr;
+  std::ptrdiff_t chan = 0, row = 0;
+  bool flip = false;
+  const float* scale = nullptr;  // (channels); null: 1
+  const float* bias = nullptr;   // (channels); null: 0
+};
+
+/// Resamples src through the axes ay (rows) and ax (columns) into dst. `tmp` is scratch, reused between calls.
+template <class T>
+void resample(const ResampleSource<T>& src, const ResampleAxis& ay, const ResampleAxis& ax, const ResampleTarget& dst,
+              std::vector<float>& tmp);
+
+inline void compute_resample_axis(ResampleAxis& a, double x0, double len, std::int64_t n,
+                                               std::int64_t clip_lo, std::int64_t clip_hi, bool antialias) {
+  EMBER_CHECK(n > 0 && len > 0 && clip_lo < clip_hi, "resample: ", n, " outputs from an interval of ", len,
+              " samples clipped to [", clip_lo, ", ", clip_hi, ")");
+  const double scale = len / double(n);
+  const double support = antialias && scale > 1.0 ? scale : 1.0;  // the triangle's half-width, in source samples
+  const double inv = 1.0 / support;
+  a.taps = int(std::ceil(support)) * 2 + 1;
+  a.first.resize(std::size_t(n));
+  a.count.resize(std::size_t(n));
+  a.weights.assign(std::size_t(n) * std::size_t(a.taps), 0.0f);
+  a.lo = clip_hi;
+  a.hi = clip_lo;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double center = x0 + scale * (double(i) + 0.5);
+    std::int64_t lo = std::int64_t(std::floor(center - support + 0.5));
+    std::int64_t hi = std::int64_t(std::floor(center + support + 0.5));
+    lo = std::clamp(lo, clip_lo, clip_hi - 1);
+    hi = std::clamp(hi, lo + 1, clip_hi);
+    hi = std::min(hi, lo + a.taps);
+    float* w = a.weights.data() + std::size_t(i) * std::size_t(a.taps);
+    double total = 0;
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const double t = std::abs((double(j) - center + 0.5) * inv);
+      const double v = t < 1.0 ? 1.0 - t : 0.0;
+      w[j - lo] = float(v);
+      total += v;
+    }
+    if (total > 0)
+      for (std::int64_t j = 0; j < hi - lo; ++j) w[j] = float(double(w[j]) / total);
+    else
+      w[0] = 1.0f;  // a centre outside the clip range: the nearest sample
+    a.first[std::size_t(i)] = lo;
+    a.count[std::size_t(i)] = int(hi - lo);
+    a.lo = std::min(a.lo, lo);
+    a.hi = std::max(a.hi, hi);
+  }
+}
+
+namespace detail {
+// Horizontal pass of one source row into out (nx * C floats, interleaved): C known at compile time (1 or 3 for
+// decoded images) lets the compiler keep the accumulators in registers.
+template <int C, class T>
+EMBER_INLINE void resample_row(const T* s, std::ptrdiff_t col, std::ptrdiff_t chan, std::int64_t x0,
+                               const ResampleAxis& ax, float* out) {
+  const std::int64_t nx = ax.size();
+  for (std::int64_t x = 0; x < nx; ++x) {
+    const float* w = ax.weights.data() + std::size_t(x) * std::size_t(ax.taps);
+    const T* p = s + (ax.first[std::size_t(x)] - x0) * col;
+    float acc[C] = {};
+    for (int k = 0; k < ax.count[std::size_t(x)]; ++k)
+      for (int c = 0; c < C; ++c) acc[c] += w[k] * float(p[k * col + c * chan]);
+    for (int c = 0; c < C; ++c) out[x * C + c] = acc[c];
+  }
+}
+template <class T>
+void resample_row_any(const T* s, std::ptrdiff_t col, std::ptrdiff_t chan, std::int64_t x0, int C,
+                      const ResampleAxis& ax, float* out) {
+  const std::int64_t nx = ax.size();
+  for (std::int64_t x = 0; x < nx; ++x) {
+    const float* w = ax.weights.data() + std::size_t(x) * std::size_t(ax.taps);
+    const T* p = s + (ax.first[std::size_t(x)] - x0) * col;
+    for (int c = 0; c < C; ++c) {
+      float acc = 0;
+      for (int k = 0; k < ax.count[std::size_t(x)]; ++k) acc += w[k] * float(p[k * col + c * chan]);
+      out[x * C + c] = acc;
+    }
+  }
+}
+}  // namespace detail
+
+template <class T>
+void resample(const ResampleSource<T>& src, const ResampleAxis& ay, const ResampleAxis& ax, const ResampleTarget& dst,
+              std::vector<float>& tmp) {
+  const int C = src.channels;
+  const std::int64_t nx = ax.size(), ny = ay.size(), rows = ay.hi - ay.lo;
+  const std::size_t line = std::size_t(nx) * std::size_t(C);
+  tmp.resize(line * std::size_t(rows + 1));
+  // Horizontal: every source row some output row reads, resampled to nx columns (interleaved channels).
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* s = src.data + (ay.lo + r - src.y0) * src.row;
+    float* o = tmp.data() + std::size_t(r) * line;
+    if (C == 3)
+      detail::resample_row<3>(s, src.col, src.chan, src.x0, ax, o);
+    else if (C == 1)
+      detail::resample_row<1>(s, src.col, src.chan, src.x0, ax, o);
+    else
+      detail::resample_row_any(s, src.col, src.chan, src.x0, C, ax, o);
+  }
+  // Vertical: each output row is a weighted sum of whole tmp rows (contiguous: vectorised), then written planar.
+  float* acc = tmp.data() + std::size_t(rows) * line;
+  for (std::int64_t y = 0; y < ny; ++y) {
+    const float* w = ay.weights.data() + std::size_t(y) * std::size_t(ay.taps);
+    const float* base = tmp.data() + std::size_t(ay.first[std::size_t(y)] - ay.lo) * line;
+    const int n = ay.count[std::size_t(y)];
+    for (std::size_t i = 0; i < line; ++i) acc[i] = w[0] * base[i];
+    for (int k = 1; k < n; ++k) {
+      const float wk = w[k];
+      const float* b = base + std::size_t(k) * line;
+      for (std::size_t i = 0; i < line; ++i) acc[i] += wk * b[i];
+    }
+    for (int c = 0; c < C; ++c) {
+      const float sc = dst.scale ? dst.scale[c] : 1.0f, bi = dst.bias ? dst.bias[c] : 0.0f;
+      float* o = dst.data + c * dst.chan + y * dst.row;
+      if (dst.flip)
+        for (std::int64_t x = 0; x < nx; ++x) o[nx - 1 - x] = acc[x * C + c] * sc + bi;
+      else
+        for (std::int64_t x = 0; x < nx; ++x) o[x] = acc[x * C + c] * sc + bi;
+    }
+  }
+}
+
+}  // namespace ember::data
