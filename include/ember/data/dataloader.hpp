@@ -33,6 +33,7 @@
 #include "ember/core/hint.hpp"
 #include "ember/cuda/device.hpp"
 #include "ember/data/dataset.hpp"
+#include "ember/data/loader_stages.hpp"
 #include "ember/data/rng.hpp"
 #include "ember/data/sampler.hpp"
 #include "ember/profile/range.hpp"
@@ -55,28 +56,47 @@ struct DataLoaderOptions {
 };
 
 /// What one epoch's iteration cost the consumer: time waiting for batches vs. total time (the "accelerator idle
-/// because of data" figure is wait_fraction()).
+/// because of data" figure is wait_fraction()), and what the loading itself spent its time on, stage by stage.
 struct LoaderStats {
   double wait_seconds = 0;   ///< time the consumer spent blocked on the loader (all of the loading when num_workers = 0)
   double total_seconds = 0;  ///< time from the start of the epoch's iteration to the last batch handed out
   std::size_t batches = 0;
   std::size_t samples = 0;
+  /// Loading time per stage (read: the dataset's get(); decode; augment: the transform; collate), summed over the
+  /// threads that loaded the batches handed out so far: CPU seconds, which with n workers can reach n times the
+  /// epoch's wall time.
+  StageTimes stages;
   double wait_fraction() const { return total_seconds > 0 ? wait_seconds / total_seconds : 0.0; }
   double samples_per_second() const { return total_seconds > 0 ? double(samples) / total_seconds : 0.0; }
 };
 
 /// What to change when an epoch's statistics say the consumer (the model) waited for data a quarter of the epoch or
-/// more (epochs of at least 2 s); empty otherwise. DataLoader prints it once per process as a hint (core/hint.hpp).
+/// more (epochs of at least 2 s); empty otherwise. Names the stage that took most of the loading time when the
+/// statistics have stage times. DataLoader prints it once per process as a hint (core/hint.hpp).
 EMBER_HEADER_INLINE std::string input_bound_hint(const LoaderStats& s, int num_workers);
 #if EMBER_HEADER_BODIES
 EMBER_COLD EMBER_HEADER_INLINE std::string input_bound_hint(const LoaderStats& s, int num_workers) {
   if (s.total_seconds < 2.0 || s.wait_fraction() < 0.25) return {};
   const std::string pct = std::to_string(int(s.wait_fraction() * 100 + 0.5)) + "%";
+  std::string h;
   if (num_workers == 0)
-    return "DataLoader: the model waited for data " + pct + " of the epoch, loading in its own thread "
-           "(num_workers = 0); set num_workers (2 or more) so that worker threads prepare the next batches";
-  return "DataLoader: the model waited for data " + pct + " of the epoch with " + std::to_string(num_workers) +
-         " workers; more workers, packed record files (data::RecordWriter) or cheaper transforms would feed it";
+    h = "DataLoader: the model waited for data " + pct + " of the epoch, loading in its own thread "
+        "(num_workers = 0); set num_workers (2 or more) so that worker threads prepare the next batches";
+  else
+    h = "DataLoader: the model waited for data " + pct + " of the epoch with " + std::to_string(num_workers) +
+        " workers; more workers, packed record files (data::RecordWriter) or cheaper transforms would feed it";
+  const double total = s.stages.total();
+  if (total > 0) {
+    const Stage big = s.stages.largest();
+    const char* fix = big == Stage::read     ? "packed shards read sequentially (data::ImageRecordDataset)"
+                      : big == Stage::decode ? "a smaller decode (ImagePipeline's reduced_decode, images packed at a "
+                                               "smaller size with ember_pack_images --max-side)"
+                      : big == Stage::augment ? "cheaper transforms (a smaller output size, fewer colour changes)"
+                                              : "collating into the batch directly (ImagePipeline)";
+    h += "; loading time is mostly " + std::string(stage_name(big)) + " (" +
+         std::to_string(int(100 * s.stages[big] / total + 0.5)) + "%): try " + fix;
+  }
+  return h;
 }
 #endif
 
@@ -155,6 +175,7 @@ class EpochCore {
     std::vector<std::size_t> indices;  // dataset indices
     std::string error;                 // guarded by mu_ while workers run
     bool ready = false;                // guarded by mu_: produced (or failed)
+    StageTimes times;                  // written by its producer before `ready`
   };
 
   /// Starts the clock and clears `stats` (drawing the order counts as waiting).
@@ -175,6 +196,8 @@ class EpochCore {
   EMBER_HEADER_INLINE void shutdown();
   std::size_t size() const { return batches_.size(); }
   const BatchPlan& batch(std::size_t b) const { return batches_[b]; }
+  /// The producer of batch b records what loading it took (before it is handed over).
+  void set_times(std::size_t b, const StageTimes& t) { batches_[b].times = t; }
   const DataLoaderOptions& options() const { return opt_; }
 
  private:
@@ -270,6 +293,7 @@ EMBER_HEADER_INLINE std::optional<std::size_t> EpochCore::next() {
   }
   stats_->batches++;
   stats_->samples += batches_[b].indices.size();
+  stats_->stages += batches_[b].times;
   stats_->total_seconds = seconds_since(t0_);
   return b;
 }
@@ -458,15 +482,22 @@ std::string DataLoader<D, Transform, S>::Run::produce(std::size_t b) {
   const auto& plan = core_.batch(b);
   const DataLoaderOptions& opt = core_.options();
   std::size_t at = 0;
+  detail::StageAccount& account = detail::stage_account();
+  account = {};
   try {
     std::vector<sample_type> samples;
     samples.reserve(plan.indices.size());
     for (; at < plan.indices.size(); ++at) {
       Rng g(opt.seed, epoch_, plan.first + at);
-      samples.push_back(detail::apply_transform(parts_->transform, parts_->dataset.get(plan.indices[at]), g));
+      sample_type s =
+          detail::timed_phase(Stage::read, [&]() -> sample_type { return parts_->dataset.get(plan.indices[at]); });
+      samples.push_back(detail::timed_phase(Stage::augment, [&]() -> sample_type {
+        return detail::apply_transform(parts_->transform, std::move(s), g);
+      }));
     }
-    out_[b].emplace(collate(samples, plan.indices));
+    detail::timed_phase(Stage::collate, [&] { out_[b].emplace(collate(samples, plan.indices)); });
     if (opt.pin_memory && detail::can_pin_memory()) detail::pin_batch(*out_[b]);
+    core_.set_times(b, account.times);
   } catch (const std::exception& e) {
     return detail::batch_error(plan.indices, at, b, e.what());
   } catch (...) {
