@@ -1,0 +1,174 @@
+// Packed image shards (data/image_records.hpp): an ImageFolder packed and read back gives the same images, labels and
+// loader batches; max_side re-encodes large images; the quasi-random shard order visits every record once and
+// shuffles labels far better than reading in order; corrupt shards are errors naming the shard.
+#include <doctest/doctest.h>
+
+#include <ember/data/dataloader.hpp>
+#include <ember/data/image_records.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+using namespace ember;
+namespace fs = std::filesystem;
+namespace tr = ember::data::transforms;
+
+namespace {
+const std::string kDir = std::string(EMBER_TEST_FIXTURES) + "/images/";
+
+std::vector<unsigned char> bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE_MESSAGE(f.good(), "missing " << path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+struct TempDir {
+  fs::path p;
+  explicit TempDir(const std::string& name) : p(fs::temp_directory_path() / ("ember_test_" + name)) {
+    fs::remove_all(p);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+  }
+  std::string str() const { return p.string(); }
+};
+
+template <class D>
+std::vector<data::Batch> batches(const D& d, int workers) {
+  data::DataLoader loader(d, {.batch_size = 4, .shuffle = true, .num_workers = workers, .seed = 2},
+                          data::ImagePipeline({.random_resized_crop = tr::RandomResizedCrop(12), .flip = 0.5f}));
+  std::vector<data::Batch> out;
+  for (auto& b : loader) out.push_back(b);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("pack_images: the pack holds the folder's images and labels; its batches equal the folder's") {
+  const data::ImageFolder folder(kDir + "folder");
+  TempDir d("image_pack");
+  const data::PackImagesResult r = data::pack_images(folder, d.str(), {.shard_bytes = 1500, .shuffle = false});
+  CHECK(r.images == folder.size());
+  CHECK(r.shards >= 3);
+  CHECK(r.reencoded == 0);
+  const data::ImageRecordDataset pack(d.str());
+  CHECK(pack.num_shards() == r.shards);
+  CHECK(pack.classes() == folder.classes());
+  REQUIRE(pack.size() == folder.size());
+  std::vector<unsigned char> scratch;
+  for (std::size_t i = 0; i < pack.size(); ++i) {
+    CAPTURE(i);
+    CHECK(pack.target(i) == folder.target(i));
+    const auto b = pack.source()->bytes(i, scratch);
+    const std::vector<unsigned char> file = bytes_of(folder.path(i));
+    CHECK(std::vector<unsigned char>(b.begin(), b.end()) == file);
+  }
+  const std::vector<data::Batch> a = batches(folder, 0), b = batches(pack, 2);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(a[k].data.shape() == b[k].data.shape());
+    CHECK(std::memcmp(a[k].data.data(), b[k].data.data(), std::size_t(a[k].data.numel()) * 4) == 0);
+    CHECK(std::memcmp(a[k].target.data(), b[k].target.data(), std::size_t(a[k].target.numel()) * 8) == 0);
+  }
+  // Shuffled at packing: the same labels in another order.
+  TempDir e("image_pack_shuffled");
+  data::pack_images(folder, e.str(), {.seed = 3});
+  const data::ImageRecordDataset mixed(e.str());
+  std::vector<std::int64_t> x, y;
+  for (std::size_t i = 0; i < mixed.size(); ++i) x.push_back(mixed.target(i)), y.push_back(folder.target(i));
+  CHECK(x != y);
+  std::sort(x.begin(), x.end());
+  std::sort(y.begin(), y.end());
+  CHECK(x == y);
+}
+
+TEST_CASE("pack_images: max_side re-encodes larger images at that size") {
+  const data::ImageFolder folder(kDir + "folder");
+  TempDir d("image_pack_small");
+  const data::PackImagesResult r = data::pack_images(folder, d.str(), {.max_side = 32});
+  CHECK(r.reencoded == folder.size());  // every fixture is 64x48
+  const data::ImageRecordDataset pack(d.str());
+  std::vector<unsigned char> scratch;
+  data::ImageDecoder dec;
+  for (std::size_t i = 0; i < pack.size(); ++i) {
+    const data::ImageInfo& info = dec.open(pack.source()->bytes(i, scratch), "x");
+    CHECK(info.format == data::ImageFormat::jpeg);
+    CHECK(info.width == 32);
+    CHECK(info.height == 24);
+  }
+}
+
+TEST_CASE("ShardShuffleSampler: every record once, reproducible, and labels well mixed") {
+  const data::ShardShuffleSampler s{.seed = 4, .block = 32, .window = 64};
+  const std::size_t n = 10000;
+  std::vector<std::size_t> o = s.indices(n, 0);
+  CHECK(o == s.indices(n, 0));
+  CHECK(o != s.indices(n, 1));
+  std::vector<std::size_t> sorted = o;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(sorted[i] == i);
+  // Labels in class order (a pack written without shuffling: 20 classes of 500): reading in order puts one class in
+  // every batch; the quasi-random order comes close to a full shuffle.
+  std::vector<std::int64_t> labels(n);
+  for (std::size_t i = 0; i < n; ++i) labels[i] = std::int64_t(i / 500);
+  const double seq = data::label_repeat_rate(labels, data::SequentialSampler{}.indices(n), 64);
+  const double quasi = data::label_repeat_rate(labels, o, 64);
+  const double full = data::label_repeat_rate(labels, data::RandomSampler{4}.indices(n, 0), 64);
+  MESSAGE("label repeat rate in batches of 64: sequential ", seq, ", quasi-random ", quasi, ", random ", full);
+  CHECK(seq > 15);
+  CHECK(quasi < 1.5);  // a batch draws from 64 blocks: about 1 + 20 classes / 64 blocks
+  const double narrow = data::label_repeat_rate(labels, data::ShardShuffleSampler{4, 32, 8}.indices(n, 0), 64);
+  CHECK(narrow > quasi);  // fewer blocks pooled: reads more sequential, batches less mixed
+  CHECK(full < 1.2);
+  CHECK(s.size(n) == n);
+  CHECK(data::ShardShuffleSampler{}.indices(5, 0).size() == 5);
+}
+
+TEST_CASE("ImageRecordDataset: corrupt and foreign packs are errors naming the file") {
+  const data::ImageFolder folder(kDir + "folder");
+  TempDir d("image_pack_corrupt");
+  data::pack_images(folder, d.str(), {.shuffle = false});
+  CHECK_THROWS_WITH_AS(data::ImageRecordDataset(d.str() + "/none"), doctest::Contains("not a folder"), Error);
+  {
+    std::fstream f(d.str() + "/shard-00000.rec", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  const data::ImageRecordDataset pack(d.str());
+  data::DataLoader loader(pack, {.batch_size = 32}, data::ImagePipeline({.resize = tr::Resize(8, 8)}));
+  CHECK_THROWS_WITH_AS(loader.begin(), doctest::Contains("shard-00000.rec"), Error);
+  fs::remove(d.str() + "/classes.rec");
+  CHECK_THROWS_WITH_AS(data::ImageRecordDataset(d.str()), doctest::Contains("classes.rec"), Error);
+  TempDir e("image_pack_labels");
+  fs::create_directories(e.p);
+  {
+    data::RecordWriter c(e.str() + "/classes.rec");
+    c.write("only", 4);
+    c.close();
+    data::RecordWriter w(e.str() + "/shard-00000.rec");
+    const std::vector<unsigned char> img = bytes_of(kDir + "decode/gray8.png");
+    w.write(data::encode_byte_image(7, img));
+    w.close();
+  }
+  CHECK_THROWS_WITH_AS(data::ImageRecordDataset(e.str()), doctest::Contains("has label 7"), Error);
+}
+
+TEST_CASE("encode_jpeg and encode_png round trips") {
+  const std::vector<unsigned char> src = bytes_of(kDir + "decode/rgb8.png");
+  const Tensor<std::uint8_t> img = data::decode_image(src, "rgb8.png");
+  const std::vector<unsigned char> png = data::encode_png(img.data(), 48, 64, 3);
+  const Tensor<std::uint8_t> back = data::decode_image(png, "png");
+  CHECK(std::memcmp(back.data(), img.data(), std::size_t(img.numel())) == 0);
+  const std::vector<unsigned char> jpg = data::encode_jpeg(img.data(), 48, 64, 3, 95);
+  const Tensor<std::uint8_t> j = data::decode_image(jpg, "jpg");
+  double diff = 0;
+  for (std::int64_t i = 0; i < img.numel(); ++i) diff += std::abs(int(j.data()[i]) - int(img.data()[i]));
+  CHECK(diff / double(img.numel()) < 4.0);
+  CHECK_THROWS_AS(data::encode_jpeg(img.data(), 48, 64, 2), Error);
+  CHECK_THROWS_AS(data::encode_jpeg(img.data(), 48, 64, 3, 0), Error);
+}
