@@ -158,7 +158,8 @@ TEST_CASE("RandomResizedCrop: the distribution of crops equals torchvision's") {
     // Both histograms of 200000 draws: each bin within 5 standard deviations of the reference's count.
     for (int i = 0; i < 20; ++i) {
       CAPTURE(i);
-      const double sa = 5 * std::sqrt(ref_area[std::size_t(i)] + 1) + 10, sr = 5 * std::sqrt(ref_ratio[std::size_t(i)] + 1) + 10;
+      const double sa = 5 * std::sqrt(ref_area[std::size_t(i)] + 1) + 10;
+      const double sr = 5 * std::sqrt(ref_ratio[std::size_t(i)] + 1) + 10;
       CHECK(std::abs(area[std::size_t(i)] - ref_area[std::size_t(i)]) < sa);
       CHECK(std::abs(ratio[std::size_t(i)] - ref_ratio[std::size_t(i)]) < sr);
     }
@@ -195,13 +196,14 @@ TEST_CASE("ColorJitter: factors in torchvision's ranges, a random order, RGB onl
 }
 
 TEST_CASE("Resize: torchvision's output sizes") {
-  CHECK(tr::Resize(256).output_size(375, 500) == std::pair<std::int64_t, std::int64_t>{256, 341});
-  CHECK(tr::Resize(256).output_size(500, 375) == std::pair<std::int64_t, std::int64_t>{341, 256});
+  using Size = std::pair<std::int64_t, std::int64_t>;
+  CHECK(tr::Resize(256).output_size(375, 500) == Size{256, 341});
+  CHECK(tr::Resize(256).output_size(500, 375) == Size{341, 256});
   tr::Resize capped(100);
   capped.max_size = 150;
-  CHECK(capped.output_size(100, 400) == std::pair<std::int64_t, std::int64_t>{37, 150});
-  CHECK(tr::Resize(30, 40).output_size(1, 1) == std::pair<std::int64_t, std::int64_t>{30, 40});
+  CHECK(capped.output_size(100, 400) == Size{37, 150});
+  CHECK(tr::Resize(30, 40).output_size(1, 1) == Size{30, 40});
   CHECK_THROWS_AS(tr::Resize(0), Error);
-  CHECK(tr::CenterCrop(15, 20).offset(24, 32) == std::pair<std::int64_t, std::int64_t>{4, 6});
-  CHECK(tr::CenterCrop(30, 40).offset(24, 32) == std::pair<std::int64_t, std::int64_t>{-3, -4});
+  CHECK(tr::CenterCrop(15, 20).offset(24, 32) == Size{4, 6});
+  CHECK(tr::CenterCrop(30, 40).offset(24, 32) == Size{-3, -4});
 }

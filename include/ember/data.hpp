@@ -13,6 +13,19 @@
 #include "ember/data/record_file.hpp"
 #include "ember/data/record_dataset.hpp"
 
+// Images (JPEG/PNG decoding, ImagePipeline, ImageFolder, packed image shards): opt-in, since decoding links libjpeg
+// and libspng. The CMake target ember::image defines EMBER_WITH_IMAGE; without CMake, define it and link -ljpeg -lspng.
+#if defined(EMBER_WITH_IMAGE) && EMBER_WITH_IMAGE
+#include "ember/data/image.hpp"
+#include "ember/data/image_encode.hpp"
+#include "ember/data/image_folder.hpp"
+#include "ember/data/image_pipeline.hpp"
+#include "ember/data/image_records.hpp"
+#include "ember/data/image_resample.hpp"
+#include "ember/data/image_transforms.hpp"
+#include "ember/data/image_types.hpp"
+#endif
+
 // Opt-in precompilation (see the end of <ember/ember.hpp>): the DataLoader over the built-in image dataset with the
 // transforms the examples use, compiled once into ember::precompiled.
 #ifdef EMBER_PRECOMPILED_EXTERN  // (config.hpp)

@@ -1,4 +1,4 @@
-// ember — the image loading pipeline: decode, crop/resize, flip, colour jitter, ToTensor and Normalize in one pass per
+// ember — the image loading pipeline: decode, crop/resize, flip, colour jitter, ToTensor and Normalize, one pass per
 // image, written straight into the collated batch tensor. Image datasets (ImageFolder, ImageRecordDataset) hand out
 // ImageItems (where the bytes are, and the label); ImagePipeline, the loader's transform, attaches itself and the
 // sample's random stream; collate() then reads, decodes and transforms each image into its slot of the batch on the
