@@ -3,16 +3,22 @@
 # bounded time on a working copy of its seed corpus (fuzz/corpus/<name>). Crashing inputs land in
 # build-fuzz/artifacts/; turn each into a regular test (tests/test_io.cpp, tests/test_data.cpp, tests/test_optim.cpp,
 # tests/test_store.cpp).
-# usage: scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (targets: safetensors records idx state store)
+# usage: scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (targets: safetensors records idx state store image)
 # EMBER_FUZZ_OUT sets the output folder (default build-fuzz). Inputs up to 256 KiB, so that the hostile seeds (deep
 # nesting, thousands of tensors, gzip bombs) are reachable. CI runs it for 20 s a target (ctest's fuzz_smoke).
-# needs: clang and libclang-rt-14-dev (scripts/deps.sh --fuzz)
+# needs: clang and libclang-rt-14-dev (scripts/deps.sh --fuzz); the image target libjpeg and libspng (skipped without
+# their headers).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors records idx state store)
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(safetensors records idx state store)
+  # The image decoders, where libjpeg's and libspng's headers are installed (scripts/deps.sh installs them).
+  printf '#include <cstdio>\n#include <jpeglib.h>\n#include <spng.h>\n' | "${CLANGXX:-clang++}" -fsyntax-only -x c++ - \
+    >/dev/null 2>&1 && targets+=(image)
+fi
 cxx=${CLANGXX:-clang++}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (scripts/deps.sh --fuzz)" >&2; exit 2; }
 
@@ -20,9 +26,10 @@ out=${EMBER_FUZZ_OUT:-build-fuzz}
 mkdir -p "$out/artifacts"
 # One target: build it, run it, and leave a one-line verdict in $out/fuzz_<name>.verdict (its exit status says which).
 one() {
-  local t=$1 src=fuzz/fuzz_$1.cpp corpus=$out/corpus-$1 log=$out/fuzz_$1.log runs
+  local t=$1 src=fuzz/fuzz_$1.cpp corpus=$out/corpus-$1 log=$out/fuzz_$1.log runs libs=(-lz)
+  [ "$t" != image ] || libs+=(-ljpeg -lspng)
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude \
-    "$src" -lz -o "$out/fuzz_$t" >"$out/fuzz_$t.build.log" 2>&1 ||
+    "$src" "${libs[@]}" -o "$out/fuzz_$t" >"$out/fuzz_$t.build.log" 2>&1 ||
     { echo "fuzz_$t: FAILED to build, see $out/fuzz_$t.build.log"; cat "$out/fuzz_$t.build.log"; return 1; }
   mkdir -p "$corpus"
   cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
