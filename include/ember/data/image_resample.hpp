@@ -1,8 +1,9 @@
 // ember — separable image resampling with torchvision's bilinear filter: antialiased when downscaling (the filter
 // widens to the scale factor, as torch.nn.functional.interpolate(mode="bilinear", antialias=True) and PIL), plain
-// bilinear (align_corners=False) otherwise. One horizontal pass over the source rows the output needs, then one
-// vertical pass that writes the output channel-planar (CHW) with an optional mirror and a per-channel affine map
+// bilinear (align_corners=False) otherwise. A vertical and a horizontal pass over the source window the output needs
+// write the output channel-planar (CHW) with an optional mirror and a per-channel affine map
 // (ToTensor's 1/255 and Normalize folded together), so a decoded image goes to its slot of a batch tensor in one go.
+// (The passes run vertical first: see resample().)
 #pragma once
 
 #include <algorithm>
@@ -98,75 +99,85 @@ inline void compute_resample_axis(ResampleAxis& a, double x0, double len, std::i
 }
 
 namespace detail {
-// Horizontal pass of one source row into out (nx * C floats, interleaved): C known at compile time (1 or 3 for
-// decoded images) lets the compiler keep the accumulators in registers.
-template <int C, class T>
-EMBER_INLINE void resample_row(const T* s, std::ptrdiff_t col, std::ptrdiff_t chan, std::int64_t x0,
-                               const ResampleAxis& ax, float* out) {
+// Horizontal pass of one row of interleaved floats (the vertical pass's output, columns from x0 on) into `out`
+// (nx * C interleaved): C known at compile time (1 or 3 for decoded images) keeps the accumulators in registers.
+template <int C>
+EMBER_INLINE void resample_row(const float* s, std::int64_t x0, const ResampleAxis& ax, float* out, int channels) {
+  const int nc = C > 0 ? C : channels;
   const std::int64_t nx = ax.size();
   for (std::int64_t x = 0; x < nx; ++x) {
     const float* w = ax.weights.data() + std::size_t(x) * std::size_t(ax.taps);
-    const T* p = s + (ax.first[std::size_t(x)] - x0) * col;
-    float acc[C] = {};
-    for (int k = 0; k < ax.count[std::size_t(x)]; ++k)
-      for (int c = 0; c < C; ++c) acc[c] += w[k] * float(p[k * col + c * chan]);
-    for (int c = 0; c < C; ++c) out[x * C + c] = acc[c];
+    const float* p = s + (ax.first[std::size_t(x)] - x0) * nc;
+    const int n = ax.count[std::size_t(x)];
+    if constexpr (C > 0) {
+      float acc[C > 0 ? C : 1] = {};
+      for (int k = 0; k < n; ++k)
+        for (int c = 0; c < C; ++c) acc[c] += w[k] * p[k * C + c];
+      for (int c = 0; c < C; ++c) out[x * C + c] = acc[c];
+    } else {
+      for (int c = 0; c < nc; ++c) {
+        float acc = 0;
+        for (int k = 0; k < n; ++k) acc += w[k] * p[k * nc + c];
+        out[x * nc + c] = acc;
+      }
+    }
   }
 }
-template <class T>
-void resample_row_any(const T* s, std::ptrdiff_t col, std::ptrdiff_t chan, std::int64_t x0, int C,
-                      const ResampleAxis& ax, float* out) {
-  const std::int64_t nx = ax.size();
-  for (std::int64_t x = 0; x < nx; ++x) {
-    const float* w = ax.weights.data() + std::size_t(x) * std::size_t(ax.taps);
-    const T* p = s + (ax.first[std::size_t(x)] - x0) * col;
-    for (int c = 0; c < C; ++c) {
-      float acc = 0;
-      for (int k = 0; k < ax.count[std::size_t(x)]; ++k) acc += w[k] * float(p[k * col + c * chan]);
-      out[x * C + c] = acc;
-    }
+// One output row, interleaved, to its planar place: v * scale + bias, mirrored when asked.
+inline void store_row(const float* row, std::int64_t nx, int C, const ResampleTarget& dst, std::int64_t y) {
+  for (int c = 0; c < C; ++c) {
+    const float sc = dst.scale ? dst.scale[c] : 1.0f, bi = dst.bias ? dst.bias[c] : 0.0f;
+    float* o = dst.data + c * dst.chan + y * dst.row;
+    if (dst.flip)
+      for (std::int64_t x = 0; x < nx; ++x) o[nx - 1 - x] = row[x * C + c] * sc + bi;
+    else
+      for (std::int64_t x = 0; x < nx; ++x) o[x] = row[x * C + c] * sc + bi;
   }
 }
 }  // namespace detail
 
+// Vertical first: each output row is a weighted sum of whole source rows over the columns the output reads
+// (contiguous interleaved samples: vectorised, and the costly pass when downscaling runs on as few columns as
+// needed), then the horizontal pass per output row. torchvision runs the horizontal pass first; the two orders
+// differ by float rounding only.
 template <class T>
 void resample(const ResampleSource<T>& src, const ResampleAxis& ay, const ResampleAxis& ax, const ResampleTarget& dst,
               std::vector<float>& tmp) {
   const int C = src.channels;
-  const std::int64_t nx = ax.size(), ny = ay.size(), rows = ay.hi - ay.lo;
-  const std::size_t line = std::size_t(nx) * std::size_t(C);
-  tmp.resize(line * std::size_t(rows + 1));
-  // Horizontal: every source row some output row reads, resampled to nx columns (interleaved channels).
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* s = src.data + (ay.lo + r - src.y0) * src.row;
-    float* o = tmp.data() + std::size_t(r) * line;
-    if (C == 3)
-      detail::resample_row<3>(s, src.col, src.chan, src.x0, ax, o);
-    else if (C == 1)
-      detail::resample_row<1>(s, src.col, src.chan, src.x0, ax, o);
-    else
-      detail::resample_row_any(s, src.col, src.chan, src.x0, C, ax, o);
-  }
-  // Vertical: each output row is a weighted sum of whole tmp rows (contiguous: vectorised), then written planar.
-  float* acc = tmp.data() + std::size_t(rows) * line;
+  const std::int64_t ny = ay.size(), cols = ax.hi - ax.lo;
+  const std::size_t line = std::size_t(cols) * std::size_t(C);
+  tmp.resize(line + std::size_t(ax.size()) * std::size_t(C));
+  float* hrow = tmp.data() + line;
+  const bool packed = src.col == C && src.chan == 1;  // interleaved rows (decoded images)
   for (std::int64_t y = 0; y < ny; ++y) {
     const float* w = ay.weights.data() + std::size_t(y) * std::size_t(ay.taps);
-    const float* base = tmp.data() + std::size_t(ay.first[std::size_t(y)] - ay.lo) * line;
     const int n = ay.count[std::size_t(y)];
-    for (std::size_t i = 0; i < line; ++i) acc[i] = w[0] * base[i];
-    for (int k = 1; k < n; ++k) {
-      const float wk = w[k];
-      const float* b = base + std::size_t(k) * line;
-      for (std::size_t i = 0; i < line; ++i) acc[i] += wk * b[i];
+    float* acc = tmp.data();
+    const std::int64_t r0 = ay.first[std::size_t(y)] - src.y0;
+    if (packed) {
+      const T* base = src.data + r0 * src.row + (ax.lo - src.x0) * C;
+      for (std::size_t i = 0; i < line; ++i) acc[i] = w[0] * float(base[i]);
+      for (int k = 1; k < n; ++k) {
+        const float wk = w[k];
+        const T* b = base + k * src.row;
+        for (std::size_t i = 0; i < line; ++i) acc[i] += wk * float(b[i]);
+      }
+    } else {
+      for (std::int64_t x = 0; x < cols; ++x)
+        for (int c = 0; c < C; ++c) {
+          const T* b = src.data + r0 * src.row + (ax.lo + x - src.x0) * src.col + c * src.chan;
+          float a = 0;
+          for (int k = 0; k < n; ++k) a += w[k] * float(b[k * src.row]);
+          acc[std::size_t(x) * std::size_t(C) + std::size_t(c)] = a;
+        }
     }
-    for (int c = 0; c < C; ++c) {
-      const float sc = dst.scale ? dst.scale[c] : 1.0f, bi = dst.bias ? dst.bias[c] : 0.0f;
-      float* o = dst.data + c * dst.chan + y * dst.row;
-      if (dst.flip)
-        for (std::int64_t x = 0; x < nx; ++x) o[nx - 1 - x] = acc[x * C + c] * sc + bi;
-      else
-        for (std::int64_t x = 0; x < nx; ++x) o[x] = acc[x * C + c] * sc + bi;
-    }
+    if (C == 3)
+      detail::resample_row<3>(acc, ax.lo, ax, hrow, C);
+    else if (C == 1)
+      detail::resample_row<1>(acc, ax.lo, ax, hrow, C);
+    else
+      detail::resample_row<0>(acc, ax.lo, ax, hrow, C);
+    detail::store_row(hrow, ax.size(), C, dst, y);
   }
 }
 
