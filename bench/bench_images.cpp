@@ -46,7 +46,9 @@ std::vector<unsigned char> bytes_of(const std::string& p) {
 
 // tjbench's decompression throughput (megapixels/s) for one file, or 0 when it cannot be run.
 double tjbench_mps(const std::string& tj, const std::string& file, double seconds) {
-  const std::string cmd = tj + " '" + file + "' -benchtime " + std::to_string(seconds) + " -warmup 0.2 2>&1";
+  // -nowrite: tjbench otherwise writes its decoded images next to the input.
+  const std::string cmd =
+      tj + " '" + file + "' -benchtime " + std::to_string(seconds) + " -warmup 0.2 -nowrite 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return 0;
   char line[512];
