@@ -4,6 +4,8 @@
 // equal across runs; the per-stage times and the hint that names the slow stage.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <ember/data/dataloader.hpp>
 #include <ember/data/image_folder.hpp>
 
@@ -32,7 +34,9 @@ std::vector<unsigned char> bytes_of(const std::string& path) {
 
 struct TempDir {
   fs::path p;
-  explicit TempDir(const std::string& name) : p(fs::temp_directory_path() / ("ember_test_" + name)) {
+  // Named by the process too: ctest runs this file and the sanitizer job's copy of it side by side.
+  explicit TempDir(const std::string& name)
+      : p(fs::temp_directory_path() / ("ember_test_" + name + "_" + std::to_string(::getpid()))) {
     fs::remove_all(p);
     fs::create_directories(p);
   }

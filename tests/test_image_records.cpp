@@ -3,6 +3,8 @@
 // shuffles labels far better than reading in order; corrupt shards are errors naming the shard.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <ember/data/dataloader.hpp>
 #include <ember/data/image_records.hpp>
 
@@ -29,7 +31,9 @@ std::vector<unsigned char> bytes_of(const std::string& path) {
 
 struct TempDir {
   fs::path p;
-  explicit TempDir(const std::string& name) : p(fs::temp_directory_path() / ("ember_test_" + name)) {
+  // Named by the process too: ctest runs this file and the sanitizer job's copy of it side by side.
+  explicit TempDir(const std::string& name)
+      : p(fs::temp_directory_path() / ("ember_test_" + name + "_" + std::to_string(::getpid()))) {
     fs::remove_all(p);
   }
   ~TempDir() {
