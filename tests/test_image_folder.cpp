@@ -4,6 +4,7 @@
 // equal across runs; the per-stage times and the hint that names the slow stage.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ember/data/dataloader.hpp>
@@ -120,6 +121,14 @@ TEST_CASE("ImageFolder: errors name the empty class, the missing root and the ba
   CHECK_THROWS_WITH_AS(data::ImageFolder(d.str() + "/nowhere"), doctest::Contains("not a folder"), Error);
   TempDir e("image_folder_empty");
   CHECK_THROWS_WITH_AS(data::ImageFolder(e.str()), doctest::Contains("no class folder"), Error);
+
+  // A FIFO named like an image: an error at once, not a read that waits for a writer.
+  TempDir q("image_folder_fifo");
+  put(q.p / "cls" / "a.png", bytes_of(kDir + "decode/gray8.png"));
+  REQUIRE(::mkfifo((q.p / "cls" / "pipe.jpg").c_str(), 0600) == 0);
+  const data::ImageFolder fifo(q.str());
+  REQUIRE(fifo.size() == 2);
+  CHECK_THROWS_WITH_AS(data::read_image(fifo.path(1)), doctest::Contains("not a regular file"), Error);
 
   put(d.p / "dog" / "bad file.jpg", {'n', 'o', 't', ' ', 'j', 'p', 'e', 'g'});
   put(d.p / "dog" / "gone.png", bytes_of(kDir + "decode/gray8.png"));

@@ -118,7 +118,9 @@ inline ImageDecoder& thread_image_decoder() {
 /// max_bytes are refused before reading; `what` names the caller in errors.
 inline void read_file_into(const std::string& path, std::vector<unsigned char>& buf, std::size_t max_bytes,
                            const char* what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (a hostile folder's "image.jpg") must not wait for a writer; it fails below as not a
+  // regular file. (Reads of regular files ignore the flag.)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     throw Error(ember::detail::concat(what, ": cannot open ", ember::detail::quote_untrusted(path, 4096), ": ",
