@@ -239,6 +239,14 @@ TEST_CASE("decode_image: the pixel and file limits are options") {
   CHECK(exact.open(file, "x.jpg").width == 64);
   data::ImageDecoder tiny_file({.max_file_bytes = 100});
   CHECK_THROWS_WITH_AS(tiny_file.open(file, "x.jpg"), doctest::Contains("max_file_bytes"), Error);
+  // A progressive file's scans are counted (a file of thousands of tiny scans keeps libjpeg busy for minutes).
+  const std::vector<unsigned char> prog = bytes_of(kDir + "decode/progressive.jpg");
+  data::ImageDecoder few_scans({.max_jpeg_scans = 2});
+  few_scans.open(prog, "p.jpg");
+  CHECK_THROWS_WITH_AS(few_scans.decode(), doctest::Contains("max_jpeg_scans"), Error);
+  data::ImageDecoder enough({.max_jpeg_scans = 100});
+  enough.open(prog, "p.jpg");
+  CHECK(enough.decode().width == 64);
   data::ImageDecoder png_small({.max_pixels = 100});
   CHECK_THROWS_AS(png_small.open(bytes_of(kDir + "decode/rgb8.png"), "x.png"), Error);
 }
