@@ -31,30 +31,40 @@ using ember::scaled_dot_product_attention;
 /// What MultiheadAttention returns: the output and, with need_weights, the attention weights.
 template <class T>
 struct AttentionOutput {
-  Tensor<T> output;   // (N, L, E) batch_first, else (L, N, E); (L, E) for an unbatched input
-  Tensor<T> weights;  // (N, L, S) averaged over heads, or (N, H, L, S); undefined unless need_weights
+  Tensor<T> output;   ///< (N, L, E) batch_first, else (L, N, E); (L, E) for an unbatched input
+  Tensor<T> weights;  ///< (N, L, S) averaged over heads, or (N, H, L, S); undefined unless need_weights
 };
 
+/// The per-call options of MultiheadAttention::forward after (query, key, value): the keyword arguments of
+/// torch.nn.MultiheadAttention.forward, with its names and in its order. A mask is a Tensor<bool> or an additive
+/// Tensor<T> (either converts to AttnMask); the default, an undefined mask, is PyTorch's None.
 template <class T>
 struct MhaForwardOptions {
-  /// key_padding_mask (N, S): true (bool) or -inf (additive) marks a key to ignore.
+  /// (N, S), with N = 1 for an unbatched query: true (bool) or -inf (additive) marks a key to ignore.
   AttnMask<T> key_padding_mask{};
+  /// Also return the attention weights (AttentionOutput::weights); false runs the heads through
+  /// scaled_dot_product_attention without materialising the weights (faster, less memory).
   bool need_weights = true;
-  /// attn_mask (L, S) or (N * H, L, S): true (bool) marks a position NOT allowed to attend (torch.nn's convention,
-  /// the opposite of scaled_dot_product_attention's), or additive.
+  /// (L, S) or (N * num_heads, L, S): true (bool) marks a position NOT allowed to attend, or additive.
+  /// This is torch.nn's convention, the opposite of scaled_dot_product_attention's boolean masks.
   AttnMask<T> attn_mask{};
+  /// With need_weights: the weights averaged over the heads, (N, L, S); false: per head, (N, num_heads, L, S).
   bool average_attn_weights = true;
-  bool is_causal = false;  // causal masking (key j for query i when j <= i), without building a mask
+  /// Causal masking (query i attends to key j only when j <= i), with or without attn_mask and key_padding_mask.
+  /// PyTorch's is_causal is only a hint that attn_mask is the causal mask, and it requires one.
+  bool is_causal = false;
 };
 
-/// The options of nn::MultiheadAttention after (embed_dim, num_heads), in torch.nn.MultiheadAttention's order.
+/// The options of nn::MultiheadAttention after (embed_dim, num_heads), in torch.nn.MultiheadAttention's order
+/// (its add_zero_attn is not supported):
+///   nn::MultiheadAttention mha(64, 8, {.dropout = 0.1, .batch_first = true});
 struct MultiheadAttentionOptions {
-  double dropout = 0.0;      // on the attention weights, in training
-  bool bias = true;          // in_proj_bias and out_proj.bias
-  bool add_bias_kv = false;  // learned bias_k, bias_v (1, 1, E) appended to the keys and values as one more position
-  std::int64_t kdim = 0;     // the key's features (0: embed_dim)
-  std::int64_t vdim = 0;     // the value's features (0: embed_dim)
-  bool batch_first = false;
+  double dropout = 0.0;      ///< probability of zeroing an attention weight, in training; in [0, 1)
+  bool bias = true;          ///< learn in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;  ///< learned bias_k, bias_v (1, 1, E) appended to the keys and values as one more position
+  std::int64_t kdim = 0;     ///< the key's features; 0: embed_dim (PyTorch: kdim=None)
+  std::int64_t vdim = 0;     ///< the value's features; 0: embed_dim (PyTorch: vdim=None)
+  bool batch_first = false;  ///< inputs and outputs (N, L, E) instead of (L, N, E)
 };
 
 /// torch.nn.MultiheadAttention (embed_dim, num_heads): in_proj_weight (3E, E) and in_proj_bias (3E) project q, k, v
@@ -238,16 +248,20 @@ class MultiheadAttentionT : public Module {
 };
 using MultiheadAttention = MultiheadAttentionT<>;
 
+/// The feed-forward block's activation (PyTorch's activation="relu" or "gelu", the exact erf GELU).
 enum class TransformerActivation { relu, gelu };
 
+/// The options of nn::TransformerEncoderLayer after (d_model, nhead), in torch.nn.TransformerEncoderLayer's order
+/// and with its names:
+///   nn::TransformerEncoderLayer layer(256, 4, {.dim_feedforward = 1024, .batch_first = true, .norm_first = true});
 struct TransformerEncoderLayerOptions {
-  std::int64_t dim_feedforward = 2048;
-  double dropout = 0.1;
-  TransformerActivation activation = TransformerActivation::relu;
-  double layer_norm_eps = 1e-5;
-  bool batch_first = false;
-  bool norm_first = false;  // pre-norm (x + sa(norm1(x))) instead of post-norm (norm1(x + sa(x)))
-  bool bias = true;  // false: no bias in the linear layers, the attention's projections or the LayerNorms
+  std::int64_t dim_feedforward = 2048;  ///< the feed-forward block's hidden width (linear1's output features)
+  double dropout = 0.1;                 ///< in the attention, after the activation and on both residual branches
+  TransformerActivation activation = TransformerActivation::relu;  ///< of the feed-forward block
+  double layer_norm_eps = 1e-5;         ///< eps of norm1 and norm2
+  bool batch_first = false;             ///< src (N, S, E) instead of (S, N, E)
+  bool norm_first = false;  ///< pre-norm (x + sa(norm1(x))) instead of post-norm (norm1(x + sa(x)))
+  bool bias = true;  ///< false: no bias in the linear layers, the attention's projections or the LayerNorms
 };
 
 /// torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block (linear1 -> activation -> dropout ->

@@ -18,12 +18,18 @@
 
 namespace ember::nn {
 
+/// The options of nn::Conv2d after (in_channels, out_channels, kernel_size), with the names and order of
+/// torch.nn.Conv2d. Padding is a number per side (PyTorch's padding="same" / "valid" strings and padding_mode other
+/// than "zeros" are not supported); a Size2 is one value for both dims, or {h, w}:
+/// ```
+/// nn::Conv2d conv(3, 64, 3, {.stride = 2, .padding = {1, 1}, .bias = false});
+/// ```
 struct Conv2dOptions {
-  Size2 stride = 1;
-  Size2 padding = 0;
-  Size2 dilation = 1;
-  std::int64_t groups = 1;
-  bool bias = true;
+  Size2 stride = 1;         ///< step of the window, in input positions
+  Size2 padding = 0;        ///< zeros added on both sides of each spatial dim
+  Size2 dilation = 1;       ///< spacing between the kernel's taps (1: adjacent)
+  std::int64_t groups = 1;  ///< in and out channels split into this many independent groups (both must divide)
+  bool bias = true;         ///< learn a per-output-channel bias
 };
 
 template <amp::PrecisionPolicy P = amp::fp32>

@@ -41,9 +41,14 @@
 
 namespace ember::nn {
 
-/// Options of DistributedDataParallel (PyTorch's names).
+/// The options of nn::DistributedDataParallel after the module, with the names of
+/// torch.nn.parallel.DistributedDataParallel (its other arguments are not supported):
+/// ```
+/// nn::DistributedDataParallel ddp(model, {.bucket_cap_mb = 50, .find_unused_parameters = true});
+/// ```
 struct DDPOptions {
-  /// Bucket size in MiB (the first bucket is at most 1 MiB, so communication starts early).
+  /// Bucket size in MiB: gradients are averaged a bucket at a time, while backward goes on (PyTorch's default, None,
+  /// is 25). The first bucket is at most 1 MiB, so that communication starts early, as PyTorch's.
   double bucket_cap_mb = 25;
   /// Broadcast rank 0's buffers (BatchNorm statistics) before each forward in training.
   bool broadcast_buffers = true;

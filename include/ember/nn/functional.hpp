@@ -104,11 +104,21 @@ Tensor<T> pad(const Tensor<T>& x, const std::vector<std::int64_t>& pads, PadMode
 
 enum class InterpolateMode { nearest, linear, bilinear, bicubic, trilinear, area, nearest_exact };
 
+/// The options of nn::functional::interpolate after the input, with the names and order of
+/// torch.nn.functional.interpolate; exactly one of size and scale_factor is given:
+/// ```
+/// Tensor<float> up = interpolate(x, {.scale_factor = {2.0}, .mode = InterpolateMode::bilinear});  // (N, C, 2H, 2W)
+/// ```
+/// recompute_scale_factor is PyTorch's None (the given factors are used) and antialias is not supported.
 struct InterpolateOptions {
-  std::vector<std::int64_t> size{};    // the output's spatial size, or
-  std::vector<double> scale_factor{};  // a factor per spatial dim (one value applies to all)
-  InterpolateMode mode = InterpolateMode::nearest;
-  bool align_corners = false;  // linear, bilinear, bicubic and trilinear only
+  /// The output's spatial size, one value for every spatial dim or one per dim; empty: from scale_factor.
+  std::vector<std::int64_t> size{};
+  /// The factor per spatial dim (one value applies to all): output size floor(input size * factor); empty: use size.
+  std::vector<double> scale_factor{};
+  InterpolateMode mode = InterpolateMode::nearest;  ///< PyTorch's mode string ("nearest-exact": nearest_exact)
+  /// Map the corner pixels' centres onto each other (linear, bilinear, bicubic and trilinear only; PyTorch's None
+  /// is false).
+  bool align_corners = false;
 };
 
 namespace detail {

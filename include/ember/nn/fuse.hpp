@@ -43,11 +43,13 @@
 
 namespace ember::nn {
 
+/// What nn::fuse_conv_bn folds besides each BatchNorm into the layer before it. PyTorch has no such switches:
+/// torch.ao.quantization.fuse_modules (ember's nn::fuse_modules) fuses the groups it is given by name.
 struct FuseOptions {
   /// Also move a ReLU / GELU / SiLU module that follows a layer (or its BatchNorm) into the layer.
   bool activations = true;
-  /// Also move a 2x2 max pool (MaxPool2d(2): stride 2, no padding, floor) that follows a Conv2d (after its
-  /// BatchNorm and activation, when those fold) into the convolution's epilogue.
+  /// Also move a 2x2 max pool (MaxPool2d(2): stride 2, no padding, floor) that follows a Conv2d into the
+  /// convolution's epilogue (after its BatchNorm and activation, when those fold).
   bool pools = true;
 };
 

@@ -16,13 +16,19 @@
 
 namespace ember::nn {
 
+/// The options of nn::BatchNorm1d and nn::BatchNorm2d after num_features, with the names and order of
+/// torch.nn.BatchNorm1d / BatchNorm2d (whose keyword-only `bias` is not supported):
+/// ```
+/// nn::BatchNorm2d bn(64, {.momentum = 0.01, .affine = false});
+/// ```
 struct BatchNormOptions {
-  double eps = 1e-5;
-  /// Weight of the new batch in the running statistics: r = (1 - momentum) r + momentum * batch_stat. None
-  /// (std::nullopt) keeps the cumulative average instead, momentum = 1 / num_batches_tracked, as PyTorch's
+  double eps = 1e-5;  ///< added to the variance before its square root, for numerical stability
+  /// Weight of the new batch in the running statistics: r = (1 - momentum) r + momentum * batch_stat.
+  /// std::nullopt keeps the cumulative average instead, momentum = 1 / num_batches_tracked, as PyTorch's
   /// momentum=None.
   std::optional<double> momentum = 0.1;
-  bool affine = true;
+  bool affine = true;  ///< learn a per-channel weight (init 1) and bias (init 0)
+  /// Keep running_mean and running_var (used in eval); false: batch statistics in eval too, and no buffers.
   bool track_running_stats = true;
 };
 
