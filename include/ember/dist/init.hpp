@@ -46,15 +46,27 @@ inline const char* backend_name(Backend b) {
   return names[static_cast<int>(b)];
 }
 
+/// The options of dist::init and dist::new_process_group, torch.distributed.init_process_group's role with its
+/// init_method "env://": every value left at its sentinel (-1, "", unset) comes from the environment that the
+/// launcher set (torchrun's and ember-run's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT; mpirun's OMPI_COMM_WORLD_*; Slurm's SLURM_*), and an explicit value overrides it.
+/// ```
+/// dist::ProcessGroup& pg = dist::init({.backend = dist::Backend::Tcp, .timeout = std::chrono::seconds(60)});
+/// ```
 struct InitOptions {
+  /// The CPU backend; Auto: EMBER_DIST_BACKEND, else shm when every rank is on this host, else tcp. PyTorch: backend
+  /// ("gloo" is ember's tcp or shm, "mpi" its Mpi; CUDA tensors use NCCL whatever this is).
   Backend backend = Backend::Auto;
-  /// -1: from the environment.
-  int rank = -1, world_size = -1, local_rank = -1, local_world_size = -1;
-  std::string master_addr{};  ///< "": MASTER_ADDR
-  int master_port = -1;     ///< -1: MASTER_PORT, else 29500
-  /// For the rendezvous and every collective; unset: EMBER_DIST_TIMEOUT seconds, else 5 minutes.
+  int rank = -1;              ///< this process's rank in [0, world_size); -1: RANK (or mpirun's, Slurm's), else 0
+  int world_size = -1;        ///< the number of ranks; -1: WORLD_SIZE (or mpirun's, Slurm's), else 1
+  int local_rank = -1;        ///< the rank among this host's ranks; -1: LOCAL_RANK (torchrun's variable), else 0
+  int local_world_size = -1;  ///< the ranks on this host; -1: LOCAL_WORLD_SIZE (torchrun's variable), else 1
+  std::string master_addr{};  ///< rank 0's host, where the store is; "": MASTER_ADDR, else 127.0.0.1 (one host)
+  int master_port = -1;       ///< the store's port; -1: MASTER_PORT, else 29500
+  /// For the rendezvous and every collective; unset: EMBER_DIST_TIMEOUT seconds, else 5 minutes (PyTorch: timeout,
+  /// whose default is 10 minutes for NCCL and 30 for the others).
   std::optional<std::chrono::milliseconds> timeout{};
-  /// Groups of one job are told apart by name (and by the order they are created in).
+  /// Groups of one job are told apart by name (and by the order they are created in). PyTorch: group_name.
   std::string group_name = "default";
   /// The job's shared secret for the store; "": EMBER_DIST_TOKEN (unset: no authentication).
   std::string token{};

@@ -366,9 +366,10 @@ class ShmChannel {
 
 }  // namespace detail
 
-/// Options of the shm backend.
+/// The options of ShmCollectives, the shared-memory backend (one host; PyTorch's gloo has no counterpart).
 struct ShmOptions {
-  /// Bytes of each rank's inbox in the segment (rounded up to 4 KiB); 0: EMBER_SHM_CHANNEL_BYTES or 4 MiB.
+  /// Bytes of each rank's inbox in the segment, clamped to [4 KiB, 1 GiB] and rounded up to 4 KiB; 0:
+  /// EMBER_SHM_CHANNEL_BYTES, else 4 MiB.
   std::size_t channel_bytes = 0;
 };
 

@@ -33,14 +33,19 @@
 
 namespace ember::dist {
 
+/// The options of dist::StoreServer, the server side of torch.distributed.TCPStore (its is_master=True end):
+/// ```
+/// dist::StoreServer server({.host = "0.0.0.0", .port = 29500, .token = secret});
+/// ```
 struct StoreServerOptions {
   /// Where to listen: a numeric address or a name of this host; "0.0.0.0" listens on every IPv4 interface, "::" on
-  /// every interface of both families.
+  /// every interface of both families. PyTorch: host_name.
   std::string host = "127.0.0.1";
-  /// 0 picks a free port (port() tells which).
+  /// The TCP port; 0 picks a free one (port() tells which).
   int port = 0;
   /// The job's shared secret; "" serves every client (open mode).
   std::string token{};
+  /// What the server allows its clients (memory, connections, timeouts).
   StoreLimits limits{};
 };
 

@@ -36,11 +36,12 @@
 
 namespace ember::dist {
 
-/// What the store's server allows its clients. The defaults suit a job of up to thousands of ranks.
+/// What the store's server allows its clients (StoreServerOptions::limits). The defaults suit a job of up to
+/// thousands of ranks. PyTorch's TCPStore has no such limits.
 struct StoreLimits {
-  /// Keys and values held, together.
+  /// Bytes of keys and values held, together (the default, kMaxStoreBytes, is 1 GiB).
   std::uint64_t max_store_bytes = detail::kMaxStoreBytes;
-  /// Connections that proved the token (the job's ranks, launchers, tools).
+  /// Connections that proved the token (the job's ranks, launchers, tools); the default, kMaxStoreClients, is 4096.
   std::size_t max_clients = detail::kMaxStoreClients;
   /// Connections still in their handshake; a new one beyond this drops the oldest.
   std::size_t max_handshakes = 64;
