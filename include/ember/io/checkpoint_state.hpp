@@ -13,11 +13,13 @@
 namespace ember::io {
 
 /// Everything a training run needs to resume exactly, in one file (io::save_checkpoint, io::load_checkpoint; the
-/// Trainer writes the same format, and train::save_run / train::resume_run write and restore it in one call):
-///   io::save_checkpoint(path, {.model = m.state_dict(), .optimizer = opt.state_dict(), .scaler = scaler.state_dict(),
-///                              .scheduler = sched.state_dict(), .epoch = epoch, .step = step,
-///                              .rng = default_generator()});
-/// Fields in declaration order (designated initialisers follow it).
+/// Trainer writes the same format, and train::save_run / train::resume_run write and restore it in one call).
+/// Fields in declaration order (designated initialisers follow it):
+/// ```
+/// io::save_checkpoint(path, {.model = m.state_dict(), .optimizer = opt.state_dict(), .scaler = scaler.state_dict(),
+///                            .scheduler = sched.state_dict(), .epoch = epoch, .step = step,
+///                            .rng = default_generator()});
+/// ```
 struct Checkpoint {
   StateDict model{};                ///< the model's parameters and buffers (Module::state_dict())
   StateDict optimizer{};            ///< the optimizer's state (momenta, step counts, ...)

@@ -30,22 +30,29 @@
 
 namespace ember::profile {
 
-/// torch.profiler.schedule's phases, in steps (Profiler::step() ends one): `wait` steps unrecorded, `warmup` steps
-/// unrecorded too (ember's recorder needs no warm-up; the phase keeps schedules portable), `active` steps recorded;
-/// the cycle runs `repeat` times (0: for ever). active = 0 records everything from start() to stop().
+/// The options of profile::Profiler: torch.profiler.schedule(wait, warmup, active, repeat)'s phases, in steps
+/// (Profiler::step() ends one), one cycle being wait + warmup + active steps. The default records everything from
+/// start() to stop(), as torch.profiler.profile without a schedule.
+/// ```
+/// profile::Profiler prof({.wait = 1, .warmup = 1, .active = 3});
+/// ```
 struct ProfilerOptions {
-  int wait = 0;
+  int wait = 0;    ///< steps at the start of each cycle that are not recorded
+  /// Steps after `wait` that are not recorded either (ember's recorder needs no warm-up; the phase keeps schedules
+  /// portable).
   int warmup = 0;
-  int active = 0;
-  int repeat = 1;
+  int active = 0;  ///< steps recorded in each cycle; 0: no schedule, everything from start() to stop() is recorded
+  int repeat = 1;  ///< cycles; 0: for ever (PyTorch's default is 0)
 };
 
 /// One row of the summary: an op's calls, the time inside it (total) and inside it but not in a range nested in it
 /// on the same thread (self).
 struct OpStats {
-  std::string name, category;
-  std::int64_t calls = 0;
-  double total_us = 0, self_us = 0;
+  std::string name;        ///< the range's name (an op, a backward node, "optimizer.step", ...)
+  std::string category;    ///< its category in the trace
+  std::int64_t calls = 0;  ///< how many times it ran while recording
+  double total_us = 0;     ///< microseconds inside it, nested ranges included
+  double self_us = 0;      ///< microseconds inside it but not in a range nested in it on the same thread
 };
 
 class Profiler {

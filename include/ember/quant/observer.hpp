@@ -19,23 +19,30 @@ enum class QDtype : unsigned char { quint8, qint8 };
 
 /// Affine quantization parameters: real = (q - zero_point) * scale.
 struct QParams {
-  float scale = 1.0f;
-  std::int32_t zero_point = 0;
+  float scale = 1.0f;           ///< the real value of one integer step (> 0)
+  std::int32_t zero_point = 0;  ///< the integer that stands for real 0
 };
 
+/// How an Observer turns the calibration batches into a range: torch.ao.quantization's MinMaxObserver,
+/// MovingAverageMinMaxObserver, and a percentile histogram (PyTorch's HistogramObserver minimises the quantization
+/// error instead).
 enum class ObserverKind : unsigned char { min_max, moving_average_min_max, histogram };
 
-/// Options of an Observer. The default, min_max over quint8, is PyTorch's MinMaxObserver default; histogram
-/// with a percentile is the robust choice when activations have rare outliers.
+/// The options of an Observer (and QConfig::activation). The default, min_max over quint8, is PyTorch's
+/// MinMaxObserver default; histogram with a percentile is the robust choice when activations have rare outliers.
+/// Fields a kind does not use are ignored.
+/// ```
+/// quant::prepare(model, {.activation = {.kind = quant::ObserverKind::histogram, .percentile = 99.9}});
+/// ```
 struct ObserverOptions {
-  ObserverKind kind = ObserverKind::min_max;
-  QDtype dtype = QDtype::quint8;
+  ObserverKind kind = ObserverKind::min_max;  ///< which observer (PyTorch: the observer class)
+  QDtype dtype = QDtype::quint8;  ///< the activations' integer type (PyTorch: dtype=torch.quint8 / torch.qint8)
   /// moving_average_min_max: min += c * (batch_min - min), likewise max; the first batch sets them. In (0, 1].
   float averaging_constant = 0.01f;
   /// histogram: number of equal-width bins, in [1, 1 << 20].
   int bins = 2048;
   /// histogram: [min, max] holds this percentage of the observed values; (100 - p) / 2 % is clipped from each
-  /// tail. In (0, 100]; 100 keeps the exact observed range.
+  /// tail. In (0, 100]; 100 keeps the exact observed range. PyTorch has no such parameter.
   double percentile = 99.99;
 };
 

@@ -39,15 +39,21 @@
 
 namespace ember::quant {
 
+/// What quant::prepare quantizes and how: torch.ao.quantization.QConfig's activation observer, plus which layers stay
+/// in float (PyTorch sets module.qconfig = None for those). Weights are always per output channel, symmetric int8
+/// in [-127, 127] (PyTorch's PerChannelMinMaxObserver with qscheme=torch.per_channel_symmetric):
+/// ```
+/// quant::prepare(model, {.activation = {.kind = quant::ObserverKind::histogram}, .keep_float = {"head"}});
+/// ```
 struct QConfig {
-  /// How each layer's input range is recorded, and its integer type.
+  /// How each layer's input range is recorded, and its integer type. PyTorch: QConfig(activation=...).
   ObserverOptions activation{};
   /// Dotted names (as in state_dict) of layers to leave in float.
   std::vector<std::string> keep_float{};
-  /// Leave the first / the last Linear or Conv2d (in registration order) in float: the layers whose error costs the
-  /// most accuracy for the least time.
+  /// Leave the first Linear or Conv2d (in registration order) in float: with the last, the layers whose error costs
+  /// the most accuracy for the least time.
   bool keep_first = false;
-  bool keep_last = false;
+  bool keep_last = false;  ///< leave the last Linear or Conv2d (in registration order) in float
 };
 
 namespace detail {

@@ -15,6 +15,7 @@
 
 namespace ember::train {
 
+/// Whether a monitored metric improves by going down or up (Lightning's mode="min" / "max").
 enum class Mode { min, max };
 
 namespace detail {
@@ -39,16 +40,21 @@ inline double parse_double(const std::map<std::string, std::string>& kv, const s
 }
 }  // namespace detail
 
+/// The options of train::EarlyStopping, with the names of Lightning's EarlyStopping(...) arguments:
+/// ```
+/// trainer.add_callback(std::make_shared<train::EarlyStopping>(
+///     train::EarlyStoppingOptions{.monitor = "val_acc", .mode = train::Mode::max, .patience = 5}));
+/// ```
 struct EarlyStoppingOptions {
-  std::string monitor = "val_loss";
-  Mode mode = Mode::min;
-  double min_delta = 0.0;        ///< an improvement must beat the best by more than this
+  std::string monitor = "val_loss";  ///< the metric watched (Lightning requires it; ember defaults to val_loss)
+  Mode mode = Mode::min;             ///< min: lower is better; max: higher is better
+  double min_delta = 0.0;        ///< an improvement must beat the best by more than this (its absolute value)
   int patience = 3;              ///< checks without improvement before stopping
   bool strict = true;            ///< a monitor missing from the metrics is an error (else the check is skipped)
   bool check_finite = true;      ///< stop when the monitored value is NaN or infinite
-  std::optional<double> stopping_threshold{};    ///< stop as soon as the value is better than this
-  std::optional<double> divergence_threshold{};  ///< stop as soon as the value is worse than this
-  bool verbose = true;           ///< print why it stopped
+  std::optional<double> stopping_threshold{};    ///< stop as soon as the value is better than this; unset: never
+  std::optional<double> divergence_threshold{};  ///< stop as soon as the value is worse than this; unset: never
+  bool verbose = true;           ///< print why it stopped (Lightning's default is false)
 };
 
 /// Stops training when a monitored metric stops improving (Lightning's EarlyStopping). It checks after every
@@ -151,9 +157,12 @@ class EarlyStopping : public Callback {
   std::string reason_;
 };
 
+/// The options of train::LearningRateMonitor, with the names of Lightning's LearningRateMonitor(...) arguments.
 struct LearningRateMonitorOptions {
-  Interval logging_interval = Interval::step;  ///< every optimizer step (at log_every_n_steps), or every epoch
-  bool log_momentum = false;
+  /// Every optimizer step (at log_every_n_steps), or every epoch; Lightning's default, None, follows the scheduler's
+  /// interval.
+  Interval logging_interval = Interval::step;
+  bool log_momentum = false;  ///< also log each group's momentum (SGD) or beta1 (Adam, AdamW) as "momentum"
 };
 
 /// Logs each parameter group's learning rate: "lr" (one group) or "lr/pg<i>", and "momentum" likewise.

@@ -51,17 +51,25 @@ inline const bool checkpoint_io_registered = [] {
 /// Reads a checkpoint the Trainer wrote (to inspect it, or to take the model's weights out of it).
 inline TrainingState load_checkpoint(const std::string& path) { return io::load_checkpoint(path); }
 
+/// The options of train::ModelCheckpoint, with the names of Lightning's ModelCheckpoint(...) arguments:
+/// ```
+/// auto ckpt = std::make_shared<train::ModelCheckpoint>(train::ModelCheckpointOptions{
+///     .dirpath = "runs/ckpt", .filename = "{epoch}-{val_loss:.3f}", .monitor = "val_loss", .save_top_k = 3});
+/// ```
 struct ModelCheckpointOptions {
+  /// The folder the checkpoints are written to, created when missing (Lightning's default, None, is the logger's
+  /// folder).
   std::string dirpath = "checkpoints";
   /// The file name without ".ckpt": {name} becomes name=<value> (epoch, step or any metric), {name:.2f} formats it.
+  /// Lightning's auto_insert_metric_name=True; a '/' in the template is refused.
   std::string filename = "{epoch}-{step}";
-  std::string monitor{};          ///< empty: the newest checkpoints are kept
-  Mode mode = Mode::min;
+  std::string monitor{};          ///< the metric that ranks the checkpoints; empty: the newest are kept
+  Mode mode = Mode::min;          ///< min: a lower monitored value is better; max: higher
   int save_top_k = 1;           ///< how many to keep (-1: all, 0: none but last)
   bool save_last = false;       ///< also write last.ckpt, the one ckpt_path = "last" resumes from
   int every_n_epochs = 1;       ///< at the end of every n-th epoch (after its validation); 0: never
   std::int64_t every_n_train_steps = 0;  ///< every n optimizer steps instead (0: off)
-  bool verbose = false;
+  bool verbose = false;         ///< print the path of each checkpoint written
 };
 
 /// Saves checkpoints during fit and keeps the best save_top_k by `monitor` (Lightning's ModelCheckpoint).

@@ -39,10 +39,12 @@ inline int make_version_dir(const std::string& save_dir, const std::string& name
 }
 }  // namespace detail
 
+/// The options of train::CSVLogger, with the names of Lightning's CSVLogger(...) arguments: the metrics go to
+/// save_dir/name/version_N/metrics.csv.
 struct CSVLoggerOptions {
-  std::string save_dir = "runs";
-  std::string name = "default";
-  int version = -1;  ///< -1: the first version_<n> that does not exist yet
+  std::string save_dir = "runs";  ///< the root folder of the runs (Lightning requires it)
+  std::string name = "default";   ///< the experiment's folder under save_dir (Lightning's default: "lightning_logs")
+  int version = -1;  ///< -1: the first version_N that does not exist yet (Lightning's None)
 };
 
 class CSVLogger : public Logger {
@@ -57,7 +59,7 @@ class CSVLogger : public Logger {
   CSVLogger& operator=(const CSVLogger&) = delete;
 
   const std::string& log_dir() const { return dir_; }
-  /// The n of version_<n> (give it to a second logger of the same run: {.version = first.version()}).
+  /// The N of version_N (give it to a second logger of the same run: {.version = first.version()}).
   int version() const { return version_; }
   const std::string& path() const { return path_; }
 

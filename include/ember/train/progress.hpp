@@ -17,8 +17,10 @@
 
 namespace ember::train {
 
+/// The options of train::ProgressBar (TrainerOptions::progress), Lightning's TQDMProgressBar role; its refresh_rate
+/// counts batches, ember's limits are in time.
 struct ProgressOptions {
-  bool enabled = true;
+  bool enabled = true;                 ///< false: the bar prints nothing
   double refresh_per_second = 10;      ///< terminal: the most redraws per second
   double plain_interval_seconds = 15;  ///< not a terminal: one line per this many seconds
   int tty = -1;                        ///< -1: ask isatty(); 0 or 1: as if the output were (not) a terminal

@@ -58,7 +58,7 @@ class StateRef {
 /// read; a checkpoint that holds a part `run` leaves empty, or lacks one it names, is refused. Fields in declaration
 /// order (designated initialisers follow it).
 struct Run {
-  nn::Module* model = nullptr;
+  nn::Module* model = nullptr;         ///< the model: its parameters and buffers (Module::state_dict())
   StateRef optimizer{};                ///< optim::SGD, Adam, AdamW, ZeroRedundancyOptimizer, ...
   StateRef scheduler{};                ///< any LRScheduler, or ReduceLROnPlateau
   StateRef scaler{};                   ///< amp::GradScaler (fp16 loss scaling: its scale and growth tracker)

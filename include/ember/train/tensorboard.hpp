@@ -100,12 +100,14 @@ inline std::string frame(const std::string& data) {
 
 }  // namespace tb
 
+/// The options of train::TensorBoardLogger, with the names of Lightning's TensorBoardLogger(...) arguments: the
+/// events go to save_dir/name/version_N/events.out.tfevents.TIME.HOST followed by file_suffix.
 struct TensorBoardLoggerOptions {
-  std::string save_dir = "runs";
-  std::string name = "default";
-  int version = -1;                     ///< -1: the first version_<n> that does not exist yet
-  std::function<double()> wall_clock{};   ///< seconds since 1970; the system clock by default (tests fix it)
-  std::string file_suffix{};              ///< appended to the file name (default: empty)
+  std::string save_dir = "runs";  ///< the root folder of the runs (what tensorboard --logdir reads)
+  std::string name = "default";   ///< the experiment's folder under save_dir (Lightning's default: "lightning_logs")
+  int version = -1;                     ///< -1: the first version_N that does not exist yet (Lightning's None)
+  std::function<double()> wall_clock{};   ///< seconds since 1970; empty: the system clock (tests fix it)
+  std::string file_suffix{};  ///< appended to the event file's name (torch.utils.tensorboard's filename_suffix)
 };
 
 class TensorBoardLogger : public Logger {
@@ -135,7 +137,7 @@ class TensorBoardLogger : public Logger {
   TensorBoardLogger& operator=(const TensorBoardLogger&) = delete;
 
   const std::string& log_dir() const { return dir_; }
-  /// The n of version_<n> (give it to a second logger of the same run: {.version = first.version()}).
+  /// The N of version_N (give it to a second logger of the same run: {.version = first.version()}).
   int version() const { return version_; }
   const std::string& path() const { return path_; }
 
