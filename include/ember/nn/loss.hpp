@@ -37,6 +37,7 @@
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/loss.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/detail/fastmath.hpp"
 #include "ember/expr/nodes.hpp"
@@ -207,28 +208,6 @@ Tensor<T> class_loss_graph(ops::ClassLossResult<T> r, const Tensor<T>& input, bo
   return std::move(r.loss);
 }
 
-/// The debug check of nll_loss: every non-ignored position's C entries are <= 0 and their exps sum to 1.
-template <class T>
-void check_log_probs(const T* x, const i64* target, const ops::ClassGeom& g, i64 ignore_index) {
-  const double tol_sum = std::is_same_v<compute_t<T>, T> ? 1e-3 : 2e-2;
-  const double tol_pos = std::is_same_v<compute_t<T>, T> ? 1e-5 : 1e-2;
-  const char* hint = " (nll_loss expects log-probabilities, the output of log_softmax(x, 1); pass raw logits to "
-                     "cross_entropy instead. This check runs in builds without NDEBUG or with EMBER_DEBUG_CHECKS=1)";
-  for (i64 p = 0; p < g.positions(); ++p) {
-    if (target[p] == ignore_index) continue;
-    const i64 n = p / g.D, k = p % g.D;
-    double s = 0;
-    for (i64 c = 0; c < g.C; ++c) {
-      const double v = double(static_cast<compute_t<T>>(x[(n * g.C + c) * g.D + k]));
-      EMBER_CHECK(!(v > tol_pos), "nll_loss: the input (shape ", g.in.str(), ") has a positive entry ", v,
-                  " at position ", p, ", class ", c, hint);
-      s += std::exp(v);
-    }
-    EMBER_CHECK(std::fabs(s - 1.0) <= tol_sum, "nll_loss: the exps of the input (shape ", g.in.str(),
-                ") at position ", p, " sum to ", s, ", not 1", hint);
-  }
-}
-
 }  // namespace detail
 
 // ---- class-indexed losses ---------------------------------------------------------------------------------------
@@ -313,7 +292,8 @@ Tensor<T> nll_loss(const Tensor<T>& log_probs, const Tensor<std::int64_t>& targe
     // On the host: a debug build pays a copy of a CUDA input here.
     const Tensor<T> x = log_probs.detach().contiguous().cpu();
     const Tensor<std::int64_t> t = r.saved.target.cpu();
-    detail::check_log_probs(x.data(), t.data(), r.saved.geom, o.ignore_index);
+    const ops::ClassGeom& g = r.saved.geom;
+    cpu::check_log_probs(x.data(), t.data(), g.positions(), g.C, g.D, o.ignore_index, g.in);
   }
   return detail::class_loss_graph(std::move(r), log_probs, false, so);
 }
