@@ -10,6 +10,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/index.hpp"
 #include "ember/cpu/pool.hpp"
 #include "ember/ops/conv.hpp"
 #include "ember/ops/window.hpp"
@@ -163,10 +164,10 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
               input_shape.str());
   const Tensor<std::int64_t> ic = detail::dense(indices);
   const std::int64_t HW = input_shape[2] * input_shape[3];
-  for (std::int64_t k = 0; k < ic.numel(); ++k)
-    EMBER_CHECK(ic.data()[k] >= -1 && ic.data()[k] < HW, "max_pool2d_backward: index ", ic.data()[k],
-                " at position ", k, " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ",
-                HW, "), -1 for an empty window)");
+  const std::int64_t k = cpu::first_out_of_range(ic.data(), ic.numel(), 1, -1, HW);
+  EMBER_CHECK(k < 0, "max_pool2d_backward: index ", ic.data()[k], " at position ", k,
+              " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ", HW,
+              "), -1 for an empty window)");
   cpu::PoolGeometry g;
   g.planes = input_shape[0] * input_shape[1];
   g.h = input_shape[2];
