@@ -208,4 +208,10 @@ void linear_act_grad(const T* g, const T* s, T* gz, std::int64_t rows, std::int6
   });
 }
 
+/// out[j] = T(db[j]) for n values: linear_act_grad's bias sums rounded into the bias's dtype.
+template <class T>
+void round_bias_grad(const bias_grad_acc_t<T>* db, std::int64_t n, T* out) {
+  for (std::int64_t j = 0; j < n; ++j) out[j] = T(db[j]);
+}
+
 }  // namespace ember::cpu

@@ -11,6 +11,7 @@
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/gemm.hpp"
+#include "ember/cpu/linear.hpp"
 #include "ember/expr/nodes.hpp"
 #include "ember/profile/range.hpp"
 
@@ -212,21 +213,14 @@ Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
     EMBER_CHECK(false, "linear: tensors on ", x.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
 #endif
   }
-  // CPU: the GEMM in blocks of rows, each block's bias and activation applied right after its GEMM, while the
-  // block (~256 KiB when the layer is narrow) is in cache. Each block packs the whole weight again, so a block has
-  // at least 256 rows: the repacking then costs under 1/500 of the block's multiply-adds.
+  // CPU: the GEMM in blocks of rows with the bias and activation (cpu/linear.hpp).
   const std::int64_t M = x2.size(0);
   Tensor<T> y = empty<T>(Shape{M, N}, x.device());
   if (M == 0 || N == 0) return y.view(out);
   Tensor<T> ka, kb;
   const auto av = detail::mat_view(x2, ka), bv = detail::mat_view(Tensor<T>(w.detach().t()), kb);
   const Tensor<T> bc = bd.defined() && !bd.is_contiguous() ? bd.contiguous() : bd;
-  const std::int64_t rows = std::max<std::int64_t>(256, (std::int64_t(256) << 10) / std::int64_t(sizeof(T) * N));
-  for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
-    const std::int64_t r = std::min(rows, M - r0);
-    cpu::gemm<T>(r, N, K, cpu::MatView<T>{av.p + r0 * av.rs, av.rs, av.cs}, bv, y.data() + r0 * N, N, false);
-    cpu::bias_act_rows_(y.data() + r0 * N, r, N, N, bc.defined() ? bc.data() : nullptr, act);
-  }
+  cpu::linear_forward<T>(M, N, K, av, bv, bc.defined() ? bc.data() : nullptr, act, y.data());
   return y.view(out);
 }
 }  // namespace detail
@@ -288,7 +282,7 @@ LinearGrads<T> linear_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
   LinearGrads<T> r;
   if (want_bias) {
     r.bias = empty<T>(Shape{N});
-    for (std::int64_t j = 0; j < N; ++j) r.bias.data()[j] = T(db.data()[j]);
+    cpu::round_bias_grad(db.data(), N, r.bias.data());
   }
   if (want_input) {
     Tensor<T> kw;
