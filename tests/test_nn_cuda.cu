@@ -105,7 +105,7 @@ TEST_CASE("cuda conv algo cache: different problems get different keys, equal pr
   p.w_shape = Shape{32, 16, 3, 3};
   p.y_shape = Shape{8, 32, 32, 32};
   p.y_strides = contiguous_strides(p.y_shape);
-  p.pad_h = p.pad_w = 1;
+  p.window.ph = p.window.pw = 1;
   const cuda::ConvKey k = cuda::make_conv_key(p);
   CHECK(k == cuda::make_conv_key(p));
   CHECK(cuda::ConvKeyHash{}(k) == cuda::ConvKeyHash{}(cuda::make_conv_key(p)));
@@ -127,12 +127,12 @@ TEST_CASE("cuda conv algo cache: different problems get different keys, equal pr
   vary([](auto& q) { q.w_shape = Shape{32, 16, 5, 5}; });
   vary([](auto& q) { q.y_shape = Shape{8, 32, 16, 16}; });
   vary([](auto& q) { q.y_strides = Shape{1, 2, 3, 4}; });
-  vary([](auto& q) { q.pad_h = 0; });
-  vary([](auto& q) { q.pad_w = 2; });
-  vary([](auto& q) { q.stride_h = 2; });
-  vary([](auto& q) { q.stride_w = 2; });
-  vary([](auto& q) { q.dil_h = 2; });
-  vary([](auto& q) { q.dil_w = 2; });
+  vary([](auto& q) { q.window.ph = 0; });
+  vary([](auto& q) { q.window.pw = 2; });
+  vary([](auto& q) { q.window.sh = 2; });
+  vary([](auto& q) { q.window.sw = 2; });
+  vary([](auto& q) { q.window.dh = 2; });
+  vary([](auto& q) { q.window.dw = 2; });
   vary([](auto& q) { q.groups = 2; });
   vary([](auto& q) { q.allow_tf32 = true; });
   vary([](auto& q) { q.layout = 1; });

@@ -32,6 +32,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/core/window.hpp"
 #include "ember/cpu/conv_direct.hpp"
 #include "ember/cpu/conv_winograd.hpp"
 #include "ember/cpu/epilogue.hpp"
@@ -41,12 +42,13 @@
 
 namespace ember::cpu {
 
-/// The geometry of one conv2d call (all extents already checked by ops/).
-struct ConvGeometry {
+/// The geometry of one conv2d call (all extents already checked by ops/): the window (kernel kh x kw, stride,
+/// padding, dilation) and the extents around it.
+struct ConvGeometry : Window2d {
   std::int64_t n = 0, c = 0, h = 0, w = 0;  // input (N, C, H, W)
-  std::int64_t o = 0, kh = 0, kw = 0;       // weight (O, C/groups, kh, kw)
+  std::int64_t o = 0;                       // weight (O, C/groups, kh, kw)
   std::int64_t oh = 0, ow = 0;              // output (N, O, oh, ow)
-  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+  std::int64_t groups = 1;
 
   std::int64_t cg() const { return c / groups; }     // input channels per group
   std::int64_t og() const { return o / groups; }     // output channels per group

@@ -74,14 +74,7 @@ cpu::ConvGeometry conv2d_geometry(const Tensor<T>& x, const Tensor<T>& w, const 
   g.h = x.size(2);
   g.w = x.size(3);
   g.o = O;
-  g.kh = w.size(2);
-  g.kw = w.size(3);
-  g.sh = o.stride.h;
-  g.sw = o.stride.w;
-  g.ph = o.padding.h;
-  g.pw = o.padding.w;
-  g.dh = o.dilation.h;
-  g.dw = o.dilation.w;
+  static_cast<Window2d&>(g) = window2d(Size2(w.size(2), w.size(3)), o.stride, o.padding, o.dilation);
   g.groups = o.groups;
   const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
   EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, ": kernel ", Size2(g.kh, g.kw).str(),
@@ -107,24 +100,26 @@ inline cuda::DeviceGuard cuda_scope(Device d, const char* op) {
   cuda::check_device(d, op);
   return cuda::DeviceGuard(d);
 }
-inline cuda::ConvParams cudnn_conv_params(const Conv2dOptions& o) {
-  return {o.padding.h, o.padding.w, o.stride.h, o.stride.w, o.dilation.h, o.dilation.w, o.groups};
+inline cuda::ConvParams cudnn_conv_params(const cpu::ConvGeometry& g) {
+  cuda::ConvParams p;
+  static_cast<Window2d&>(p) = g;
+  p.groups = g.groups;
+  return p;
 }
 #else
 inline constexpr bool kCudnn = false;
 #endif
 
 template <class T>
-Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const cpu::ConvGeometry& g,
-                      const Conv2dOptions& o) {
+Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const cpu::ConvGeometry& g) {
 #if EMBER_USE_CUDNN
   auto guard = cuda_scope(x.device(), "conv2d");
   const Tensor<T> xc = dense(x), wc = dense(w), bc = b.defined() ? dense(b) : b;
   Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
-  if (y.numel() > 0) cuda::conv2d_forward<T>(xc, wc, bc, y, cudnn_conv_params(o));
+  if (y.numel() > 0) cuda::conv2d_forward<T>(xc, wc, bc, y, cudnn_conv_params(g));
   return y;
 #else
-  (void)w, (void)b, (void)g, (void)o;
+  (void)w, (void)b, (void)g;
   EMBER_CHECK(false, "conv2d: no kernel for tensors on ", x.device().str(),
               " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
   return {};
@@ -147,7 +142,7 @@ Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
   EMBER_CHECK(!pool2 || (g.oh >= 2 && g.ow >= 2), "conv2d: a fused 2x2 max pool needs an output of at least 2x2, got ",
               g.oh, "x", g.ow);
   if (x.device().is_cuda()) {
-    Tensor<T> y = detail::conv2d_cuda(x, w, b, g, o);
+    Tensor<T> y = detail::conv2d_cuda(x, w, b, g);
 #if defined(__CUDACC__)
     switch (act) {
       case cpu::Act::relu: ops::assign(y, ember::relu(y), "conv2d"); break;
@@ -214,7 +209,7 @@ Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
       return r;
     }
     const Tensor<T> gyc = detail::dense(gy);
-    const cuda::ConvParams p = detail::cudnn_conv_params(o);
+    const cuda::ConvParams p = detail::cudnn_conv_params(g);
     if (need_input && r.input.numel() > 0) cuda::conv2d_backward_data<T>(gyc, detail::dense(w), r.input, p);
     if (need_weight) cuda::conv2d_backward_filter<T>(gyc, detail::dense(x), r.weight, p);
     if (need_bias) {

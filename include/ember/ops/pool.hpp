@@ -51,14 +51,7 @@ inline cpu::PoolGeometry pool_geometry(const char* op, const Shape& x, Device de
   g.planes = x[0] * x[1];
   g.h = x[2];
   g.w = x[3];
-  g.kh = kernel.h;
-  g.kw = kernel.w;
-  g.sh = stride.h;
-  g.sw = stride.w;
-  g.ph = o.padding.h;
-  g.pw = o.padding.w;
-  g.dh = dil.h;
-  g.dw = dil.w;
+  static_cast<Window2d&>(g) = window2d(kernel, stride, o.padding, dil);
   g.count_include_pad = o.count_include_pad;
   if (o.divisor_override) {
     EMBER_CHECK(!dilated, op, ": divisor_override is an option of avg_pool2d only (got ", *o.divisor_override, ")");
@@ -104,13 +97,8 @@ inline cuda::PoolParams cudnn_pool(const char* op, const cpu::PoolGeometry& g, c
                 ") is not supported on CUDA, input shape ", xs.str());
   }
   cuda::PoolParams p;
+  static_cast<Window2d&>(p) = g;  // dilation 1 (checked above)
   p.mode = mode;
-  p.kh = g.kh;
-  p.kw = g.kw;
-  p.pad_h = g.ph;
-  p.pad_w = g.pw;
-  p.stride_h = g.sh;
-  p.stride_w = g.sw;
   return p;
 }
 inline cuda::PoolParams::Mode avg_mode(const Pool2dOptions& o) {

@@ -153,14 +153,7 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   g.h = x.size(2);
   g.w = x.size(3);
   g.o = q.out;
-  g.kh = q.weight.size(2);
-  g.kw = q.weight.size(3);
-  g.sh = o.stride.h;
-  g.sw = o.stride.w;
-  g.ph = o.padding.h;
-  g.pw = o.padding.w;
-  g.dh = o.dilation.h;
-  g.dw = o.dilation.w;
+  static_cast<Window2d&>(g) = window2d(Size2(q.weight.size(2), q.weight.size(3)), o.stride, o.padding, o.dilation);
   g.groups = G;
   const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
   EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, " '", q.name, "': kernel ", Size2(eh, ew).str(),
