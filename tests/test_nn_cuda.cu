@@ -264,8 +264,8 @@ TEST_CASE_TEMPLATE("cuda linear with cuBLASLt epilogues equals the CPU", T, floa
   const Tensor<T> x = rnd<T>({2, 7, K}, 21), w = rnd<T>({N, K}, 22), wt = rnd<T>({K, N}, 23), b = rnd<T>({N}, 24);
   const Tensor<double> xd = dbl(x), wd = dbl(w), wtd = dbl(wt), bd = dbl(b);
   const Tensor<T> X = to_dev(x), W = to_dev(w), WT = to_dev(wt), Bv = to_dev(b);
-  for (auto act : {ops::LinearAct::none, ops::LinearAct::relu, ops::LinearAct::gelu_tanh, ops::LinearAct::gelu,
-                   ops::LinearAct::silu}) {
+  for (auto act : {Activation::none, Activation::relu, Activation::gelu_tanh, Activation::gelu,
+                   Activation::silu}) {
     CAPTURE(int(act));
     expect_close(ops::linear(X, W, Bv, act), ops::linear(xd, wd, bd, act), rtol<T>(), "linear + bias (+ act)");
     expect_close(ops::linear(X, WT.t(), Bv, act), ops::linear(xd, wtd.t(), bd, act), rtol<T>(),
@@ -371,7 +371,7 @@ TEST_CASE("cuda conv2d with a fused activation equals the CPU epilogue") {
   SKIP_WITHOUT_DEVICE();
   const Tensor<float> x = rnd<float>({2, 3, 9, 8}, 31), w = rnd<float>({5, 3, 3, 3}, 32), b = rnd<float>({5}, 33);
   const Conv2dOptions co{.padding = 1};
-  for (auto act : {cpu::Act::relu, cpu::Act::gelu, cpu::Act::gelu_tanh, cpu::Act::silu}) {
+  for (auto act : {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu}) {
     CAPTURE(int(act));
     expect_close(ops::conv2d(to_dev(x), to_dev(w), to_dev(b), co, act), dbl(ops::conv2d(x, w, b, co, act)),
                  rtol<float>(), "conv2d + bias + act");

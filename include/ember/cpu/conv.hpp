@@ -80,7 +80,7 @@ namespace detail {
 /// What benchmark mode's cache tells problems apart by: the pass, the geometry, the element size, the fused
 /// epilogue (activation, pool, per-image callback) and the thread count.
 using ConvChoiceKey = std::array<std::int64_t, 20>;
-inline ConvChoiceKey conv_choice_key(ConvPass pass, const ConvGeometry& g, std::int64_t elem_size, Act act,
+inline ConvChoiceKey conv_choice_key(ConvPass pass, const ConvGeometry& g, std::int64_t elem_size, Activation act,
                                      bool pool2, bool callback) {
   return {std::int64_t(pass), g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups,
           elem_size, std::int64_t(act), pool2 ? 1 : 0, callback ? 1 : 0, get_num_threads()};
@@ -223,8 +223,9 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 /// before the pool, while it is in cache (a batch norm's statistics are gathered there); calls for different images
 /// may run concurrently.
 template <class T, class ImageDone = std::nullptr_t>
-void conv2d_forward_im2col(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
-                           bool pool2 = false, const ImageDone& image_done = nullptr) {
+void conv2d_forward_im2col(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y,
+                           Activation act = Activation::none, bool pool2 = false,
+                           const ImageDone& image_done = nullptr) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
@@ -353,7 +354,7 @@ void conv2d_backward_im2col(const ConvGeometry& g, const T* x, const T* w, const
 /// pool, once per image; calls for different images may run concurrently. Runs Winograd, the direct kernel or
 /// im2col + GEMM (the header's comment says which).
 template <class T, class ImageDone = std::nullptr_t>
-void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
+void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Activation act = Activation::none,
                     bool pool2 = false, const ImageDone& image_done = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
@@ -369,7 +370,7 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
         const ConvGeometry* g;
         const T *x, *w, *b;
         T* y;
-        Act act;
+        Activation act;
         bool pool2;
       } ctx{&g, x, w, b, y, act, pool2};
       auto run = [](const void* p, ConvAlgo c) {
@@ -416,12 +417,12 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
         };
         if (gx)
           ax = detail::choose_conv_algo(
-              detail::conv_choice_key(ConvPass::backward_data, g, sizeof(T), Act::none, false, false), cands, 2, run_x,
-              &ctx);
+              detail::conv_choice_key(ConvPass::backward_data, g, sizeof(T), Activation::none, false, false), cands, 2,
+              run_x, &ctx);
         if (gw)
           aw = detail::choose_conv_algo(
-              detail::conv_choice_key(ConvPass::backward_weight, g, sizeof(T), Act::none, false, false), cands, 2,
-              run_w, &ctx);
+              detail::conv_choice_key(ConvPass::backward_weight, g, sizeof(T), Activation::none, false, false), cands,
+              2, run_w, &ctx);
       }
       if (gx && ax == ConvAlgo::winograd) {
         conv2d_backward_data_winograd(g, w, gy, gx);

@@ -40,7 +40,7 @@ void conv_bn_plane(const T* z, T* y, T* u, std::int64_t oh, std::int64_t ow, Spl
   const std::int64_t L = oh * ow;
   T* dst = pool2 ? u : y;
   affine_(z, dst, L, m, scale, shift);
-  if (relu) act_(dst, L, cpu::Act::relu);
+  if (relu) act_(dst, L, Activation::relu);
   if (pool2) {
     PoolGeometry pg;
     pg.h = oh;
@@ -132,7 +132,7 @@ void conv2d_batch_norm_forward(const ConvGeometry& g, const T* xp, const T* wp, 
   const std::int64_t N = g.n, C = g.o, L = g.l();
   // The convolution, and each image's per-channel moments while its output is in cache.
   std::vector<double> cm(std::size_t(N * C)), cm2(std::size_t(N * C));
-  conv2d_forward<T>(g, xp, wp, bp, zp, Act::none, false, [&](std::int64_t i, const T* zi) {
+  conv2d_forward<T>(g, xp, wp, bp, zp, Activation::none, false, [&](std::int64_t i, const T* zi) {
     for (std::int64_t c = 0; c < C; ++c)
       detail::chunk_moments(zi + c * L, L, cm[std::size_t(i * C + c)], cm2[std::size_t(i * C + c)]);
   });

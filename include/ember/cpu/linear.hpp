@@ -18,7 +18,7 @@ namespace ember::cpu {
 /// multiply-adds.
 template <class T>
 void linear_forward(std::int64_t M, std::int64_t N, std::int64_t K, MatView<T> av, MatView<T> bv, const T* bias,
-                    Act act, T* y) {
+                    Activation act, T* y) {
   const std::int64_t rows = std::max<std::int64_t>(256, (std::int64_t(256) << 10) / std::int64_t(sizeof(T) * N));
   for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
     const std::int64_t r = std::min(rows, M - r0);

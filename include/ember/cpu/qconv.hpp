@@ -196,7 +196,7 @@ inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const fl
   const std::int64_t rows = pool ? 2 : std::max<std::int64_t>(1, 48 / g.ow);
   const std::int64_t rblocks = pool ? g.oh / 2 : (g.oh + rows - 1) / rows;
   const std::int64_t yh = pool ? g.oh / 2 : g.oh, yw = pool ? g.ow / 2 : g.ow, yl = yh * yw;
-  const bool relu = e.act == cpu::Act::relu, pool_first = pool && (relu || e.act == cpu::Act::none);
+  const bool relu = e.act == Activation::relu, pool_first = pool && (relu || e.act == Activation::none);
   cpu::parallel_for(0, g.n * G * rblocks, 1, [&](std::int64_t t0, std::int64_t t1) {
     const std::int64_t pmax = rows * g.ow;
     std::vector<std::int64_t> pos(static_cast<std::size_t>(pmax));
@@ -238,7 +238,7 @@ inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const fl
         }
       }
       const float* src = f.data();
-      if (!pool_first && e.act != cpu::Act::none && !relu)
+      if (!pool_first && e.act != Activation::none && !relu)
         for (std::int64_t p = 0; p < P; ++p) cpu::act_(f.data() + p * ogp, og, e.act);
       if (pool && !pool_first) {
         for (std::int64_t px = 0; px < yw; ++px)
@@ -301,7 +301,7 @@ inline Tensor<float> conv2d_forward(const Int8Operands& q, const Int8Epilogue& e
   // With a pool, y's planes are (oh/2, ow/2). ReLU and the dequantization are monotone (scales are positive), so
   // the int32 sums are pooled first and a quarter of them dequantized; other activations are pooled after.
   const std::int64_t ph = e.pool ? g.oh / 2 : g.oh, pw = e.pool ? g.ow / 2 : g.ow, yl = ph * pw;
-  const bool pool_first = e.pool && (e.act == cpu::Act::none || e.act == cpu::Act::relu);
+  const bool pool_first = e.pool && (e.act == Activation::none || e.act == Activation::relu);
   Tensor<float> y = empty<float>(Shape{g.n, g.o, ph, pw});
   // Tasks: (image, group, block of output channels). With fewer images and groups than threads, the output
   // channels are split too (each part builds the same columns).
@@ -342,7 +342,7 @@ inline Tensor<float> conv2d_forward(const Int8Operands& q, const Int8Epilogue& e
         const std::int32_t* cr = c.data() + (oc - oc0) * lv;
         const std::int32_t off = q.zp_offset[std::size_t(oc)];
         const float sc = q.out_scale[std::size_t(oc)], bo = e.bias[oc];
-        const bool relu = e.act == cpu::Act::relu;  // applied in the dequantize pass; the others after it
+        const bool relu = e.act == Activation::relu;  // applied in the dequantize pass; the others after it
         if (pool_first) {
           detail::max_pool_2x2_s32(cr, row_stride, ph, pw, pooled.data());
           detail::dequantize_row(pooled.data(), yl, off, sc, bo, relu, yr);

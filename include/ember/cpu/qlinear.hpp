@@ -49,7 +49,7 @@ struct Int8Operands {
 struct Int8Epilogue {
   float input_scale = 1;
   const float* bias = nullptr;
-  Act act = Act::none;
+  Activation act = Activation::none;
   bool pool = false;
 };
 

@@ -53,6 +53,7 @@ EMBER_HOST_DEVICE EMBER_INLINE X add(X a, X b) {
   };
 
 //          name      forward                                  derivative
+EMBER_UNARY(Identity, x,                                       X(1))
 EMBER_UNARY(Neg,      -x,                                      X(-1))
 EMBER_UNARY(Abs,      sel(x < X(0), X(-x), x),                 X(sel(x > X(0), X(1), sel(x < X(0), X(-1), X(0)))))
 EMBER_UNARY(Exp,      fm::exp(x),                              fm::exp(x))

@@ -10,6 +10,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/executor.hpp"
+#include "ember/expr/activation.hpp"
 #include "ember/expr/nodes.hpp"
 #if defined(__CUDACC__)
 #include "ember/ops/elementwise.hpp"
@@ -133,7 +134,7 @@ namespace detail {
 /// so a program that fuses nothing does not compile the GELU and SiLU loops.
 template <class T>
 Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const Conv2dOptions& o,
-                         cpu::Act act, bool pool2) {
+                         Activation act, bool pool2) {
   EMBER_PROFILE_RANGE("conv2d");
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
@@ -144,15 +145,12 @@ Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
   if (x.device().is_cuda()) {
     Tensor<T> y = detail::conv2d_cuda(x, w, b, g);
 #if defined(__CUDACC__)
-    switch (act) {
-      case cpu::Act::relu: ops::assign(y, ember::relu(y), "conv2d"); break;
-      case cpu::Act::gelu: ops::assign(y, ember::gelu(y), "conv2d"); break;
-      case cpu::Act::gelu_tanh: ops::assign(y, ember::gelu_tanh(y), "conv2d"); break;
-      case cpu::Act::silu: ops::assign(y, ember::silu(y), "conv2d"); break;
-      default: break;
-    }
+    visit_activation(act, [&](auto op) {
+      if constexpr (!std::is_same_v<decltype(op), ops_table::Identity>)
+        ops::assign(y, expr::make_unary(op, y), "conv2d");
+    });
 #else
-    EMBER_CHECK(act == cpu::Act::none, "conv2d: a fused ", cpu::act_name(act), " on ", x.device().str(),
+    EMBER_CHECK(act == Activation::none, "conv2d: a fused ", activation_name(act), " on ", x.device().str(),
                 " tensors runs as a kernel, which needs a translation unit compiled by nvcc");
 #endif
     return y;
@@ -173,7 +171,7 @@ Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
 /// only) also takes a 2x2 max pool (stride 2, floor) of each image's output there: y is (N, O, oh/2, ow/2).
 template <class T>
 Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none, bool pool2 = false) {
+                 const Conv2dOptions& o = {}, Activation act = Activation::none, bool pool2 = false) {
   if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<T>();
   return detail::conv2d_enabled(x, w, b, o, act, pool2);
 }

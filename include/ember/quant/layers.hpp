@@ -51,7 +51,7 @@ struct QuantizedLayer : cpu::q::Int8Operands {
   Tensor<float> bias;                // (O), zeros for a layer without bias
   QParams input;                     // the input's scale and zero point in input_dtype
   QDtype input_dtype = QDtype::quint8;
-  cpu::Act act = cpu::Act::none;     // fused activation (nn::fuse_conv_bn)
+  Activation act = Activation::none;     // fused activation (nn::fuse_conv_bn)
   bool pool = false;                 // conv only: a fused 2x2 max pool (stride 2, floor) after the activation
   Conv2dOptions conv_options;        // conv only
 

@@ -240,7 +240,7 @@ inline int convert(nn::Module& model) {
     }
     q.input_dtype = obs.options().dtype;
     q.input = obs.qparams();
-    q.act = cpu::Act(s.s->activation);
+    q.act = Activation(s.s->activation);
     q.pool = s.s->pool;
     if (q.conv) q.conv_options = detail::conv_options(*s.s);
     q.prepare();
