@@ -152,6 +152,41 @@ struct Clamp {
   }
 };
 
+/// The element-wise losses' rows (smooth_l1_loss, huber_loss apply them to input - target).
+/// 0.5 x² / beta where |x| < beta, else |x| - 0.5 beta (beta = 0 is |x|).
+struct SmoothL1 {
+  static constexpr const char* name = "smooth_l1";
+  static constexpr bool differentiable = true;
+  double beta = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X a = x < X(0) ? -x : x, b = X(beta);
+    return a < b ? X(0.5) * x * x / b : a - X(0.5) * b;
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    const X a = x < X(0) ? -x : x, b = X(beta);
+    return a < b ? x / b : (x > X(0) ? X(1) : (x < X(0) ? X(-1) : X(0)));
+  }
+};
+
+/// 0.5 x² where |x| < delta, else delta (|x| - 0.5 delta).
+struct Huber {
+  static constexpr const char* name = "huber";
+  static constexpr bool differentiable = true;
+  double delta = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X a = x < X(0) ? -x : x, dl = X(delta);
+    return a < dl ? X(0.5) * x * x : dl * (a - X(0.5) * dl);
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    const X a = x < X(0) ? -x : x, dl = X(delta);
+    return a < dl ? x : (x > X(0) ? dl : (x < X(0) ? -dl : X(0)));
+  }
+};
+
 #define EMBER_BINARY(NAME, FWD, DA, DB)                                      \
   struct NAME {                                                              \
     static constexpr const char* name = #NAME;                               \

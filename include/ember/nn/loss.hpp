@@ -99,42 +99,6 @@ using i64 = std::int64_t;
 
 using ops::reduction_name;
 
-// ---- element-wise loss rows of the op table (forward + derivative, host and device) ---------------------------
-
-/// 0.5 x² / beta where |x| < beta, else |x| - 0.5 beta (beta = 0 is |x|).
-struct SmoothL1 {
-  static constexpr const char* name = "smooth_l1";
-  static constexpr bool differentiable = true;
-  double beta = 1.0;
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
-    const X a = x < X(0) ? -x : x, b = X(beta);
-    return a < b ? X(0.5) * x * x / b : a - X(0.5) * b;
-  }
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    const X a = x < X(0) ? -x : x, b = X(beta);
-    return a < b ? x / b : (x > X(0) ? X(1) : (x < X(0) ? X(-1) : X(0)));
-  }
-};
-
-/// 0.5 x² where |x| < delta, else delta (|x| - 0.5 delta).
-struct Huber {
-  static constexpr const char* name = "huber";
-  static constexpr bool differentiable = true;
-  double delta = 1.0;
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
-    const X a = x < X(0) ? -x : x, dl = X(delta);
-    return a < dl ? X(0.5) * x * x : dl * (a - X(0.5) * dl);
-  }
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    const X a = x < X(0) ? -x : x, dl = X(delta);
-    return a < dl ? x : (x > X(0) ? dl : (x < X(0) ? -dl : X(0)));
-  }
-};
-
 /// log(1 + exp(x)) in the stable form max(x, 0) + log1p(exp(-|x|)); derivative sigmoid(x), smooth at 0.
 struct LogOnePlusExp {
   static constexpr const char* name = "log1p_exp";
@@ -320,7 +284,7 @@ Tensor<T> smooth_l1_loss(const Tensor<T>& input, const Tensor<T>& target, Reduct
                          double beta = 1.0) {
   detail::check_same_shape(input, target, "smooth_l1_loss");
   EMBER_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
-  return detail::reduce_loss<T>(expr::make_unary(detail::SmoothL1{beta}, input - target), r);
+  return detail::reduce_loss<T>(expr::make_unary(ops_table::SmoothL1{beta}, input - target), r);
 }
 
 /// Huber: 0.5 d² where |d| < delta, else delta (|d| - 0.5 delta). Equals delta * smooth_l1_loss(beta = delta).
@@ -329,7 +293,7 @@ Tensor<T> huber_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction 
                      double delta = 1.0) {
   detail::check_same_shape(input, target, "huber_loss");
   EMBER_CHECK(delta > 0, "huber_loss: delta must be positive, got ", delta);
-  return detail::reduce_loss<T>(expr::make_unary(detail::Huber{delta}, input - target), r);
+  return detail::reduce_loss<T>(expr::make_unary(ops_table::Huber{delta}, input - target), r);
 }
 
 /// Binary cross-entropy on logits (sigmoid fused in), stable for any logit: max(x, 0) - x y + log1p(exp(-|x|)).
