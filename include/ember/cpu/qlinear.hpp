@@ -83,6 +83,15 @@ inline void prepare_channels(Int8Operands& q, const std::int8_t* w, const float*
   }
 }
 
+/// The int8 weight of O channels of `per` values w (row-major): round(w / scale[o]) clamped to [-127, 127].
+inline void quantize_weights(const float* w, const float* scale, std::int64_t O, std::int64_t per, std::int8_t* out) {
+  for (std::int64_t o = 0; o < O; ++o)
+    for (std::int64_t k = 0; k < per; ++k) {
+      const float v = std::nearbyint(w[std::size_t(o * per + k)] / scale[std::size_t(o)]);
+      out[o * per + k] = std::int8_t(std::clamp(v, -127.0f, 127.0f));
+    }
+}
+
 namespace detail {
 
 /// q[i] = clamp(round(x[i] · inv) + zp, 0, 255); returns whether x held a NaN.
