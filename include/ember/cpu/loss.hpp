@@ -45,6 +45,24 @@ std::vector<compute_t<T>> weight_values(const Tensor<T>& w) {
   return v;
 }
 
+/// The class weights in the compute type (p null without weights) and their sum in double (C without weights).
+template <class T>
+struct ClassWeights {
+  std::vector<compute_t<T>> w;
+  const compute_t<T>* p = nullptr;
+  double sum = 0;
+  ClassWeights(const Tensor<T>& weight, i64 C) : w(weight_values(weight)) {
+    p = w.empty() ? nullptr : w.data();
+    sum = double(C);
+    if (p) {
+      sum = 0;
+      for (compute_t<T> v : w) sum += double(v);
+    }
+  }
+  ClassWeights(const ClassWeights&) = delete;  // p points into w
+  ClassWeights& operator=(const ClassWeights&) = delete;
+};
+
 // Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights). The
 // weighted and unweighted loops are separate functions: a `w ? w[j] : 1` inside the loop would not vectorise.
 template <bool HasW, class T>
@@ -143,13 +161,9 @@ void cross_entropy_forward(const T* xp, const std::int64_t* tp, const Tensor<T>&
                            std::vector<double>& li, std::vector<double>& wt) {
   using C = compute_t<T>;
   using detail::i64;
-  const std::vector<C> w = detail::weight_values(weight);
-  const C* wp = w.empty() ? nullptr : w.data();
-  double wsum = double(Cn);
-  if (wp) {
-    wsum = 0;
-    for (C v : w) wsum += double(v);
-  }
+  const detail::ClassWeights<T> cw(weight, Cn);
+  const C* wp = cw.p;
+  const double wsum = cw.sum;
   const double eps = label_smoothing, uni = eps / double(Cn);
   const i64 grain = std::max<i64>(1, kGrain / std::max<i64>(1, Cn));
   parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
@@ -184,13 +198,9 @@ void cross_entropy_backward(const T* xp, const std::int64_t* tp, const compute_t
                             double label_smoothing, T* dp) {
   using C = compute_t<T>;
   using detail::i64;
-  const std::vector<C> w = detail::weight_values(weight);
-  const C* wp = w.empty() ? nullptr : w.data();
-  double wsum = double(Cn);
-  if (wp) {
-    wsum = 0;
-    for (C v : w) wsum += double(v);
-  }
+  const detail::ClassWeights<T> cw(weight, Cn);
+  const C* wp = cw.p;
+  const double wsum = cw.sum;
   const double eps = label_smoothing, uni = eps / double(Cn);
   const i64 grain = std::max<i64>(1, kGrain / std::max<i64>(1, Cn));
   parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
