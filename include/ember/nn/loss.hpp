@@ -99,22 +99,6 @@ using i64 = std::int64_t;
 
 using ops::reduction_name;
 
-/// log(1 + exp(x)) in the stable form max(x, 0) + log1p(exp(-|x|)); derivative sigmoid(x), smooth at 0.
-struct LogOnePlusExp {
-  static constexpr const char* name = "log1p_exp";
-  static constexpr bool differentiable = true;
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
-    namespace fm = ::ember::detail::fm;
-    const X a = x < X(0) ? -x : x;
-    return (x > X(0) ? x : X(0)) + fm::log1p(fm::exp(-a));
-  }
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    return ::ember::detail::fm::sigmoid(x);
-  }
-};
-
 template <class T, class E>
 Tensor<T> reduce_loss(const E& e, Reduction r) {
   switch (r) {
@@ -296,8 +280,11 @@ Tensor<T> huber_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction 
   return detail::reduce_loss<T>(expr::make_unary(ops_table::Huber{delta}, input - target), r);
 }
 
-/// Binary cross-entropy on logits (sigmoid fused in), stable for any logit: max(x, 0) - x y + log1p(exp(-|x|)).
-/// With pos_weight p: (1 - y) x + (1 + (p - 1) y) log(1 + exp(-x)), as PyTorch. weight rescales each element.
+/// Binary cross-entropy on logits (sigmoid fused in), stable for any logit: softplus(x) - x y, with the functor
+/// table's softplus (log1p(exp(x)), x itself above 20 as PyTorch's softplus; PyTorch's loss uses the form
+/// max(x, 0) + log1p(exp(-|x|)), which rounds differently: by at most an ulp in float, and above 20 it adds exp(-x),
+/// 2e-9 at most). With pos_weight p: (1 - y) x + (1 + (p - 1) y) softplus(-x), as PyTorch. weight rescales each
+/// element.
 /// target has the input's shape (values in [0, 1]); weight and pos_weight broadcast to it.
 template <class T>
 Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor<T>& target,
@@ -315,7 +302,7 @@ Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor
   bcast_ok(o.pos_weight, "pos_weight");
   const Tensor<T>& x = logits;
   const Tensor<T>& y = target;
-  auto sp = [](auto&& e) { return expr::make_unary(detail::LogOnePlusExp{}, std::forward<decltype(e)>(e)); };
+  auto sp = [](auto&& e) { return expr::make_unary(ops_table::Softplus{}, std::forward<decltype(e)>(e)); };
   if (o.pos_weight.defined()) {
     const Tensor<T>& pw = o.pos_weight;
     auto l = (1 - y) * x + (1 + (pw - 1) * y) * sp(-x);
