@@ -600,8 +600,8 @@ struct EmberMlp : nn::Module {
   }
   Tensor<float> forward(const Tensor<float>& x) const {
     // Each Linear -> ReLU as one op (the ReLU in the GEMM's write-back), as an nn::Sequential of the modules runs it.
-    const Tensor<C> h1 = fc1.forward(to_c<C>(x.flatten(1)), ops::LinearAct::relu);
-    const Tensor<C> h2 = fc2.forward(h1, ops::LinearAct::relu);
+    const Tensor<C> h1 = fc1.forward(to_c<C>(x.flatten(1)), Activation::relu);
+    const Tensor<C> h2 = fc2.forward(h1, Activation::relu);
     return to_f(fc3(h2));
   }
 };

@@ -45,8 +45,8 @@ struct Mlp : nn::Module {
   Tensor<float> forward(const Tensor<float>& x) const {
     // relu(fc1(x)) as one op: the bias and the ReLU applied in the GEMM's write-back, and one node on the tape
     // (nn::Sequential does this by itself for its Linear -> ReLU pairs).
-    const Tensor<C> h1 = fc1.forward(to_c(x.flatten(1)), ops::LinearAct::relu);  // (N, 256)
-    const Tensor<C> h2 = fc2.forward(h1, ops::LinearAct::relu);                  // (N, 128)
+    const Tensor<C> h1 = fc1.forward(to_c(x.flatten(1)), Activation::relu);  // (N, 256)
+    const Tensor<C> h2 = fc2.forward(h1, Activation::relu);                  // (N, 128)
     const Tensor<C> logits = fc3(h2);
     if constexpr (std::is_same_v<C, float>) return logits;
     else return Tensor<float>(cast<float>(logits));

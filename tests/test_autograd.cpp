@@ -570,16 +570,16 @@ TEST_CASE("gradcheck: matmul in all its shapes, mm, bmm, linear") {
   GC3(linear(a, b, c), normal({2, 3, 4}, 128), normal({5, 4}, 129), normal({5}, 130));
   GC3(linear(a, b, c), normal({4}, 131), normal({5, 4}, 132), normal({5}, 133));
   // With an activation: ReLU in the fused node, GELU and SiLU as their own op after it.
-  GC3(linear(a, b, c, ops::LinearAct::relu), normal({6, 4}, 134), normal({5, 4}, 135), normal({5}, 136));
-  GC2(linear(a, b, TD(), ops::LinearAct::relu), normal({2, 3, 4}, 137), normal({5, 4}, 138));
-  GC3(linear(a, b, c, ops::LinearAct::gelu), normal({3, 4}, 139), normal({5, 4}, 140), normal({5}, 141));
-  GC3(linear(a, b, c, ops::LinearAct::silu), normal({3, 4}, 142), normal({5, 4}, 143), normal({5}, 144));
+  GC3(linear(a, b, c, Activation::relu), normal({6, 4}, 134), normal({5, 4}, 135), normal({5}, 136));
+  GC2(linear(a, b, TD(), Activation::relu), normal({2, 3, 4}, 137), normal({5, 4}, 138));
+  GC3(linear(a, b, c, Activation::gelu), normal({3, 4}, 139), normal({5, 4}, 140), normal({5}, 141));
+  GC3(linear(a, b, c, Activation::silu), normal({3, 4}, 142), normal({5, 4}, 143), normal({5}, 144));
   // Only some operands differentiated (the others constants): each gradient on its own.
   check_grad("linear, weight and bias only", [](const Inputs& v) -> TD {
-    return linear(normal({7, 4}, 145), v[0], v[1], ops::LinearAct::relu);
+    return linear(normal({7, 4}, 145), v[0], v[1], Activation::relu);
   }, {normal({3, 4}, 146), normal({3}, 147)});
   check_grad("linear, input only", [](const Inputs& v) -> TD {
-    return linear(v[0], normal({3, 4}, 148), normal({3}, 149), ops::LinearAct::relu);
+    return linear(v[0], normal({3, 4}, 148), normal({3}, 149), Activation::relu);
   }, {normal({7, 4}, 150)});
   check_grad("3-layer chain", [](const Inputs& v) -> TD {
     const TD h1 = mm(v[0], v[1]), a1 = tanh(h1), h2 = mm(a1, v[2]), a2 = tanh(h2);

@@ -300,21 +300,21 @@ TEST_CASE("cpu epilogues: GELU's and SiLU's loops come from a table; one never e
   }
   const TF x = normal_f({5, 37}, 81), b = normal_f({37}, 82);
   TF y = x.clone();
-  CHECK_THROWS_WITH_AS(cpu::act_(y.data(), y.numel(), cpu::Act::gelu),
+  CHECK_THROWS_WITH_AS(cpu::act_(y.data(), y.numel(), Activation::gelu),
                        doctest::Contains("the gelu epilogue for float32 was never enabled"), Error);
-  CHECK_THROWS_WITH_AS(cpu::bias_act_rows_(y.data(), 5, 37, 37, b.data(), cpu::Act::silu),
+  CHECK_THROWS_WITH_AS(cpu::bias_act_rows_(y.data(), 5, 37, 37, b.data(), Activation::silu),
                        doctest::Contains("the silu epilogue for float32 was never enabled"), Error);
-  CHECK_THROWS_WITH_AS(cpu::act_(y.data(), y.numel(), cpu::Act(9)), doctest::Contains("unknown activation 9"), Error);
-  cpu::act_(y.data(), y.numel(), cpu::Act::relu);  // ReLU needs no table
+  CHECK_THROWS_WITH_AS(cpu::act_(y.data(), y.numel(), Activation(9)), doctest::Contains("unknown activation 9"), Error);
+  cpu::act_(y.data(), y.numel(), Activation::relu);  // ReLU needs no table
   CHECK(ember_test::bitwise_equal(y, TF(relu(x))));
   // ops::linear with an activation enables them itself, and the epilogue equals the element-wise op bit for bit.
   const TF w = normal_f({37, 37}, 83);
   const TF plain = ops::linear(x, w, b);
-  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, ops::LinearAct::gelu), TF(gelu(plain))));
-  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, ops::LinearAct::gelu_tanh), TF(gelu_tanh(plain))));
-  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, ops::LinearAct::silu), TF(silu(plain))));
+  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, Activation::gelu), TF(gelu(plain))));
+  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, Activation::gelu_tanh), TF(gelu_tanh(plain))));
+  CHECK(ember_test::bitwise_equal(ops::linear(x, w, b, Activation::silu), TF(silu(plain))));
   y = x.clone();
-  cpu::act_(y.data(), y.numel(), cpu::Act::silu);
+  cpu::act_(y.data(), y.numel(), Activation::silu);
   CHECK(ember_test::bitwise_equal(y, TF(silu(x))));
 }
 
@@ -347,10 +347,10 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
     const TD mag = conv2d(TD(abs(xd)), TD(abs(wd)), TD(abs(bd)),
                           {.stride = {g.sh, g.sw}, .padding = {g.ph, g.pw}, .dilation = {g.dh, g.dw}, .groups = g.groups});
     const double eps = double(std::numeric_limits<float>::epsilon()), depth = double(g.cg() * g.kh * g.kw);
-    for (const cpu::Act act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu})
+    for (const Activation act : {Activation::none, Activation::relu, Activation::gelu})
       for (const bool pool : {false, true})
         for (const int threads : {1, 2}) {
-          INFO("act " << std::string(cpu::act_name(act)) << " pool " << pool << " threads " << threads);
+          INFO("act " << std::string(activation_name(act)) << " pool " << pool << " threads " << threads);
           cpu::set_num_threads(threads);
           const Shape ys = pool ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow};
           TF direct = empty<float>(ys), im2col = empty<float>(ys);
@@ -359,7 +359,7 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
           cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), im2col.data(), act, pool);
           cpu::conv_direct_enabled() = true;
           // the reference: act, then pool, of the double result; the bound is the largest in each window
-          TD ref = act == cpu::Act::relu ? TD(relu(want)) : act == cpu::Act::gelu ? TD(gelu(want)) : want;
+          TD ref = act == Activation::relu ? TD(relu(want)) : act == Activation::gelu ? TD(gelu(want)) : want;
           TD bound = mag;
           if (pool) {
             ref = max_pool2d(ref, 2);
@@ -379,9 +379,9 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
     xn.data()[xn.numel() / 2] = std::numeric_limits<float>::quiet_NaN();
     const Shape ys{g.n, g.o, g.oh / 2, g.ow / 2};
     TF direct = empty<float>(ys), im2col = empty<float>(ys);
-    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), direct.data(), cpu::Act::relu, true);
+    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), direct.data(), Activation::relu, true);
     cpu::conv_direct_enabled() = false;
-    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), im2col.data(), cpu::Act::relu, true);
+    cpu::conv2d_forward<float>(g, xn.data(), w.data(), b.data(), im2col.data(), Activation::relu, true);
     cpu::conv_direct_enabled() = true;
     int nan_direct = 0, nan_mismatch = 0;
     for (i64 i = 0; i < direct.numel(); ++i) {
@@ -449,13 +449,13 @@ TEST_CASE("conv2d float: the Winograd forward and both gradients agree with doub
     TF first_y, first_gx;
     for (const int threads : {1, 2}) {
       cpu::set_num_threads(threads);
-      for (const cpu::Act act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu}) {
-        INFO("act " << std::string(cpu::act_name(act)) << " threads " << threads);
+      for (const Activation act : {Activation::none, Activation::relu, Activation::gelu}) {
+        INFO("act " << std::string(activation_name(act)) << " threads " << threads);
         TF y = empty<float>({g.n, g.o, g.oh, g.ow});
         cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), act);
-        const TD ref = act == cpu::Act::relu ? TD(relu(want)) : act == cpu::Act::gelu ? TD(gelu(want)) : want;
+        const TD ref = act == Activation::relu ? TD(relu(want)) : act == Activation::gelu ? TD(gelu(want)) : want;
         CHECK(count_wrong(y, ref, mag, double(g.c * 9), wino_bound) == 0);
-        if (act == cpu::Act::none) {
+        if (act == Activation::none) {
           if (threads == 1) first_y = y;
           else CHECK(ember_test::bitwise_equal(y, first_y));
         }
@@ -472,7 +472,7 @@ TEST_CASE("conv2d float: the Winograd forward and both gradients agree with doub
         std::vector<int> calls(std::size_t(g.n), 0);
         std::vector<std::vector<float>> seen(std::size_t(g.n));
         std::vector<const float*> where(std::size_t(g.n));
-        cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), cpu::Act::none, false,
+        cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), Activation::none, false,
                                    [&](i64 i, const float* yi) {  // (no doctest assertions on the workers)
                                      ++calls[std::size_t(i)];
                                      where[std::size_t(i)] = yi;
@@ -559,7 +559,7 @@ TEST_CASE("conv benchmark mode: each problem timed once among the algorithms tha
   g.n = 3, g.c = 16, g.h = 10, g.w = 9, g.o = 24, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1, g.oh = 10, g.ow = 9;
   const TF x = normal_f({g.n, g.c, g.h, g.w}, 71), w = normal_f({g.o, g.c, 3, 3}, 72), b = normal_f({g.o}, 73);
   const TF gy = normal_f({g.n, g.o, g.oh, g.ow}, 74);
-  auto forward = [&](cpu::Act act = cpu::Act::none) {
+  auto forward = [&](Activation act = Activation::none) {
     TF y = empty<float>({g.n, g.o, g.oh, g.ow});
     cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), act);
     return y;
@@ -595,7 +595,7 @@ TEST_CASE("conv benchmark mode: each problem timed once among the algorithms tha
   CHECK(one_of(y1, ys, self));
   CHECK(ember_test::bitwise_equal(forward(), y1));  // the cached choice again, not timed again
   CHECK(cpu::conv_benchmark_cache_size() == fast);
-  (void)forward(cpu::Act::relu);  // another epilogue is another problem
+  (void)forward(Activation::relu);  // another epilogue is another problem
   CHECK(cpu::conv_benchmark_cache_size() == 2 * fast);
   const std::pair<TF, TF> gg = grads();  // two more problems: the input's and the weight's gradients
   CHECK(cpu::conv_benchmark_cache_size() == 4 * fast);
@@ -610,7 +610,7 @@ TEST_CASE("conv benchmark mode: each problem timed once among the algorithms tha
   {
     std::vector<int> calls(std::size_t(g.n), 0);
     TF y = empty<float>({g.n, g.o, g.oh, g.ow});
-    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), cpu::Act::none, false,
+    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), y.data(), Activation::none, false,
                                [&](i64 i, const float*) { ++calls[std::size_t(i)]; });
     CHECK(cpu::conv_benchmark_cache_size() == 6 * fast);
     CHECK(one_of(y, ys, self));
@@ -618,7 +618,7 @@ TEST_CASE("conv benchmark mode: each problem timed once among the algorithms tha
     // With the pool as well only im2col + GEMM takes a callback: nothing to time.
     TF yp = empty<float>({g.n, g.o, g.oh / 2, g.ow / 2});
     std::fill(calls.begin(), calls.end(), 0);
-    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), yp.data(), cpu::Act::none, true,
+    cpu::conv2d_forward<float>(g, x.data(), w.data(), b.data(), yp.data(), Activation::none, true,
                                [&](i64 i, const float*) { ++calls[std::size_t(i)]; });
     CHECK(cpu::conv_benchmark_cache_size() == 6 * fast);
     CHECK(ember_test::bitwise_equal(yp, max_pool2d(ys.back(), 2)));

@@ -213,18 +213,18 @@ TEST_CASE("ops::linear: bias and activation in one pass equal matmul, add and th
   };
   CHECK(max_abs(ops::linear(x, w), base) < 1e-12);
   CHECK(max_abs(ops::linear(x, w, b), plus) < 1e-12);
-  CHECK(max_abs(ops::linear(x, w, b, ops::LinearAct::relu), want_relu) < 1e-12);
-  CHECK(max_abs(ops::linear(x, w, b, ops::LinearAct::gelu_tanh), want_gelu) < 1e-12);
-  CHECK(max_abs(ops::linear(x, w, Tensor<double>(), ops::LinearAct::gelu_tanh), want_gelu_nb) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, b, Activation::relu), want_relu) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, b, Activation::gelu_tanh), want_gelu) < 1e-12);
+  CHECK(max_abs(ops::linear(x, w, Tensor<double>(), Activation::gelu_tanh), want_gelu_nb) < 1e-12);
   // A transposed weight view and a 1-D input.
   const Tensor<double> wt = w.t().contiguous();
-  CHECK(max_abs(ops::linear(x, wt.t(), b, ops::LinearAct::relu), want_relu) < 1e-12);
+  CHECK(max_abs(ops::linear(x, wt.t(), b, Activation::relu), want_relu) < 1e-12);
   const Tensor<double> x1 = x.select(0, 1).select(0, 2);
   CHECK(max_abs(ops::linear(x1, w, b), plus.select(0, 1).select(0, 2)) < 1e-12);
   // No autograd record, whatever the inputs need.
   Tensor<double> wg = w.detach().clone();
   wg.requires_grad_();
-  CHECK_FALSE(ops::linear(x, wg, b, ops::LinearAct::relu).requires_grad());
+  CHECK_FALSE(ops::linear(x, wg, b, Activation::relu).requires_grad());
   CHECK(error_of([&] { (void)ops::linear(x, w, randn<double>({5}, g)); }).find("bias of shape [5]") !=
         std::string::npos);
 }

@@ -231,7 +231,7 @@ TEST_CASE("linear with ReLU in training: one node, the same values and gradients
                                         b0.clone().requires_grad_(true)};
     };
     std::vector<Tensor<float>> f = leaves(), u = leaves();
-    Tensor<float> yf = linear(f[0], f[1], f[2], ops::LinearAct::relu);
+    Tensor<float> yf = linear(f[0], f[1], f[2], Activation::relu);
     REQUIRE(yf.grad_fn() != nullptr);
     CHECK(std::string(yf.grad_fn()->name()) == "LinearReluBackward");
     Tensor<float> yu = relu(matmul(u[0], u[1].t()) + u[2]);
@@ -252,14 +252,14 @@ TEST_CASE("linear with ReLU in training: one node, the same values and gradients
   // A saved operand modified in place is reported; one that backward does not read may change (x needs no
   // gradient here, so the weight is not saved).
   Tensor<float> w = w0.clone().requires_grad_(true), xr = x0.clone().requires_grad_(true);
-  Tensor<float> y = linear(xr, w, b0, ops::LinearAct::relu);
+  Tensor<float> y = linear(xr, w, b0, Activation::relu);
   {
     NoGradGuard ng;
     w.fill_(0.f);
   }
   CHECK_THROWS_WITH_AS(y.backward(g), doctest::Contains("LinearReluBackward"), Error);
   Tensor<float> w2 = w0.clone().requires_grad_(true);
-  Tensor<float> y2 = linear(x0, w2, b0, ops::LinearAct::relu);
+  Tensor<float> y2 = linear(x0, w2, b0, Activation::relu);
   {
     NoGradGuard ng;
     w2.fill_(0.f);
@@ -268,7 +268,7 @@ TEST_CASE("linear with ReLU in training: one node, the same values and gradients
   CHECK(w2.grad().defined());
   // The output modified in place before backward: ReLU's derivative reads it.
   Tensor<float> w3 = w0.clone().requires_grad_(true);
-  Tensor<float> y3 = linear(x0, w3, b0, ops::LinearAct::relu);
+  Tensor<float> y3 = linear(x0, w3, b0, Activation::relu);
   {
     NoGradGuard ng;
     y3.fill_(1.f);

@@ -105,7 +105,7 @@ TEST_CASE("cuda conv algo cache: different problems get different keys, equal pr
   p.w_shape = Shape{32, 16, 3, 3};
   p.y_shape = Shape{8, 32, 32, 32};
   p.y_strides = contiguous_strides(p.y_shape);
-  p.pad_h = p.pad_w = 1;
+  p.window.ph = p.window.pw = 1;
   const cuda::ConvKey k = cuda::make_conv_key(p);
   CHECK(k == cuda::make_conv_key(p));
   CHECK(cuda::ConvKeyHash{}(k) == cuda::ConvKeyHash{}(cuda::make_conv_key(p)));
@@ -127,12 +127,12 @@ TEST_CASE("cuda conv algo cache: different problems get different keys, equal pr
   vary([](auto& q) { q.w_shape = Shape{32, 16, 5, 5}; });
   vary([](auto& q) { q.y_shape = Shape{8, 32, 16, 16}; });
   vary([](auto& q) { q.y_strides = Shape{1, 2, 3, 4}; });
-  vary([](auto& q) { q.pad_h = 0; });
-  vary([](auto& q) { q.pad_w = 2; });
-  vary([](auto& q) { q.stride_h = 2; });
-  vary([](auto& q) { q.stride_w = 2; });
-  vary([](auto& q) { q.dil_h = 2; });
-  vary([](auto& q) { q.dil_w = 2; });
+  vary([](auto& q) { q.window.ph = 0; });
+  vary([](auto& q) { q.window.pw = 2; });
+  vary([](auto& q) { q.window.sh = 2; });
+  vary([](auto& q) { q.window.sw = 2; });
+  vary([](auto& q) { q.window.dh = 2; });
+  vary([](auto& q) { q.window.dw = 2; });
   vary([](auto& q) { q.groups = 2; });
   vary([](auto& q) { q.allow_tf32 = true; });
   vary([](auto& q) { q.layout = 1; });
@@ -264,8 +264,8 @@ TEST_CASE_TEMPLATE("cuda linear with cuBLASLt epilogues equals the CPU", T, floa
   const Tensor<T> x = rnd<T>({2, 7, K}, 21), w = rnd<T>({N, K}, 22), wt = rnd<T>({K, N}, 23), b = rnd<T>({N}, 24);
   const Tensor<double> xd = dbl(x), wd = dbl(w), wtd = dbl(wt), bd = dbl(b);
   const Tensor<T> X = to_dev(x), W = to_dev(w), WT = to_dev(wt), Bv = to_dev(b);
-  for (auto act : {ops::LinearAct::none, ops::LinearAct::relu, ops::LinearAct::gelu_tanh, ops::LinearAct::gelu,
-                   ops::LinearAct::silu}) {
+  for (auto act : {Activation::none, Activation::relu, Activation::gelu_tanh, Activation::gelu,
+                   Activation::silu}) {
     CAPTURE(int(act));
     expect_close(ops::linear(X, W, Bv, act), ops::linear(xd, wd, bd, act), rtol<T>(), "linear + bias (+ act)");
     expect_close(ops::linear(X, WT.t(), Bv, act), ops::linear(xd, wtd.t(), bd, act), rtol<T>(),
@@ -371,7 +371,7 @@ TEST_CASE("cuda conv2d with a fused activation equals the CPU epilogue") {
   SKIP_WITHOUT_DEVICE();
   const Tensor<float> x = rnd<float>({2, 3, 9, 8}, 31), w = rnd<float>({5, 3, 3, 3}, 32), b = rnd<float>({5}, 33);
   const Conv2dOptions co{.padding = 1};
-  for (auto act : {cpu::Act::relu, cpu::Act::gelu, cpu::Act::gelu_tanh, cpu::Act::silu}) {
+  for (auto act : {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu}) {
     CAPTURE(int(act));
     expect_close(ops::conv2d(to_dev(x), to_dev(w), to_dev(b), co, act), dbl(ops::conv2d(x, w, b, co, act)),
                  rtol<float>(), "conv2d + bias + act");

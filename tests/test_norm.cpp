@@ -594,15 +594,15 @@ TEST_CASE("fused activations: Conv2d/Linear epilogues equal the unfused ops bit 
   const TF x = to_float(normal({3, 4, 7, 6}, 81)), w = to_float(normal({6, 4, 3, 3}, 82)), b = to_float(normal({6}, 83));
   const TF xl = to_float(normal({2, 37, 19}, 84)), wl = to_float(normal({23, 19}, 85)), bl = to_float(normal({23}, 86));
   const Conv2dOptions co{.padding = 1};
-  for (auto act : {cpu::Act::relu, cpu::Act::gelu, cpu::Act::gelu_tanh, cpu::Act::silu}) {
-    INFO("act " << std::string(cpu::act_name(act)));
+  for (auto act : {Activation::relu, Activation::gelu, Activation::gelu_tanh, Activation::silu}) {
+    INFO("act " << std::string(activation_name(act)));
     NoGradGuard ng;
     auto unfused = [&](const auto& y) {
       using T = typename std::remove_cvref_t<decltype(y)>::value_type;
       switch (act) {
-        case cpu::Act::relu: return Tensor<T>(relu(y));
-        case cpu::Act::gelu: return Tensor<T>(gelu(y));
-        case cpu::Act::gelu_tanh: return Tensor<T>(gelu_tanh(y));
+        case Activation::relu: return Tensor<T>(relu(y));
+        case Activation::gelu: return Tensor<T>(gelu(y));
+        case Activation::gelu_tanh: return Tensor<T>(gelu_tanh(y));
         default: return Tensor<T>(silu(y));
       }
     };
@@ -727,8 +727,8 @@ TEST_CASE("fused activations: Conv2d/Linear epilogues equal the unfused ops bit 
   nn::fuse_modules(net, {{"conv", "bn", "relu"}, {"fc", "silu"}});
   CHECK(net.relu.folded());
   CHECK(net.silu.folded());
-  CHECK(cpu::Act(net.conv.fused_activation()) == cpu::Act::relu);
-  CHECK(cpu::Act(net.fc.fused_activation()) == cpu::Act::silu);
+  CHECK(Activation(net.conv.fused_activation()) == Activation::relu);
+  CHECK(Activation(net.fc.fused_activation()) == Activation::silu);
   CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "silu"}}),
                        doctest::Contains("cannot fuse 'fc', 'silu': 'silu' was already fused into the layer before it"), Error);
 }
@@ -739,8 +739,8 @@ TEST_CASE("fused 2x2 max pools: the conv epilogue pools bit for bit, training th
     const TF x = to_float(normal(xs, 101)), w = to_float(normal({6, 4, 3, 3}, 102)), b = to_float(normal({6}, 103));
     const Conv2dOptions co{.padding = 1};
     NoGradGuard ng;
-    for (auto act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu, cpu::Act::silu}) {
-      INFO("act " << std::string(cpu::act_name(act)) << " input " << xs.str());
+    for (auto act : {Activation::none, Activation::relu, Activation::gelu, Activation::silu}) {
+      INFO("act " << std::string(activation_name(act)) << " input " << xs.str());
       CHECK(rel_diff(ops::conv2d(x, w, b, co, act, true), max_pool2d(ops::conv2d(x, w, b, co, act), 2)) == 0);
       using B = bfloat16;
       const Tensor<B> xb = cast<B>(x), wb = cast<B>(w), bb = cast<B>(b);
@@ -807,6 +807,6 @@ TEST_CASE("fused 2x2 max pools: the conv epilogue pools bit for bit, training th
   CHECK(!net.conv.fused_pool());
   nn::fuse_modules(net, {{"conv", "bn", "relu", "pool"}});
   CHECK(net.conv.fused_pool());
-  CHECK(net.conv.fused_activation() == static_cast<unsigned char>(cpu::Act::relu));
+  CHECK(net.conv.fused_activation() == static_cast<unsigned char>(Activation::relu));
   CHECK(net.pool.folded());
 }

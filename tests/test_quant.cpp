@@ -85,11 +85,11 @@ std::vector<double> fake_quant_input(const quant::QuantizedLayer& l, const TF& x
   return out;
 }
 
-double act_ref(cpu::Act a, double v) {
+double act_ref(Activation a, double v) {
   switch (a) {
-    case cpu::Act::relu: return v > 0 ? v : 0;
-    case cpu::Act::silu: return v / (1 + std::exp(-v));
-    case cpu::Act::gelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    case Activation::relu: return v > 0 ? v : 0;
+    case Activation::silu: return v / (1 + std::exp(-v));
+    case Activation::gelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
     default: return v;
   }
 }
@@ -189,7 +189,7 @@ TEST_CASE("int8 GEMM: every compiled path exact against an integer reference, sa
 }
 
 TEST_CASE("quantized Linear equals the float math on dequantized operands and is within the quantization error") {
-  for (auto act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu}) {
+  for (auto act : {Activation::none, Activation::relu, Activation::gelu}) {
     for (auto dt : {quant::QDtype::quint8, quant::QDtype::qint8}) {
       const i64 M = 70, K = 37, O = 19;  // rows past one thread block; K not a multiple of 4
       const TF w = randn_f({O, K}, 11, 0.3), bias = randn_f({O}, 12), x = randn_f({M, K}, 13, 1.0, 0.4);
@@ -231,7 +231,7 @@ TEST_CASE("quantized Linear equals the float math on dequantized operands and is
             worst_float = std::max(worst_float, err);
             bound_excess = std::max(bound_excess, err - (bound * 1.001 + 1e-5));
           }
-        INFO("path ", std::string(q::path_name(p)), " act ", std::string(cpu::act_name(act)));
+        INFO("path ", std::string(q::path_name(p)), " act ", std::string(activation_name(act)));
         CHECK(worst < 2e-6);         // float rounding of the epilogue only
         CHECK(bound_excess <= 0);    // within the quantization error of the float layer
         CHECK(worst_float > 1e-4);   // and the int8 layer really is quantized
@@ -271,7 +271,7 @@ TEST_CASE("quantized Conv2d: stride, padding, dilation, groups, zero point paddi
     l.bias = bias;
     l.input = obs.qparams();
     CHECK(l.input.zero_point > 0);  // the padding must read the zero point, not 0
-    l.act = cpu::Act::relu;
+    l.act = Activation::relu;
     l.conv_options = o;
     l.prepare();
     const TF ref_float = ember::conv2d(x, w, bias, o);
@@ -303,14 +303,14 @@ TEST_CASE("quantized Conv2d: stride, padding, dilation, groups, zero point paddi
     CHECK(max_diff(quant::quantized_conv2d(l, x.select(0, 1)), quant::quantized_conv2d(l, x).select(0, 1)) == 0);
     // A fused 2x2 max pool equals pooling the output: int32 sums pooled first (none, relu) or after (gelu), odd
     // output sizes included.
-    for (auto act : {cpu::Act::none, cpu::Act::relu, cpu::Act::gelu}) {
+    for (auto act : {Activation::none, Activation::relu, Activation::gelu}) {
       quant::QuantizedLayer plain = l, pooled = l;
       plain.act = pooled.act = act;
       pooled.pool = true;
       plain.prepare();
       pooled.prepare();
       const TF want = max_pool2d(quant::quantized_conv2d(plain, x), 2), got = quant::quantized_conv2d(pooled, x);
-      INFO("act ", std::string(cpu::act_name(act)), " output ", ref_float.shape().str());
+      INFO("act ", std::string(activation_name(act)), " output ", ref_float.shape().str());
       CHECK(max_diff(got, want) == 0);
     }
   }
@@ -339,7 +339,7 @@ TEST_CASE("prepare, calibrate, convert a folded model; save and load give the sa
   CHECK(quant::convert(net) == 3);
   CHECK(net.conv1.type_name() == "QuantizedConv2d");
   CHECK(quant::quantized_layer(net, "conv1") != nullptr);
-  CHECK(quant::quantized_layer(net, "conv1")->act == cpu::Act::relu);  // the fused ReLU runs in the epilogue
+  CHECK(quant::quantized_layer(net, "conv1")->act == Activation::relu);  // the fused ReLU runs in the epilogue
   const auto sd = net.state_dict();
   CHECK(sd.count("conv1.weight") == 0);  // the float weights left the registry
   CHECK(sd.count("fc.bias") == 0);

@@ -99,7 +99,7 @@
 #define EMBER_PRECOMPILED_OPS(T, X)                                                                                   \
   X template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);                               \
   X template Tensor<T> linear<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,                                \
-      ops::LinearAct);                                                                                                \
+      Activation);                                                                                                    \
   X template Tensor<T> mm<T>(const Tensor<T>&, const Tensor<T>&);                                                     \
   X template Tensor<T> bmm<T>(const Tensor<T>&, const Tensor<T>&);                                                    \
   X template Tensor<T> matmul<T>(const Tensor<T>&, const Tensor<T>&);                                                 \

@@ -1,8 +1,8 @@
 // ember — scaled_dot_product_attention with PyTorch's semantics (torch.nn.functional.scaled_dot_product_attention):
 // softmax(q k^T * scale + mask) v, with an optional boolean or additive mask, causal masking and dropout on the
-// attention weights. On the CPU it runs the blocked kernel of ops/attention.hpp (no L x S matrix, forward or
-// backward); on other devices, and as the reference the tests compare with, the composition of matmul, softmax
-// and dropout (detail::sdpa_math).
+// attention weights. Where ops::sdpa_blocked says so (the CPU) it runs the blocked kernel of cpu/attention.hpp through
+// ops/attention.hpp (no L x S matrix, forward or backward); on other devices, and as the reference the tests compare
+// with, the composition of matmul, softmax and dropout (detail::sdpa_math).
 #pragma once
 
 #include <algorithm>
@@ -23,73 +23,15 @@
 #include "ember/core/tensor.hpp"
 #include "ember/expr/nodes.hpp"
 #include "ember/ops/attention.hpp"
+#include "ember/ops/indexing.hpp"
 
 namespace ember {
 
-/// An attention mask: boolean (true: the position takes part, as PyTorch's SDPA) or additive (added to the scores;
-/// -inf masks out). Either converts implicitly, so `.attn_mask = mask` takes both. Broadcastable to (..., L, S).
-template <class T>
-struct AttnMask {
-  Tensor<bool> keep;
-  Tensor<T> add;
-  AttnMask() = default;
-  AttnMask(Tensor<bool> m) : keep(std::move(m)) {}  // NOLINT: implicit on purpose
-  AttnMask(Tensor<T> m) : add(std::move(m)) {}      // NOLINT
-  bool defined() const { return keep.defined() || add.defined(); }
-};
-
-template <class T>
-struct SdpaOptions {
-  AttnMask<T> attn_mask{};
-  bool is_causal = false;       // key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
-  double dropout_p = 0;         // on the attention weights (always applied when > 0, as the functional form)
-  std::optional<double> scale{};  // default 1 / sqrt(E)
-  /// Grouped-query attention: k and v may have fewer heads (dim -3) than q, each dividing q's; key/value head h
-  /// serves the q/kv consecutive query heads from h * (Hq / Hkv) on, as torch's repeat_interleave of k and v.
-  bool enable_gqa = false;
-  Generator* generator = nullptr;  // the dropout's stream; the default generator unless given
-};
-
 namespace detail {
-
-/// The mask as an additive bias of shape `target` (..., L, S): (L, S) when it is the same for every batch-head
-/// (bias_batch_stride 0), else (BH, L, S).
-template <class T>
-Tensor<T> sdpa_bias(const AttnMask<T>& m, const Shape& target, std::int64_t& batch_stride, const char* op) {
-  const Shape ms = m.keep.defined() ? m.keep.shape() : m.add.shape();
-  bool fits = ms.n <= target.n;
-  for (int i = 1; fits && i <= ms.n; ++i) fits = ms[ms.n - i] == 1 || ms[ms.n - i] == target[target.n - i];
-  EMBER_CHECK(fits, op, ": attn_mask of shape ", ms.str(), " does not broadcast to the attention's (..., L, S) shape ",
-              target.str());
-  const std::int64_t l = target[target.n - 2], s = target[target.n - 1];
-  bool per_batch = false;
-  for (int k = 0; k < ms.n - 2; ++k) per_batch = per_batch || ms[k] != 1;
-  const std::int64_t nb = per_batch ? target.numel() / std::max<std::int64_t>(l * s, 1) : 1;
-  batch_stride = per_batch ? l * s : 0;
-  Shape full = target;
-  if (!per_batch) full = Shape{l, s};
-  Tensor<T> bias = empty<T>(per_batch ? Shape{nb, l, s} : Shape{l, s});
-  const T ninf = -std::numeric_limits<T>::infinity();
-  auto fill = [&](const auto& src) {
-    // src expanded to `full` (leading size-1 dims of a batch-shared mask dropped), read through its strides
-    auto e = src.reshape(Shape(ms.end() - std::min(ms.n, full.n), ms.end())).expand(full).contiguous();
-    const auto* p = e.data();
-    for (std::int64_t i = 0; i < bias.numel(); ++i) {
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*p)>, bool>) bias.data()[i] = p[i] ? T(0) : ninf;
-      else bias.data()[i] = T(p[i]);
-    }
-  };
-  if (m.keep.defined()) fill(m.keep.cpu());
-  else fill(m.add.detach().cpu());
-  return bias;
-}
 
 /// The positions causal masking removes, (l, s) on `device`: true where key j is after query i (j > i).
 inline Tensor<bool> future_mask(std::int64_t l, std::int64_t s, Device device) {
-  Tensor<bool> m = empty<bool>(Shape{l, s});
-  for (std::int64_t i = 0; i < l; ++i)
-    for (std::int64_t j = 0; j < s; ++j) m.data()[i * s + j] = j > i;
-  return device.is_cpu() ? m : m.to(device);
+  return ops::triangle_mask(l, s, 1, false, device);  // j - i >= 1
 }
 
 /// x (..., H, S, E) with every head repeated `group` times in place: (..., H * group, S, E), as torch's
@@ -155,16 +97,10 @@ struct SdpaNode final : TypedNode<T> {
     const Tensor<T>& vv = v.get(op);
     const Tensor<T>& oo = out.get(op);
     const Tensor<T> go = this->grad.contiguous().reshape(oo.shape());
-    Tensor<T> dq = empty<T>(qq.shape()), dk = empty<T>(kk.shape()), dv = empty<T>(vv.shape());
-    if (g.bh == 0) {  // no query heads: the kernel visits no key/value head
-      dk = zeros<T>(kk.shape());
-      dv = zeros<T>(vv.shape());
-    }
-    ops::attention_backward<T>(g, qq.data(), kk.data(), vv.data(), bias.defined() ? bias.data() : nullptr, oo.data(),
-                               lse.data(), go.data(), dq.data(), dk.data(), dv.data());
-    this->template deliver<T>(0, dq.view(qs));
-    this->template deliver<T>(1, dk.view(ks));
-    this->template deliver<T>(2, dv.view(vs));
+    ops::SdpaGrads<T> d = ops::sdpa_backward(g, qq, kk, vv, oo, lse, bias, go);
+    this->template deliver<T>(0, d.q.view(qs));
+    this->template deliver<T>(1, d.k.view(ks));
+    this->template deliver<T>(2, d.v.view(vs));
   }
 };
 }  // namespace autograd
@@ -177,34 +113,9 @@ struct SdpaNode final : TypedNode<T> {
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
                                        const SdpaOptions<std::type_identity_t<T>>& o = {}) {
-  const char* op = "scaled_dot_product_attention";
   static_assert(is_floating_v<T>, "scaled_dot_product_attention: floating-point tensors");
-  EMBER_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), op, ": q, k and v need the same number (>= 2)",
-              " of dims, got shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
-  const int n = q.dim();
-  EMBER_CHECK(!o.enable_gqa || n >= 3, op, ": enable_gqa needs a head dim (-3): q, k and v of 3 or more dims, got ",
-              "shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
-  const int head = o.enable_gqa ? n - 3 : -1;  // the dim where k and v may have fewer heads than q
-  for (int d = 0; d < n - 2; ++d)
-    EMBER_CHECK(d == head || (k.shape()[d] == q.shape()[d] && v.shape()[d] == q.shape()[d]), op,
-                ": the batch dims of q ", q.shape().str(), ", k ", k.shape().str(), " and v ", v.shape().str(),
-                " differ", o.enable_gqa ? " (outside the head dim -3)" : "");
-  if (o.enable_gqa) {
-    const std::int64_t hq = q.shape()[head], hk = k.shape()[head], hv = v.shape()[head];
-    EMBER_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0, op, ": with enable_gqa the number of heads in ",
-                "key (", hk, ") and value (", hv, ") must divide the number of heads in query (", hq, "); shapes q ",
-                q.shape().str(), ", k ", k.shape().str(), ", v ", v.shape().str());
-  }
-  EMBER_CHECK(k.shape()[n - 1] == q.shape()[n - 1], op, ": q's last dim (", q.shape()[n - 1], ") and k's (",
-              k.shape()[n - 1], ") must match; shapes ", q.shape().str(), " and ", k.shape().str());
-  EMBER_CHECK(v.shape()[n - 2] == k.shape()[n - 2], op, ": k has ", k.shape()[n - 2], " keys but v has ",
-              v.shape()[n - 2], " values; shapes ", k.shape().str(), " and ", v.shape().str());
-  EMBER_CHECK(q.device() == k.device() && q.device() == v.device(), op, ": q, k, v are on ", q.device().str(), ", ",
-              k.device().str(), ", ", v.device().str());
-  EMBER_CHECK(!(o.is_causal && o.attn_mask.defined()), op, ": give either attn_mask or is_causal, not both");
-  EMBER_CHECK(o.dropout_p >= 0 && o.dropout_p < 1, op, ": dropout_p must be in [0, 1), got ", o.dropout_p);
-  EMBER_CHECK(!o.scale || std::isfinite(*o.scale), op, ": scale must be finite");
-  if (!q.device().is_cpu()) return detail::sdpa_math(q, k, v, o);
+  ops::check_sdpa(q, k, v, o);
+  if (!ops::sdpa_blocked(q.device())) return detail::sdpa_math(q, k, v, o);
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
     SdpaOptions<float> of;
     of.is_causal = o.is_causal;
@@ -218,59 +129,23 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& q, const Tensor<T>& k, c
     return Tensor<T>(cast<T>(scaled_dot_product_attention<float>(qf, kf, vf, of)));
   } else {
     // k and v with different head counts: both repeated to q's heads (the kernel reads one group size).
-    const bool mixed = o.enable_gqa && k.shape()[n - 3] != v.shape()[n - 3];
+    const int n = q.dim();
+    const bool mixed = ops::sdpa_mixed_heads(k, v, o);
     const Tensor<T> kx = mixed ? detail::repeat_heads(k, q.shape()[n - 3] / k.shape()[n - 3]) : k;
     const Tensor<T> vx = mixed ? detail::repeat_heads(v, q.shape()[n - 3] / v.shape()[n - 3]) : v;
-    ops::AttentionGeom g;
-    g.l = q.shape()[n - 2];
-    g.s = k.shape()[n - 2];
-    g.e = q.shape()[n - 1];
-    g.ev = v.shape()[n - 1];
-    g.bh = 1;
-    std::int64_t bkv = 1;  // key/value batch-heads
-    for (int d = 0; d < n - 2; ++d) {
-      g.bh *= q.shape()[d];
-      bkv *= kx.shape()[d];
-    }
-    if (o.enable_gqa && !mixed && kx.shape()[n - 3] > 0)
-      g.kv_group = std::max<std::int64_t>(1, q.shape()[n - 3] / kx.shape()[n - 3]);
-    g.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(g.e));
-    g.causal = o.is_causal;
-    g.dropout_p = o.dropout_p;
+    ops::SdpaForward<T> f = ops::sdpa_forward(q, kx, vx, o);
     Shape os = q.shape();
-    os[n - 1] = g.ev;
-    Shape target = q.shape();
-    target[n - 1] = g.s;
-    Tensor<T> bias;
-    if (o.attn_mask.defined()) bias = detail::sdpa_bias(o.attn_mask, target, g.bias_batch_stride, op);
-    if (g.dropout_p > 0) {
-      Generator& gen = o.generator ? *o.generator : default_generator();
-      const std::uint64_t elems = std::uint64_t(g.bh) * std::uint64_t(g.l) * std::uint64_t(g.s);
-      g.seed = gen.seed();
-      g.offset = gen.reserve((elems + 3) / 4);
-    }
-    Tensor<T> qc, kc, vc;
-    {
-      NoGradGuard ng;
-      qc = q.detach().contiguous().view({g.bh, g.l, g.e});
-      kc = kx.detach().contiguous().view({bkv, g.s, g.e});
-      vc = vx.detach().contiguous().view({bkv, g.s, g.ev});
-    }
-    Tensor<T> out = empty<T>(Shape{g.bh, g.l, g.ev});
-    Tensor<T> lse = empty<T>(Shape{g.bh, g.l});
-    if (g.bh * g.l * g.ev > 0)
-      ops::attention_forward<T>(g, qc.data(), kc.data(), vc.data(), bias.defined() ? bias.data() : nullptr, out.data(),
-                                lse.data());
-    Tensor<T> r = out.view(os);
+    os[n - 1] = f.g.ev;
+    Tensor<T> r = f.out.view(os);
     if ((q.requires_grad() || kx.requires_grad() || vx.requires_grad()) && is_grad_enabled()) {
       auto node = std::make_shared<autograd::SdpaNode<T>>();
-      node->g = g;
-      node->q = autograd::Saved<T>(qc);
-      node->k = autograd::Saved<T>(kc);
-      node->v = autograd::Saved<T>(vc);
-      node->out = autograd::Saved<T>(out);
-      node->lse = lse;
-      node->bias = bias;
+      node->g = f.g;
+      node->q = autograd::Saved<T>(f.q);
+      node->k = autograd::Saved<T>(f.k);
+      node->v = autograd::Saved<T>(f.v);
+      node->out = autograd::Saved<T>(f.out);
+      node->lse = f.lse;
+      node->bias = f.bias;
       node->qs = q.shape();
       node->ks = kx.shape();
       node->vs = vx.shape();

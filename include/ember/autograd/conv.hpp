@@ -48,7 +48,7 @@ Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   autograd::check_unbatched_rank("conv2d", x);
   if (x.dim() == 3) return conv2d(x.unsqueeze(0), w, b, o).squeeze(0);
-  Tensor<T> y = ops::detail::conv2d_enabled(x, w, b, o, cpu::Act::none, false);
+  Tensor<T> y = ops::detail::conv2d_enabled(x, w, b, o, Activation::none, false);
   if (is_grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()))) {
     auto node = std::make_shared<autograd::Conv2dNode<T>>();
     node->next = {autograd::gradient_edge(x), autograd::gradient_edge(w)};

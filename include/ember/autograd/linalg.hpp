@@ -50,9 +50,9 @@ template <class T>
 struct LinearNode final : TypedNode<T> {
   Saved<T> x, w, y;  // y: the output, for ReLU's derivative
   Shape x_shape;
-  ops::LinearAct act = ops::LinearAct::none;
+  Activation act = Activation::none;
   bool has_bias = false;
-  const char* name() const override { return act == ops::LinearAct::relu ? "LinearReluBackward" : "LinearBackward"; }
+  const char* name() const override { return act == Activation::relu ? "LinearReluBackward" : "LinearBackward"; }
   void release() override { x = w = y = Saved<T>(); }
   void backward() override {
     auto want = [&](std::size_t i) { return i < this->next.size() && this->next[i] != nullptr; };
@@ -139,24 +139,20 @@ Tensor<T> matmul(const Tensor<T>& a, const Tensor<T>& b) {
 }
 
 namespace detail {
-/// act(z) as the differentiable element-wise op (ops::LinearAct names it).
+/// act(z) as the differentiable element-wise op (Activation names it).
 template <class T>
-Tensor<T> apply_linear_act(const Tensor<T>& z, ops::LinearAct act) {
-  switch (act) {
-    case ops::LinearAct::relu: return relu(z);
-    case ops::LinearAct::gelu: return gelu(z);
-    case ops::LinearAct::gelu_tanh: return gelu_tanh(z);
-    case ops::LinearAct::silu: return silu(z);
-    default: return z;
-  }
+Tensor<T> apply_linear_act(const Tensor<T>& z, Activation act) {
+  return visit_activation(act, [&](auto op) -> Tensor<T> {
+    if constexpr (std::is_same_v<decltype(op), ops_table::Identity>) return z;
+    else return Tensor<T>(expr::make_unary(op, z));
+  });
 }
 
 /// linear for act none or relu, the two every layer's plain forward takes: the body of ember::linear without the
 /// GELU and SiLU ops, so a program that never asks for those does not compile them (see linear below).
 template <class T>
-Tensor<T> linear_none_or_relu(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, ops::LinearAct act) {
-  using ops::LinearAct;
-  EMBER_CHECK(act == LinearAct::none || act == LinearAct::relu, "linear: internal: activation ", cpu::act_name(act),
+Tensor<T> linear_none_or_relu(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, Activation act) {
+  EMBER_CHECK(act == Activation::none || act == Activation::relu, "linear: internal: activation ", activation_name(act),
               " on the none/relu path");
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
   EMBER_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input of shape ", x.shape().str(),
@@ -177,14 +173,14 @@ Tensor<T> linear_none_or_relu(const Tensor<T>& x, const Tensor<T>& w, const Tens
     if (x.requires_grad()) node->w = autograd::Saved<T>(w);
     node->x_shape = x.shape();
     node->act = act;
-    if (act == LinearAct::relu) node->y = autograd::Saved<T>(y.detach());  // detached: no cycle through y's node
+    if (act == Activation::relu) node->y = autograd::Saved<T>(y.detach());  // detached: no cycle through y's node
     node->output = y.impl_ptr();
     autograd::set_history<T>(y, node);
     return y;
   }
   Tensor<T> y = matmul(x, w.t());
   if (b.defined()) y = y + b;
-  return act == LinearAct::relu ? Tensor<T>(relu(y)) : y;
+  return act == Activation::relu ? Tensor<T>(relu(y)) : y;
 }
 }  // namespace detail
 
@@ -195,7 +191,7 @@ Tensor<T> linear_none_or_relu(const Tensor<T>& x, const Tensor<T>& w, const Tens
 /// matmul and add.
 template <class T>
 Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>()) {
-  return detail::linear_none_or_relu(x, w, b, ops::LinearAct::none);
+  return detail::linear_none_or_relu(x, w, b, Activation::none);
 }
 
 /// y = act(x @ wᵀ + b): linear followed by the activation act (none, relu, gelu, gelu_tanh, silu). ReLU is applied
@@ -205,15 +201,14 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
 /// overload compiles the GELU and SiLU ops: the three-argument one, which every layer's plain forward calls, does
 /// not, and a program that uses neither pays nothing for them.
 template <class T>
-Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, ops::LinearAct act) {
-  using ops::LinearAct;
-  if (act == LinearAct::none || act == LinearAct::relu) return detail::linear_none_or_relu(x, w, b, act);
+Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, Activation act) {
+  if (act == Activation::none || act == Activation::relu) return detail::linear_none_or_relu(x, w, b, act);
   const bool grad = is_grad_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
   if (!grad) {
     // ops::linear checks the shapes too, with the same messages.
     return ops::linear(x, w, b, act);
   }
-  return detail::apply_linear_act(detail::linear_none_or_relu(x, w, b, LinearAct::none), act);
+  return detail::apply_linear_act(detail::linear_none_or_relu(x, w, b, Activation::none), act);
 }
 
 }  // namespace ember

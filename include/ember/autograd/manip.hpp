@@ -4,7 +4,8 @@
 //
 // Where an op is a composition of differentiable pieces (views, fused expressions, cat, index_select, bmm) it is
 // written as one and runs on every device those run on; the ones with a loop of their own (gather, scatter,
-// index_add, sort, cumsum, cumprod, multinomial) run on the CPU and say so for a CUDA tensor.
+// index_add, sort, cumsum, cumprod, multinomial) call ops/indexing.hpp and ops/sort.hpp (their loops are
+// cpu/index.hpp's and cpu/sort.hpp's), run on the CPU and say so for a CUDA tensor.
 #pragma once
 
 #include <algorithm>
@@ -28,128 +29,12 @@
 #include "ember/core/random.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/ops/indexing.hpp"
+#include "ember/ops/sort.hpp"
 
 namespace ember {
 
 namespace detail {
-
-/// Calls f(coords) for every position of `s` in row-major order (coords: s.n entries).
-template <class F>
-void for_each_coord(const Shape& s, F&& f) {
-  const std::int64_t n = s.numel();
-  std::int64_t c[kMaxDims] = {};
-  for (std::int64_t i = 0; i < n; ++i) {
-    f(static_cast<const std::int64_t*>(c));
-    for (int d = s.n - 1; d >= 0; --d) {
-      if (++c[d] < s[d]) break;
-      c[d] = 0;
-    }
-  }
-}
-
-inline std::int64_t offset_of(const std::int64_t* c, const Shape& strides, int skip = -1, std::int64_t at = 0) {
-  std::int64_t o = 0;
-  for (int d = 0; d < strides.n; ++d) o += (d == skip ? at : c[d]) * strides[d];
-  return o;
-}
-
-/// The checks gather, scatter and scatter_add share: index is int64 on the CPU with as many dims as x, no larger
-/// than x outside `dim` (and no larger than src anywhere, for the scatters), every entry in [0, x.size(dim)).
-template <class T>
-void check_scatter_index(const char* op, const Tensor<T>& x, int d, const Tensor<std::int64_t>& index,
-                         const Tensor<T>* src) {
-  x.check_cpu(op);
-  index.check_cpu(op);
-  EMBER_CHECK(index.dim() == x.dim(), op, ": index (shape ", index.shape().str(), ") must have as many dims as the ",
-              "input (shape ", x.shape().str(), ")");
-  for (int k = 0; k < x.dim(); ++k) {
-    EMBER_CHECK(k == d || index.shape()[k] <= x.shape()[k], op, ": index shape ", index.shape().str(),
-                " is larger than the input's ", x.shape().str(), " in dim ", k, " (only dim ", d, " may be)");
-    if (src)
-      EMBER_CHECK(index.shape()[k] <= src->shape()[k], op, ": index shape ", index.shape().str(),
-                  " is larger than src's ", src->shape().str(), " in dim ", k);
-  }
-  if (src) {
-    EMBER_CHECK(src->dim() == x.dim(), op, ": src (shape ", src->shape().str(), ") must have as many dims as the ",
-                "input (shape ", x.shape().str(), ")");
-    src->check_cpu(op);
-  }
-  const std::int64_t n = x.shape()[d];
-  const std::int64_t* ip = index.data();
-  for_each_coord(index.shape(), [&](const std::int64_t* c) {
-    const std::int64_t v = ip[offset_of(c, index.strides())];
-    EMBER_CHECK(v >= 0 && v < n, op, ": index ", v, " is out of bounds for dim ", d, " with size ", n,
-                " (input shape ", x.shape().str(), ")");
-  });
-}
-
-/// out[..i_d..] += src[..] at i_d = index[..] along d, for every position of index (out: any strides).
-template <class T>
-void scatter_add_raw(const Tensor<T>& out, int d, const Tensor<std::int64_t>& index, const Tensor<T>& src) {
-  const std::int64_t* ip = index.data();
-  T* op = out.data();
-  const T* sp = src.data();
-  for_each_coord(index.shape(), [&](const std::int64_t* c) {
-    const std::int64_t v = ip[offset_of(c, index.strides())];
-    T& o = op[offset_of(c, out.strides(), d, v)];
-    o = T(o + sp[offset_of(c, src.strides())]);
-  });
-  out.bump_version();
-}
-
-/// out (index's shape) = x gathered along d.
-template <class T>
-Tensor<T> gather_raw(const Tensor<T>& x, int d, const Tensor<std::int64_t>& index) {
-  Tensor<T> out = empty<T>(index.shape());
-  const std::int64_t* ip = index.data();
-  const T* xp = x.data();
-  T* op = out.data();
-  std::int64_t i = 0;
-  for_each_coord(index.shape(), [&](const std::int64_t* c) {
-    op[i++] = xp[offset_of(c, x.strides(), d, ip[offset_of(c, index.strides())])];
-  });
-  return out;
-}
-
-/// A tensor of `shape` holding zeros except g (a smaller tensor) in its leading corner: the gradient of a src
-/// that was larger than the index it was read through.
-template <class T>
-Tensor<T> pad_to(const Tensor<T>& g, const Shape& shape) {
-  if (g.shape() == shape) return g;
-  Tensor<T> r = zeros<T>(shape, g.device());
-  Tensor<T> part = r;
-  for (int k = 0; k < shape.n; ++k) part = part.narrow(k, 0, g.shape()[k]);
-  const T* gp = g.data();
-  T* pp = part.data();
-  for_each_coord(g.shape(), [&](const std::int64_t* c) { pp[offset_of(c, part.strides())] = gp[offset_of(c, g.strides())]; });
-  return r;
-}
-
-/// The split of a shape at dim d into outer x n x inner (a contiguous tensor's rows along d are at
-/// o * n * inner + j * inner + i).
-struct DimSplit {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-inline DimSplit dim_split(const Shape& s, int d) {
-  DimSplit r;
-  for (int k = 0; k < d; ++k) r.outer *= s[k];
-  r.n = s[d];
-  for (int k = d + 1; k < s.n; ++k) r.inner *= s[k];
-  return r;
-}
-
-/// NaN sorts above every number, as in PyTorch.
-template <class T>
-bool sort_less(T a, T b) {
-  if constexpr (is_floating_v<T>) {
-    const double x = double(a), y = double(b);
-    if (std::isnan(x)) return false;
-    if (std::isnan(y)) return true;
-    return x < y;
-  } else {
-    return a < b;
-  }
-}
 
 /// A scalar for an expression over Tensor<T>: the value as double for floating T (half and bfloat16 have no
 /// scalar operands of their own), as T for integers.
@@ -157,13 +42,6 @@ template <class T>
 auto expr_scalar(double v) {
   if constexpr (is_floating_v<T>) return v;
   else return T(v);
-}
-
-template <class T>
-Tensor<T> host_input(const Tensor<T>& x, const char* op) {
-  x.check_cpu(op);
-  NoGradGuard ng;
-  return x.detach().contiguous();
 }
 
 }  // namespace detail
@@ -177,9 +55,7 @@ struct GatherNode final : TypedNode<T> {
   const char* name() const override { return "GatherBackward"; }
   void release() override { index = Tensor<std::int64_t>(); }
   void backward() override {
-    Tensor<T> g = zeros<T>(in_shape);
-    ember::detail::scatter_add_raw(g, dim, index, this->grad);
-    this->template deliver<T>(0, std::move(g));
+    this->template deliver<T>(0, ops::gather_backward(in_shape, dim, index, this->grad));
   }
 };
 
@@ -199,15 +75,12 @@ struct ScatterNode final : TypedNode<T> {
         this->template deliver<T>(0, g);
       } else {  // the overwritten positions do not depend on the input
         Tensor<T> gx = g.clone();
-        const std::int64_t* ip = index.data();
-        ember::detail::for_each_coord(index.shape(), [&](const std::int64_t* c) {
-          gx.data()[ember::detail::offset_of(c, gx.strides(), dim, ip[ember::detail::offset_of(c, index.strides())])] = T(0);
-        });
+        ops::scatter_(gx, dim, index, static_cast<const Tensor<T>*>(nullptr), T(0));
         this->template deliver<T>(0, std::move(gx));
       }
     }
     if (this->next.size() > 1 && this->next[1])
-      this->template deliver<T>(1, ember::detail::pad_to(ember::detail::gather_raw(g, dim, index), src_shape));
+      this->template deliver<T>(1, ops::pad_to(ops::gather(g, dim, index), src_shape));
   }
 };
 
@@ -223,8 +96,7 @@ struct IndexAddNode final : TypedNode<T> {
     if (this->next[0]) this->template deliver<T>(0, g);
     if (this->next[1]) {
       Tensor<T> gs = ops::index_select(g, dim, index);
-      if (alpha != 1)
-        for (std::int64_t i = 0; i < gs.numel(); ++i) gs.data()[i] = T(double(gs.data()[i]) * alpha);
+      if (alpha != 1) ops::scale_in_double_(gs, alpha);
       this->template deliver<T>(1, std::move(gs));
     }
   }
@@ -239,48 +111,7 @@ struct CumNode final : TypedNode<T> {
   const char* name() const override { return prod ? "CumprodBackward" : "CumsumBackward"; }
   void release() override { x = y = Tensor<T>(); }
   void backward() override {
-    const Tensor<T> g = this->grad.contiguous();
-    const auto s = ember::detail::dim_split(g.shape(), dim);
-    Tensor<T> gx = empty<T>(g.shape());
-    const T* gp = g.data();
-    T* op = gx.data();
-    for (std::int64_t o = 0; o < s.outer; ++o)
-      for (std::int64_t i = 0; i < s.inner; ++i) {
-        const std::int64_t base = o * s.n * s.inner + i;
-        auto at = [&](std::int64_t j) { return base + j * s.inner; };
-        if (!prod) {  // a reversed cumulative sum
-          double acc = 0;
-          for (std::int64_t j = s.n - 1; j >= 0; --j) op[at(j)] = T(acc += double(gp[at(j)]));
-          continue;
-        }
-        // d y_j / d x_k = prod_{m <= j, m != k} x_m for k <= j. Before the first zero z: sum_{j=k}^{z-1} g_j y_j / x_k;
-        // at z: sum_{j>=z} g_j prod_{m<=j, m!=z} x_m; after z: 0.
-        const T* xp = x.data();
-        const T* yp = y.data();
-        std::int64_t z = s.n;
-        for (std::int64_t j = 0; j < s.n; ++j)
-          if (double(xp[at(j)]) == 0) {
-            z = j;
-            break;
-          }
-        double acc = 0;
-        for (std::int64_t k = s.n - 1; k >= 0; --k) {
-          if (k > z) {
-            op[at(k)] = T(0);
-          } else if (k == z) {
-            double q = z > 0 ? double(yp[at(z - 1)]) : 1.0, sum = 0;
-            for (std::int64_t j = z; j < s.n; ++j) {
-              if (j > z) q *= double(xp[at(j)]);
-              sum += double(gp[at(j)]) * q;
-            }
-            op[at(k)] = T(sum);
-          } else {
-            acc += double(gp[at(k)]) * double(yp[at(k)]);
-            op[at(k)] = T(acc / double(xp[at(k)]));
-          }
-        }
-      }
-    this->template deliver<T>(0, std::move(gx));
+    this->template deliver<T>(0, ops::cumulative_backward(this->grad, x, y, dim, prod));
   }
 };
 }  // namespace autograd
@@ -292,10 +123,7 @@ template <class T>
 Tensor<T> triangle(const Tensor<T>& x, std::int64_t diagonal, bool lower, const char* op) {
   EMBER_CHECK(x.dim() >= 2, op, ": expected a tensor with at least 2 dims, got shape ", x.shape().str());
   const std::int64_t r = x.shape()[x.dim() - 2], c = x.shape()[x.dim() - 1];
-  Tensor<bool> keep = empty<bool>(Shape{r, c});
-  for (std::int64_t i = 0; i < r; ++i)
-    for (std::int64_t j = 0; j < c; ++j) keep.data()[i * c + j] = lower ? j - i <= diagonal : j - i >= diagonal;
-  if (!x.device().is_cpu()) keep = keep.to(x.device());
+  const Tensor<bool> keep = ops::triangle_mask(r, c, diagonal, lower, x.device());
   return Tensor<T>(where(keep, x, expr_scalar<T>(0)));
 }
 }  // namespace detail
@@ -380,8 +208,8 @@ std::vector<Tensor<T>> unbind(const Tensor<T>& x, std::int64_t dim = 0) {
 template <class T>
 Tensor<T> gather(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index) {
   const int d = wrap_dim(dim, x.dim(), "gather");
-  detail::check_scatter_index<T>("gather", x, d, index, nullptr);
-  Tensor<T> r = detail::gather_raw(x, d, index);
+  ops::check_scatter_index<T>("gather", x, d, index, nullptr);
+  Tensor<T> r = ops::gather(x, d, index);
   if constexpr (is_floating_v<T>) {
     if (x.requires_grad() && is_grad_enabled()) {
       auto node = std::make_shared<autograd::GatherNode<T>>();
@@ -400,21 +228,14 @@ namespace detail {
 template <class T>
 Tensor<T> scatter_impl(const Tensor<T>& x, int d, const Tensor<std::int64_t>& index, const Tensor<T>* src, T value,
                        bool add, const char* op) {
-  check_scatter_index<T>(op, x, d, index, src);
+  ops::check_scatter_index<T>(op, x, d, index, src);
   Tensor<T> r;
   {
     NoGradGuard ng;
     r = x.detach().clone();
   }
-  if (add) {
-    scatter_add_raw(r, d, index, *src);
-  } else {
-    const std::int64_t* ip = index.data();
-    for_each_coord(index.shape(), [&](const std::int64_t* c) {
-      r.data()[offset_of(c, r.strides(), d, ip[offset_of(c, index.strides())])] =
-          src ? src->data()[offset_of(c, src->strides())] : value;
-    });
-  }
+  if (add) ops::scatter_add_(r, d, index, *src);
+  else ops::scatter_(r, d, index, src, value);
   if constexpr (is_floating_v<T>) {
     const bool sg = src && src->requires_grad();
     if ((x.requires_grad() || sg) && is_grad_enabled()) {
@@ -471,12 +292,7 @@ Tensor<T> index_add(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int6
     NoGradGuard ng;
     r = x.detach().clone();
   }
-  const T* sp = src.data();
-  T* rp = r.data();
-  detail::for_each_coord(src.shape(), [&](const std::int64_t* c) {
-    T& o = rp[detail::offset_of(c, r.strides(), d, ix[std::size_t(c[d])])];
-    o = T(double(o) + alpha * double(sp[detail::offset_of(c, src.strides())]));
-  });
+  ops::index_add_(r, d, ix, src, alpha);
   if constexpr (is_floating_v<T>) {
     if ((x.requires_grad() || src.requires_grad()) && is_grad_enabled()) {
       auto node = std::make_shared<autograd::IndexAddNode<T>>();
@@ -501,45 +317,13 @@ struct SortResult {
   Tensor<std::int64_t> indices;
 };
 
-namespace detail {
-/// The first k positions (along d) of each row of x in sorted order, stable (ties keep their order).
-template <class T>
-Tensor<std::int64_t> sort_indices(const Tensor<T>& x, int d, std::int64_t k, bool descending, const char* op) {
-  const Tensor<T> c = host_input(x, op);
-  const auto s = dim_split(c.shape(), d);
-  Shape os = c.shape();
-  os[d] = k;
-  Tensor<std::int64_t> r = empty<std::int64_t>(os);
-  std::vector<std::int64_t> order(std::size_t(s.n));
-  const T* p = c.data();
-  for (std::int64_t o = 0; o < s.outer; ++o)
-    for (std::int64_t i = 0; i < s.inner; ++i) {
-      const T* row = p + o * s.n * s.inner + i;
-      std::iota(order.begin(), order.end(), std::int64_t(0));
-      auto cmp = [&](std::int64_t a, std::int64_t b) {
-        return descending ? sort_less(row[b * s.inner], row[a * s.inner]) : sort_less(row[a * s.inner], row[b * s.inner]);
-      };
-      if (k < s.n) {
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t a, std::int64_t b) {
-          return cmp(a, b) || (!cmp(b, a) && a < b);  // ties by position: the same as the stable sort
-        });
-      } else {
-        std::stable_sort(order.begin(), order.end(), cmp);
-      }
-      std::int64_t* out = r.data() + o * k * s.inner + i;
-      for (std::int64_t j = 0; j < k; ++j) out[j * s.inner] = order[std::size_t(j)];
-    }
-  return r;
-}
-}  // namespace detail
-
 /// Sorts along dim (ascending unless descending; NaN counts as the largest value); the sort is stable, so equal
 /// values keep their order (torch.sort with stable=True). values is differentiable (a gather of x).
 template <class T>
 SortResult<T> sort(const Tensor<T>& x, std::int64_t dim = -1, bool descending = false) {
   if (x.dim() == 0) return {x.clone(), zeros<std::int64_t>({})};
   const int d = wrap_dim(dim, x.dim(), "sort");
-  Tensor<std::int64_t> idx = detail::sort_indices(x, d, x.shape()[d], descending, "sort");
+  Tensor<std::int64_t> idx = ops::sort_indices(x, d, x.shape()[d], descending, "sort");
   return {gather(x, d, idx), idx};
 }
 /// The indices that sort x along dim: torch.argsort (stable).
@@ -547,7 +331,7 @@ template <class T>
 Tensor<std::int64_t> argsort(const Tensor<T>& x, std::int64_t dim = -1, bool descending = false) {
   if (x.dim() == 0) return zeros<std::int64_t>({});
   const int d = wrap_dim(dim, x.dim(), "argsort");
-  return detail::sort_indices(x, d, x.shape()[d], descending, "argsort");
+  return ops::sort_indices(x, d, x.shape()[d], descending, "argsort");
 }
 /// The k largest (or smallest) values along dim and their indices, always in sorted order (torch.topk with
 /// sorted=True; equal values in order of position). values is differentiable.
@@ -557,7 +341,7 @@ SortResult<T> topk(const Tensor<T>& x, std::int64_t k, std::int64_t dim = -1, bo
   const int d = wrap_dim(dim, x.dim(), "topk");
   EMBER_CHECK(k >= 0 && k <= x.shape()[d], "topk: k = ", k, " is out of range for dim ", d, " of shape ",
               x.shape().str(), " (0 <= k <= ", x.shape()[d], ")");
-  Tensor<std::int64_t> idx = detail::sort_indices(x, d, k, largest, "topk");
+  Tensor<std::int64_t> idx = ops::sort_indices(x, d, k, largest, "topk");
   return {gather(x, d, idx), idx};
 }
 
@@ -568,20 +352,8 @@ template <class T>
 Tensor<T> cumulative(const Tensor<T>& x, std::int64_t dim, bool prod, const char* op) {
   if (x.dim() == 0) return x.clone();
   const int d = wrap_dim(dim, x.dim(), op);
-  const Tensor<T> c = host_input(x, op);
-  const auto s = dim_split(c.shape(), d);
-  Tensor<T> r = empty<T>(c.shape());
-  using Acc = std::conditional_t<is_floating_v<T>, double, std::int64_t>;  // PyTorch's CPU accumulation types
-  for (std::int64_t o = 0; o < s.outer; ++o)
-    for (std::int64_t i = 0; i < s.inner; ++i) {
-      const std::int64_t base = o * s.n * s.inner + i;
-      Acc acc = prod ? Acc(1) : Acc(0);
-      for (std::int64_t j = 0; j < s.n; ++j) {
-        const Acc v = Acc(c.data()[base + j * s.inner]);
-        acc = prod ? Acc(acc * v) : Acc(acc + v);
-        r.data()[base + j * s.inner] = T(acc);
-      }
-    }
+  const Tensor<T> c = ops::detail::host_input(x, op);
+  Tensor<T> r = ops::cumulative(c, d, prod);
   if constexpr (is_floating_v<T>) {
     if (x.requires_grad() && is_grad_enabled()) {
       auto node = std::make_shared<autograd::CumNode<T>>();
@@ -625,9 +397,7 @@ Tensor<T> flip(const Tensor<T>& x, const std::vector<std::int64_t>& dims) {
     seen[d] = true;
     const std::int64_t n = x.shape()[d];
     if (n < 2) continue;
-    Tensor<std::int64_t> rev = empty<std::int64_t>({n});
-    for (std::int64_t i = 0; i < n; ++i) rev.data()[i] = n - 1 - i;
-    r = index_select(r, d, rev);
+    r = index_select(r, d, arange<std::int64_t>(double(n - 1), -1, -1));
   }
   return r.same_impl(x) ? r.clone() : r;
 }
@@ -724,70 +494,7 @@ Tensor<T> baddbmm(const Tensor<T>& input, const Tensor<T>& b1, const Tensor<T>& 
 template <class T>
 Tensor<std::int64_t> multinomial(const Tensor<T>& probs, std::int64_t num_samples, bool replacement = false,
                                  Generator& gen = default_generator()) {
-  static_assert(is_floating_v<T>, "multinomial: probs must be a floating-point tensor");
-  EMBER_CHECK(probs.dim() == 1 || probs.dim() == 2, "multinomial: probs must be 1-D or 2-D, got shape ",
-              probs.shape().str());
-  const Tensor<T> p = detail::host_input(probs, "multinomial");
-  const std::int64_t rows = p.dim() == 2 ? p.shape()[0] : 1, k = p.shape()[p.dim() - 1];
-  EMBER_CHECK(k > 0, "multinomial: probs has no categories (shape ", probs.shape().str(), ")");
-  EMBER_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
-  EMBER_CHECK(replacement || num_samples <= k, "multinomial: cannot draw ", num_samples, " samples from ", k,
-              " categories without replacement");
-  Tensor<std::int64_t> r = empty<std::int64_t>(p.dim() == 2 ? Shape{rows, num_samples} : Shape{num_samples});
-  // One 53-bit uniform per draw, two per Philox block.
-  const std::uint64_t draws = std::uint64_t(rows) * std::uint64_t(num_samples);
-  const std::uint64_t base = gen.reserve((draws + 1) / 2);
-  std::uint64_t used = 0;
-  auto uniform = [&]() {
-    std::uint32_t b[4];
-    Generator::block(gen.seed(), base + used / 2, b);
-    const double u = (used % 2) ? Generator::to_unit_double(b[2], b[3]) : Generator::to_unit_double(b[0], b[1]);
-    ++used;
-    return u;
-  };
-  std::vector<double> w(static_cast<std::size_t>(k)), cdf(static_cast<std::size_t>(k));
-  for (std::int64_t row = 0; row < rows; ++row) {
-    std::int64_t nonzero = 0;
-    for (std::int64_t j = 0; j < k; ++j) {
-      const double v = double(p.data()[row * k + j]);
-      EMBER_CHECK(std::isfinite(v) && v >= 0, "multinomial: row ", row, " of probs (shape ", probs.shape().str(),
-                  ") has weight ", v, " at category ", j, "; weights must be finite and non-negative");
-      w[std::size_t(j)] = v;
-      nonzero += v > 0;
-    }
-    EMBER_CHECK(nonzero > 0, "multinomial: row ", row, " of probs (shape ", probs.shape().str(), ") sums to zero");
-    EMBER_CHECK(replacement || num_samples <= nonzero, "multinomial: row ", row, " has ", nonzero,
-                " categories with non-zero weight, fewer than the ", num_samples, " samples to draw without replacement");
-    std::int64_t* out = r.data() + row * num_samples;
-    if (replacement) {
-      double acc = 0;
-      for (std::int64_t j = 0; j < k; ++j) cdf[std::size_t(j)] = acc += w[std::size_t(j)];
-      for (std::int64_t s = 0; s < num_samples; ++s) {
-        const double u = uniform() * acc;
-        auto it = std::upper_bound(cdf.begin(), cdf.end(), u);
-        std::int64_t j = std::min<std::int64_t>(it - cdf.begin(), k - 1);
-        while (w[std::size_t(j)] == 0) --j;  // rounding at the top end: the last category with weight
-        out[s] = j;
-      }
-    } else {
-      for (std::int64_t s = 0; s < num_samples; ++s) {
-        double total = 0;
-        for (double v : w) total += v;
-        const double u = uniform() * total;
-        double acc = 0;
-        std::int64_t pick = -1;
-        for (std::int64_t j = 0; j < k; ++j) {
-          if (w[std::size_t(j)] == 0) continue;
-          pick = j;
-          acc += w[std::size_t(j)];
-          if (u < acc) break;
-        }
-        out[s] = pick;
-        w[std::size_t(pick)] = 0;
-      }
-    }
-  }
-  return r;
+  return ops::multinomial(probs, num_samples, replacement, gen);
 }
 
 }  // namespace ember

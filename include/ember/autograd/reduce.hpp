@@ -16,6 +16,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/expr/reducer.hpp"
 #include "ember/ops/elementwise.hpp"
+#include "ember/ops/reduce.hpp"
 #include "ember/expr/nodes.hpp"
 
 namespace ember {
@@ -189,41 +190,7 @@ struct ReduceNode final : TypedNode<T> {
     const std::int64_t R = plan.count, Kn = sp.numel() / std::max<std::int64_t>(R, 1);
     Tensor<T> xp = x.permute(perm).contiguous();
     Tensor<T> rp = result.permute(perm).contiguous();  // (Kn) in the same group order: reduced dims are 1 here
-    Tensor<T> op = empty<T>(xp.shape());
-    const T* a = xp.data();
-    const T* res = rp.data();
-    T* o = op.data();
-    using C = compute_t<T>;
-    auto zeros_in = [&](std::int64_t k) {
-      std::int64_t z = 0;
-      for (std::int64_t j = 0; j < R; ++j) z += static_cast<C>(a[k * R + j]) == C(0);
-      return z;
-    };
-    std::int64_t total_zeros = 0;
-    if (!plan.all)
-      for (std::int64_t k = 0; k < Kn; ++k) total_zeros += zeros_in(k);
-    for (std::int64_t k = 0; k < Kn; ++k) {
-      const std::int64_t zeros = plan.all ? zeros_in(k) : total_zeros;
-      if (sp.n > 0 && zeros == 0) {
-        for (std::int64_t j = 0; j < R; ++j)
-          o[k * R + j] = convert<T>(static_cast<C>(res[k]) / static_cast<C>(a[k * R + j]));
-        continue;
-      }
-      if (plan.all && zeros > 1) {
-        for (std::int64_t j = 0; j < R; ++j) o[k * R + j] = convert<T>(0.0);
-        continue;
-      }
-      double pre = 1;
-      for (std::int64_t j = 0; j < R; ++j) {
-        o[k * R + j] = convert<T>(pre);
-        pre *= double(static_cast<compute_t<T>>(a[k * R + j]));
-      }
-      double suf = 1;
-      for (std::int64_t j = R - 1; j >= 0; --j) {
-        o[k * R + j] = convert<T>(double(static_cast<compute_t<T>>(o[k * R + j])) * suf);
-        suf *= double(static_cast<compute_t<T>>(a[k * R + j]));
-      }
-    }
+    const Tensor<T> op = ops::prod_of_others(xp, rp, Kn, R, plan.all, sp.n > 0);
     std::vector<std::int64_t> inv(perm.size());
     for (std::size_t i = 0; i < perm.size(); ++i) inv[std::size_t(perm[i])] = std::int64_t(i);
     return op.permute(inv);

@@ -32,6 +32,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/core/window.hpp"
 #include "ember/cpu/conv_direct.hpp"
 #include "ember/cpu/conv_winograd.hpp"
 #include "ember/cpu/epilogue.hpp"
@@ -41,12 +42,13 @@
 
 namespace ember::cpu {
 
-/// The geometry of one conv2d call (all extents already checked by ops/).
-struct ConvGeometry {
+/// The geometry of one conv2d call (all extents already checked by ops/): the window (kernel kh x kw, stride,
+/// padding, dilation) and the extents around it.
+struct ConvGeometry : Window2d {
   std::int64_t n = 0, c = 0, h = 0, w = 0;  // input (N, C, H, W)
-  std::int64_t o = 0, kh = 0, kw = 0;       // weight (O, C/groups, kh, kw)
+  std::int64_t o = 0;                       // weight (O, C/groups, kh, kw)
   std::int64_t oh = 0, ow = 0;              // output (N, O, oh, ow)
-  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+  std::int64_t groups = 1;
 
   std::int64_t cg() const { return c / groups; }     // input channels per group
   std::int64_t og() const { return o / groups; }     // output channels per group
@@ -78,7 +80,7 @@ namespace detail {
 /// What benchmark mode's cache tells problems apart by: the pass, the geometry, the element size, the fused
 /// epilogue (activation, pool, per-image callback) and the thread count.
 using ConvChoiceKey = std::array<std::int64_t, 20>;
-inline ConvChoiceKey conv_choice_key(ConvPass pass, const ConvGeometry& g, std::int64_t elem_size, Act act,
+inline ConvChoiceKey conv_choice_key(ConvPass pass, const ConvGeometry& g, std::int64_t elem_size, Activation act,
                                      bool pool2, bool callback) {
   return {std::int64_t(pass), g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups,
           elem_size, std::int64_t(act), pool2 ? 1 : 0, callback ? 1 : 0, get_num_threads()};
@@ -221,8 +223,9 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
 /// before the pool, while it is in cache (a batch norm's statistics are gathered there); calls for different images
 /// may run concurrently.
 template <class T, class ImageDone = std::nullptr_t>
-void conv2d_forward_im2col(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
-                           bool pool2 = false, const ImageDone& image_done = nullptr) {
+void conv2d_forward_im2col(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y,
+                           Activation act = Activation::none, bool pool2 = false,
+                           const ImageDone& image_done = nullptr) {
   const std::int64_t L = g.l(), K = g.c * g.kh * g.kw, Og = g.og(), Kg = g.kg();
   const bool direct = g.pointwise();
   const std::int64_t tasks = detail::image_tasks(g.n, direct ? 0 : K * L * std::int64_t(sizeof(T)));
@@ -351,7 +354,7 @@ void conv2d_backward_im2col(const ConvGeometry& g, const T* x, const T* w, const
 /// pool, once per image; calls for different images may run concurrently. Runs Winograd, the direct kernel or
 /// im2col + GEMM (the header's comment says which).
 template <class T, class ImageDone = std::nullptr_t>
-void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Act act = Act::none,
+void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Activation act = Activation::none,
                     bool pool2 = false, const ImageDone& image_done = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
@@ -367,7 +370,7 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
         const ConvGeometry* g;
         const T *x, *w, *b;
         T* y;
-        Act act;
+        Activation act;
         bool pool2;
       } ctx{&g, x, w, b, y, act, pool2};
       auto run = [](const void* p, ConvAlgo c) {
@@ -414,12 +417,12 @@ void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy,
         };
         if (gx)
           ax = detail::choose_conv_algo(
-              detail::conv_choice_key(ConvPass::backward_data, g, sizeof(T), Act::none, false, false), cands, 2, run_x,
-              &ctx);
+              detail::conv_choice_key(ConvPass::backward_data, g, sizeof(T), Activation::none, false, false), cands, 2,
+              run_x, &ctx);
         if (gw)
           aw = detail::choose_conv_algo(
-              detail::conv_choice_key(ConvPass::backward_weight, g, sizeof(T), Act::none, false, false), cands, 2,
-              run_w, &ctx);
+              detail::conv_choice_key(ConvPass::backward_weight, g, sizeof(T), Activation::none, false, false), cands,
+              2, run_w, &ctx);
       }
       if (gx && ax == ConvAlgo::winograd) {
         conv2d_backward_data_winograd(g, w, gy, gx);

@@ -137,7 +137,7 @@ bool conv_direct_applies(const Geometry& g) {
 /// y = act(conv2d(x, w) + b), pooled 2x2 when pool2 (the same contract as conv2d_forward), through the direct
 /// kernel. Call only where conv_direct_applies<float>(g).
 template <class Geometry>
-void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, const float* b, float* y, Act act,
+void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, const float* b, float* y, Activation act,
                            bool pool2) {
 #if EMBER_CONV_DIRECT
   if (g.n <= 0 || g.oh <= 0 || g.ow <= 0 || g.o <= 0) return;  // nothing to write
@@ -176,7 +176,7 @@ void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, co
     for (std::int64_t grp = 0; grp < G; ++grp) std::copy(b + grp * og, b + (grp + 1) * og, bias.data() + grp * ogp);
 
   const std::int64_t yh = pool2 ? g.oh / 2 : g.oh, yw = pool2 ? g.ow / 2 : g.ow, yl = yh * yw;
-  const bool relu = act == Act::relu;
+  const bool relu = act == Activation::relu;
   parallel_for(0, g.n * G * rblocks, 1, [&](std::int64_t t0, std::int64_t t1) {
     // Scratch without a zero fill: every element read is written first.
     const std::int64_t pmax = rows * g.ow;
@@ -214,7 +214,7 @@ void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, co
           _mm512_storeu_ps(c.get() + p * ogp + o0, r);
         }
       }
-      if (!relu && act != Act::none)
+      if (!relu && act != Activation::none)
         for (std::int64_t p = 0; p < P; ++p) act_(c.get() + p * ogp, og, act);
       const float* src = c.get();
       std::int64_t n_out = P, y0 = oy0 * g.ow;

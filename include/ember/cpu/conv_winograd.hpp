@@ -258,7 +258,7 @@ inline void grad_1d(const __m512 y[4], __m512 m[6]) {
 /// image_done(i, yi) with each image's output (O, oh, ow) (possible only without the pool), made by the task that
 /// computed the image where tasks cover whole images, else after the convolution.
 template <class Geometry, class ImageDone = std::nullptr_t>
-void conv2d_winograd(const Geometry& g, const float* x, const float* u, const float* b, float* y, Act act,
+void conv2d_winograd(const Geometry& g, const float* x, const float* u, const float* b, float* y, Activation act,
                      bool pool2 = false, const ImageDone& image_done = nullptr) {
 #if EMBER_CONV_DIRECT
   const std::int64_t C = g.c, O = g.o, Cp = (C + 15) / 16 * 16, blocks = (O + 15) / 16, Op = blocks * 16;
@@ -271,7 +271,7 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
   for (std::int64_t c = 0; c < C; ++c) koff[std::size_t(c)] = c;
   std::vector<float> bias(static_cast<std::size_t>(Op), 0.0f);
   if (b) std::copy(b, b + O, bias.data());
-  const bool relu = act == Act::relu;
+  const bool relu = act == Activation::relu;
   const std::int64_t HW = g.h * g.w, L = g.oh * g.ow, pw2 = g.ow / 2, pl = (g.oh / 2) * pw2;  // pooled plane
   const std::int64_t ybw = tx * 4, ybimg = band * 4 * ybw * Op;  // a row of yb; one image's band in yb
 
@@ -328,7 +328,7 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
       for (std::int64_t k = 0; k < nimg; ++k) {
         const std::int64_t img = img0 + k;
         float* ybk = yb.get() + k * ybimg;
-        if (!relu && act != Act::none)
+        if (!relu && act != Activation::none)
           for (std::int64_t r = 0; r < (oy1 - oy0) * ybw; ++r) act_(ybk + r * Op, O, act);
         if (pool2) {  // 2x2 windows of whole rows (bands start at even rows), max_pool2d's rule for ties and NaN
           const std::int64_t prows = (std::min(oy1, g.oh / 2 * 2) - oy0) / 2;
@@ -379,8 +379,8 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
 /// y = act(conv2d(x, w) + b), pooled 2x2 when pool2, through the Winograd kernel (conv2d_forward's contract); call
 /// only where conv_winograd_applies<float>(g).
 template <class Geometry, class ImageDone = std::nullptr_t>
-void conv2d_forward_winograd(const Geometry& g, const float* x, const float* w, const float* b, float* y, Act act,
-                             bool pool2 = false, const ImageDone& image_done = nullptr) {
+void conv2d_forward_winograd(const Geometry& g, const float* x, const float* w, const float* b, float* y,
+                             Activation act, bool pool2 = false, const ImageDone& image_done = nullptr) {
   if (g.n <= 0) return;
   const auto u = detail::winograd::transform_kernels(w, g.o, g.c, false);
   conv2d_winograd(g, x, u.get(), b, y, act, pool2, image_done);
@@ -402,7 +402,7 @@ void conv2d_backward_data_winograd(const Geometry& g, const float* w, const floa
   t.ph = 2 - g.ph;
   t.pw = 2 - g.pw;
   const auto u = detail::winograd::transform_kernels(w, g.c, g.o, true);
-  conv2d_winograd(t, gy, u.get(), nullptr, gx, Act::none);
+  conv2d_winograd(t, gy, u.get(), nullptr, gx, Activation::none);
 }
 
 /// gw (O, C, 3, 3) = the gradient of conv2d(x, w) to w from gy (N, O, oh, ow), for a geometry where

@@ -188,4 +188,19 @@ void resample_backward(const ResampleTaps& r, std::int64_t outer, std::int64_t i
                });
 }
 
+/// Tap t of every output position of r: the input index (0 for an unused tap), its weight and whether it is used
+/// (r.out values each); returns whether every one is used.
+template <class T>
+bool tap_column(const ResampleTaps& r, std::int64_t t, std::int64_t* idx, T* w, bool* used) {
+  bool all_used = true;
+  for (std::int64_t j = 0; j < r.out; ++j) {
+    const std::int64_t i = r.idx[std::size_t(j * r.k + t)];
+    idx[j] = i < 0 ? 0 : i;
+    w[j] = convert<T>(r.w[std::size_t(j * r.k + t)]);
+    used[j] = i >= 0;
+    all_used = all_used && i >= 0;
+  }
+  return all_used;
+}
+
 }  // namespace ember::cpu

@@ -17,6 +17,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/core/window.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
 #if defined(__AVX512F__)
@@ -28,11 +29,10 @@
 
 namespace ember::cpu {
 
-/// The geometry of one pooling call (checked by ops/).
-struct PoolGeometry {
+/// The geometry of one pooling call (checked by ops/): the window and the extents around it.
+struct PoolGeometry : Window2d {
   std::int64_t planes = 0, h = 0, w = 0;  // input (planes = N*C, H, W)
   std::int64_t oh = 0, ow = 0;             // output
-  std::int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool count_include_pad = true;
   std::int64_t divisor_override = 0;  // avg pool: the divisor of every window when non-zero
 };

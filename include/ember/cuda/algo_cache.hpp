@@ -16,6 +16,7 @@
 
 #include "ember/core/device.hpp"
 #include "ember/core/shape.hpp"
+#include "ember/core/window.hpp"
 
 namespace ember::cuda {
 
@@ -23,15 +24,16 @@ namespace ember::cuda {
 enum class ConvPass : std::int64_t { forward = 0, backward_data = 1, backward_filter = 2 };
 
 /// Everything that can change cuDNN's choice of algorithm: the pass, the device, the data and compute types, the
-/// shapes and strides of input, weight and output, padding/stride/dilation/groups, the math mode (TF32 allowed)
-/// and the memory layout.
+/// shapes and strides of input, weight and output, the window (padding/stride/dilation; the kernel extent is the
+/// weight's shape) and groups, the math mode (TF32 allowed) and the memory layout.
 struct ConvProblem {
   ConvPass pass = ConvPass::forward;
   Device device = Device::cuda(0);
   int dtype = 0;          // cudnnDataType_t of the tensors
   int compute_dtype = 0;  // cudnnDataType_t of the arithmetic
   Shape x_shape, x_strides, w_shape, y_shape, y_strides;  // (N, C, H, W), (O, C/groups, kh, kw), (N, O, oh, ow)
-  std::int64_t pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dil_h = 1, dil_w = 1, groups = 1;
+  Window2d window;
+  std::int64_t groups = 1;
   bool allow_tf32 = false;
   int layout = 0;  // 0 = NCHW
 };
@@ -74,12 +76,12 @@ inline ConvKey make_conv_key(const ConvProblem& p) {
   put(p.groups);
   for (const Shape* s : {&p.x_shape, &p.x_strides, &p.w_shape, &p.y_shape, &p.y_strides})
     for (int d = 0; d < 4; ++d) put(d < s->n ? (*s)[d] : -1);
-  put(p.pad_h);
-  put(p.pad_w);
-  put(p.stride_h);
-  put(p.stride_w);
-  put(p.dil_h);
-  put(p.dil_w);
+  put(p.window.ph);
+  put(p.window.pw);
+  put(p.window.sh);
+  put(p.window.sw);
+  put(p.window.dh);
+  put(p.window.dw);
   put(std::int64_t(p.x_shape.n));
   put(std::int64_t(p.w_shape.n));
   put(std::int64_t(p.y_shape.n));

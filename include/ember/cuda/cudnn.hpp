@@ -37,6 +37,7 @@
 #include "ember/core/dtype.hpp"
 #include "ember/core/float16.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/core/window.hpp"
 #include "ember/cuda/algo_cache.hpp"
 #include "ember/cuda/allocator.hpp"  // registers the device allocator: workspaces are ember tensors
 #include "ember/cuda/device.hpp"
@@ -179,9 +180,9 @@ inline cudnnHandle_t cudnn_handle(int index = -1) {
 
 // ---- convolution ------------------------------------------------------------------------------------------------
 
-/// Padding, stride, dilation and groups of a 2-D convolution.
-struct ConvParams {
-  std::int64_t pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dil_h = 1, dil_w = 1, groups = 1;
+/// The window (padding, stride, dilation; the kernel extent is the weight's) and groups of a 2-D convolution.
+struct ConvParams : Window2d {
+  std::int64_t groups = 1;
 };
 
 namespace detail {
@@ -200,12 +201,7 @@ ConvProblem conv_problem(ConvPass pass, const Shape& xs, const Shape& ws, const 
   q.w_shape = ws;
   q.y_shape = ys;
   q.y_strides = contiguous_strides(ys);
-  q.pad_h = p.pad_h;
-  q.pad_w = p.pad_w;
-  q.stride_h = p.stride_h;
-  q.stride_w = p.stride_w;
-  q.dil_h = p.dil_h;
-  q.dil_w = p.dil_w;
+  q.window = p;
   q.groups = p.groups;
   q.allow_tf32 = std::is_same_v<T, float> && cudnn_allow_tf32();
   q.layout = 0;
@@ -231,10 +227,9 @@ struct ConvDescs {
         y(cudnn_dtype<T>(), ys[0], ys[1], ys[2], ys[3], op),
         w(cudnn_dtype<T>(), ws[0], ws[1], ws[2], ws[3], op) {
     const cudnnDataType_t compute = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-    EMBER_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.d, to_int(p.pad_h, op), to_int(p.pad_w, op),
-                                                      to_int(p.stride_h, op), to_int(p.stride_w, op),
-                                                      to_int(p.dil_h, op), to_int(p.dil_w, op),
-                                                      CUDNN_CROSS_CORRELATION, compute));
+    EMBER_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.d, to_int(p.ph, op), to_int(p.pw, op),
+                                                      to_int(p.sh, op), to_int(p.sw, op), to_int(p.dh, op),
+                                                      to_int(p.dw, op), CUDNN_CROSS_CORRELATION, compute));
     EMBER_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.d, to_int(p.groups, op)));
     EMBER_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.d, base_math_type<T>()));
   }
@@ -424,10 +419,10 @@ void conv2d_backward_bias(const Tensor<T>& gy, const Tensor<T>& gb) {
 
 // ---- pooling ------------------------------------------------------------------------------------------------------
 
-/// A 2-D max or average pooling window (no dilation: cuDNN has none; the output size is the floor rule's).
-struct PoolParams {
+/// A 2-D max or average pooling window (no dilation: cuDNN has none, dh and dw stay 1; the output size is the floor
+/// rule's).
+struct PoolParams : Window2d {
   enum Mode { max, avg_include_pad, avg_exclude_pad } mode = max;
-  std::int64_t kh = 1, kw = 1, pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1;
 };
 
 namespace detail {
@@ -436,8 +431,8 @@ inline void set_pool(const PoolDesc& d, const PoolParams& p, const char* op) {
                                : p.mode == PoolParams::avg_include_pad ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
                                                                        : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
   EMBER_CUDNN_CHECK(cudnnSetPooling2dDescriptor(d.d, m, CUDNN_PROPAGATE_NAN, to_int(p.kh, op), to_int(p.kw, op),
-                                                to_int(p.pad_h, op), to_int(p.pad_w, op), to_int(p.stride_h, op),
-                                                to_int(p.stride_w, op)));
+                                                to_int(p.ph, op), to_int(p.pw, op), to_int(p.sh, op),
+                                                to_int(p.sw, op)));
 }
 template <class T>
 TensorDesc nchw_desc(const Tensor<T>& t, const char* op) {

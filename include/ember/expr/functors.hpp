@@ -53,6 +53,7 @@ EMBER_HOST_DEVICE EMBER_INLINE X add(X a, X b) {
   };
 
 //          name      forward                                  derivative
+EMBER_UNARY(Identity, x,                                       X(1))
 EMBER_UNARY(Neg,      -x,                                      X(-1))
 EMBER_UNARY(Abs,      sel(x < X(0), X(-x), x),                 X(sel(x > X(0), X(1), sel(x < X(0), X(-1), X(0)))))
 EMBER_UNARY(Exp,      fm::exp(x),                              fm::exp(x))
@@ -148,6 +149,41 @@ struct Clamp {
     const bool above = lo < -DBL_MAX || x > X(lo);
     const bool below = hi > DBL_MAX || x < X(hi);
     return sel(above && below, X(1), X(0));
+  }
+};
+
+/// The element-wise losses' rows (smooth_l1_loss, huber_loss apply them to input - target).
+/// 0.5 x² / beta where |x| < beta, else |x| - 0.5 beta (beta = 0 is |x|).
+struct SmoothL1 {
+  static constexpr const char* name = "smooth_l1";
+  static constexpr bool differentiable = true;
+  double beta = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X a = x < X(0) ? -x : x, b = X(beta);
+    return a < b ? X(0.5) * x * x / b : a - X(0.5) * b;
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    const X a = x < X(0) ? -x : x, b = X(beta);
+    return a < b ? x / b : (x > X(0) ? X(1) : (x < X(0) ? X(-1) : X(0)));
+  }
+};
+
+/// 0.5 x² where |x| < delta, else delta (|x| - 0.5 delta).
+struct Huber {
+  static constexpr const char* name = "huber";
+  static constexpr bool differentiable = true;
+  double delta = 1.0;
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
+    const X a = x < X(0) ? -x : x, dl = X(delta);
+    return a < dl ? X(0.5) * x * x : dl * (a - X(0.5) * dl);
+  }
+  template <class X>
+  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
+    const X a = x < X(0) ? -x : x, dl = X(delta);
+    return a < dl ? x : (x > X(0) ? dl : (x < X(0) ? -dl : X(0)));
   }
 };
 

@@ -248,8 +248,9 @@ class MultiheadAttentionT : public Module {
 };
 using MultiheadAttention = MultiheadAttentionT<>;
 
-/// The feed-forward block's activation (PyTorch's activation="relu" or "gelu", the exact erf GELU).
-enum class TransformerActivation { relu, gelu };
+/// The feed-forward activation of a transformer layer: ember::Activation (PyTorch's choices are relu and gelu; the
+/// others apply as well).
+using TransformerActivation = Activation;
 
 /// The options of nn::TransformerEncoderLayer after (d_model, nhead), in torch.nn.TransformerEncoderLayer's order
 /// and with its names:
@@ -300,9 +301,7 @@ class TransformerEncoderLayerT : public Module {
       return dropout1(self_attn(x, x, x, mo).output);
     };
     auto ff = [&](const Tensor<T>& x) {
-      const ops::LinearAct act =
-          options.activation == TransformerActivation::relu ? ops::LinearAct::relu : ops::LinearAct::gelu;
-      return dropout2(linear2(dropout(linear1.forward(x, act))));
+      return dropout2(linear2(dropout(linear1.forward(x, options.activation))));
     };
     Tensor<T> x = src;
     if (options.norm_first) {

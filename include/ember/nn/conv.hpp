@@ -94,9 +94,9 @@ auto Conv2dT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> 
   const ember::Conv2dOptions co{options.stride, options.padding, options.dilation, options.groups};
   // An activation moved into this layer runs in the convolution's epilogue when nothing needs a gradient (see
   // nn/detail/fused_act.hpp for the other case).
-  const auto act = cpu::Act(fused_activation());
+  const auto act = Activation(fused_activation());
   const bool pool = fused_pool();
-  if ((act != cpu::Act::none || pool) && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
+  if ((act != Activation::none || pool) && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
     auto run = [&](const Tensor<compute_t>& x4) -> Tensor<compute_t> {
       if (!pool || x4.device().is_cpu()) return ops::detail::conv2d_enabled(x4, wc, bc, co, act, pool);
       return max_pool2d(ops::detail::conv2d_enabled(x4, wc, bc, co, act, false), 2);  // the pool as its own op off the CPU

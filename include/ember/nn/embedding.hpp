@@ -9,6 +9,7 @@
 #include "ember/amp/policy.hpp"
 #include "ember/autograd/shape_ops.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/cpu/index.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
@@ -81,11 +82,10 @@ void EmbeddingT<P>::check_indices(const Tensor<std::int64_t>& indices) const {
   EMBER_CHECK(indices.defined(), "nn::Embedding: the indices are undefined");
   indices.check_cpu("nn::Embedding");
   const Tensor<std::int64_t> ic = indices.contiguous();
-  const std::int64_t* p = ic.data();
-  for (std::int64_t i = 0; i < ic.numel(); ++i)
-    EMBER_CHECK(p[i] >= 0 && p[i] < num_embeddings, "nn::Embedding: index ", p[i], " at position ", i,
-                " (row-major, indices of shape ", indices.shape().str(), ") is out of range [0, ", num_embeddings,
-                ") for a table of ", num_embeddings, " embeddings");
+  const std::int64_t i = cpu::first_out_of_range(ic.data(), ic.numel(), 1, 0, num_embeddings);
+  EMBER_CHECK(i < 0, "nn::Embedding: index ", ic.data()[i], " at position ", i,
+              " (row-major, indices of shape ", indices.shape().str(), ") is out of range [0, ", num_embeddings,
+              ") for a table of ", num_embeddings, " embeddings");
 }
 
 using Embedding = EmbeddingT<>;

@@ -13,6 +13,7 @@
 #include "ember/autograd/shape_ops.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/index.hpp"
 #include "ember/cpu/interpolate.hpp"
 #include "ember/expr/nodes.hpp"
 
@@ -96,7 +97,7 @@ Tensor<T> pad(const Tensor<T>& x, const std::vector<std::int64_t>& pads, PadMode
                   ")");
     if (lo == 0 && hi == 0) continue;
     Tensor<std::int64_t> idx = empty<std::int64_t>({n + lo + hi});
-    for (std::int64_t i = 0; i < n + lo + hi; ++i) idx.data()[i] = detail::pad_source(i - lo, n, mode);
+    cpu::fill_index(idx.data(), n + lo + hi, [&](std::int64_t i) { return detail::pad_source(i - lo, n, mode); });
     r = index_select(r, d, idx);
   }
   return r.same_impl(x) ? r.clone() : r;
@@ -215,11 +216,7 @@ Tensor<T> interpolate(const Tensor<T>& x, const InterpolateOptions& o) {
 inline Tensor<std::int64_t> one_hot(const Tensor<std::int64_t>& index, std::int64_t num_classes = -1) {
   index.check_cpu("one_hot");
   const Tensor<std::int64_t> c = index.contiguous();
-  std::int64_t top = -1;
-  for (std::int64_t i = 0; i < c.numel(); ++i) {
-    EMBER_CHECK(c.data()[i] >= 0, "one_hot: class values must be non-negative, got ", c.data()[i], " at position ", i);
-    top = std::max(top, c.data()[i]);
-  }
+  const std::int64_t top = cpu::checked_max_class(c.data(), c.numel(), "one_hot");
   if (num_classes < 0) {
     EMBER_CHECK(num_classes == -1, "one_hot: num_classes must be -1 or non-negative, got ", num_classes);
     EMBER_CHECK(c.numel() > 0, "one_hot: cannot infer num_classes from an empty tensor");
@@ -229,7 +226,7 @@ inline Tensor<std::int64_t> one_hot(const Tensor<std::int64_t>& index, std::int6
   Shape s = index.shape();
   s.push_back(num_classes);
   Tensor<std::int64_t> r = zeros<std::int64_t>(s);
-  for (std::int64_t i = 0; i < c.numel(); ++i) r.data()[i * num_classes + c.data()[i]] = 1;
+  cpu::one_hot_fill(c.data(), c.numel(), num_classes, r.data());
   return r;
 }
 

@@ -78,21 +78,21 @@ struct FoldSite {
   ModuleState* bn = nullptr;   // null: no BatchNorm to fold
   ModuleState* act = nullptr;  // null: no activation to move
   std::string layer_name, bn_name, act_name;
-  cpu::Act act_kind = cpu::Act::none;  // what act is, read before any group is folded (it may be shared)
+  Activation act_kind = Activation::none;  // what act is, read before any group is folded (it may be shared)
   ModuleState* pool = nullptr;  // null: no max pool to move
   std::string pool_name;
 };
 
-/// The cpu::Act of an activation module's state, or none when it is not one ember can fuse.
-inline cpu::Act act_of(const ModuleState& s) {
-  if (s.folded) return cpu::Act::none;
-  if (s.type_name == "ReLU") return cpu::Act::relu;
-  if (s.type_name == "SiLU") return cpu::Act::silu;
+/// The Activation of an activation module's state, or none when it is not one ember can fuse.
+inline Activation act_of(const ModuleState& s) {
+  if (s.folded) return Activation::none;
+  if (s.type_name == "ReLU") return Activation::relu;
+  if (s.type_name == "SiLU") return Activation::silu;
   if (s.type_name == "GELU") {
     for (const auto& [n, v] : s.settings)
-      if (n == "approximate") return v != 0 ? cpu::Act::gelu_tanh : cpu::Act::gelu;
+      if (n == "approximate") return v != 0 ? Activation::gelu_tanh : Activation::gelu;
   }
-  return cpu::Act::none;
+  return Activation::none;
 }
 /// A MaxPool2d that a Conv2d's epilogue can take: 2x2, stride 2, no padding or dilation, floor.
 inline bool is_pool2x2(const ModuleState& s) {
@@ -159,9 +159,9 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const 
     const std::string what = std::string(op) + ": cannot move '" + f.act_name + "' (" + f.act->type_name + ") into '" +
                              f.layer_name + "' (" + l.type_name + ")";
     EMBER_CHECK(is_fusable_layer(l), what, ": expected a Conv2d or a Linear");
-    EMBER_CHECK(act_of(*f.act) != cpu::Act::none, what, ": expected a ReLU, GELU or SiLU module",
+    EMBER_CHECK(act_of(*f.act) != Activation::none, what, ": expected a ReLU, GELU or SiLU module",
                 f.act->folded ? " (this one was already fused)" : "");
-    EMBER_CHECK(l.activation == 0, what, ": the layer already applies ", cpu::act_name(cpu::Act(l.activation)));
+    EMBER_CHECK(l.activation == 0, what, ": the layer already applies ", activation_name(Activation(l.activation)));
   }
   if (!f.bn) return;
   const ModuleState& b = *f.bn;
@@ -281,14 +281,14 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const Fus
       for (std::size_t i = 0; i < ch.size(); ++i) {
         detail::ModuleState& l = *ch[i].second;
         if (!detail::is_fusable_layer(l)) continue;
-        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", "", cpu::Act::none, nullptr, ""};
+        detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", "", Activation::none, nullptr, ""};
         std::size_t j = i + 1;
         if (j < ch.size() && detail::is_bn_for(l, *ch[j].second) && !ch[j].second->folded) {
           f.bn = ch[j].second.get();
           f.bn_name = prefix + ch[j].first;
           ++j;
         }
-        if (o.activations && l.activation == 0 && j < ch.size() && detail::act_of(*ch[j].second) != cpu::Act::none) {
+        if (o.activations && l.activation == 0 && j < ch.size() && detail::act_of(*ch[j].second) != Activation::none) {
           f.act = ch[j].second.get();
           f.act_name = prefix + ch[j].first;
           f.act_kind = detail::act_of(*f.act);
@@ -361,7 +361,7 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
     const std::size_t end = m.size() - (has_pool ? 1 : 0), rest = end - 1;
     EMBER_CHECK(rest <= 2, "fuse_modules: cannot fuse ", listed, ": a group is a layer followed by a BatchNorm, an "
                 "activation and a MaxPool2d, in that order, each optional");
-    const bool has_act = rest == 2 || (rest == 1 && detail::act_of(*m[1].s) != cpu::Act::none);
+    const bool has_act = rest == 2 || (rest == 1 && detail::act_of(*m[1].s) != Activation::none);
     const bool has_bn = rest == 2 || (rest == 1 && !has_act);
     // A layer or a BatchNorm belongs to one group; an activation or pool module may follow several layers (one ReLU
     // module used after each of them), and then every one of those layers must name it.
@@ -370,7 +370,7 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
       for (const auto* u : used)
         EMBER_CHECK(u != m[i].s, "fuse_modules: '", g[i], "' of (", listed, ") appears in two groups");
     for (std::size_t i = 0; i < owned; ++i) used.push_back(m[i].s);
-    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", "", cpu::Act::none, nullptr, ""};
+    detail::FoldSite f{m[0].s, nullptr, nullptr, g[0], "", "", Activation::none, nullptr, ""};
     if (has_bn) {
       f.bn = m[1].s;
       f.bn_name = g[1];

@@ -33,8 +33,8 @@ class LinearT : public Module {
   /// act(forward(x)) for act none, relu, gelu, gelu_tanh or silu, with the activation applied in the GEMM's
   /// write-back where ember::linear does so (ReLU in training too, on the CPU: one node on the tape). nn::Sequential
   /// runs each Linear -> ReLU pair of its float32 modules through it.
-  Tensor<compute_t> forward(const Tensor<compute_t>& x, ops::LinearAct act) const;
-  /// forward(x, ops::LinearAct::relu), without compiling GELU and SiLU (nn::Sequential runs its Linear -> ReLU
+  Tensor<compute_t> forward(const Tensor<compute_t>& x, Activation act) const;
+  /// forward(x, Activation::relu), without compiling GELU and SiLU (nn::Sequential runs its Linear -> ReLU
   /// pairs through it, so a Sequential of ReLUs pays for no other activation).
   Tensor<compute_t> forward_relu(const Tensor<compute_t>& x) const;
 
@@ -67,15 +67,15 @@ auto LinearT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> 
   const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
   // An activation moved into this layer runs in the GEMM's epilogue when nothing needs a gradient (see
   // nn/detail/fused_act.hpp for the other case).
-  const auto act = cpu::Act(fused_activation());
-  if (act != cpu::Act::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
+  const auto act = Activation(fused_activation());
+  if (act != Activation::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
     return ops::detail::linear_enabled(x, wc, bc, act);
   return ember::linear(x, wc, bc);
 }
 
 template <amp::PrecisionPolicy P>
-auto LinearT<P>::forward(const Tensor<compute_t>& x, ops::LinearAct act) const -> Tensor<compute_t> {
-  if (act == ops::LinearAct::none || quantized() || cpu::Act(fused_activation()) != cpu::Act::none)
+auto LinearT<P>::forward(const Tensor<compute_t>& x, Activation act) const -> Tensor<compute_t> {
+  if (act == Activation::none || quantized() || Activation(fused_activation()) != Activation::none)
     return ember::detail::apply_linear_act(forward(x), act);
   const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
   return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b), act);
@@ -83,10 +83,10 @@ auto LinearT<P>::forward(const Tensor<compute_t>& x, ops::LinearAct act) const -
 
 template <amp::PrecisionPolicy P>
 auto LinearT<P>::forward_relu(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
-  if (quantized() || cpu::Act(fused_activation()) != cpu::Act::none) return Tensor<compute_t>(relu(forward(x)));
+  if (quantized() || Activation(fused_activation()) != Activation::none) return Tensor<compute_t>(relu(forward(x)));
   const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
   return ember::detail::linear_none_or_relu(x, detail::to_compute<compute_t>(weight),
-                                            detail::to_compute<compute_t>(b), ops::LinearAct::relu);
+                                            detail::to_compute<compute_t>(b), Activation::relu);
 }
 
 using Linear = LinearT<>;

@@ -37,6 +37,7 @@
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/loss.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/detail/fastmath.hpp"
 #include "ember/expr/nodes.hpp"
@@ -98,58 +99,6 @@ using i64 = std::int64_t;
 
 using ops::reduction_name;
 
-// ---- element-wise loss rows of the op table (forward + derivative, host and device) ---------------------------
-
-/// 0.5 x² / beta where |x| < beta, else |x| - 0.5 beta (beta = 0 is |x|).
-struct SmoothL1 {
-  static constexpr const char* name = "smooth_l1";
-  static constexpr bool differentiable = true;
-  double beta = 1.0;
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
-    const X a = x < X(0) ? -x : x, b = X(beta);
-    return a < b ? X(0.5) * x * x / b : a - X(0.5) * b;
-  }
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    const X a = x < X(0) ? -x : x, b = X(beta);
-    return a < b ? x / b : (x > X(0) ? X(1) : (x < X(0) ? X(-1) : X(0)));
-  }
-};
-
-/// 0.5 x² where |x| < delta, else delta (|x| - 0.5 delta).
-struct Huber {
-  static constexpr const char* name = "huber";
-  static constexpr bool differentiable = true;
-  double delta = 1.0;
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
-    const X a = x < X(0) ? -x : x, dl = X(delta);
-    return a < dl ? X(0.5) * x * x : dl * (a - X(0.5) * dl);
-  }
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    const X a = x < X(0) ? -x : x, dl = X(delta);
-    return a < dl ? x : (x > X(0) ? dl : (x < X(0) ? -dl : X(0)));
-  }
-};
-
-/// log(1 + exp(x)) in the stable form max(x, 0) + log1p(exp(-|x|)); derivative sigmoid(x), smooth at 0.
-struct LogOnePlusExp {
-  static constexpr const char* name = "log1p_exp";
-  static constexpr bool differentiable = true;
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X operator()(X x) const {
-    namespace fm = ::ember::detail::fm;
-    const X a = x < X(0) ? -x : x;
-    return (x > X(0) ? x : X(0)) + fm::log1p(fm::exp(-a));
-  }
-  template <class X>
-  EMBER_HOST_DEVICE EMBER_INLINE X d(X x) const {
-    return ::ember::detail::fm::sigmoid(x);
-  }
-};
-
 template <class T, class E>
 Tensor<T> reduce_loss(const E& e, Reduction r) {
   switch (r) {
@@ -205,28 +154,6 @@ Tensor<T> class_loss_graph(ops::ClassLossResult<T> r, const Tensor<T>& input, bo
   node->output = r.loss.impl_ptr();
   autograd::set_history<T>(r.loss, node);
   return std::move(r.loss);
-}
-
-/// The debug check of nll_loss: every non-ignored position's C entries are <= 0 and their exps sum to 1.
-template <class T>
-void check_log_probs(const T* x, const i64* target, const ops::ClassGeom& g, i64 ignore_index) {
-  const double tol_sum = std::is_same_v<compute_t<T>, T> ? 1e-3 : 2e-2;
-  const double tol_pos = std::is_same_v<compute_t<T>, T> ? 1e-5 : 1e-2;
-  const char* hint = " (nll_loss expects log-probabilities, the output of log_softmax(x, 1); pass raw logits to "
-                     "cross_entropy instead. This check runs in builds without NDEBUG or with EMBER_DEBUG_CHECKS=1)";
-  for (i64 p = 0; p < g.positions(); ++p) {
-    if (target[p] == ignore_index) continue;
-    const i64 n = p / g.D, k = p % g.D;
-    double s = 0;
-    for (i64 c = 0; c < g.C; ++c) {
-      const double v = double(static_cast<compute_t<T>>(x[(n * g.C + c) * g.D + k]));
-      EMBER_CHECK(!(v > tol_pos), "nll_loss: the input (shape ", g.in.str(), ") has a positive entry ", v,
-                  " at position ", p, ", class ", c, hint);
-      s += std::exp(v);
-    }
-    EMBER_CHECK(std::fabs(s - 1.0) <= tol_sum, "nll_loss: the exps of the input (shape ", g.in.str(),
-                ") at position ", p, " sum to ", s, ", not 1", hint);
-  }
 }
 
 }  // namespace detail
@@ -313,7 +240,8 @@ Tensor<T> nll_loss(const Tensor<T>& log_probs, const Tensor<std::int64_t>& targe
     // On the host: a debug build pays a copy of a CUDA input here.
     const Tensor<T> x = log_probs.detach().contiguous().cpu();
     const Tensor<std::int64_t> t = r.saved.target.cpu();
-    detail::check_log_probs(x.data(), t.data(), r.saved.geom, o.ignore_index);
+    const ops::ClassGeom& g = r.saved.geom;
+    cpu::check_log_probs(x.data(), t.data(), g.positions(), g.C, g.D, o.ignore_index, g.in);
   }
   return detail::class_loss_graph(std::move(r), log_probs, false, so);
 }
@@ -340,7 +268,7 @@ Tensor<T> smooth_l1_loss(const Tensor<T>& input, const Tensor<T>& target, Reduct
                          double beta = 1.0) {
   detail::check_same_shape(input, target, "smooth_l1_loss");
   EMBER_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
-  return detail::reduce_loss<T>(expr::make_unary(detail::SmoothL1{beta}, input - target), r);
+  return detail::reduce_loss<T>(expr::make_unary(ops_table::SmoothL1{beta}, input - target), r);
 }
 
 /// Huber: 0.5 d² where |d| < delta, else delta (|d| - 0.5 delta). Equals delta * smooth_l1_loss(beta = delta).
@@ -349,11 +277,14 @@ Tensor<T> huber_loss(const Tensor<T>& input, const Tensor<T>& target, Reduction 
                      double delta = 1.0) {
   detail::check_same_shape(input, target, "huber_loss");
   EMBER_CHECK(delta > 0, "huber_loss: delta must be positive, got ", delta);
-  return detail::reduce_loss<T>(expr::make_unary(detail::Huber{delta}, input - target), r);
+  return detail::reduce_loss<T>(expr::make_unary(ops_table::Huber{delta}, input - target), r);
 }
 
-/// Binary cross-entropy on logits (sigmoid fused in), stable for any logit: max(x, 0) - x y + log1p(exp(-|x|)).
-/// With pos_weight p: (1 - y) x + (1 + (p - 1) y) log(1 + exp(-x)), as PyTorch. weight rescales each element.
+/// Binary cross-entropy on logits (sigmoid fused in), stable for any logit: softplus(x) - x y, with the functor
+/// table's softplus (log1p(exp(x)), x itself above 20 as PyTorch's softplus; PyTorch's loss uses the form
+/// max(x, 0) + log1p(exp(-|x|)), which rounds differently: by at most an ulp in float, and above 20 it adds exp(-x),
+/// 2e-9 at most). With pos_weight p: (1 - y) x + (1 + (p - 1) y) softplus(-x), as PyTorch. weight rescales each
+/// element.
 /// target has the input's shape (values in [0, 1]); weight and pos_weight broadcast to it.
 template <class T>
 Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor<T>& target,
@@ -371,7 +302,7 @@ Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor
   bcast_ok(o.pos_weight, "pos_weight");
   const Tensor<T>& x = logits;
   const Tensor<T>& y = target;
-  auto sp = [](auto&& e) { return expr::make_unary(detail::LogOnePlusExp{}, std::forward<decltype(e)>(e)); };
+  auto sp = [](auto&& e) { return expr::make_unary(ops_table::Softplus{}, std::forward<decltype(e)>(e)); };
   if (o.pos_weight.defined()) {
     const Tensor<T>& pw = o.pos_weight;
     auto l = (1 - y) * x + (1 + (pw - 1) * y) * sp(-x);

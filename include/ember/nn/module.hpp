@@ -69,7 +69,7 @@ struct ModuleState {
   std::vector<std::pair<std::string, double>> settings;
   /// Folded into the layer before it (nn::fuse_conv_bn): the module passes its input through, as nn.Identity.
   bool folded = false;
-  /// An activation (a cpu::Act) that nn::fuse_conv_bn moved into this layer's output: applied in the GEMM's
+  /// An activation (an Activation) that nn::fuse_conv_bn moved into this layer's output: applied in the GEMM's
   /// epilogue when nothing needs a gradient, as a separate fused op otherwise.
   unsigned char activation = 0;
   /// A 2x2 max pool (stride 2) after the activation that nn::fuse_conv_bn moved into this Conv2d: taken in the
@@ -229,7 +229,7 @@ class Module {
   const std::string& type_name() const { return s_->type_name; }
   /// Whether nn::fuse_conv_bn folded this module into the layer before it (its forward is then the identity).
   bool folded() const { return s_->folded; }
-  /// The activation nn::fuse_conv_bn moved into this layer (a cpu::Act; 0 for none).
+  /// The activation nn::fuse_conv_bn moved into this layer (an Activation; 0 for none).
   unsigned char fused_activation() const { return s_->activation; }
   /// Whether nn::fuse_conv_bn moved a 2x2 max pool into this Conv2d.
   bool fused_pool() const { return s_->pool; }

@@ -1,274 +1,199 @@
-// ember — scaled dot-product attention on the CPU, computed in blocks with an online softmax (the flash-attention
-// scheme), so the (L x S) score matrix is never materialised: per query block, the scores of one key block at a
-// time update a running row maximum, a running normaliser and the output accumulator. The forward saves only the
-// output and one log-sum-exp per query row; the backward recomputes each score block from them. Memory beyond the
-// inputs and outputs is O(L) per head plus a few blocks per thread.
-//
-// Layout: q (BH, L, E), k (BH / G, S, E), v (BH / G, S, Ev), contiguous, float or double, where G = kv_group is
-// the number of consecutive query heads one key/value head serves (grouped-query attention; 1: one each). Within
-// a batch the heads are consecutive, so batch-head b reads key/value head b / G. `bias`, when given, is an
-// additive (L, S) score bias per batch-head (-inf masks a position out), with a batch stride of 0 when one bias
-// serves every head. Causal masking keeps key j for query i when j <= i (PyTorch's top-left alignment). Dropout
-// draws one Philox value per (head, query, key) from (seed, offset), so the backward regenerates the same mask.
-// A query row whose keys are all masked out gets zeros (and zero gradients), not NaN.
+// ember — scaled dot-product attention without autograd: the options, the argument checks, the choice between the
+// blocked kernel of cpu/attention.hpp and the composition of differentiable ops (autograd/attention.hpp), and the
+// kernel's operands: the (BH, L, E) views of q, k and v, the mask as an additive score bias, the dropout stream.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 #include "ember/config.hpp"
+#include "ember/core/creation.hpp"
 #include "ember/core/random.hpp"
-#include "ember/cpu/gemm.hpp"
-#include "ember/cpu/thread_pool.hpp"
-#include "ember/expr/detail/fastmath.hpp"
-#include "ember/profile/range.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/attention.hpp"
 
-namespace ember::ops {
+namespace ember {
 
-struct AttentionGeom {
-  std::int64_t bh = 0, l = 0, s = 0, e = 0, ev = 0;
-  double scale = 1;
-  bool causal = false;
-  double dropout_p = 0;
-  std::uint64_t seed = 0, offset = 0;  // the dropout stream
-  std::int64_t bias_batch_stride = 0;  // elements between two batch-heads' (L, S) biases (0: one bias for all)
-  std::int64_t kv_group = 1;           // query heads per key/value head (bh is a multiple of it)
+/// An attention mask: boolean (true: the position takes part, as PyTorch's SDPA) or additive (added to the scores;
+/// -inf masks out). Either converts implicitly, so `.attn_mask = mask` takes both. Broadcastable to (..., L, S).
+template <class T>
+struct AttnMask {
+  Tensor<bool> keep;
+  Tensor<T> add;
+  AttnMask() = default;
+  AttnMask(Tensor<bool> m) : keep(std::move(m)) {}  // NOLINT: implicit on purpose
+  AttnMask(Tensor<T> m) : add(std::move(m)) {}      // NOLINT
+  bool defined() const { return keep.defined() || add.defined(); }
 };
 
+template <class T>
+struct SdpaOptions {
+  AttnMask<T> attn_mask{};
+  bool is_causal = false;       // key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
+  double dropout_p = 0;         // on the attention weights (always applied when > 0, as the functional form)
+  std::optional<double> scale{};  // default 1 / sqrt(E)
+  /// Grouped-query attention: k and v may have fewer heads (dim -3) than q, each dividing q's; key/value head h
+  /// serves the q/kv consecutive query heads from h * (Hq / Hkv) on, as torch's repeat_interleave of k and v.
+  bool enable_gqa = false;
+  Generator* generator = nullptr;  // the dropout's stream; the default generator unless given
+};
+
+namespace ops {
+
+using AttentionGeom = cpu::AttentionGeom;
+
+/// Checks scaled_dot_product_attention's arguments (shapes, devices, options).
+template <class T>
+void check_sdpa(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const SdpaOptions<T>& o) {
+  const char* op = "scaled_dot_product_attention";
+  EMBER_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), op, ": q, k and v need the same number (>= 2)",
+              " of dims, got shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
+  const int n = q.dim();
+  EMBER_CHECK(!o.enable_gqa || n >= 3, op, ": enable_gqa needs a head dim (-3): q, k and v of 3 or more dims, got ",
+              "shapes ", q.shape().str(), ", ", k.shape().str(), ", ", v.shape().str());
+  const int head = o.enable_gqa ? n - 3 : -1;  // the dim where k and v may have fewer heads than q
+  for (int d = 0; d < n - 2; ++d)
+    EMBER_CHECK(d == head || (k.shape()[d] == q.shape()[d] && v.shape()[d] == q.shape()[d]), op,
+                ": the batch dims of q ", q.shape().str(), ", k ", k.shape().str(), " and v ", v.shape().str(),
+                " differ", o.enable_gqa ? " (outside the head dim -3)" : "");
+  if (o.enable_gqa) {
+    const std::int64_t hq = q.shape()[head], hk = k.shape()[head], hv = v.shape()[head];
+    EMBER_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0, op, ": with enable_gqa the number of heads in ",
+                "key (", hk, ") and value (", hv, ") must divide the number of heads in query (", hq, "); shapes q ",
+                q.shape().str(), ", k ", k.shape().str(), ", v ", v.shape().str());
+  }
+  EMBER_CHECK(k.shape()[n - 1] == q.shape()[n - 1], op, ": q's last dim (", q.shape()[n - 1], ") and k's (",
+              k.shape()[n - 1], ") must match; shapes ", q.shape().str(), " and ", k.shape().str());
+  EMBER_CHECK(v.shape()[n - 2] == k.shape()[n - 2], op, ": k has ", k.shape()[n - 2], " keys but v has ",
+              v.shape()[n - 2], " values; shapes ", k.shape().str(), " and ", v.shape().str());
+  EMBER_CHECK(q.device() == k.device() && q.device() == v.device(), op, ": q, k, v are on ", q.device().str(), ", ",
+              k.device().str(), ", ", v.device().str());
+  EMBER_CHECK(!(o.is_causal && o.attn_mask.defined()), op, ": give either attn_mask or is_causal, not both");
+  EMBER_CHECK(o.dropout_p >= 0 && o.dropout_p < 1, op, ": dropout_p must be in [0, 1), got ", o.dropout_p);
+  EMBER_CHECK(!o.scale || std::isfinite(*o.scale), op, ": scale must be finite");
+}
+
+/// Whether attention on tensors of this device runs the blocked kernel (the CPU; half and bfloat16 through float);
+/// elsewhere it is the composition of matmul, softmax and dropout.
+inline bool sdpa_blocked(Device d) { return d.is_cpu(); }
+
+/// With enable_gqa, k and v with different head counts: the kernel reads one group size, so both are repeated to
+/// q's heads first.
+template <class T>
+bool sdpa_mixed_heads(const Tensor<T>& k, const Tensor<T>& v, const SdpaOptions<T>& o) {
+  const int n = k.dim();
+  return o.enable_gqa && k.shape()[n - 3] != v.shape()[n - 3];
+}
+
 namespace detail {
-inline constexpr std::int64_t kAttnBlockQ = 64;
-inline constexpr std::int64_t kAttnBlockK = 64;
-
-/// The dropout multipliers of positions (b, i, j0 .. j0 + n): `scale` where the position survives, 0 where it is
-/// dropped; one Philox lane each, a block per four positions.
+/// The mask as an additive bias of shape `target` (..., L, S): (L, S) when it is the same for every batch-head
+/// (bias_batch_stride 0), else (BH, L, S).
 template <class T>
-void attn_keep_row(const AttentionGeom& g, std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t n, T scale,
-                   T* keep) {
-  const std::uint64_t e0 =
-      (std::uint64_t(b) * std::uint64_t(g.l) + std::uint64_t(i)) * std::uint64_t(g.s) + std::uint64_t(j0);
-  constexpr std::int64_t kSpan = 64;  // positions per batch of Philox blocks
-  std::uint32_t r[(kSpan / 4 + 1) * 4];
-  for (std::int64_t k0 = 0; k0 < n; k0 += kSpan) {
-    const std::int64_t m = std::min(kSpan, n - k0);
-    const std::uint64_t first = (e0 + std::uint64_t(k0)) / 4, last = (e0 + std::uint64_t(k0 + m - 1)) / 4;
-    Generator::blocks(g.seed, g.offset + first, last - first + 1, r);
-    for (std::int64_t k = k0; k < k0 + m; ++k) {
-      const std::uint64_t e = e0 + std::uint64_t(k);
-      keep[k] = double(Generator::to_unit_float(r[(e / 4 - first) * 4 + e % 4])) >= g.dropout_p ? scale : T(0);
-    }
-  }
-}
-
-/// Scores of query rows [i0, i0 + bq) against keys [j0, j0 + bk) of head b into sc (bq x bk, row stride bk):
-/// scale * q k^T + bias, with -inf at causally masked positions.
-template <class T>
-void attn_scores(const AttentionGeom& g, std::int64_t b, std::int64_t i0, std::int64_t bq, std::int64_t j0,
-                 std::int64_t bk, const T* q, const T* k, const T* bias, T* sc) {
-  cpu::detail::gemm_block<T, T>(bq, bk, g.e, {q + i0 * g.e, g.e, 1}, {k + j0 * g.e, 1, g.e}, sc, bk, false);
-  const T scale = T(g.scale), ninf = -std::numeric_limits<T>::infinity();
-  for (std::int64_t r = 0; r < bq; ++r) {
-    T* row = sc + r * bk;
-    const T* br = bias ? bias + b * g.bias_batch_stride + (i0 + r) * g.s + j0 : nullptr;
-    if (br)
-      for (std::int64_t c = 0; c < bk; ++c) row[c] = row[c] * scale + br[c];
-    else
-      for (std::int64_t c = 0; c < bk; ++c) row[c] *= scale;
-    if (g.causal)
-      for (std::int64_t c = std::max<std::int64_t>(0, i0 + r - j0 + 1); c < bk; ++c) row[c] = ninf;
-  }
-}
-
-/// exp over n values in place (fm::exp for float: vectorised in blocks of 16).
-template <class T>
-void attn_exp(T* x, std::int64_t n, T sub) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-      for (int u = 0; u < 16; ++u) x[i + u] = ember::detail::fm::exp(x[i + u] - sub);
-    for (; i < n; ++i) x[i] = ember::detail::fm::exp(x[i] - sub);
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - sub);
-  }
-}
-
-/// Max and sum of n values in 16 independent lanes (a single running value would serialise on the add's latency;
-/// the compiler may not reorder float sums itself).
-template <class T>
-T attn_row_max(const T* x, std::int64_t n, T init) {
-  T lane[16];
-  for (T& v : lane) v = init;
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int u = 0; u < 16; ++u) lane[u] = lane[u] > x[i + u] ? lane[u] : x[i + u];
-  T m = init;
-  for (T v : lane) m = m > v ? m : v;
-  for (; i < n; ++i) m = m > x[i] ? m : x[i];
-  return m;
-}
-template <class T>
-T attn_row_sum(const T* x, std::int64_t n) {
-  T lane[16] = {};
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int u = 0; u < 16; ++u) lane[u] += x[i + u];
-  T s = 0;
-  for (T v : lane) s += v;
-  for (; i < n; ++i) s += x[i];
-  return s;
+Tensor<T> sdpa_bias(const AttnMask<T>& m, const Shape& target, std::int64_t& batch_stride, const char* op) {
+  const Shape ms = m.keep.defined() ? m.keep.shape() : m.add.shape();
+  bool fits = ms.n <= target.n;
+  for (int i = 1; fits && i <= ms.n; ++i) fits = ms[ms.n - i] == 1 || ms[ms.n - i] == target[target.n - i];
+  EMBER_CHECK(fits, op, ": attn_mask of shape ", ms.str(), " does not broadcast to the attention's (..., L, S) shape ",
+              target.str());
+  const std::int64_t l = target[target.n - 2], s = target[target.n - 1];
+  bool per_batch = false;
+  for (int k = 0; k < ms.n - 2; ++k) per_batch = per_batch || ms[k] != 1;
+  const std::int64_t nb = per_batch ? target.numel() / std::max<std::int64_t>(l * s, 1) : 1;
+  batch_stride = per_batch ? l * s : 0;
+  Shape full = target;
+  if (!per_batch) full = Shape{l, s};
+  Tensor<T> bias = empty<T>(per_batch ? Shape{nb, l, s} : Shape{l, s});
+  auto fill = [&](const auto& src) {
+    // src expanded to `full` (leading size-1 dims of a batch-shared mask dropped), read through its strides
+    auto e = src.reshape(Shape(ms.end() - std::min(ms.n, full.n), ms.end())).expand(full).contiguous();
+    cpu::attention_bias(e.data(), bias.numel(), bias.data());
+  };
+  if (m.keep.defined()) fill(m.keep.cpu());
+  else fill(m.add.detach().cpu());
+  return bias;
 }
 }  // namespace detail
 
-/// Forward: out (BH, L, Ev) and lse (BH, L), the log-sum-exp of each query row's scores (+inf for a row with
-/// every key masked, so the backward's exp(s - lse) gives 0 there).
+/// What the blocked forward computed and its backward needs: the geometry, the kernel's (BH, L, E) operands, the
+/// output (BH, L, Ev), the log-sum-exp of each query row (BH, L) and the mask's bias (or undefined).
 template <class T>
-void attention_forward(const AttentionGeom& g, const T* q, const T* k, const T* v, const T* bias, T* out, T* lse) {
-  EMBER_PROFILE_RANGE("scaled_dot_product_attention");
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "attention: float or double");
-  using namespace detail;
-  const std::int64_t nqb = (g.l + kAttnBlockQ - 1) / kAttnBlockQ;
-  const T ninf = -std::numeric_limits<T>::infinity();
-  const bool drop = g.dropout_p > 0;
-  const T keep_scale = drop ? T(1.0 / (1.0 - g.dropout_p)) : T(1);
-  cpu::parallel_for(0, g.bh * nqb, 1, [&](std::int64_t t0, std::int64_t t1) {
-    std::vector<T> sc(std::size_t(kAttnBlockQ * kAttnBlockK)), acc(std::size_t(kAttnBlockQ * g.ev));
-    std::vector<T> m(static_cast<std::size_t>(kAttnBlockQ)), l(static_cast<std::size_t>(kAttnBlockQ));
-    std::vector<T> keep(static_cast<std::size_t>(kAttnBlockK));
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t b = t / nqb, i0 = (t % nqb) * kAttnBlockQ, bq = std::min(kAttnBlockQ, g.l - i0);
-      const T* qb = q + b * g.l * g.e;
-      const T* kb = k + (b / g.kv_group) * g.s * g.e;
-      const T* vb = v + (b / g.kv_group) * g.s * g.ev;
-      std::fill(m.begin(), m.end(), ninf);
-      std::fill(l.begin(), l.end(), T(0));
-      std::fill(acc.begin(), acc.end(), T(0));
-      const std::int64_t s_end = g.causal ? std::min(g.s, i0 + bq) : g.s;  // keys past the last row's are masked
-      for (std::int64_t j0 = 0; j0 < s_end; j0 += kAttnBlockK) {
-        const std::int64_t bk = std::min(kAttnBlockK, g.s - j0);
-        attn_scores(g, b, i0, bq, j0, bk, qb, kb, bias, sc.data());
-        for (std::int64_t r = 0; r < bq; ++r) {
-          T* row = sc.data() + r * bk;
-          const T mx = attn_row_max(row, bk, m[std::size_t(r)]);
-          if (mx == ninf) {  // nothing unmasked yet in this row
-            std::fill(row, row + bk, T(0));
-            continue;
-          }
-          const T alpha = m[std::size_t(r)] == ninf ? T(0) : T(std::exp(m[std::size_t(r)] - mx));
-          attn_exp(row, bk, mx);
-          l[std::size_t(r)] = l[std::size_t(r)] * alpha + attn_row_sum(row, bk);
-          m[std::size_t(r)] = mx;
-          if (alpha != T(1)) {
-            T* a = acc.data() + r * g.ev;
-            for (std::int64_t c = 0; c < g.ev; ++c) a[c] *= alpha;
-          }
-          if (drop) {
-            attn_keep_row(g, b, i0 + r, j0, bk, keep_scale, keep.data());
-            for (std::int64_t c = 0; c < bk; ++c) row[c] *= keep[std::size_t(c)];
-          }
-        }
-        cpu::detail::gemm_block<T, T>(bq, g.ev, bk, {sc.data(), bk, 1}, {vb + j0 * g.ev, g.ev, 1}, acc.data(), g.ev,
-                                      true);
-      }
-      for (std::int64_t r = 0; r < bq; ++r) {
-        T* o = out + (b * g.l + i0 + r) * g.ev;
-        const T lr = l[std::size_t(r)];
-        const T inv = lr > 0 ? T(1) / lr : T(0);
-        for (std::int64_t c = 0; c < g.ev; ++c) o[c] = acc[std::size_t(r * g.ev + c)] * inv;
-        lse[b * g.l + i0 + r] = lr > 0 ? m[std::size_t(r)] + std::log(lr) : std::numeric_limits<T>::infinity();
-      }
-    }
-  });
+struct SdpaForward {
+  AttentionGeom g;
+  Tensor<T> q, k, v, out, lse, bias;
+};
+
+/// The blocked forward (CPU; float or double): q (..., L, E), k (..., S, E) and v (..., S, Ev) checked by check_sdpa,
+/// k and v with q's heads or, with enable_gqa and !sdpa_mixed_heads, fewer. The output is out viewed as (..., L, Ev).
+template <class T>
+SdpaForward<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const SdpaOptions<T>& o) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "sdpa_forward: float or double");
+  const char* op = "scaled_dot_product_attention";
+  const int n = q.dim();
+  SdpaForward<T> f;
+  AttentionGeom& g = f.g;
+  g.l = q.shape()[n - 2];
+  g.s = k.shape()[n - 2];
+  g.e = q.shape()[n - 1];
+  g.ev = v.shape()[n - 1];
+  g.bh = 1;
+  std::int64_t bkv = 1;  // key/value batch-heads
+  for (int d = 0; d < n - 2; ++d) {
+    g.bh *= q.shape()[d];
+    bkv *= k.shape()[d];
+  }
+  if (o.enable_gqa && !sdpa_mixed_heads(k, v, o) && k.shape()[n - 3] > 0)
+    g.kv_group = std::max<std::int64_t>(1, q.shape()[n - 3] / k.shape()[n - 3]);
+  g.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(g.e));
+  g.causal = o.is_causal;
+  g.dropout_p = o.dropout_p;
+  Shape target = q.shape();
+  target[n - 1] = g.s;
+  if (o.attn_mask.defined()) f.bias = detail::sdpa_bias(o.attn_mask, target, g.bias_batch_stride, op);
+  if (g.dropout_p > 0) {
+    Generator& gen = o.generator ? *o.generator : default_generator();
+    const std::uint64_t elems = std::uint64_t(g.bh) * std::uint64_t(g.l) * std::uint64_t(g.s);
+    g.seed = gen.seed();
+    g.offset = gen.reserve((elems + 3) / 4);
+  }
+  f.q = q.detach().contiguous().view({g.bh, g.l, g.e});
+  f.k = k.detach().contiguous().view({bkv, g.s, g.e});
+  f.v = v.detach().contiguous().view({bkv, g.s, g.ev});
+  f.out = empty<T>(Shape{g.bh, g.l, g.ev});
+  f.lse = empty<T>(Shape{g.bh, g.l});
+  if (g.bh * g.l * g.ev > 0)
+    cpu::attention_forward<T>(g, f.q.data(), f.k.data(), f.v.data(), f.bias.defined() ? f.bias.data() : nullptr,
+                              f.out.data(), f.lse.data());
+  return f;
 }
 
-/// Backward: dq, dk, dv (the inputs' shapes) from dout, with out and lse from the forward. Parallel over key/value
-/// heads; within one, key blocks outside, then the query heads it serves and their query blocks inside (dk and dv
-/// of a key block stay in a thread's buffers, summed over the group's heads; dq accumulates in place).
 template <class T>
-void attention_backward(const AttentionGeom& g, const T* q, const T* k, const T* v, const T* bias, const T* out,
-                        const T* lse, const T* dout, T* dq, T* dk, T* dv) {
-  EMBER_PROFILE_RANGE("scaled_dot_product_attention_backward");
-  using namespace detail;
-  const bool drop = g.dropout_p > 0;
-  const T keep_scale = drop ? T(1.0 / (1.0 - g.dropout_p)) : T(1);
-  const T scale = T(g.scale);
-  const std::int64_t G = g.kv_group;
-  cpu::parallel_for(0, g.bh / G, 1, [&](std::int64_t h0, std::int64_t h1) {
-    const std::int64_t BQ = kAttnBlockQ, BK = kAttnBlockK;
-    std::vector<T> p(std::size_t(BQ * BK)), dp(std::size_t(BQ * BK)), dkb(std::size_t(BK * g.e)),
-        dvb(std::size_t(BK * g.ev)), delta(std::size_t(G * g.l)), pd;
-    std::vector<T> keep(static_cast<std::size_t>(BK));
-    for (std::int64_t h = h0; h < h1; ++h) {
-      const T* kb = k + h * g.s * g.e;
-      const T* vb = v + h * g.s * g.ev;
-      for (std::int64_t b = h * G; b < (h + 1) * G; ++b) {
-        const T* ob = out + b * g.l * g.ev;
-        const T* gb = dout + b * g.l * g.ev;
-        std::fill(dq + b * g.l * g.e, dq + (b + 1) * g.l * g.e, T(0));
-        for (std::int64_t i = 0; i < g.l; ++i) {  // rowsum(dout * out): the softmax backward's per-row term
-          T s = 0;
-          for (std::int64_t c = 0; c < g.ev; ++c) s += gb[i * g.ev + c] * ob[i * g.ev + c];
-          delta[std::size_t((b - h * G) * g.l + i)] = s;
-        }
-      }
-      for (std::int64_t j0 = 0; j0 < g.s; j0 += BK) {
-        const std::int64_t bk = std::min(BK, g.s - j0);
-        std::fill(dkb.begin(), dkb.end(), T(0));
-        std::fill(dvb.begin(), dvb.end(), T(0));
-        const std::int64_t i_begin = g.causal ? (j0 / BQ) * BQ : 0;  // query rows before j0 see none of these keys
-        for (std::int64_t b = h * G; b < (h + 1) * G; ++b) {
-          const T* qb = q + b * g.l * g.e;
-          const T* gb = dout + b * g.l * g.ev;
-          const T* lb = lse + b * g.l;
-          const T* db = delta.data() + (b - h * G) * g.l;
-          T* dqb = dq + b * g.l * g.e;
-          for (std::int64_t i0 = i_begin; i0 < g.l; i0 += BQ) {
-            const std::int64_t bq = std::min(BQ, g.l - i0);
-            attn_scores(g, b, i0, bq, j0, bk, qb, kb, bias, p.data());
-            for (std::int64_t r = 0; r < bq; ++r) attn_exp(p.data() + r * bk, bk, lb[i0 + r]);  // P = exp(s - lse)
-            // dP = dout V^T (bq x bk)
-            cpu::detail::gemm_block<T, T>(bq, bk, g.ev, {gb + i0 * g.ev, g.ev, 1}, {vb + j0 * g.ev, 1, g.ev},
-                                          dp.data(), bk, false);
-            if (drop) {
-              // dV uses the dropped weights; dP passes back through the same mask.
-              pd.assign(p.begin(), p.begin() + bq * bk);
-              for (std::int64_t r = 0; r < bq; ++r) {
-                attn_keep_row(g, b, i0 + r, j0, bk, keep_scale, keep.data());
-                T* pr = pd.data() + r * bk;
-                T* dr = dp.data() + r * bk;
-                for (std::int64_t c = 0; c < bk; ++c) {
-                  pr[c] *= keep[std::size_t(c)];
-                  dr[c] *= keep[std::size_t(c)];
-                }
-              }
-              cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {pd.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
-                                            g.ev, true);
-            } else {
-              // dV += P^T dout
-              cpu::detail::gemm_block<T, T>(bk, g.ev, bq, {p.data(), 1, bk}, {gb + i0 * g.ev, g.ev, 1}, dvb.data(),
-                                            g.ev, true);
-            }
-            // dS = P (dP - delta) * scale, in p
-            for (std::int64_t r = 0; r < bq; ++r) {
-              T* pr = p.data() + r * bk;
-              const T* dr = dp.data() + r * bk;
-              const T dl = db[i0 + r];
-              for (std::int64_t c = 0; c < bk; ++c) pr[c] = pr[c] * (dr[c] - dl) * scale;
-            }
-            // dQ += dS K ; dK += dS^T Q
-            cpu::detail::gemm_block<T, T>(bq, g.e, bk, {p.data(), bk, 1}, {kb + j0 * g.e, g.e, 1}, dqb + i0 * g.e,
-                                          g.e, true);
-            cpu::detail::gemm_block<T, T>(bk, g.e, bq, {p.data(), 1, bk}, {qb + i0 * g.e, g.e, 1}, dkb.data(), g.e,
-                                          true);
-          }
-        }
-        std::copy(dkb.begin(), dkb.begin() + bk * g.e, dk + (h * g.s + j0) * g.e);
-        std::copy(dvb.begin(), dvb.begin() + bk * g.ev, dv + (h * g.s + j0) * g.ev);
-      }
-    }
-  });
+struct SdpaGrads {
+  Tensor<T> q, k, v;  // the shapes of the forward's kernel operands
+};
+
+/// The blocked backward from the forward's operands (q, k, v, out: (BH, L, E), (BH / G, S, E), (BH / G, S, Ev),
+/// (BH, L, Ev), contiguous), its lse and bias, and the output's gradient go (BH, L, Ev).
+template <class T>
+SdpaGrads<T> sdpa_backward(const AttentionGeom& g, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                           const Tensor<T>& out, const Tensor<T>& lse, const Tensor<T>& bias, const Tensor<T>& go) {
+  SdpaGrads<T> r;
+  r.q = empty<T>(q.shape());
+  r.k = empty<T>(k.shape());
+  r.v = empty<T>(v.shape());
+  if (g.bh == 0) {  // no query heads: the kernel visits no key/value head
+    r.k = zeros<T>(k.shape());
+    r.v = zeros<T>(v.shape());
+  }
+  cpu::attention_backward<T>(g, q.data(), k.data(), v.data(), bias.defined() ? bias.data() : nullptr, out.data(),
+                             lse.data(), go.data(), r.q.data(), r.k.data(), r.v.data());
+  return r;
 }
 
-}  // namespace ember::ops
+}  // namespace ops
+
+}  // namespace ember

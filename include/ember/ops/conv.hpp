@@ -10,6 +10,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/executor.hpp"
+#include "ember/expr/activation.hpp"
 #include "ember/expr/nodes.hpp"
 #if defined(__CUDACC__)
 #include "ember/ops/elementwise.hpp"
@@ -74,14 +75,7 @@ cpu::ConvGeometry conv2d_geometry(const Tensor<T>& x, const Tensor<T>& w, const 
   g.h = x.size(2);
   g.w = x.size(3);
   g.o = O;
-  g.kh = w.size(2);
-  g.kw = w.size(3);
-  g.sh = o.stride.h;
-  g.sw = o.stride.w;
-  g.ph = o.padding.h;
-  g.pw = o.padding.w;
-  g.dh = o.dilation.h;
-  g.dw = o.dilation.w;
+  static_cast<Window2d&>(g) = window2d(Size2(w.size(2), w.size(3)), o.stride, o.padding, o.dilation);
   g.groups = o.groups;
   const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
   EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, ": kernel ", Size2(g.kh, g.kw).str(),
@@ -107,24 +101,26 @@ inline cuda::DeviceGuard cuda_scope(Device d, const char* op) {
   cuda::check_device(d, op);
   return cuda::DeviceGuard(d);
 }
-inline cuda::ConvParams cudnn_conv_params(const Conv2dOptions& o) {
-  return {o.padding.h, o.padding.w, o.stride.h, o.stride.w, o.dilation.h, o.dilation.w, o.groups};
+inline cuda::ConvParams cudnn_conv_params(const cpu::ConvGeometry& g) {
+  cuda::ConvParams p;
+  static_cast<Window2d&>(p) = g;
+  p.groups = g.groups;
+  return p;
 }
 #else
 inline constexpr bool kCudnn = false;
 #endif
 
 template <class T>
-Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const cpu::ConvGeometry& g,
-                      const Conv2dOptions& o) {
+Tensor<T> conv2d_cuda(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const cpu::ConvGeometry& g) {
 #if EMBER_USE_CUDNN
   auto guard = cuda_scope(x.device(), "conv2d");
   const Tensor<T> xc = dense(x), wc = dense(w), bc = b.defined() ? dense(b) : b;
   Tensor<T> y = empty<T>(Shape{g.n, g.o, g.oh, g.ow}, x.device());
-  if (y.numel() > 0) cuda::conv2d_forward<T>(xc, wc, bc, y, cudnn_conv_params(o));
+  if (y.numel() > 0) cuda::conv2d_forward<T>(xc, wc, bc, y, cudnn_conv_params(g));
   return y;
 #else
-  (void)w, (void)b, (void)g, (void)o;
+  (void)w, (void)b, (void)g;
   EMBER_CHECK(false, "conv2d: no kernel for tensors on ", x.device().str(),
               " in this build (CUDA tensors need EMBER_WITH_CUDA and cuDNN: link ember::cudnn)");
   return {};
@@ -138,7 +134,7 @@ namespace detail {
 /// so a program that fuses nothing does not compile the GELU and SiLU loops.
 template <class T>
 Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, const Conv2dOptions& o,
-                         cpu::Act act, bool pool2) {
+                         Activation act, bool pool2) {
   EMBER_PROFILE_RANGE("conv2d");
   static_assert(is_floating_v<T>, "conv2d: floating-point tensors only");
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
@@ -147,17 +143,14 @@ Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
   EMBER_CHECK(!pool2 || (g.oh >= 2 && g.ow >= 2), "conv2d: a fused 2x2 max pool needs an output of at least 2x2, got ",
               g.oh, "x", g.ow);
   if (x.device().is_cuda()) {
-    Tensor<T> y = detail::conv2d_cuda(x, w, b, g, o);
+    Tensor<T> y = detail::conv2d_cuda(x, w, b, g);
 #if defined(__CUDACC__)
-    switch (act) {
-      case cpu::Act::relu: ops::assign(y, ember::relu(y), "conv2d"); break;
-      case cpu::Act::gelu: ops::assign(y, ember::gelu(y), "conv2d"); break;
-      case cpu::Act::gelu_tanh: ops::assign(y, ember::gelu_tanh(y), "conv2d"); break;
-      case cpu::Act::silu: ops::assign(y, ember::silu(y), "conv2d"); break;
-      default: break;
-    }
+    visit_activation(act, [&](auto op) {
+      if constexpr (!std::is_same_v<decltype(op), ops_table::Identity>)
+        ops::assign(y, expr::make_unary(op, y), "conv2d");
+    });
 #else
-    EMBER_CHECK(act == cpu::Act::none, "conv2d: a fused ", cpu::act_name(act), " on ", x.device().str(),
+    EMBER_CHECK(act == Activation::none, "conv2d: a fused ", activation_name(act), " on ", x.device().str(),
                 " tensors runs as a kernel, which needs a translation unit compiled by nvcc");
 #endif
     return y;
@@ -178,7 +171,7 @@ Tensor<T> conv2d_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
 /// only) also takes a 2x2 max pool (stride 2, floor) of each image's output there: y is (N, O, oh/2, ow/2).
 template <class T>
 Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 const Conv2dOptions& o = {}, cpu::Act act = cpu::Act::none, bool pool2 = false) {
+                 const Conv2dOptions& o = {}, Activation act = Activation::none, bool pool2 = false) {
   if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<T>();
   return detail::conv2d_enabled(x, w, b, o, act, pool2);
 }
@@ -214,7 +207,7 @@ Conv2dGrads<T> conv2d_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
       return r;
     }
     const Tensor<T> gyc = detail::dense(gy);
-    const cuda::ConvParams p = detail::cudnn_conv_params(o);
+    const cuda::ConvParams p = detail::cudnn_conv_params(g);
     if (need_input && r.input.numel() > 0) cuda::conv2d_backward_data<T>(gyc, detail::dense(w), r.input, p);
     if (need_weight) cuda::conv2d_backward_filter<T>(gyc, detail::dense(x), r.weight, p);
     if (need_bias) {

@@ -51,13 +51,7 @@ TapColumn<T> tap_column(const cpu::ResampleTaps& r, std::int64_t t, int nd, int 
   c.idx = empty<std::int64_t>(Shape{r.out});
   c.w = empty<T>(ws);
   c.used = empty<bool>(ws);
-  for (std::int64_t j = 0; j < r.out; ++j) {
-    const std::int64_t i = r.idx[std::size_t(j * r.k + t)];
-    c.idx.data()[j] = i < 0 ? 0 : i;
-    c.w.data()[j] = convert<T>(r.w[std::size_t(j * r.k + t)]);
-    c.used.data()[j] = i >= 0;
-    c.all_used = c.all_used && i >= 0;
-  }
+  c.all_used = cpu::tap_column(r, t, c.idx.data(), c.w.data(), c.used.data());
   if (!dev.is_cpu()) {
     c.w = c.w.to(dev);
     c.used = c.used.to(dev);

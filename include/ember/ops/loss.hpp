@@ -1,6 +1,6 @@
-// ember — the kernels of the class-index losses, forward and backward, without autograd (nn/loss.hpp adds the
-// graph): cross_entropy (log_softmax and the negative log-likelihood fused, with class weights, ignore_index and
-// label smoothing) and nll_loss. One dispatch per call: CPU tensors run the threaded row kernels below; CUDA
+// ember — the class-index losses, forward and backward, without autograd (nn/loss.hpp adds the graph):
+// cross_entropy (log_softmax and the negative log-likelihood fused, with class weights, ignore_index and label
+// smoothing) and nll_loss. One dispatch per call: CPU tensors run the threaded row kernels of cpu/loss.hpp; CUDA
 // tensors run cuda/loss.cuh when the translation unit is compiled by nvcc (like the element-wise executor).
 //
 // Every input type computes in fp32 inside (double for double): per-position max and log Σ exp in compute_t<T>,
@@ -20,8 +20,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
-#include "ember/cpu/thread_pool.hpp"
-#include "ember/expr/detail/fastmath.hpp"
+#include "ember/cpu/loss.hpp"
 #include "ember/ops/softmax.hpp"
 #include "ember/profile/range.hpp"
 
@@ -120,146 +119,31 @@ ClassGeom class_geom(const Tensor<T>& input, const Tensor<i64>& target, const Te
   return g;
 }
 
-[[noreturn, gnu::cold, gnu::noinline]] inline void bad_target(const char* op, i64 t, i64 p, const ClassGeom& g,
-                                                             i64 ignore_index) {
-  throw Error(::ember::detail::concat(op, ": target ", t, " at position ", p, " is out of range for ", g.C,
-                                      " classes (expected a class index in [0, ", g.C, ") or ignore_index ",
-                                      ignore_index, "; input shape ", g.in.str(), ")"));
-}
-
-inline void check_targets_cpu(const i64* t, const ClassGeom& g, i64 ignore_index, const char* op) {
-  for (i64 p = 0; p < g.positions(); ++p)
-    if (t[p] != ignore_index && (t[p] < 0 || t[p] >= g.C)) bad_target(op, t[p], p, g, ignore_index);
-}
-
-template <class T>
-std::vector<compute_t<T>> weight_values(const Tensor<T>& w) {
-  std::vector<compute_t<T>> v;
-  if (!w.defined()) return v;
-  const T* d = w.data();
-  for (i64 i = 0; i < w.numel(); ++i) v.push_back(static_cast<compute_t<T>>(d[i]));
-  return v;
-}
-
-/// The per-position scale of a class loss's backward: grad[p] (None), grad / total weight (Mean) or grad (Sum).
-template <class T>
-struct GradScale {
-  const T* g = nullptr;  // None: one per position
-  double s = 1;          // Mean / Sum: one for all
-  double at(i64 p) const { return g ? double(static_cast<compute_t<T>>(g[p])) : s; }
-};
-
-template <class T>
-GradScale<T> grad_scale(const Tensor<T>& grad, Reduction r, double total_weight) {
-  GradScale<T> gs;
-  if (r == Reduction::None) {
-    gs.g = grad.data();
-  } else {
-    const double g0 = double(static_cast<compute_t<T>>(grad.data()[0]));
-    gs.s = r == Reduction::Mean ? g0 / total_weight : g0;
-  }
-  return gs;
-}
-
 /// Reduces per-position losses (double, position order) into the result tensor.
 template <class T>
 Tensor<T> finish_class_loss(const std::vector<double>& li, double total_weight, Reduction r, const Shape& out) {
-  if (r == Reduction::None) {
-    Tensor<T> t = empty<T>(out);
-    for (std::size_t p = 0; p < li.size(); ++p) t.data()[p] = convert<T>(li[p]);
-    return t;
-  }
-  double s = 0;
-  for (double v : li) s += v;
+  if (r == Reduction::None) return cpu::round_losses<T>(li, out);
+  double s = cpu::sum_in_order(li);
   if (r == Reduction::Mean) s /= total_weight;  // 0 / 0 = NaN when every target is ignored, as in PyTorch
   return full<T>(Shape{}, convert<T>(s));
 }
 
-// Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights). The
-// weighted and unweighted loops are separate functions: a `w ? w[j] : 1` inside the loop would not vectorise.
-template <bool HasW, class T>
-EMBER_VECTORIZE double row_shifted_sum_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, i64 n,
-                                        compute_t<T> mx) {
-  using C = compute_t<T>;
-  C s[8] = {};
-  i64 j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) {
-      if constexpr (HasW) s[l] += w[j + l] * (static_cast<C>(x[j + l]) - mx);
-      else s[l] += static_cast<C>(x[j + l]) - mx;
-    }
-  double r = 0;
-  for (int l = 0; l < 8; ++l) r += double(s[l]);
-  for (; j < n; ++j) r += double((HasW ? w[j] : C(1)) * (static_cast<C>(x[j]) - mx));
-  return r;
-}
 template <class T>
-double row_shifted_sum(const T* x, const compute_t<T>* w, i64 n, compute_t<T> mx) {
-  return w ? row_shifted_sum_<true>(x, w, n, mx) : row_shifted_sum_<false>(x, w, n, mx);
-}
-
-// dx_j = exp(x_j - mx - ls) * a - b * w_j (b alone without weights).
-template <bool HasW, class T>
-EMBER_VECTORIZE void ce_grad_row_(const T* EMBER_RESTRICT x, const compute_t<T>* EMBER_RESTRICT w, T* EMBER_RESTRICT dx,
-                                  i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a, compute_t<T> b) {
-  using C = compute_t<T>;
-  namespace fm = ::ember::detail::fm;
-  for (i64 j = 0; j < n; ++j) {
-    const C e = fm::exp((static_cast<C>(x[j]) - mx) - ls) * a;
-    if constexpr (HasW) dx[j] = convert<T>(e - b * w[j]);
-    else dx[j] = convert<T>(e - b);
-  }
-}
-template <class T>
-void ce_grad_row(const T* x, const compute_t<T>* w, T* dx, i64 n, compute_t<T> mx, compute_t<T> ls, compute_t<T> a,
-                 compute_t<T> b) {
-  if (w) ce_grad_row_<true>(x, w, dx, n, mx, ls, a, b);
-  else ce_grad_row_<false>(x, w, dx, n, mx, ls, a, b);
+cpu::GradScale<T> grad_scale(const Tensor<T>& gc, const ClassLossOptions& o, const ClassLossSaved<T>& s) {
+  return cpu::grad_scale(gc.data(), o.reduction == Reduction::None, o.reduction == Reduction::Mean,
+                         double(s.total_weight.item()));
 }
 
 template <class T>
 ClassLossResult<T> cross_entropy_cpu(ClassLossSaved<T> s, const ClassLossOptions& o) {
   using C = compute_t<T>;
   const ClassGeom& g = s.geom;
-  const i64 P = g.positions(), Cn = g.C;
-  const i64* tp = s.target.data();
-  const std::vector<C> w = weight_values(s.weight);
-  const C* wp = w.empty() ? nullptr : w.data();
-  double wsum = double(Cn);
-  if (wp) {
-    wsum = 0;
-    for (C v : w) wsum += double(v);
-  }
+  const i64 P = g.positions();
   s.stats = empty<C>(Shape{P, 2});
-  C* st = s.stats.data();
   std::vector<double> li(static_cast<std::size_t>(P)), wt(static_cast<std::size_t>(P));
-  const double eps = o.label_smoothing, uni = eps / double(Cn);
-  const T* xp = s.input.data();
-  const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
-  cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
-    for (i64 p = p0; p < p1; ++p) {
-      const std::size_t ps = std::size_t(p);
-      const T* x = xp + p * Cn;
-      const i64 t = tp[p];
-      if (t == o.ignore_index || Cn == 0) {
-        li[ps] = wt[ps] = 0;
-        st[2 * p] = st[2 * p + 1] = C(0);
-        continue;
-      }
-      const C m = row_max(x, Cn);
-      const C l = ::ember::detail::fm::log(row_expsum<false>(x, static_cast<T*>(nullptr), Cn, m));
-      st[2 * p] = m;
-      st[2 * p + 1] = l;
-      const double w_t = wp ? double(wp[t]) : 1.0;
-      const double logp_t = double((static_cast<C>(x[t]) - m) - l);
-      double loss = -(1 - eps) * w_t * logp_t;
-      if (eps > 0) loss -= uni * (row_shifted_sum(x, wp, Cn, m) - wsum * double(l));
-      li[ps] = loss;
-      wt[ps] = w_t;
-    }
-  });
-  double total_weight = 0;
-  for (double v : wt) total_weight += v;
+  cpu::cross_entropy_forward(s.input.data(), s.target.data(), s.weight, P, g.C, o.ignore_index, o.label_smoothing,
+                             s.stats.data(), li, wt);
+  const double total_weight = cpu::sum_in_order(wt);
   s.total_weight = full<C>(Shape{}, C(total_weight));
   Tensor<T> out = finish_class_loss<T>(li, total_weight, o.reduction, g.out);
   return {std::move(out), std::move(s)};
@@ -267,62 +151,22 @@ ClassLossResult<T> cross_entropy_cpu(ClassLossSaved<T> s, const ClassLossOptions
 
 template <class T>
 Tensor<T> cross_entropy_backward_cpu(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
-  using C = compute_t<T>;
   const ClassGeom& g = s.geom;
-  const Tensor<T>& x = s.input;
   const Tensor<T> gc = grad.contiguous();
-  const GradScale<T> gs = grad_scale(gc, o.reduction, double(s.total_weight.item()));
   const i64 P = g.positions(), Cn = g.C;
-  const std::vector<C> w = weight_values(s.weight);
-  const C* wp = w.empty() ? nullptr : w.data();
-  double wsum = double(Cn);
-  if (wp) {
-    wsum = 0;
-    for (C v : w) wsum += double(v);
-  }
   Tensor<T> dx = empty<T>(Shape{P, Cn});
-  const T* xp = x.data();
-  const i64* tp = s.target.data();
-  const C* st = s.stats.data();
-  T* dp = dx.data();
-  const double eps = o.label_smoothing, uni = eps / double(Cn);
-  const i64 grain = std::max<i64>(1, cpu::kGrain / std::max<i64>(1, Cn));
-  cpu::parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
-    for (i64 p = p0; p < p1; ++p) {
-      T* d = dp + p * Cn;
-      const i64 t = tp[p];
-      if (t == o.ignore_index) {
-        for (i64 j = 0; j < Cn; ++j) d[j] = T(0);
-        continue;
-      }
-      const double sc = gs.at(p), wt = wp ? double(wp[t]) : 1.0;
-      const double a = sc * ((1 - eps) * wt + uni * wsum);
-      ce_grad_row(xp + p * Cn, wp, d, Cn, st[2 * p], st[2 * p + 1], C(a), C(sc * uni));
-      d[t] = convert<T>(double(static_cast<C>(d[t])) - sc * (1 - eps) * wt);
-    }
-  });
+  cpu::cross_entropy_backward(s.input.data(), s.target.data(), s.stats.data(), s.weight, grad_scale(gc, o, s), P, Cn,
+                              o.ignore_index, o.label_smoothing, dx.data());
   return g.D == 1 ? dx.view(g.in) : dx.view({g.N, g.D, Cn}).transpose(1, 2).reshape(g.in);
 }
 
 template <class T>
 ClassLossResult<T> nll_loss_cpu(const Tensor<T>& xc, ClassLossSaved<T> s, const ClassLossOptions& o) {
   const ClassGeom& g = s.geom;
-  const std::vector<compute_t<T>> w = weight_values(s.weight);
   const i64 P = g.positions();
-  const i64* tp = s.target.data();
   std::vector<double> li(static_cast<std::size_t>(P));
-  double total_weight = 0;
-  for (i64 p = 0; p < P; ++p) {
-    const i64 t = tp[p];
-    if (t == o.ignore_index) {
-      li[std::size_t(p)] = 0;
-      continue;
-    }
-    const i64 n = p / g.D, k = p % g.D;
-    const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
-    li[std::size_t(p)] = -wt * double(static_cast<compute_t<T>>(xc.data()[(n * g.C + t) * g.D + k]));
-    total_weight += wt;
-  }
+  const double total_weight = cpu::nll_loss_forward(xc.data(), s.target.data(), s.weight, P, g.C, g.D,
+                                                    o.ignore_index, li);
   s.total_weight = full<compute_t<T>>(Shape{}, compute_t<T>(total_weight));
   Tensor<T> out = finish_class_loss<T>(li, total_weight, o.reduction, g.out);
   return {std::move(out), std::move(s)};
@@ -332,18 +176,9 @@ template <class T>
 Tensor<T> nll_loss_backward_cpu(const Tensor<T>& grad, const ClassLossSaved<T>& s, const ClassLossOptions& o) {
   const ClassGeom& g = s.geom;
   const Tensor<T> gc = grad.contiguous();
-  const GradScale<T> gs = grad_scale(gc, o.reduction, double(s.total_weight.item()));
-  const std::vector<compute_t<T>> w = weight_values(s.weight);
   Tensor<T> dx = zeros<T>(g.in);
-  T* dp = dx.data();
-  const i64* tp = s.target.data();
-  for (i64 p = 0; p < g.positions(); ++p) {
-    const i64 t = tp[p];
-    if (t == o.ignore_index) continue;
-    const i64 n = p / g.D, k = p % g.D;
-    const double wt = w.empty() ? 1.0 : double(w[std::size_t(t)]);
-    dp[(n * g.C + t) * g.D + k] = convert<T>(-gs.at(p) * wt);
-  }
+  cpu::nll_loss_backward(s.target.data(), s.weight, grad_scale(gc, o, s), g.positions(), g.C, g.D, o.ignore_index,
+                         dx.data());
   return dx;
 }
 
@@ -370,7 +205,7 @@ template <class T>
 void prepare_cpu(ClassLossSaved<T>& s, const ClassLossOptions& o, const char* op) {
   s.target = snapshot(s.target);
   s.weight = snapshot(s.weight);
-  check_targets_cpu(s.target.data(), s.geom, o.ignore_index, op);
+  cpu::check_class_targets(s.target.data(), s.geom.positions(), s.geom.C, o.ignore_index, s.geom.in, op);
 }
 
 #if EMBER_CUDA_LOSS
@@ -390,7 +225,8 @@ template <class T>
 void check_targets_cuda(const Tensor<i64>& bad, const ClassLossSaved<T>& s, i64 ignore_index, const char* op) {
   const i64 p = bad.item();
   if (p < 0 || p >= s.geom.positions()) return;  // all ones: none
-  bad_target(op, s.target.view({s.geom.positions()}).slice(0, p, p + 1).item(), p, s.geom, ignore_index);
+  cpu::detail::bad_class_target(op, s.target.view({s.geom.positions()}).slice(0, p, p + 1).item(), p, s.geom.C,
+                                 ignore_index, s.geom.in);
 }
 
 template <class T, bool Ce>

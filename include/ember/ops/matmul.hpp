@@ -11,6 +11,8 @@
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/gemm.hpp"
+#include "ember/cpu/linear.hpp"
+#include "ember/expr/activation.hpp"
 #include "ember/expr/nodes.hpp"
 #include "ember/profile/range.hpp"
 
@@ -139,27 +141,23 @@ Tensor<T> bmm(const Tensor<T>& a, const Tensor<T>& b) {
   return c;
 }
 
-/// The activation ops::linear applies to its output (cpu::Act): none, relu, gelu (erf form), gelu_tanh (PyTorch's
-/// gelu(approximate='tanh'), the form cuBLASLt's epilogue computes), silu.
-using LinearAct = cpu::Act;
+/// The activation ops::linear applies to its output was ops::LinearAct: it is ember::Activation (none, relu, gelu,
+/// gelu_tanh, silu; expr/activation.hpp).
+using LinearAct [[deprecated("ops::LinearAct is ember::Activation (expr/activation.hpp)")]] = Activation;
 
 namespace detail {
 /// y = act(y + b) (b broadcast along the rows of y; either may be absent) in one element-wise pass.
 template <class T, class Assign>
-void bias_act_(Tensor<T>& y, const Tensor<T>& b, LinearAct act, const Assign& assign) {
+void bias_act_(Tensor<T>& y, const Tensor<T>& b, Activation act, const Assign& assign) {
   auto with = [&](const auto& v) {
-    switch (act) {
-      case LinearAct::relu: assign(ember::relu(v)); break;
-      case LinearAct::gelu: assign(ember::gelu(v)); break;
-      case LinearAct::gelu_tanh: assign(ember::gelu_tanh(v)); break;
-      case LinearAct::silu: assign(ember::silu(v)); break;
-      default:  // only reached for y + b (without a bias and an activation there is nothing to do)
-        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(v)>, Tensor<T>>) assign(v);
-        break;
-    }
+    visit_activation(act, [&](auto op) {
+      if constexpr (!std::is_same_v<decltype(op), ops_table::Identity>) assign(expr::make_unary(op, v));
+      // none: only reached for y + b (without a bias and an activation there is nothing to do)
+      else if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(v)>, Tensor<T>>) assign(v);
+    });
   };
   if (b.defined()) with(y + b);
-  else if (act != LinearAct::none) with(y);
+  else if (act != Activation::none) with(y);
 }
 }  // namespace detail
 
@@ -168,7 +166,7 @@ namespace detail {
 /// one that nn::fuse_conv_bn moved into a layer (its fold enables GELU's and SiLU's). A layer's forward calls this,
 /// so a program that fuses nothing does not compile the GELU and SiLU loops.
 template <class T>
-Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, LinearAct act) {
+Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b, Activation act) {
   EMBER_PROFILE_RANGE("linear");
   static_assert(is_floating_v<T>, "linear: floating-point tensors only");
   EMBER_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ", w.shape().str());
@@ -194,13 +192,13 @@ Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
       Tensor<T> y = empty<T>(Shape{M, N}, x.device());
       Tensor<T> kx, kw;
       const Tensor<T> bc = bd.is_contiguous() ? bd : bd.contiguous();
-      const cuda::Epilogue e = act == LinearAct::relu        ? cuda::Epilogue::bias_relu
-                               : act == LinearAct::gelu_tanh ? cuda::Epilogue::bias_gelu_tanh
+      const cuda::Epilogue e = act == Activation::relu        ? cuda::Epilogue::bias_relu
+                               : act == Activation::gelu_tanh ? cuda::Epilogue::bias_gelu_tanh
                                                              : cuda::Epilogue::bias;
       // cuBLASLt has no epilogue for the erf GELU or SiLU: those take the GEMM + one fused pass below, and so does
       // gelu_tanh in fp64, whose cuBLASLt epilogue is not accurate to fp64 (2e-9 relative, cuBLAS 13.0 on an H200).
       constexpr bool lt_gelu = !std::is_same_v<T, double>;
-      if ((act == LinearAct::none || act == LinearAct::relu || (lt_gelu && act == LinearAct::gelu_tanh)) &&
+      if ((act == Activation::none || act == Activation::relu || (lt_gelu && act == Activation::gelu_tanh)) &&
           cuda::linear_epilogue<T>(M, N, K, detail::blas_view(x2, kx), detail::blas_view(w, kw), bc.data(), y.data(),
                                    e, x.device()))
         return y.view(out);
@@ -212,21 +210,14 @@ Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
     EMBER_CHECK(false, "linear: tensors on ", x.device().str(), " in a program built without CUDA (EMBER_WITH_CUDA)");
 #endif
   }
-  // CPU: the GEMM in blocks of rows, each block's bias and activation applied right after its GEMM, while the
-  // block (~256 KiB when the layer is narrow) is in cache. Each block packs the whole weight again, so a block has
-  // at least 256 rows: the repacking then costs under 1/500 of the block's multiply-adds.
+  // CPU: the GEMM in blocks of rows with the bias and activation (cpu/linear.hpp).
   const std::int64_t M = x2.size(0);
   Tensor<T> y = empty<T>(Shape{M, N}, x.device());
   if (M == 0 || N == 0) return y.view(out);
   Tensor<T> ka, kb;
   const auto av = detail::mat_view(x2, ka), bv = detail::mat_view(Tensor<T>(w.detach().t()), kb);
   const Tensor<T> bc = bd.defined() && !bd.is_contiguous() ? bd.contiguous() : bd;
-  const std::int64_t rows = std::max<std::int64_t>(256, (std::int64_t(256) << 10) / std::int64_t(sizeof(T) * N));
-  for (std::int64_t r0 = 0; r0 < M; r0 += rows) {
-    const std::int64_t r = std::min(rows, M - r0);
-    cpu::gemm<T>(r, N, K, cpu::MatView<T>{av.p + r0 * av.rs, av.rs, av.cs}, bv, y.data() + r0 * N, N, false);
-    cpu::bias_act_rows_(y.data() + r0 * N, r, N, N, bc.defined() ? bc.data() : nullptr, act);
-  }
+  cpu::linear_forward<T>(M, N, K, av, bv, bc.defined() ? bc.data() : nullptr, act, y.data());
   return y.view(out);
 }
 }  // namespace detail
@@ -236,7 +227,7 @@ Tensor<T> linear_enabled(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>
 /// no bias, or no cuBLASLt kernel for the problem) a GEMM followed by one fused element-wise pass.
 template <class T>
 Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Tensor<T>(),
-                 LinearAct act = LinearAct::none) {
+                 Activation act = Activation::none) {
   if (cpu::is_heavy_act(act)) cpu::enable_act_epilogues<T>();
   return detail::linear_enabled(x, w, b, act);
 }
@@ -254,11 +245,11 @@ struct LinearGrads {
 /// (the layer's output) only for ReLU's derivative; the others may be undefined.
 template <class T>
 LinearGrads<T> linear_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& y,
-                               LinearAct act, const Shape& x_shape, bool want_input, bool want_weight,
+                               Activation act, const Shape& x_shape, bool want_input, bool want_weight,
                                bool want_bias) {
   EMBER_PROFILE_RANGE("linear_backward");
   static_assert(is_floating_v<T>, "linear_backward: floating-point tensors only");
-  EMBER_CHECK(act == LinearAct::none || act == LinearAct::relu, "linear_backward: activation ", cpu::act_name(act),
+  EMBER_CHECK(act == Activation::none || act == Activation::relu, "linear_backward: activation ", activation_name(act),
               " is not fused in training (only none and relu are)");
   EMBER_CHECK(gy.device().is_cpu(), "linear_backward: CPU tensors only, got a gradient on ", gy.device().str());
   EMBER_CHECK(x_shape.n >= 1 && gy.dim() == x_shape.n, "linear_backward: gradient of shape ", gy.shape().str(),
@@ -277,7 +268,7 @@ LinearGrads<T> linear_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
   Tensor<T> gz = g2;
   using A = cpu::bias_grad_acc_t<T>;
   const Tensor<A> db = want_bias ? empty<A>(Shape{N}) : Tensor<A>();  // from the caching allocator
-  if (act != LinearAct::none) {
+  if (act != Activation::none) {
     Tensor<T> s = y.detach().reshape({M, N});
     if (!s.is_contiguous()) s = s.contiguous();
     gz = empty<T>(Shape{M, N});
@@ -288,7 +279,7 @@ LinearGrads<T> linear_backward(const Tensor<T>& gy, const Tensor<T>& x, const Te
   LinearGrads<T> r;
   if (want_bias) {
     r.bias = empty<T>(Shape{N});
-    for (std::int64_t j = 0; j < N; ++j) r.bias.data()[j] = T(db.data()[j]);
+    cpu::round_bias_grad(db.data(), N, r.bias.data());
   }
   if (want_input) {
     Tensor<T> kw;

@@ -10,6 +10,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/index.hpp"
 #include "ember/cpu/pool.hpp"
 #include "ember/ops/conv.hpp"
 #include "ember/ops/window.hpp"
@@ -50,14 +51,7 @@ inline cpu::PoolGeometry pool_geometry(const char* op, const Shape& x, Device de
   g.planes = x[0] * x[1];
   g.h = x[2];
   g.w = x[3];
-  g.kh = kernel.h;
-  g.kw = kernel.w;
-  g.sh = stride.h;
-  g.sw = stride.w;
-  g.ph = o.padding.h;
-  g.pw = o.padding.w;
-  g.dh = dil.h;
-  g.dw = dil.w;
+  static_cast<Window2d&>(g) = window2d(kernel, stride, o.padding, dil);
   g.count_include_pad = o.count_include_pad;
   if (o.divisor_override) {
     EMBER_CHECK(!dilated, op, ": divisor_override is an option of avg_pool2d only (got ", *o.divisor_override, ")");
@@ -103,13 +97,8 @@ inline cuda::PoolParams cudnn_pool(const char* op, const cpu::PoolGeometry& g, c
                 ") is not supported on CUDA, input shape ", xs.str());
   }
   cuda::PoolParams p;
+  static_cast<Window2d&>(p) = g;  // dilation 1 (checked above)
   p.mode = mode;
-  p.kh = g.kh;
-  p.kw = g.kw;
-  p.pad_h = g.ph;
-  p.pad_w = g.pw;
-  p.stride_h = g.sh;
-  p.stride_w = g.sw;
   return p;
 }
 inline cuda::PoolParams::Mode avg_mode(const Pool2dOptions& o) {
@@ -163,10 +152,10 @@ Tensor<T> max_pool2d_backward(const Tensor<T>& gy, const Tensor<std::int64_t>& i
               input_shape.str());
   const Tensor<std::int64_t> ic = detail::dense(indices);
   const std::int64_t HW = input_shape[2] * input_shape[3];
-  for (std::int64_t k = 0; k < ic.numel(); ++k)
-    EMBER_CHECK(ic.data()[k] >= -1 && ic.data()[k] < HW, "max_pool2d_backward: index ", ic.data()[k],
-                " at position ", k, " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ",
-                HW, "), -1 for an empty window)");
+  const std::int64_t k = cpu::first_out_of_range(ic.data(), ic.numel(), 1, -1, HW);
+  EMBER_CHECK(k < 0, "max_pool2d_backward: index ", ic.data()[k], " at position ", k,
+              " is outside the plane of input shape ", input_shape.str(), " (expected [-1, ", HW,
+              "), -1 for an empty window)");
   cpu::PoolGeometry g;
   g.planes = input_shape[0] * input_shape[1];
   g.h = input_shape[2];

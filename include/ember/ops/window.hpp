@@ -1,5 +1,5 @@
-// ember — options of the sliding-window ops (convolution and pooling), named as in PyTorch, and the output
-// size rules they share.
+// ember — options of the sliding-window ops (convolution and pooling), named as in PyTorch, the Window2d they
+// describe (core/window.hpp) and the output size rules they share.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ember/config.hpp"
+#include "ember/core/window.hpp"
 
 namespace ember {
 
@@ -50,6 +51,20 @@ struct Pool2dOptions {
   /// `divisor_override`; none = the window size (see count_include_pad).
   std::optional<std::int64_t> divisor_override = std::nullopt;
 };
+
+/// The window of a sliding-window op from its (height, width) arguments.
+inline Window2d window2d(Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+  Window2d w;
+  w.kh = kernel.h;
+  w.kw = kernel.w;
+  w.sh = stride.h;
+  w.sw = stride.w;
+  w.ph = padding.h;
+  w.pw = padding.w;
+  w.dh = dilation.h;
+  w.dw = dilation.w;
+  return w;
+}
 
 namespace detail {
 /// Output extent of a window op along one dim (PyTorch's pooling_output_shape): windows of effective size

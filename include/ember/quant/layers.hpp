@@ -1,24 +1,14 @@
-// ember — int8 Linear and Conv2d for post-training quantization (CPU): the layer's input is quantized per tensor
-// (affine, the calibrated scale and zero point), multiplied by per-output-channel symmetric int8 weights with int32
-// accumulation (cpu/qgemm.hpp), and written back as float in one pass over each block of the product:
-//   y[o] = (acc[o] - zp · Σ_k w[o][k]) · (s_x · s_w[o]) + bias[o], then the layer's fused activation (ReLU, GELU, SiLU)
-// Activations travel between layers in float32: each quantized layer quantizes its own input. The zero-point term is
-// folded into a per-channel constant computed at conversion.
-// Convolutions with 4 or more input channels per group run, in AVX512-VNNI builds, a direct kernel
-// (cpu::q::conv_direct) on the input quantized into channel quads: no columns are built. The others, and the other
-// paths, build uint8 columns (stride 1: in place from the padded planes) for the GEMM.
-// Inputs are quantized as PyTorch does (q = clamp(round_half_even(x · (1/s)) + zp)); a NaN input is an error.
-// These layers compute no gradients: quantized models are for inference.
+// ember — int8 Linear and Conv2d for post-training quantization (CPU): the converted layer (its int8 weight, scales,
+// bias, the calibrated input scale and zero point, the fused activation and pool), its checks, and the calls of the
+// int8 kernels of cpu/qlinear.hpp and cpu/qconv.hpp (which describe the arithmetic). Activations travel between
+// layers in float32: each quantized layer quantizes its own input; a NaN input is an error. These layers compute no
+// gradients: quantized models are for inference.
 #pragma once
 
 #include <algorithm>
-#include <atomic>
-#include <climits>
-#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "ember/autograd/tensor_ops.hpp"
 #include "ember/config.hpp"
@@ -28,22 +18,17 @@
 #include "ember/cpu/conv.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/isa.hpp"
-#include "ember/cpu/pool.hpp"
+#include "ember/cpu/qconv.hpp"
 #include "ember/cpu/qgemm.hpp"
-#include "ember/cpu/thread_pool.hpp"
+#include "ember/cpu/qlinear.hpp"
 #include "ember/ops/window.hpp"
 #include "ember/quant/observer.hpp"
-
-#if defined(__SSE2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace ember::quant {
 
 /// Largest GEMM depth whose int32 sums cannot overflow (255 · 128 per product).
 inline constexpr std::int64_t kMaxDepth = 2147483647LL / (255 * 128);
 
-/// A Linear or Conv2d converted to int8.
 namespace detail {
 /// Said once when an int8 layer is prepared in a build without VNNI dot products (vpdpbusd), where the int8 kernels
 /// run on AVX2's vpmaddubsw and can be slower than float32: either the CPU has VNNI and the build does not use it,
@@ -56,7 +41,9 @@ namespace detail {
 }
 }  // namespace detail
 
-struct QuantizedLayer {
+/// A Linear or Conv2d converted to int8. The kernels' operands (cpu::q::Int8Operands: out, depth, zp_u8, the
+/// per-channel constants, the packed weight) are derived by prepare().
+struct QuantizedLayer : cpu::q::Int8Operands {
   bool conv = false;
   std::string name;                  // for messages
   Tensor<std::int8_t> weight;        // (O, I) or (O, C/groups, kh, kw): round(w / weight_scale[o]) in [-127, 127]
@@ -64,22 +51,9 @@ struct QuantizedLayer {
   Tensor<float> bias;                // (O), zeros for a layer without bias
   QParams input;                     // the input's scale and zero point in input_dtype
   QDtype input_dtype = QDtype::quint8;
-  cpu::Act act = cpu::Act::none;     // fused activation (nn::fuse_conv_bn)
+  Activation act = Activation::none;     // fused activation (nn::fuse_conv_bn)
   bool pool = false;                 // conv only: a fused 2x2 max pool (stride 2, floor) after the activation
   Conv2dOptions conv_options;        // conv only
-
-  // Derived by prepare() for the kernels.
-  std::int64_t out = 0, depth = 0, kp = 0;  // output channels, GEMM depth (per group), depth padded to 4
-  std::int32_t zp_u8 = 0;                   // the input zero point as uint8 (qint8 values are stored + 128)
-  std::vector<float> out_scale;             // input.scale · weight_scale[o]
-  std::vector<std::int32_t> zp_offset;      // -zp_u8 · Σ_k weight[o][k]
-  cpu::q::PackedB<std::int8_t> packed;      // linear: the weight as the GEMM's packed operand
-  std::vector<std::int8_t> rows;            // conv: the weight's rows, each padded to kp with zeros
-  // conv with at least 4 input channels per group, in AVX512-VNNI builds: the weight for the direct kernel
-  // (cpu::q::conv_direct), per group: blocks of 16 output channels, then groups kg = (quad, i, j) of the 4 channels
-  // 4·quad.. at tap (i, j), zeros past the group's channels and outputs.
-  std::int64_t quads = 0, blocks = 0;  // channel quads per group, blocks of 16 output channels per group
-  std::vector<std::int8_t> blocked;
 
   /// Checks the tensors and derives the kernel operands; call after setting the fields above.
   void prepare() {
@@ -112,148 +86,25 @@ struct QuantizedLayer {
     kp = cpu::q::round_up(depth, 4);
     const Tensor<std::int8_t> w = weight.contiguous();
     const Tensor<float> ws = weight_scale.contiguous(), bs = bias.contiguous();
-    out_scale.resize(std::size_t(out));
-    zp_offset.resize(std::size_t(out));
-    for (std::int64_t o = 0; o < out; ++o) {
-      const float s = ws.data()[o];
-      EMBER_CHECK(std::isfinite(s) && s > 0, what, " '", name, "': weight_scale[", o, "] = ", s,
-                  " (scales must be positive and finite)");
-      out_scale[std::size_t(o)] = input.scale * s;
-      // (A product that underflows is harmless: the channel's outputs are that small. One that overflows is inf.)
-      EMBER_CHECK(std::isfinite(out_scale[std::size_t(o)]), what, " '", name, "': input scale ", input.scale,
-                  " times weight_scale[", o, "] = ", s, " overflows a float");
-      const float bo = bs.data()[o];
-      EMBER_CHECK(std::isfinite(bo), what, " '", name, "': bias[", o, "] = ", bo, " (must be finite)");
-      std::int64_t sum = 0;
-      for (std::int64_t k = 0; k < depth; ++k) {
-        const std::int8_t v = w.data()[o * depth + k];
-        EMBER_CHECK(v >= -127, what, " '", name, "': weight value -128 at channel ", o,
-                    "; int8 weights are symmetric in [-127, 127]");
-        sum += v;
-      }
-      zp_offset[std::size_t(o)] = std::int32_t(-std::int64_t(zp_u8) * sum);
-    }
-    if (conv) {
-      rows.assign(std::size_t(out * kp), 0);
-      for (std::int64_t o = 0; o < out; ++o)
-        std::copy(w.data() + o * depth, w.data() + (o + 1) * depth, rows.data() + o * kp);
-      blocked.clear();
-      quads = blocks = 0;
-      const std::int64_t cg = weight.size(1), taps = weight.size(2) * weight.size(3);
-      if (cpu::q::conv_direct_compiled && cg >= 4) {
-        const std::int64_t G = conv_options.groups, og = out / G;
-        quads = (cg + 3) / 4;
-        blocks = (og + 15) / 16;
-        const std::int64_t nkg = quads * taps;
-        blocked.assign(std::size_t(G * blocks * nkg * 64), 0);
-        for (std::int64_t grp = 0; grp < G; ++grp)
-          for (std::int64_t o = 0; o < og; ++o)
-            for (std::int64_t ch = 0; ch < cg; ++ch)
-              for (std::int64_t tap = 0; tap < taps; ++tap) {
-                const std::int64_t kg = (ch / 4) * taps + tap;
-                blocked[std::size_t(((grp * blocks + o / 16) * nkg + kg) * 64 + (o % 16) * 4 + ch % 4)] =
-                    w.data()[((grp * og + o) * cg + ch) * taps + tap];
-              }
-      }
-    } else {
+    cpu::q::prepare_channels(*this, w.data(), ws.data(), bs.data(), input.scale, what, name);
+    if (conv)
+      cpu::q::prepare_conv_weight(*this, w.data(), weight.size(1), weight.size(2) * weight.size(3),
+                                  conv_options.groups);
+    else
       cpu::q::pack_b(w.data(), depth, out, depth, packed);
-    }
   }
 };
 
 namespace detail {
 
-/// q[i] = clamp(round(x[i] · inv) + zp, 0, 255); returns whether x held a NaN.
-inline bool quantize_u8(const float* EMBER_RESTRICT x, std::int64_t n, float inv, float zp,
-                        std::uint8_t* EMBER_RESTRICT q) {
-#if defined(__AVX512F__)
-  // Rows are short (a feature map's width): whole vectors and one masked tail, no scalar loop.
-  const __m512 vinv = _mm512_set1_ps(inv), vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(),
-               hi = _mm512_set1_ps(255.0f);
-  __mmask16 nan = 0;
-  for (std::int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
-    // (the maskz forms: GCC 12 warns on the unmasked ones' undefined pass-through operand)
-    __m512 r = _mm512_maskz_roundscale_ps(m, _mm512_maskz_mul_ps(m, v, vinv),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_maskz_min_ps(m, _mm512_maskz_max_ps(m, _mm512_maskz_add_ps(m, r, vzp), lo), hi);
-    _mm512_mask_cvtusepi32_storeu_epi8(q + i, m, _mm512_maskz_cvtps_epu32(m, r));
-  }
-  return nan != 0;
-#else
-  int nan = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    nan |= v != v;
-    const float r = std::nearbyint(v * inv) + zp;
-    q[i] = std::uint8_t(std::min(255.0f, std::max(0.0f, r)));
-  }
-  return nan != 0;
-#endif
-}
-
-/// y[j] = float(c[j] + off) · s + b for j < n, then max(·, 0) when relu.
-inline void dequantize_row(const std::int32_t* EMBER_RESTRICT c, std::int64_t n, std::int32_t off, float s, float b,
-                           bool relu, float* EMBER_RESTRICT y) {
-#if defined(__AVX512F__)
-  const __m512i voff = _mm512_set1_epi32(off);
-  const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b), zero = _mm512_setzero_ps();
-  for (std::int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1);
-    const __m512i v = _mm512_add_epi32(_mm512_maskz_loadu_epi32(m, c + j), voff);
-    __m512 r = _mm512_maskz_fmadd_ps(m, _mm512_maskz_cvtepi32_ps(m, v), vs, vb);
-    if (relu) r = _mm512_maskz_max_ps(m, r, zero);
-    _mm512_mask_storeu_ps(y + j, m, r);
-  }
-#else
-  for (std::int64_t j = 0; j < n; ++j) {
-    const float r = float(c[j] + off) * s + b;
-    y[j] = relu ? std::max(r, 0.0f) : r;
-  }
-#endif
-}
-EMBER_VECTORIZE inline void dequantize_cols(const std::int32_t* EMBER_RESTRICT c, std::int64_t n,
-                                            const std::int32_t* EMBER_RESTRICT off, const float* EMBER_RESTRICT s,
-                                            const float* EMBER_RESTRICT b, float* EMBER_RESTRICT y) {
-  for (std::int64_t j = 0; j < n; ++j) y[j] = float(c[j] + off[j]) * s[j] + b[j];
-}
-
-/// out[oy][ox] = the max of c's 2x2 window at (2 oy, 2 ox), for oy < oh, ox < ow; c's rows are `stride` apart.
-inline void max_pool_2x2_s32(const std::int32_t* EMBER_RESTRICT c, std::int64_t stride, std::int64_t oh,
-                             std::int64_t ow, std::int32_t* EMBER_RESTRICT out) {
-#if defined(__AVX512F__)
-  // 16 outputs at a time: 32 inputs of each row, split into even and odd columns.
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __mmask16 all = 0xFFFF;
-  for (std::int64_t oy = 0; oy < oh; ++oy) {
-    const std::int32_t* r0 = c + 2 * oy * stride;
-    const std::int32_t* r1 = r0 + stride;
-    for (std::int64_t ox = 0; ox < ow; ox += 16) {
-      const std::int64_t n = std::min<std::int64_t>(16, ow - ox), in = 2 * n;  // outputs, inputs per row
-      const __mmask16 m_out = __mmask16((1u << n) - 1);
-      const __mmask16 m_lo = in >= 16 ? all : __mmask16((1u << in) - 1);
-      const __mmask16 m_hi = in > 16 ? __mmask16((1u << (in - 16)) - 1) : __mmask16(0);
-      __m512i best = _mm512_set1_epi32(INT32_MIN);
-      for (const std::int32_t* r : {r0, r1}) {
-        const __m512i lo = _mm512_maskz_loadu_epi32(m_lo, r + 2 * ox), hi = _mm512_maskz_loadu_epi32(m_hi, r + 2 * ox + 16);
-        const __m512i e = _mm512_maskz_permutex2var_epi32(all, lo, even, hi);
-        const __m512i o = _mm512_maskz_permutex2var_epi32(all, lo, odd, hi);
-        best = _mm512_maskz_max_epi32(all, best, _mm512_maskz_max_epi32(all, e, o));
-      }
-      _mm512_mask_storeu_epi32(out + oy * ow + ox, m_out, best);
-    }
-  }
-#else
-  for (std::int64_t oy = 0; oy < oh; ++oy) {
-    const std::int32_t* r0 = c + 2 * oy * stride;
-    const std::int32_t* r1 = r0 + stride;
-    for (std::int64_t ox = 0; ox < ow; ++ox)
-      out[oy * ow + ox] = std::max(std::max(r0[2 * ox], r0[2 * ox + 1]), std::max(r1[2 * ox], r1[2 * ox + 1]));
-  }
-#endif
+/// The kernels' epilogue of a call of q.
+inline cpu::q::Int8Epilogue epilogue(const QuantizedLayer& q, const Tensor<float>& bias) {
+  cpu::q::Int8Epilogue e;
+  e.input_scale = q.input.scale;
+  e.bias = bias.data();
+  e.act = q.act;
+  e.pool = q.pool;
+  return e;
 }
 
 inline void check_input(const QuantizedLayer& q, const Tensor<float>& x, const char* op) {
@@ -280,208 +131,10 @@ inline Tensor<float> quantized_linear(const QuantizedLayer& q, const Tensor<floa
   Shape ys = x.shape();
   ys[x.dim() - 1] = O;
   Tensor<float> y = empty<float>(ys);
-  const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
   const Tensor<float> b = q.bias.contiguous();
-  std::atomic<bool> saw_nan{false};
-  cpu::parallel_for(0, M, 64, [&](std::int64_t m0, std::int64_t m1) {
-    const Tensor<std::uint8_t> abuf = empty<std::uint8_t>(Shape{(m1 - m0) * q.kp});  // the caching allocator
-    std::uint8_t* a = abuf.data();
-    std::vector<std::int32_t> c(std::size_t((m1 - m0) * O));
-    bool bad = false;
-    for (std::int64_t m = m0; m < m1; ++m) {
-      std::uint8_t* row = a + (m - m0) * q.kp;
-      bad |= detail::quantize_u8(xc.data() + m * K, K, inv, zp, row);
-      std::memset(row + K, 0, std::size_t(q.kp - K));
-    }
-    if (bad) {
-      saw_nan = true;
-      return;
-    }
-    cpu::q::gemm(a, q.kp, m1 - m0, q.packed, c.data(), O, path);
-    for (std::int64_t m = m0; m < m1; ++m) {
-      float* yr = y.data() + m * O;
-      detail::dequantize_cols(c.data() + (m - m0) * O, O, q.zp_offset.data(), q.out_scale.data(), b.data(), yr);
-      cpu::act_(yr, O, q.act);
-    }
-  });
-  if (saw_nan) detail::nan_input(q, x, op);
+  if (cpu::q::linear_forward(q, detail::epilogue(q, b), xc.data(), M, y.data(), path)) detail::nan_input(q, x, op);
   return y;
 }
-
-namespace detail {
-// The GEMM's packed columns (cpu/qgemm.hpp) from kp rows of bytes: rows[k] points at row k's first position, rows
-// past the depth at zeros, and each is readable for lp (a multiple of 16) positions. For each block of 16 positions
-// and group of 4 rows, the 16 positions' 4 bytes go side by side: a 4 x 16 byte transpose.
-inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::int64_t lp,
-                         std::uint8_t* EMBER_RESTRICT out) {
-  using cpu::q::kBlock;
-  for (std::int64_t p0 = 0; p0 < lp; p0 += kBlock)
-    for (std::int64_t k = 0; k < kp; k += 4) {
-      std::uint8_t* o = out + (p0 / kBlock) * kp * kBlock + k * kBlock;
-#if defined(__SSE2__)
-      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k] + p0));
-      const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 1] + p0));
-      const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 2] + p0));
-      const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 3] + p0));
-      const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
-      const __m128i c = _mm_unpacklo_epi8(r2, r3), d = _mm_unpackhi_epi8(r2, r3);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), _mm_unpacklo_epi16(a, c));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16), _mm_unpackhi_epi16(a, c));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32), _mm_unpacklo_epi16(b, d));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 48), _mm_unpackhi_epi16(b, d));
-#else
-      for (std::int64_t l = 0; l < kBlock; ++l)
-        for (std::int64_t t = 0; t < 4; ++t) o[l * 4 + t] = rows[k + t][p0 + l];
-#endif
-    }
-}
-#if EMBER_QGEMM_VNNI512
-// The direct path (cpu::q::conv_direct): the input quantized once into planes of 4-byte positions, the 4 channels of
-// a quad side by side, so the kernel reads each (position, tap, quad) as one broadcast in place: no columns are
-// built, and only real output positions are computed. The product comes out channels-last, which makes the
-// dequantization, the activation and the 2x2 pool vector operations across channels; the result is stored to the
-// (N, O, H, W) output at the end.
-
-/// Planes [r0, r1) of the quad layout, r = (image · G + group) · quads + quad; returns whether x held a NaN there.
-inline bool quantize_quads(const float* x, const cpu::ConvGeometry& g, std::int64_t quads, float inv, float zp,
-                           std::int64_t r0, std::int64_t r1, std::uint8_t* out) {
-  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, cg = g.cg();
-  const __m512 vinv = _mm512_set1_ps(inv), vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(),
-               hi = _mm512_set1_ps(255.0f);
-  const __mmask16 all = 0xFFFF;
-  __mmask16 nan = 0;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const std::int64_t img = r / (g.groups * quads), grp = (r / quads) % g.groups, quad = r % quads;
-    const std::int64_t nch = std::min<std::int64_t>(4, cg - 4 * quad);
-    const float* src = x + (img * g.c + grp * cg + 4 * quad) * g.h * g.w;  // channel t's plane at src + t·h·w
-    auto* dst = reinterpret_cast<std::uint32_t*>(out + r * hp * wp * 4);
-    for (std::int64_t yy = 0; yy < hp; ++yy) {
-      const bool in_row = yy >= g.ph && yy < g.ph + g.h;
-      for (std::int64_t x0 = 0; x0 < wp; x0 += 16) {
-        // lanes x0 + l < wp are stored; those inside [pw, pw + w) of an input row read x, the others are padding:
-        // they load 0.0, which quantizes to the zero point.
-        const std::int64_t n = std::min<std::int64_t>(16, wp - x0);
-        const __mmask16 store = __mmask16((1u << n) - 1);
-        const std::int64_t a = std::clamp<std::int64_t>(g.pw - x0, 0, 16), b = std::clamp<std::int64_t>(g.pw + g.w - x0, 0, 16);
-        const __mmask16 valid = in_row && b > a ? __mmask16(((1u << b) - 1) & ~((1u << a) - 1)) : __mmask16(0);
-        __m512i packed = _mm512_setzero_si512();
-        for (std::int64_t t = 0; t < 4; ++t) {
-          __m512 v = lo;
-          if (valid && t < nch) {
-            // x0 - pw may be negative: lanes outside `valid` are never read (masked loads do not fault)
-            const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(src + t * g.h * g.w + (yy - g.ph) * g.w) +
-                                      std::uintptr_t(x0 - g.pw) * sizeof(float);
-            v = _mm512_maskz_loadu_ps(valid, reinterpret_cast<const float*>(at));
-            nan |= _mm512_mask_cmp_ps_mask(valid, v, v, _CMP_UNORD_Q);
-          }
-          __m512 q = _mm512_maskz_roundscale_ps(all, _mm512_maskz_mul_ps(all, v, vinv),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          q = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, _mm512_maskz_add_ps(all, q, vzp), lo), hi);
-          packed = _mm512_or_si512(packed, _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtps_epu32(all, q), unsigned(8 * t)));
-        }
-        _mm512_mask_storeu_epi32(dst + yy * wp + x0, store, packed);
-      }
-    }
-  }
-  return nan != 0;
-}
-
-/// The convolution of x through the direct kernel into y (N, O, ph, pw): ph, pw are the output's size, halved by a
-/// fused pool. Returns whether x held a NaN.
-inline bool conv2d_direct(const QuantizedLayer& q, const Tensor<float>& xc, const cpu::ConvGeometry& g,
-                          Tensor<float>& y) {
-  const std::int64_t G = g.groups, og = g.og(), quads = q.quads, blocks = q.blocks, ogp = blocks * 16;
-  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, qplane = hp * wp * 4, taps = g.kh * g.kw;
-  const std::int64_t nkg = quads * taps;
-  std::vector<std::int64_t> koff(static_cast<std::size_t>(nkg));
-  for (std::int64_t quad = 0; quad < quads; ++quad)
-    for (std::int64_t i = 0; i < g.kh; ++i)
-      for (std::int64_t j = 0; j < g.kw; ++j)
-        koff[std::size_t((quad * g.kh + i) * g.kw + j)] = quad * qplane + (i * g.dh * wp + j * g.dw) * 4;
-  const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{g.n * G * quads * qplane});  // caching allocator
-  std::uint8_t* xq = xq_buf.data();
-  const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
-  std::atomic<bool> saw_nan{false};
-  cpu::parallel_for(0, g.n * G * quads, 4, [&](std::int64_t r0, std::int64_t r1) {
-    if (quantize_quads(xc.data(), g, quads, inv, zp, r0, r1, xq)) saw_nan = true;
-  });
-  if (saw_nan) return true;
-
-  // Tasks: (image, group, block of output rows): two rows (one pooled row) with a pool, else about 48 positions.
-  const bool pool = q.pool;
-  const std::int64_t rows = pool ? 2 : std::max<std::int64_t>(1, 48 / g.ow);
-  const std::int64_t rblocks = pool ? g.oh / 2 : (g.oh + rows - 1) / rows;
-  const std::int64_t yh = pool ? g.oh / 2 : g.oh, yw = pool ? g.ow / 2 : g.ow, yl = yh * yw;
-  const bool relu = q.act == cpu::Act::relu, pool_first = pool && (relu || q.act == cpu::Act::none);
-  const Tensor<float> bias = q.bias.contiguous();
-  cpu::parallel_for(0, g.n * G * rblocks, 1, [&](std::int64_t t0, std::int64_t t1) {
-    const std::int64_t pmax = rows * g.ow;
-    std::vector<std::int64_t> pos(static_cast<std::size_t>(pmax));
-    std::vector<std::int32_t> c(std::size_t(pmax * ogp));
-    std::vector<float> f(std::size_t(pmax * ogp)), pooled(pool && !pool_first ? std::size_t(yw * ogp) : 0);
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t img = t / (G * rblocks), grp = (t / rblocks) % G, rb = t % rblocks;
-      const std::int64_t oy0 = rb * rows, oy1 = std::min(g.oh, oy0 + rows), P = (oy1 - oy0) * g.ow;
-      for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
-        for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[std::size_t(p)] = (oy * g.sh * wp + ox * g.sw) * 4;
-      cpu::q::conv_direct(xq + (img * G + grp) * quads * qplane, pos.data(), P, koff.data(), nkg,
-                          q.blocked.data() + grp * blocks * nkg * 64, blocks, c.data(), ogp);
-      // f[p][o] = (c + zp offset) · scale + bias, as dequantize_row computes it, then the activation. With a pool
-      // and no activation or ReLU (monotone, like the dequantization: scales are positive), the int32 sums are
-      // pooled first and only the pooled ones dequantized; other activations are pooled after.
-      const std::int64_t n_out = pool ? yw : P, y0 = pool ? (oy0 / 2) * yw : oy0 * g.ow;
-      for (std::int64_t o0 = 0; o0 < og; o0 += 16) {
-        const __mmask16 m = og - o0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (og - o0)) - 1);
-        const std::int64_t oc = grp * og + o0;
-        const __m512i voff = _mm512_maskz_loadu_epi32(m, q.zp_offset.data() + oc);
-        const __m512 vs = _mm512_maskz_loadu_ps(m, q.out_scale.data() + oc),
-                     vb = _mm512_maskz_loadu_ps(m, bias.data() + oc);
-        const auto dequantize = [&](__m512i v) {
-          __m512 r = _mm512_maskz_fmadd_ps(m, _mm512_maskz_cvtepi32_ps(m, _mm512_maskz_add_epi32(m, v, voff)), vs, vb);
-          return relu ? _mm512_maskz_max_ps(m, r, _mm512_setzero_ps()) : r;
-        };
-        if (pool_first) {
-          for (std::int64_t px = 0; px < yw; ++px) {
-            const std::int32_t* r0 = c.data() + 2 * px * ogp + o0;
-            const std::int32_t* r1 = r0 + g.ow * ogp;
-            const __m512i mx = _mm512_maskz_max_epi32(
-                m, _mm512_maskz_max_epi32(m, _mm512_maskz_loadu_epi32(m, r0), _mm512_maskz_loadu_epi32(m, r0 + ogp)),
-                _mm512_maskz_max_epi32(m, _mm512_maskz_loadu_epi32(m, r1), _mm512_maskz_loadu_epi32(m, r1 + ogp)));
-            _mm512_storeu_ps(f.data() + px * ogp + o0, dequantize(mx));
-          }
-        } else {
-          for (std::int64_t p = 0; p < P; ++p)
-            _mm512_storeu_ps(f.data() + p * ogp + o0, dequantize(_mm512_maskz_loadu_epi32(m, c.data() + p * ogp + o0)));
-        }
-      }
-      const float* src = f.data();
-      if (!pool_first && q.act != cpu::Act::none && !relu)
-        for (std::int64_t p = 0; p < P; ++p) cpu::act_(f.data() + p * ogp, og, q.act);
-      if (pool && !pool_first) {
-        for (std::int64_t px = 0; px < yw; ++px)
-          for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
-            const float* r0 = f.data() + 2 * px * ogp + o0;
-            const float* r1 = r0 + g.ow * ogp;
-            const __mmask16 all = 0xFFFF;
-            const __m512 mx = _mm512_maskz_max_ps(
-                all, _mm512_maskz_max_ps(all, _mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + ogp)),
-                _mm512_maskz_max_ps(all, _mm512_loadu_ps(r1), _mm512_loadu_ps(r1 + ogp)));
-            _mm512_storeu_ps(pooled.data() + px * ogp + o0, mx);
-          }
-        src = pooled.data();
-      }
-      // channels-last rows -> the output's planes
-      for (std::int64_t o = 0; o < og; ++o) {
-        float* yr = y.data() + (img * g.o + grp * og + o) * yl + y0;
-        for (std::int64_t p = 0; p < n_out; ++p) yr[p] = src[p * ogp + o];
-      }
-    }
-  });
-  return false;
-}
-#endif
-
-}  // namespace detail
 
 /// x (N, C, H, W) or (C, H, W) float -> the convolution's output, computed in int8.
 inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<float>& x,
@@ -500,126 +153,27 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
   g.h = x.size(2);
   g.w = x.size(3);
   g.o = q.out;
-  g.kh = q.weight.size(2);
-  g.kw = q.weight.size(3);
-  g.sh = o.stride.h;
-  g.sw = o.stride.w;
-  g.ph = o.padding.h;
-  g.pw = o.padding.w;
-  g.dh = o.dilation.h;
-  g.dw = o.dilation.w;
+  static_cast<Window2d&>(g) = window2d(Size2(q.weight.size(2), q.weight.size(3)), o.stride, o.padding, o.dilation);
   g.groups = G;
   const std::int64_t eh = g.dh * (g.kh - 1) + 1, ew = g.dw * (g.kw - 1) + 1;
   EMBER_CHECK(eh <= g.h + 2 * g.ph && ew <= g.w + 2 * g.pw, op, " '", q.name, "': kernel ", Size2(eh, ew).str(),
               " is larger than the padded input (input ", x.shape().str(), ", padding ", o.padding.str(), ")");
   g.oh = ember::detail::window_out_size(g.h, g.kh, g.sh, g.ph, g.dh, false);
   g.ow = ember::detail::window_out_size(g.w, g.kw, g.sw, g.pw, g.dw, false);
-  const std::int64_t L = g.l(), og = g.og();
   if (q.pool)
     EMBER_CHECK(g.oh >= 2 && g.ow >= 2, op, " '", q.name, "': a fused 2x2 max pool needs an output of at least 2x2, got ",
                 g.oh, "x", g.ow);
-  const Tensor<float> xc = x.contiguous();
+  const Tensor<float> xc = x.contiguous(), b = q.bias.contiguous();
 #if EMBER_QGEMM_VNNI512
   if (path == cpu::q::Path::vnni512 && !q.blocked.empty()) {
     Tensor<float> y = empty<float>(q.pool ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow});
-    if (detail::conv2d_direct(q, xc, g, y)) detail::nan_input(q, x, op);
+    if (cpu::q::detail::conv2d_direct(q, detail::epilogue(q, b), xc.data(), g, y.data())) detail::nan_input(q, x, op);
     return y;
   }
 #endif
 
-  // The whole input quantized once, into planes padded with the zero point (the value of a padded 0.0), so the
-  // columns need no bounds checks. Each plane is (H + 2ph) x (W + 2pw); `slack` bytes follow the last one.
-  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, plane = hp * wp;
-  const std::int64_t slack = (g.kw - 1) * g.dw + 2 * cpu::q::kBlock;
-  // From ember's caching allocator: a fresh malloc of this size would be a new mmap (and page faults) every call.
-  const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{g.n * g.c * plane + slack});
-  std::uint8_t* xq = xq_buf.data();
-  std::memset(xq, q.zp_u8, std::size_t(xq_buf.numel()));
-  const float inv = 1.0f / q.input.scale, zp = float(q.zp_u8);
-  std::atomic<bool> saw_nan{false};
-  cpu::parallel_for(0, g.n * g.c, 8, [&](std::int64_t r0, std::int64_t r1) {
-    bool bad = false;
-    for (std::int64_t r = r0; r < r1; ++r)
-      for (std::int64_t i = 0; i < g.h; ++i)
-        bad |= detail::quantize_u8(xc.data() + (r * g.h + i) * g.w, g.w, inv, zp,
-                                   xq + r * plane + (i + g.ph) * wp + g.pw);
-    if (bad) saw_nan = true;
-  });
-  if (saw_nan) detail::nan_input(q, x, op);
-
-  // With stride 1 the columns are the padded planes themselves: tap (c, i, j) for output position (oy, ox) is byte
-  // (oy + i·dh)·wp + ox + j·dw of plane c, so over "virtual" positions oy·wp + ox (ox < wp; the wp - ow extra ones
-  // are computed and dropped) each tap's row is one contiguous run. Other strides copy the taps first.
-  const bool direct = g.sh == 1 && g.sw == 1;
-  const std::int64_t lv = direct ? g.oh * wp : L;  // positions the GEMM computes
-  const std::int64_t row_stride = direct ? wp : g.ow;
-  const std::int64_t lp = cpu::q::round_up(lv, cpu::q::kBlock);
-  // With a pool, y's planes are (oh/2, ow/2). ReLU and the dequantization are monotone (scales are positive), so
-  // the int32 sums are pooled first and a quarter of them dequantized; other activations are pooled after.
-  const std::int64_t ph = q.pool ? g.oh / 2 : g.oh, pw = q.pool ? g.ow / 2 : g.ow, yl = ph * pw;
-  const bool pool_first = q.pool && (q.act == cpu::Act::none || q.act == cpu::Act::relu);
-  Tensor<float> y = empty<float>(Shape{g.n, g.o, ph, pw});
-  const Tensor<float> b = q.bias.contiguous();
-  // Tasks: (image, group, block of output channels). With fewer images and groups than threads, the output
-  // channels are split too (each part builds the same columns).
-  const std::int64_t threads = cpu::get_num_threads();
-  const std::int64_t splits = g.n * G >= threads ? 1 : std::min<std::int64_t>(threads, (og + 7) / 8);
-  const std::int64_t per = (og + splits - 1) / splits;
-  const std::int64_t K = q.depth;
-  cpu::parallel_for(0, g.n * G * splits, 1, [&](std::int64_t t0, std::int64_t t1) {
-    std::vector<std::uint8_t> zeros(std::size_t(lp), 0), plain(direct ? 0 : std::size_t(K * lp), 0),
-        cols(std::size_t(q.kp * lp));
-    std::vector<const std::uint8_t*> rows(std::size_t(q.kp), zeros.data());
-    std::vector<std::int32_t> c(std::size_t(per * lv)), pooled(q.pool ? std::size_t(yl) : 0);
-    std::vector<float> pre(q.pool && !pool_first ? std::size_t(L) : 0);
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t img = t / (G * splits), grp = (t / splits) % G, part = t % splits;
-      const std::int64_t o0 = part * per, o1 = std::min(og, o0 + per);
-      if (o0 >= o1) continue;
-      const std::uint8_t* planes = xq + (img * g.c + grp * g.cg()) * plane;
-      for (std::int64_t ch = 0; ch < g.cg(); ++ch)
-        for (std::int64_t i = 0; i < g.kh; ++i)
-          for (std::int64_t j = 0; j < g.kw; ++j) {
-            const std::int64_t k = (ch * g.kh + i) * g.kw + j;
-            const std::uint8_t* tap = planes + ch * plane + i * g.dh * wp + j * g.dw;
-            if (direct) {
-              rows[std::size_t(k)] = tap;
-              continue;
-            }
-            std::uint8_t* dst = plain.data() + k * lp;
-            for (std::int64_t oy = 0; oy < g.oh; ++oy)
-              for (std::int64_t ox = 0; ox < g.ow; ++ox) dst[oy * g.ow + ox] = tap[oy * g.sh * wp + ox * g.sw];
-            rows[std::size_t(k)] = dst;
-          }
-      detail::pack_columns(rows.data(), q.kp, lp, cols.data());
-      const std::int64_t oc0 = grp * og + o0;
-      cpu::q::gemm_raw(q.rows.data() + oc0 * q.kp, q.kp, o1 - o0, cols.data(), lv, q.kp, c.data(), lv, path);
-      for (std::int64_t oc = oc0; oc < grp * og + o1; ++oc) {
-        float* yr = y.data() + (img * g.o + oc) * yl;
-        const std::int32_t* cr = c.data() + (oc - oc0) * lv;
-        const std::int32_t off = q.zp_offset[std::size_t(oc)];
-        const float sc = q.out_scale[std::size_t(oc)], bo = b.data()[oc];
-        const bool relu = q.act == cpu::Act::relu;  // applied in the dequantize pass; the others after it
-        if (pool_first) {
-          detail::max_pool_2x2_s32(cr, row_stride, ph, pw, pooled.data());
-          detail::dequantize_row(pooled.data(), yl, off, sc, bo, relu, yr);
-          continue;
-        }
-        float* full = q.pool ? pre.data() : yr;
-        for (std::int64_t oy = 0; oy < g.oh; ++oy)
-          detail::dequantize_row(cr + oy * row_stride, g.ow, off, sc, bo, relu, full + oy * g.ow);
-        if (!relu) cpu::act_(full, L, q.act);
-        if (q.pool) {
-          cpu::PoolGeometry pg;
-          pg.h = g.oh;
-          pg.w = g.ow;
-          pg.oh = ph;
-          pg.ow = pw;
-          cpu::detail::max_pool_plane_2x2<float, false>(pg, full, yr, nullptr);
-        }
-      }
-    }
-  });
+  const Tensor<float> y = cpu::q::conv2d_forward(q, detail::epilogue(q, b), g, xc.data(), path);
+  if (!y.defined()) detail::nan_input(q, x, op);
   return y;
 }
 

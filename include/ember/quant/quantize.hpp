@@ -31,6 +31,7 @@
 #include "ember/core/creation.hpp"
 #include "ember/core/device_copy.hpp"
 #include "ember/cpu/epilogue.hpp"
+#include "ember/cpu/qlinear.hpp"
 #include "ember/io/any_tensor.hpp"
 #include "ember/nn/fuse.hpp"
 #include "ember/nn/module.hpp"
@@ -232,11 +233,7 @@ inline int convert(nn::Module& model) {
     q.conv = s.s->type_name == "Conv2d";
     q.name = detail::label(s);
     q.weight = empty<std::int8_t>(ws);
-    for (std::int64_t o = 0; o < O; ++o)
-      for (std::int64_t k = 0; k < per; ++k) {
-        const float v = std::nearbyint(wf[std::size_t(o * per + k)] / scales[std::size_t(o)]);
-        q.weight.data()[o * per + k] = std::int8_t(std::clamp(v, -127.0f, 127.0f));
-      }
+    cpu::q::quantize_weights(wf.data(), scales.data(), O, per, q.weight.data());
     q.weight_scale = empty<float>(Shape{O});
     std::copy(scales.begin(), scales.end(), q.weight_scale.data());
     q.bias = zeros<float>(Shape{O});
@@ -246,7 +243,7 @@ inline int convert(nn::Module& model) {
     }
     q.input_dtype = obs.options().dtype;
     q.input = obs.qparams();
-    q.act = cpu::Act(s.s->activation);
+    q.act = Activation(s.s->activation);
     q.pool = s.s->pool;
     if (q.conv) q.conv_options = detail::conv_options(*s.s);
     q.prepare();

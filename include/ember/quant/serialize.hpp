@@ -84,7 +84,7 @@ inline void load(nn::Module& model, const std::string& path) {
                 "': input zero point ", iz.data()[0], " of '", detail::label(s), "' is outside ",
                 detail::qdtype_name(q.input_dtype));
     q.input.zero_point = std::int32_t(iz.data()[0]);
-    q.act = cpu::Act(s.s->activation);
+    q.act = Activation(s.s->activation);
     q.pool = s.s->pool;
     if (q.conv) q.conv_options = detail::conv_options(*s.s);
     q.prepare();  // validates the sizes and values

@@ -1,0 +1,19 @@
+// ember — the geometry of a 2-D sliding window (convolution and pooling), one type for both devices: the CPU
+// kernels' geometries (cpu::ConvGeometry, cpu::PoolGeometry) and cuDNN's descriptors (cuda::ConvParams,
+// cuda::PoolParams, the algorithm cache's cuda::ConvProblem) all carry a Window2d. ops/window.hpp holds the user's
+// options (Conv2dOptions, Pool2dOptions) and the output-size rule.
+#pragma once
+
+#include <cstdint>
+
+namespace ember {
+
+/// Kernel extent, stride, padding (added on both sides) and dilation of a 2-D window, each as (height, width).
+struct Window2d {
+  std::int64_t kh = 1, kw = 1;  // kernel
+  std::int64_t sh = 1, sw = 1;  // stride
+  std::int64_t ph = 0, pw = 0;  // padding
+  std::int64_t dh = 1, dw = 1;  // dilation
+};
+
+}  // namespace ember

@@ -1,0 +1,62 @@
+// ember — sorting, cumulative and sampling ops without autograd, on the CPU: the argument checks and the dispatch to
+// the loops of cpu/sort.hpp (a CUDA tensor is an error that says so).
+#pragma once
+
+#include <cstdint>
+
+#include "ember/config.hpp"
+#include "ember/core/creation.hpp"
+#include "ember/core/random.hpp"
+#include "ember/core/tensor.hpp"
+#include "ember/cpu/sort.hpp"
+
+namespace ember::ops {
+
+namespace detail {
+/// x as a contiguous host tensor without autograd (a CUDA tensor is an error naming op).
+template <class T>
+Tensor<T> host_input(const Tensor<T>& x, const char* op) {
+  x.check_cpu(op);
+  return x.detach().contiguous();
+}
+}  // namespace detail
+
+/// The first k positions (along d) of each row of x in sorted order, stable (ties keep their order); NaN counts as
+/// the largest value.
+template <class T>
+Tensor<std::int64_t> sort_indices(const Tensor<T>& x, int d, std::int64_t k, bool descending, const char* op) {
+  return cpu::sort_indices(detail::host_input(x, op), d, k, descending);
+}
+
+/// Running sums (prod: products) along d of the contiguous host tensor c (detail::host_input).
+template <class T>
+Tensor<T> cumulative(const Tensor<T>& c, int d, bool prod) {
+  return cpu::cumulative(c, d, prod);
+}
+
+/// The gradient of cumulative along d for the gradient g (any layout); x and y are cumprod's contiguous input and
+/// output (unused for cumsum).
+template <class T>
+Tensor<T> cumulative_backward(const Tensor<T>& g, const Tensor<T>& x, const Tensor<T>& y, int d, bool prod) {
+  return cpu::cumulative_backward(g.contiguous(), x, y, d, prod);
+}
+
+/// num_samples category indices per row of probs (1-D or 2-D; non-negative, finite weights with a positive sum,
+/// need not sum to 1), drawn from gen: torch.multinomial. Without replacement a category is drawn at most once,
+/// so num_samples may not exceed the number of categories with non-zero weight. The draws come from ember's
+/// Philox stream, so they are reproducible under manual_seed but not the same numbers PyTorch draws.
+template <class T>
+Tensor<std::int64_t> multinomial(const Tensor<T>& probs, std::int64_t num_samples, bool replacement, Generator& gen) {
+  static_assert(is_floating_v<T>, "multinomial: probs must be a floating-point tensor");
+  EMBER_CHECK(probs.dim() == 1 || probs.dim() == 2, "multinomial: probs must be 1-D or 2-D, got shape ",
+              probs.shape().str());
+  const Tensor<T> p = detail::host_input(probs, "multinomial");
+  const std::int64_t rows = p.dim() == 2 ? p.shape()[0] : 1, k = p.shape()[p.dim() - 1];
+  EMBER_CHECK(k > 0, "multinomial: probs has no categories (shape ", probs.shape().str(), ")");
+  EMBER_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
+  EMBER_CHECK(replacement || num_samples <= k, "multinomial: cannot draw ", num_samples, " samples from ", k,
+              " categories without replacement");
+  return cpu::multinomial(p, rows, k, num_samples, replacement, gen, probs.shape());
+}
+
+}  // namespace ember::ops
