@@ -450,3 +450,60 @@ TEST_CASE("reducers: partials merge in either order to the same result (the CUDA
   CHECK(expr::ExtremumR<std::int32_t, true>::init() == std::numeric_limits<std::int32_t>::max());
   CHECK(expr::ExtremumR<double, true>::init() == std::numeric_limits<double>::infinity());
 }
+
+TEST_CASE("one reduction plan for both executors: only size-1 dims reduced walks columns, or rows of 1 for arg reducers") {
+  // The plan of out (3, 1, 4) from e (3, 1, 4): nothing left to reduce after collapse() drops the size-1 dim.
+  const Shape space{3, 1, 4};
+  auto planned = [&](bool indexed) {
+    expr::PlanBuilder b(space);
+    b.add(space, contiguous_strides(space));  // the output, keepdim form
+    b.add(space, contiguous_strides(space));  // the expression's one leaf
+    return expr::plan_reduce(b.collapse(), indexed);
+  };
+  const expr::ReducePlan plain = planned(false);
+  CHECK_FALSE(plain.rows);  // each output folds its one element, rows of outputs at once
+  CHECK(plain.nred == 0);
+  CHECK(plain.q.shape == Shape{12});
+  const expr::ReducePlan arg = planned(true);
+  CHECK(arg.rows);  // a row of length 1 (index 0) per output
+  CHECK(arg.nred == 1);
+  CHECK(arg.nkept == 1);
+  CHECK(arg.q.shape == Shape{12, 1});
+  CHECK(arg.q.st[0][1] == 0);
+  CHECK(arg.q.st[1][1] == 0);
+  // A real reduction keeps its walk: rows when the inner dim is reduced, columns otherwise.
+  expr::PlanBuilder b(Shape{5, 6});
+  b.add(Shape{5, 1}, contiguous_strides(Shape{5, 1}));
+  b.add(Shape{5, 6}, contiguous_strides(Shape{5, 6}));
+  const expr::ReducePlan inner = expr::plan_reduce(b.collapse(), false);
+  CHECK(inner.rows);
+  CHECK(inner.q.shape == Shape{5, 6});
+  expr::PlanBuilder c(Shape{5, 6});
+  c.add(Shape{1, 6}, contiguous_strides(Shape{1, 6}));
+  c.add(Shape{5, 6}, contiguous_strides(Shape{5, 6}));
+  const expr::ReducePlan outer = expr::plan_reduce(c.collapse(), false);
+  CHECK_FALSE(outer.rows);
+  CHECK(outer.nred == 1);
+  CHECK(outer.q.shape == Shape{5, 6});
+
+  // What the plan computes: reducing a size-1 dim gives the input back (NaN included), indices 0.
+  Tensor<float> x = arange<float>(0, 12).reshape({3, 1, 4}).clone();
+  x.data()[5] = std::numeric_limits<float>::quiet_NaN();
+  auto same = [](const Tensor<float>& a, const Tensor<float>& b) {
+    REQUIRE(a.numel() == b.numel());
+    const auto u = a.contiguous().to_vector(), v = b.contiguous().to_vector();
+    for (std::size_t i = 0; i < u.size(); ++i)
+      CHECK(std::bit_cast<std::uint32_t>(u[i]) == std::bit_cast<std::uint32_t>(v[i]));
+  };
+  for (bool keep : {true, false}) {
+    CAPTURE(keep);
+    same(sum(x, {1}, keep), x);
+    same(max(x, {1}, keep), x);
+    same(min(x, {1}, keep), x);
+    same(prod(x, {1}, keep), x);
+    same(sum(x.transpose(0, 2), {1}, keep), x.transpose(0, 2));
+    const Tensor<std::int64_t> am = argmax(x, 1, keep);
+    CHECK(am.shape() == (keep ? Shape{3, 1, 4} : Shape{3, 4}));
+    for (std::int64_t v : am.to_vector()) CHECK(v == 0);
+  }
+}

@@ -22,14 +22,8 @@
 #include "ember/core/tensor.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/tensor_ops.hpp"
-#include "ember/cpu/thread_pool.hpp"
-
-#if EMBER_WITH_CUDA && defined(__CUDACC__)
-#include "ember/cuda/amp.cuh"
-#define EMBER_CUDA_UNSCALE 1
-#else
-#define EMBER_CUDA_UNSCALE 0
-#endif
+#include "ember/expr/nodes.hpp"
+#include "ember/ops/elementwise.hpp"
 
 namespace ember::amp {
 
@@ -42,31 +36,16 @@ struct GradScalerOptions {
 };
 
 namespace detail {
-/// g *= inv in place; returns true when any result is inf or NaN (a non-finite input stays non-finite). One
-/// threaded pass over the gradient.
-template <class T>
-EMBER_VECTORIZE bool unscale_chunk(T* EMBER_RESTRICT g, std::int64_t n, T inv) {
-  int bad = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T v = g[i] * inv;
-    g[i] = v;
-    bad |= !(std::fabs(v) <= std::numeric_limits<T>::max());
+/// The found-inf flags of one unscale_: one int64 per device, zero until a gradient's check sets it, read once at
+/// the end (one device-to-host read per device, none per gradient).
+struct FoundInf {
+  std::vector<Tensor<std::int64_t>> flags;
+  const Tensor<std::int64_t>& flag_for(Device d) {
+    for (const auto& f : flags)
+      if (f.device() == d) return f;
+    flags.push_back(zeros<std::int64_t>(Shape{1}, d));
+    return flags.back();
   }
-  return bad != 0;
-}
-
-/// The found-inf flags of one unscale_ on CUDA gradients: one int32 per device, read back once at the end. (The
-/// members are templates, Deferred unused, so that only a TU that unscales CUDA gradients compiles int32 tensors.)
-struct DeviceFlags {
-  std::vector<Tensor<std::int32_t>> flags;
-  template <class Deferred = void>
-  std::int32_t* flag_for(Device d) {
-    for (auto& f : flags)
-      if (f.device() == d) return f.data();
-    flags.push_back(zeros<std::int32_t>(Shape{1}, d));
-    return flags.back().data();
-  }
-  template <class Deferred = void>
   bool any() const {
     for (const auto& f : flags)
       if (f.item() != 0) return true;
@@ -74,43 +53,14 @@ struct DeviceFlags {
   }
 };
 
-/// A CUDA gradient: unscaled on its device, the flag set there (no host sync here).
+/// g *= inv_scale in place, on g's device, and `flag` set when any result is inf or NaN (a non-finite input stays
+/// non-finite): one fused pass over the gradient, which it reads once (slot 0). CUDA gradients need an nvcc
+/// translation unit, like every element-wise op on CUDA tensors.
 template <class T>
-void unscale_device(Tensor<T>& grad, double inv_scale, DeviceFlags& flags, const char* op) {
-#if EMBER_CUDA_UNSCALE
-  (void)op;
-  if (!grad.is_contiguous()) grad = grad.contiguous();
-  cuda::DeviceGuard guard(grad.device());
-  cuda::unscale_and_check(grad.data(), grad.numel(), inv_scale, flags.flag_for(grad.device()),
-                          grad.device().index);
-  grad.bump_version();
-#else
-  (void)inv_scale, (void)flags;
-  throw Error(::ember::detail::concat(op, ": a gradient is on ", grad.device().str(), ", but this translation unit "
-                                      "was not compiled by nvcc; the unscale kernel for CUDA gradients is "
-                                      "instantiated in the user's own translation unit, so compile it with nvcc "
-                                      "(a .cu file) and link ember::cuda"));
-#endif
-}
-
-template <class T>
-bool unscale_and_check(Tensor<T>& grad, double inv_scale) {
-  if (!grad.is_contiguous()) grad = grad.contiguous();
-  T* d = grad.data();
-  const T inv = T(inv_scale);
-  std::vector<char> bad(std::size_t(std::max(1, cpu::get_num_threads())) * 4, 0);
-  const std::int64_t n = grad.numel(), chunks = std::int64_t(bad.size());
-  const std::int64_t step = (n + chunks - 1) / chunks;
-  cpu::parallel_for(0, chunks, n >= 65536 ? 1 : chunks, [&](std::int64_t c0, std::int64_t c1) {
-    for (std::int64_t c = c0; c < c1; ++c) {
-      const std::int64_t a = std::min(n, c * step), b = std::min(n, a + step);
-      if (b > a) bad[std::size_t(c)] = unscale_chunk(d + a, b - a, inv);
-    }
-  });
-  grad.bump_version();
-  for (char b : bad)
-    if (b) return true;
-  return false;
+void unscale(const Tensor<T>& g, double inv_scale, const Tensor<std::int64_t>& flag, const char* op) {
+  const auto v = expr::slot<0>(g) * inv_scale;
+  const auto bad = !(abs(v) <= std::numeric_limits<compute_t<T>>::max());
+  ops::assign_multi_flag(std::make_tuple(g), std::make_tuple(v), g.shape(), std::make_tuple(g), bad, flag, op);
 }
 }  // namespace detail
 
@@ -170,15 +120,13 @@ class GradScaler {
     NoGradGuard ng;
     const double inv = 1.0 / scale_;
     constexpr const char* op = "amp::GradScaler::unscale_";
-    bool found = false;
-    detail::DeviceFlags flags;
+    detail::FoundInf found;
     for (auto& group : opt.param_groups())
       for (auto& p : group.params) {
         if (!p.has_meta() || !p.grad().defined()) continue;
-        if (p.grad().device().is_cpu()) found = detail::unscale_and_check(p.grad(), inv) || found;
-        else detail::unscale_device(p.grad(), inv, flags, op);
+        detail::unscale(p.grad(), inv, found.flag_for(p.grad().device()), op);
       }
-    st.found_inf = flags.any() || found;
+    st.found_inf = found.any();
     st.stage = Stage::unscaled;
   }
 

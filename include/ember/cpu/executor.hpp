@@ -2,8 +2,10 @@
 // loop the compiler vectorises; others walk rows (outer coordinates, then a strided inner loop).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "ember/config.hpp"
@@ -19,17 +21,19 @@ namespace ember::cpu {
 inline constexpr std::int64_t kGrain = 32768;
 
 /// Runs body over every index of the plan, in parallel chunks. Body provides set_row(coords, outer) and
-/// run(LinearIdx/RowIdx range); it is copied per chunk so each thread has its own row pointers.
+/// run_linear / run_row over an index range, which return whether the pass's check was true there; it is copied per
+/// chunk so each thread has its own row pointers. Returns whether any chunk's check was true.
 template <class Body>
-void run_plan(const expr::Plan& p, const Body& body) {
+bool run_plan(const expr::Plan& p, const Body& body) {
   const std::int64_t n = p.numel();
-  if (n == 0) return;
+  if (n == 0) return false;
+  std::atomic<bool> any{false};
   if (p.linear) {
     parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
       Body local = body;
-      local.run_linear(a, b);
+      if (local.run_linear(a, b)) any.store(true, std::memory_order_relaxed);
     });
-    return;
+    return any.load();
   }
   const std::int64_t row = p.row_len();
   const int outer = p.outer_dims();
@@ -42,10 +46,11 @@ void run_plan(const expr::Plan& p, const Body& body) {
       o /= p.shape[d];
     }
     std::int64_t i = a;
+    bool found = false;
     while (i < b) {
       local.set_row(coords, outer);
       const std::int64_t j1 = std::min(row, j + (b - i));
-      local.run_row(j, j1);
+      found = local.run_row(j, j1) || found;
       i += j1 - j;
       j = 0;
       for (int d = outer - 1; d >= 0; --d) {  // next row
@@ -53,71 +58,87 @@ void run_plan(const expr::Plan& p, const Body& body) {
         coords[d] = 0;
       }
     }
+    if (found) any.store(true, std::memory_order_relaxed);
   });
+  return any.load();
 }
 
-/// Writes each expression of a pack into its output: out_k[i] = e_k(i), all in one loop over one plan.
-/// `slots` holds the operands that LeafRef nodes read (backward kernels); unused otherwise.
+/// Writes each expression of a pack into its output: out_k[i] = e_k(i), all in one loop over one plan, and folds
+/// the pass's check (a bool evaluator; expr::Eval<expr::NoCheck> for none) over the same indices.
+/// `slots` holds the operands that LeafRef nodes read (multi-output passes); unused otherwise.
 struct NoSlots {
   void set_row(const std::int64_t*, int) {}
 };
 
-template <bool Slots, class... Pairs>
+template <bool Slots, class Check, class... Pairs>
 struct AssignBody {
   using Table = std::conditional_t<Slots, expr::SlotTable, NoSlots>;
+  static constexpr bool kChecks = !std::is_same_v<Check, expr::Eval<expr::NoCheck>>;
   std::tuple<Pairs...> pairs;  // each pair: (OperandEval<T> out, Eval<E> ev)
   Table slots;
+  Check check;
 
   void set_row(const std::int64_t* c, int outer) {
     slots.set_row(c, outer);
+    check.set_row(c, outer);
     std::apply([&](auto&... pr) { (..., (pr.first.set_row(c, outer), pr.second.set_row(c, outer))); }, pairs);
   }
-  void run_linear(std::int64_t a, std::int64_t b) {
-    std::apply([&](auto&... pr) { run<expr::LinearIdx>(a, b, &slots, pr...); }, pairs);
+  bool run_linear(std::int64_t a, std::int64_t b) {
+    return std::apply([&](auto&... pr) { return run<expr::LinearIdx>(a, b, &slots, check, pr...); }, pairs);
   }
-  void run_row(std::int64_t a, std::int64_t b) {
-    std::apply([&](auto&... pr) { run<expr::RowIdx>(a, b, &slots, pr...); }, pairs);
+  bool run_row(std::int64_t a, std::int64_t b) {
+    return std::apply([&](auto&... pr) { return run<expr::RowIdx>(a, b, &slots, check, pr...); }, pairs);
   }
   /// Indices [a, b) of a dense space, straight from the pairs: no body to build and copy (small ops pay for
   /// every copy of these structs).
   static void run_dense(std::int64_t a, std::int64_t b, const Pairs&... pr)
-    requires(!Slots)
+    requires(!Slots && !kChecks)
   {
     static constexpr Table none{};
-    run<expr::LinearIdx>(a, b, &none, pr...);
+    run<expr::LinearIdx>(a, b, &none, Check{}, pr...);
   }
 
  private:
   // Indices [a, b) of the whole space (LinearIdx) or of the current row (RowIdx).
   template <class Idx, class... P>
-  EMBER_VECTORIZE static void run(std::int64_t a, std::int64_t b, const Table* sl, const P&... pr) {
+  EMBER_VECTORIZE static bool run(std::int64_t a, std::int64_t b, const Table* sl, const Check& ck, const P&... pr) {
     // Local copies so the compiler keeps pointers in registers and vectorises; the slot table is copied so its
     // pointers are loop invariants the compiler can prove.
     auto local = std::make_tuple(pr...);
     const Table t = *sl;
+    const Check c = ck;
     const expr::SlotTable* tp = nullptr;
     if constexpr (Slots) tp = &t;
+    int bad = 0;
     std::apply(
         [&](auto&... q) {
           // No iteration reads what another writes: outputs are fresh, or alias an operand with the same
-          // geometry (a = a * b), or the executor went through a temporary. So no runtime alias checks.
+          // geometry (a = a * b, an in-place update), or the executor went through a temporary. So no runtime
+          // alias checks.
 #if defined(__clang__)
 #pragma clang loop vectorize(assume_safety)
 #elif defined(__GNUC__)
 #pragma GCC ivdep
 #endif
-          for (std::int64_t i = a; i < b; ++i) step(Idx{i, tp}, q...);
+          for (std::int64_t i = a; i < b; ++i) {
+            if constexpr (kChecks) bad |= int(step(Idx{i, tp}, c, q...));
+            else step(Idx{i, tp}, c, q...);
+          }
         },
         local);
+    return bad != 0;
   }
-  // Every value first, then every store: a store cannot clobber what a later expression reads, so the compiler
-  // computes sub-expressions shared between outputs (the same derivative factor, the same exp) once.
+  // Every value first (the check's too), then every store: a store cannot clobber what a later expression reads
+  // (an in-place output is read before it is written), and the compiler computes sub-expressions shared between
+  // outputs (the same derivative factor, the same exp) once.
   template <class I, class... Q>
-  EMBER_INLINE static void step(I ix, Q&... q) {
+  EMBER_INLINE static bool step(I ix, const Check& c, Q&... q) {
     const std::tuple<decltype(q.second.eval(ix))...> vals{q.second.eval(ix)...};
+    const bool flag = c.eval(ix);
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (..., store(q, ix, std::get<K>(vals)));
     }(std::index_sequence_for<Q...>{});
+    return flag;
   }
   template <class Q, class I, class V>
   EMBER_INLINE static void store(Q& q, I ix, V v) {
@@ -162,6 +183,8 @@ EMBER_HEADER_INLINE bool plan_write(const expr::OperandRef& out, const expr::Ope
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
+  static_assert(expr::no_slots_v<E>, "ember: this expression reads slots (expr::slot / LeafRef), which only a "
+                                     "multi-output pass with a slot source (ops::assign_multi) evaluates");
   // Fast path, the common small op: every operand dense with exactly out's shape. No plan to build. (Checked
   // here, inline, unrolled over the expression's leaves: the smallest ops pay for every call.)
   bool dense = out.is_contiguous() && out.device().is_cpu();
@@ -177,10 +200,11 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
     const Pair pr{expr::OperandEval<T>(out.data(), lp, 0), ev};
     const std::int64_t n = out.numel();
+    using Body = AssignBody<false, expr::Eval<expr::NoCheck>, Pair>;
     if (n < 2 * kGrain)
-      AssignBody<false, Pair>::run_dense(0, n, pr);
+      Body::run_dense(0, n, pr);
     else
-      parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) { AssignBody<false, Pair>::run_dense(a, b, pr); });
+      parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) { Body::run_dense(a, b, pr); });
     out.bump_version();
     return;
   }
@@ -197,36 +221,62 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   int kk = 1;
   auto ev = expr::make_eval(e, p, kk);
   using Pair = std::pair<expr::OperandEval<T>, decltype(ev)>;
-  run_plan(p, AssignBody<false, Pair>{std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, 0), ev}), {}});
+  run_plan(p, AssignBody<false, expr::Eval<expr::NoCheck>, Pair>{
+                  std::make_tuple(Pair{expr::OperandEval<T>(out.data(), p, 0), ev}), {}, {}});
   out.bump_version();
 }
 
-/// Several outputs of the same shape from several expressions in ONE pass (the fused backward writes every
-/// leaf's gradient this way). Outputs must be fresh, dense tensors that no operand reads. The tensor leaves of
-/// `slot_src` fill the slot table, in position order, for the LeafRef nodes of the expressions.
-template <class... T, class... E, class S>
-void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
-                  const S& slot_src) {
-  expr::PlanBuilder b(space);
-  std::apply([&](const auto&... o) { (..., b.add(o.shape(), o.strides())); }, outs);
-  Device dev = std::get<0>(outs).device();
-  bool have = true;
+/// Several outputs of one shape from several expressions in ONE pass over `space` (ops::assign_multi): the fused
+/// backward writes every leaf's gradient so, an optimizer its parameter and state. The tensors of `slot_src` (an
+/// expression's tensor leaves, or a tuple of tensors) fill the slot table, in order, for the expressions' LeafRef
+/// nodes. An output may also be read, through a slot or a leaf, where it is read with its own geometry (an in-place
+/// update; expr::multi_in_place_ok); any other overlap goes through temporaries. The bool expression `check`
+/// (expr::NoCheck: none) is evaluated at every index of the same pass; returns whether it was true anywhere.
+template <class... T, class... E, class S, class C = expr::NoCheck>
+bool assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
+                  const S& slot_src, const char* op = "backward", const C& check = {}) {
   constexpr int n = sizeof...(T);
-  const char* slot_ptr[expr::kMaxLeaves];
-  int nslots = 0;
+  expr::OperandRef orefs[n];
+  std::apply([&](const auto&... o) {
+    int j = 0;
+    (..., (orefs[j++] = expr::operand_ref(o)));
+  }, outs);
+  // The operands read: slot sources first, then each expression's tensor leaves, then the check's.
+  expr::OperandRef ins[expr::kMaxOperands];
   std::size_t slot_size[expr::kMaxLeaves];
+  int nin = 0, nslots = 0;
+  auto push = [&](const auto& leaf) {
+    EMBER_CHECK(n + nin < expr::kMaxOperands, op, ": the pass has too many operands (at most ", expr::kMaxOperands,
+                ")");
+    ins[nin++] = expr::operand_ref(leaf.tensor());
+  };
   expr::visit_leaves(slot_src, [&](const auto& leaf) {
-    slot_ptr[nslots] = reinterpret_cast<const char*>(leaf.tensor().data());
+    EMBER_CHECK(nslots < expr::kMaxLeaves, op, ": too many slots (at most ", expr::kMaxLeaves, ")");
     slot_size[nslots++] = sizeof(*leaf.tensor().data());
+    push(leaf);
   });
-  expr::add_leaves(slot_src, b, dev, have, "backward");
-  std::apply([&](const auto&... e) { (..., expr::add_leaves(e, b, dev, have, "backward")); }, es);
-  EMBER_CHECK(dev.is_cpu(), "backward: the CPU executor got tensors on ", dev.str());
+  std::apply([&](const auto&... e) { (..., expr::visit_leaves(e, push)); }, es);
+  expr::visit_leaves(check, push);
+  expr::PlanBuilder b(space);
+  const bool in_place = expr::plan_multi(b, orefs, n, ins, nin, space, op);
+  EMBER_CHECK(orefs[0].device.is_cpu(), op, ": the CPU executor got tensors on ", orefs[0].device.str());
+  if (space.numel() == 0) return false;
+  if (!in_place) {
+    // An operand reads an output's memory with another geometry: the pass writes fresh tensors, then copies them.
+    auto tmp = std::make_tuple(empty<T>(space)...);
+    const bool any = assign_multi(tmp, es, space, slot_src, op, check);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (..., assign(std::get<I>(outs), expr::TensorLeaf<T, false>{&std::get<I>(tmp)}, op));
+    }(std::index_sequence_for<T...>{});
+    return any;
+  }
   const expr::Plan p = b.collapse();
   expr::SlotTable slots{};
   slots.n = nslots;
+  const expr::Params params = expr::params_of(slot_src);
+  for (int k = 0; k < expr::kMaxParams; ++k) slots.param[k] = params.v[k];
   for (int k = 0; k < nslots; ++k) {
-    slots.base[k] = slots.row[k] = slot_ptr[k];
+    slots.base[k] = slots.row[k] = static_cast<const char*>(ins[k].data);
     for (int d = 0; d < p.shape.n; ++d) slots.st[k][d] = p.st[n + k][d] * std::int64_t(slot_size[k]);
     slots.inner[k] = slots.st[k][p.shape.n - 1];
   }
@@ -235,13 +285,17 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
   auto evs = std::apply(
       [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },
       es);
+  const auto chk = expr::make_eval(check, p, kk);
   using Evs = std::remove_cvref_t<decltype(evs)>;
   auto body = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return AssignBody<true, std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{
+    return AssignBody<true, std::remove_const_t<decltype(chk)>,
+                      std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{
         std::make_tuple(std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...),
-        slots};
+        slots, chk};
   }(std::index_sequence_for<T...>{});
-  run_plan(p, body);
+  const bool any = run_plan(p, body);
+  std::apply([](const auto&... o) { (..., o.bump_version()); }, outs);
+  return any;
 }
 
 }  // namespace ember::cpu

@@ -14,6 +14,7 @@
 #include "ember/cpu/executor.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/evaluator.hpp"
+#include "ember/expr/reduce_plan.hpp"
 #include "ember/expr/reducer.hpp"
 
 namespace ember::cpu {
@@ -63,6 +64,8 @@ using expr::finish;
 /// not. R is the reducer; `out` receives R's result converted to its type (indices for ArgR).
 template <class R, class OutT, class E>
 void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
+  static_assert(expr::no_slots_v<E>, "ember: this expression reads slots (expr::slot / LeafRef), which only a "
+                                     "multi-output pass with a slot source (ops::assign_multi) evaluates");
   const Shape space = e.shape();
   EMBER_CHECK(out.dim() == space.n, op, ": internal rank mismatch");
   Device dev = Device::cpu();
@@ -122,40 +125,15 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
     return;
   }
 
-  // Along some dims: out is operand 0 (stride 0 on reduced dims), leaves follow.
+  // Along some dims: out is operand 0 (stride 0 on reduced dims), leaves follow; the walk is expr::plan_reduce's.
   expr::PlanBuilder b(space);
   b.add(out.shape(), out.strides());
   expr::add_leaves(e, b, dev, have, op);
   EMBER_CHECK(dev.is_cpu(), op, ": the CPU executor got tensors on ", dev.str());
-  expr::Plan p = b.collapse();
-  if constexpr (R::indexed) {
-    // Only size-1 dims are reduced, and collapse() dropped them: add one back, so that each output reduces a row
-    // of length 1 (index 0) instead of the last kept dim being taken for the reduced row.
-    bool any_red = false;
-    for (int d = 0; d < p.shape.n; ++d) any_red = any_red || p.st[0][d] == 0;
-    if (!any_red) {
-      p.shape.push_back(1);
-      for (int k = 0; k < p.nops; ++k) p.st[k].push_back(0);
-    }
-  }
-  const int nd = p.shape.n;
-  // Order dims: kept then reduced when the inner dim is reduced (each output reduces rows), reduced then kept
-  // otherwise (rows of outputs accumulate). Indexed reducers always reduce rows.
-  auto is_red = [&](int d) { return p.st[0][d] == 0; };
-  const bool inner_reduced = is_red(nd - 1) || R::indexed;
-  int order[kMaxDims], no = 0;
-  for (int pass = 0; pass < 2; ++pass)
-    for (int d = 0; d < nd; ++d)
-      if (is_red(d) == (inner_reduced ? pass == 1 : pass == 0)) order[no++] = d;
-  expr::Plan q = p;
-  for (int i = 0; i < nd; ++i) {
-    q.shape[i] = p.shape[order[i]];
-    for (int k = 0; k < p.nops; ++k) q.st[k][i] = p.st[k][order[i]];
-  }
-  q.linear = false;
-  int nred = 0;
-  for (int d = 0; d < nd; ++d) nred += is_red(d);
-  const int nkept = nd - nred;
+  const expr::ReducePlan rp = expr::plan_reduce(b.collapse(), R::indexed);
+  const expr::Plan& q = rp.q;
+  const int nd = q.shape.n, nred = rp.nred, nkept = rp.nkept;
+  const bool inner_reduced = rp.rows;
   int k = 1;
   const auto ev = expr::make_eval(e, q, k);
   const expr::OperandEval<OutT> ob(out.data(), q, 0);

@@ -72,13 +72,17 @@ struct NoSlots {
   EMBER_HOST_DEVICE void set_row(const std::int64_t*, int) {}
 };
 
-/// Everything a kernel needs: outputs with their evaluators, and the slot table of backward expressions.
-template <bool Slots, class... P>
+/// Everything a kernel needs: outputs with their evaluators, the slot table of multi-output passes, and the pass's
+/// check (a bool evaluator, expr::Eval<expr::NoCheck> for none) with the flag it sets.
+template <bool Slots, class Check, class... P>
 struct Body {
   using Table = std::conditional_t<Slots, expr::SlotTable, NoSlots>;
   static constexpr std::size_t n = sizeof...(P);
+  static constexpr bool kChecks = !std::is_same_v<Check, expr::Eval<expr::NoCheck>>;
   Tuple<P...> outs;
   Table slots;
+  Check check;
+  std::int64_t* flag;  // set to 1 when the check is true anywhere (with kChecks)
 
   EMBER_HOST_DEVICE const expr::SlotTable* slot_ptr() const {
     if constexpr (Slots) return &slots;
@@ -86,29 +90,38 @@ struct Body {
   }
   EMBER_HOST_DEVICE void set_row(const std::int64_t* c, int outer) {
     slots.set_row(c, outer);
+    check.set_row(c, outer);
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (..., (get<K>(outs).out.set_row(c, outer), get<K>(outs).ev.set_row(c, outer)));
     }(std::index_sequence_for<P...>{});
   }
 };
 
-/// Writes every output at one index: every value first, then every store (a store cannot clobber what a later
-/// expression reads, so sub-expressions shared between outputs are computed once).
+/// Writes every output at one index: every value first (the check's too), then every store (a store cannot clobber
+/// what a later expression reads, so an in-place output is read before it is written and sub-expressions shared
+/// between outputs are computed once). Returns the check's value.
 template <class B, class I, std::size_t... K>
-__device__ EMBER_INLINE void step_one(const B& b, I ix, std::index_sequence<K...>) {
+__device__ EMBER_INLINE bool step_one(const B& b, I ix, std::index_sequence<K...>) {
   Tuple<decltype(get<K>(b.outs).ev.eval(ix))...> vals;
   (..., (get<K>(vals) = get<K>(b.outs).ev.eval(ix)));
+  const bool flag = b.check.eval(ix);
   (..., (get<K>(b.outs).out.at(ix) =
              convert<typename std::remove_cvref_t<decltype(get<K>(b.outs))>::value_type>(get<K>(vals))));
+  return flag;
 }
 
 /// Writes N consecutive elements of every output from index i, with one aligned load per operand and one
-/// aligned store per output.
+/// aligned store per output. Returns whether the check was true at any of them.
 template <int N, class B, std::size_t... K>
-__device__ EMBER_INLINE void step_pack(const B& b, std::int64_t i, const expr::SlotTable* sl,
+__device__ EMBER_INLINE bool step_pack(const B& b, std::int64_t i, const expr::SlotTable* sl,
                                        std::index_sequence<K...>) {
   Tuple<decltype(get<K>(b.outs).ev.template eval_pack<N>(i, sl))...> vals;
   (..., (get<K>(vals) = get<K>(b.outs).ev.template eval_pack<N>(i, sl)));
+  bool flag = false;
+  if constexpr (B::kChecks) {
+    const auto c = b.check.template eval_pack<N>(i, sl);
+    EMBER_UNROLL for (int k = 0; k < N; ++k) flag = flag || bool(c.v[k]);
+  }
   auto store = [&](const auto& o, const auto& p) {
     using T = typename std::remove_cvref_t<decltype(o)>::value_type;
     expr::RawPack<T, N> r;
@@ -116,6 +129,16 @@ __device__ EMBER_INLINE void step_pack(const B& b, std::int64_t i, const expr::S
     *reinterpret_cast<expr::RawPack<T, N>*>(o.out.base + i) = r;
   };
   (..., store(get<K>(b.outs), get<K>(vals)));
+  return flag;
+}
+
+/// The end of a kernel with a check: one thread of each block whose threads saw the check true sets the flag.
+/// Every writer writes 1, so no atomic is needed; every thread of the block must call it.
+template <class B>
+__device__ EMBER_INLINE void set_flag(const B& b, bool bad) {
+  if constexpr (B::kChecks) {
+    if (__syncthreads_or(bad) && threadIdx.x == 0 && threadIdx.y == 0) *b.flag = 1;
+  }
 }
 
 /// The dense kernel: packs of N over [0, n / N * N) when `vec`, then single elements. Grid-stride loops.
@@ -126,8 +149,10 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const __grid_constant_
   const expr::SlotTable* sl = body.slot_ptr();
   constexpr auto seq = std::make_index_sequence<B::n>{};
   const std::int64_t nvec = vec ? n / N : 0;
-  for (std::int64_t v = tid; v < nvec; v += stride) step_pack<N>(body, v * N, sl, seq);
-  for (std::int64_t i = nvec * N + tid; i < n; i += stride) step_one(body, expr::LinearIdx{i, sl}, seq);
+  bool bad = false;
+  for (std::int64_t v = tid; v < nvec; v += stride) bad = step_pack<N>(body, v * N, sl, seq) || bad;
+  for (std::int64_t i = nvec * N + tid; i < n; i += stride) bad = step_one(body, expr::LinearIdx{i, sl}, seq) || bad;
+  set_flag(body, bad);
 }
 
 /// The strided kernel: rows of length `row` (the plan's inner dim), cut into chunks of `chunk` elements so that a
@@ -142,6 +167,7 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(const __grid_constant
   const std::int64_t row = shape[outer];
   const std::int64_t nchunks = (row + chunk - 1) / chunk;
   constexpr auto seq = std::make_index_sequence<B::n>{};
+  bool bad = false;
   for (std::int64_t w = std::int64_t(blockIdx.x) * blockDim.y + threadIdx.y; w < nrows * nchunks;
        w += std::int64_t(gridDim.x) * blockDim.y) {
     const std::int64_t r = w / nchunks, j0 = (w % nchunks) * chunk, j1 = j0 + chunk < row ? j0 + chunk : row;
@@ -152,8 +178,10 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(const __grid_constant
       t /= shape[d];
     }
     local.set_row(coords, outer);
-    for (std::int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) step_one(local, expr::RowIdx{j, local.slot_ptr()}, seq);
+    for (std::int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+      bad = step_one(local, expr::RowIdx{j, local.slot_ptr()}, seq) || bad;
   }
+  set_flag(local, bad);
 }
 
 /// Block shape and chunk length for walking rows of length `row`: threads along the row (a power of two from 32
@@ -245,6 +273,8 @@ bool leaves_aligned(const E& e) {
 /// aliasing-safe (as if e were evaluated into a temporary first), on the device's current stream.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
+  static_assert(expr::no_slots_v<E>, "ember: this expression reads slots (expr::slot / LeafRef), which only a "
+                                     "multi-output pass with a slot source (ops::assign_multi) evaluates");
   const Device dev = out.device();
   EMBER_CHECK(dev.is_cuda(), op, ": the CUDA executor got an output on ", dev.str());
   DeviceGuard guard(dev.index);
@@ -261,7 +291,7 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     int kk = 1;
     auto ev = expr::make_eval(e, lp, kk);
     using P = detail::Output<T, decltype(ev)>;
-    detail::Body<false, P> body{};
+    detail::Body<false, expr::Eval<expr::NoCheck>, P> body{};
     detail::get<0>(body.outs) = P{expr::OperandEval<T>(out.data(), lp, 0), ev};
     expr::Plan p = lp;
     p.shape = Shape{out.numel()};
@@ -299,66 +329,95 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   int kk = 1;
   auto ev = expr::make_eval(e, p, kk);
   using P = detail::Output<T, decltype(ev)>;
-  detail::Body<false, P> body{};
+  detail::Body<false, expr::Eval<expr::NoCheck>, P> body{};
   detail::get<0>(body.outs) = P{expr::OperandEval<T>(out.data(), p, ko), ev};
   const bool aligned = detail::aligned_to(out.data(), N * sizeof(T)) && detail::leaves_aligned<N>(e);
   detail::launch<N>(body, p, dev.index, aligned);
   out.bump_version();
 }
 
-/// Several outputs of the same shape from several expressions in ONE kernel (the fused backward writes every
-/// leaf's gradient this way). Outputs must be fresh, dense tensors on one CUDA device that no operand reads. The
-/// tensor leaves of `slot_src` fill the slot table, in position order, for the LeafRef nodes of the expressions.
-template <class... T, class... E, class S>
+/// Several outputs of one shape from several expressions in ONE kernel over `space` (ops::assign_multi; cpu::
+/// assign_multi is its twin, with the same aliasing rule): the tensors of `slot_src` fill the slot table for the
+/// expressions' LeafRef nodes; an output may be read with its own geometry (an in-place update), any other overlap
+/// goes through temporaries. With a check (not expr::NoCheck), `flag` (one int64 on the outputs' device) is set to
+/// 1 where the check is true anywhere; it is never cleared here. Asynchronous, on the device's current stream.
+template <class... T, class... E, class S, class C = expr::NoCheck>
 void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
-                  const S& slot_src) {
-  const Device dev = std::get<0>(outs).device();
-  EMBER_CHECK(dev.is_cuda(), "backward: the CUDA executor got an output on ", dev.str());
-  DeviceGuard guard(dev.index);
-  expr::PlanBuilder b(space);
-  std::apply([&](const auto&... o) { (..., b.add(o.shape(), o.strides())); }, outs);
-  Device d = dev;
-  bool have = true;
+                  const S& slot_src, const char* op = "backward", const C& check = {}, std::int64_t* flag = nullptr) {
   constexpr int n = sizeof...(T);
-  constexpr std::size_t widest =
-      std::max({sizeof(T)..., expr::max_leaf_bytes<E>::value..., expr::max_leaf_bytes<S>::value});
-  constexpr int N = detail::pack_width(widest);
-  const char* slot_ptr[expr::kMaxLeaves];
-  int nslots = 0;
+  expr::OperandRef orefs[n];
+  std::apply([&](const auto&... o) {
+    int j = 0;
+    (..., (orefs[j++] = expr::operand_ref(o)));
+  }, outs);
+  expr::OperandRef ins[expr::kMaxOperands];
   std::size_t slot_size[expr::kMaxLeaves];
+  int nin = 0, nslots = 0;
+  auto push = [&](const auto& leaf) {
+    EMBER_CHECK(n + nin < expr::kMaxOperands, op, ": the pass has too many operands (at most ", expr::kMaxOperands,
+                ")");
+    ins[nin++] = expr::operand_ref(leaf.tensor());
+  };
   expr::visit_leaves(slot_src, [&](const auto& leaf) {
-    EMBER_CHECK(nslots < expr::kMaxLeaves, "backward: too many leaves (at most ", expr::kMaxLeaves, ")");
-    slot_ptr[nslots] = reinterpret_cast<const char*>(leaf.tensor().data());
+    EMBER_CHECK(nslots < expr::kMaxLeaves, op, ": too many slots (at most ", expr::kMaxLeaves, ")");
     slot_size[nslots++] = sizeof(*leaf.tensor().data());
+    push(leaf);
   });
-  expr::add_leaves(slot_src, b, d, have, "backward");
-  std::apply([&](const auto&... e) { (..., expr::add_leaves(e, b, d, have, "backward")); }, es);
+  std::apply([&](const auto&... e) { (..., expr::visit_leaves(e, push)); }, es);
+  expr::visit_leaves(check, push);
+  expr::PlanBuilder b(space);
+  const bool in_place = expr::plan_multi(b, orefs, n, ins, nin, space, op);
+  const Device dev = orefs[0].device;
+  EMBER_CHECK(dev.is_cuda(), op, ": the CUDA executor got an output on ", dev.str());
+  constexpr bool checks = !std::is_same_v<C, expr::NoCheck>;
+  EMBER_CHECK(!checks || flag != nullptr, op, ": a check needs a flag");
+  if (space.numel() == 0) return;
+  DeviceGuard guard(dev.index);
+  if (!in_place) {
+    // An operand reads an output's memory with another geometry: the pass writes fresh tensors, then copies them.
+    auto tmp = std::make_tuple(empty<T>(space, dev)...);
+    assign_multi(tmp, es, space, slot_src, op, check, flag);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (..., assign(std::get<I>(outs), expr::TensorLeaf<T, false>{&std::get<I>(tmp)}, op));
+    }(std::index_sequence_for<T...>{});
+    return;
+  }
+  constexpr std::size_t widest = std::max({sizeof(T)..., expr::max_leaf_bytes<E>::value...,
+                                           expr::max_leaf_bytes<S>::value, expr::max_leaf_bytes<C>::value});
+  constexpr int N = detail::pack_width(widest);
   const expr::Plan p = b.collapse();
   expr::SlotTable slots{};
   slots.n = nslots;
+  const expr::Params params = expr::params_of(slot_src);
+  for (int k = 0; k < expr::kMaxParams; ++k) slots.param[k] = params.v[k];
   bool aligned = true;
   for (int k = 0; k < nslots; ++k) {
-    slots.base[k] = slots.row[k] = slot_ptr[k];
+    slots.base[k] = slots.row[k] = static_cast<const char*>(ins[k].data);
     for (int dd = 0; dd < p.shape.n; ++dd) slots.st[k][dd] = p.st[n + k][dd] * std::int64_t(slot_size[k]);
     slots.inner[k] = slots.st[k][p.shape.n - 1];
-    aligned = aligned && detail::aligned_to(slot_ptr[k], N * slot_size[k]);
+    aligned = aligned && detail::aligned_to(ins[k].data, N * slot_size[k]);
   }
   std::apply([&](const auto&... o) { aligned = aligned && (... && detail::aligned_to(o.data(), N * sizeof(*o.data()))); },
              outs);
   std::apply([&](const auto&... e) { aligned = aligned && (... && detail::leaves_aligned<N>(e)); }, es);
+  aligned = aligned && detail::leaves_aligned<N>(check);
   int kk = n + nslots;
   // A braced list evaluates left to right, so leaves take plan operands in order.
   auto evs = std::apply(
       [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },
       es);
+  const auto chk = expr::make_eval(check, p, kk);
   using Evs = std::remove_cvref_t<decltype(evs)>;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    using B = detail::Body<true, detail::Output<T, std::tuple_element_t<I, Evs>>...>;
+    using B = detail::Body<true, std::remove_const_t<decltype(chk)>, detail::Output<T, std::tuple_element_t<I, Evs>>...>;
     B body{};
     (..., (detail::get<I>(body.outs) = {expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs)}));
     body.slots = slots;
+    body.check = chk;
+    body.flag = flag;
     detail::launch<N>(body, p, dev.index, aligned);
   }(std::index_sequence_for<T...>{});
+  std::apply([](const auto&... o) { (..., o.bump_version()); }, outs);
 }
 
 }  // namespace ember::cuda

@@ -30,6 +30,7 @@
 #include "ember/cuda/executor.cuh"
 #include "ember/cuda/stream.hpp"
 #include "ember/expr/evaluator.hpp"
+#include "ember/expr/reduce_plan.hpp"
 #include "ember/expr/reducer.hpp"
 
 namespace ember::cuda {
@@ -257,6 +258,8 @@ inline unsigned capped_blocks(std::int64_t need, int dev) {
 /// converted to its type (indices for ArgR). Same semantics as cpu::reduce.
 template <class R, class OutT, class E>
 void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
+  static_assert(expr::no_slots_v<E>, "ember: this expression reads slots (expr::slot / LeafRef), which only a "
+                                     "multi-output pass with a slot source (ops::assign_multi) evaluates");
   using DR = typename detail::device_reducer<R, compute_t<typename E::value_type>>::type;
   using Acc = typename DR::acc;
   const Device dev = out.device();
@@ -312,37 +315,15 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
     return;
   }
 
-  // Along some dims: out is operand 0 (stride 0 on reduced dims), leaves follow.
+  // Along some dims: out is operand 0 (stride 0 on reduced dims), leaves follow; the walk is expr::plan_reduce's,
+  // as on the CPU.
   expr::PlanBuilder b(space);
   b.add(out.shape(), out.strides());
   expr::add_leaves(e, b, d, have, op);
-  expr::Plan p = b.collapse();
-  bool any_red = false;
-  for (int dd = 0; dd < p.shape.n; ++dd) any_red = any_red || p.st[0][dd] == 0;
-  if (!any_red) {
-    // Only size-1 dims are reduced, and collapse() dropped them: add one back, so that each output reduces a
-    // row of length 1 (index 0).
-    p.shape.push_back(1);
-    for (int k = 0; k < p.nops; ++k) p.st[k].push_back(0);
-  }
-  const int nd = p.shape.n;
-  auto is_red = [&](int dd) { return p.st[0][dd] == 0; };
-  const bool inner_reduced = is_red(nd - 1) || R::indexed;
-  // Kept then reduced when the inner dim is reduced (each output reduces rows), reduced then kept otherwise
-  // (threads along the kept inner dim). Arg reducers always reduce rows.
-  int order[kMaxDims], no = 0;
-  for (int pass = 0; pass < 2; ++pass)
-    for (int dd = 0; dd < nd; ++dd)
-      if (is_red(dd) == (inner_reduced ? pass == 1 : pass == 0)) order[no++] = dd;
-  expr::Plan q = p;
-  for (int i = 0; i < nd; ++i) {
-    q.shape[i] = p.shape[order[i]];
-    for (int k = 0; k < p.nops; ++k) q.st[k][i] = p.st[k][order[i]];
-  }
-  q.linear = false;
-  int nred = 0;
-  for (int dd = 0; dd < nd; ++dd) nred += is_red(dd);
-  const int nkept = nd - nred;
+  const expr::ReducePlan rp = expr::plan_reduce(b.collapse(), R::indexed);
+  const expr::Plan& q = rp.q;
+  const int nd = q.shape.n, nred = rp.nred, nkept = rp.nkept;
+  const bool inner_reduced = rp.rows;
   int k = 1;
   const auto ev = expr::make_eval(e, q, k);
   using Ev = std::remove_cvref_t<decltype(ev)>;

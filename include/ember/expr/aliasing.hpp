@@ -30,4 +30,54 @@ bool overlaps_badly(const Tensor<T>& out, const PlanBuilder& b, int out_k, int n
   return false;
 }
 
+/// Plans a multi-output pass (ops::assign_multi) over `space`: outputs `outs` become operands 0 .. nout-1 of b, the
+/// operands it reads (`ins`: slot sources, then the expressions' tensor leaves) follow. Checks that the outputs are
+/// defined, of shape `space`, writable and on one device, and that every operand is defined, on that device and
+/// broadcasts to `space`. Returns multi_in_place_ok's verdict (below).
+EMBER_HEADER_INLINE bool plan_multi(PlanBuilder& b, const OperandRef* outs, int nout, const OperandRef* ins, int nin,
+                                    const Shape& space, const char* op);
+/// The aliasing rule of a multi-output pass (ops::assign_multi), which reads every operand at an index before it
+/// stores any output there: outputs (`outs`, operands 0 .. nout-1 of b) must not share memory with each other
+/// (an error), and an operand (`ins`, operands nout .. nout+nin-1) may share an output's memory only where it reads
+/// it with the output's own geometry, as an in-place update does (p = p - lr * m). Returns false when an operand
+/// reads an output's memory otherwise: the pass must then write temporaries first.
+EMBER_HEADER_INLINE bool multi_in_place_ok(const PlanBuilder& b, const OperandRef* outs, int nout, const OperandRef* ins,
+                                           int nin, const char* op);
+#if EMBER_HEADER_BODIES
+EMBER_HEADER_INLINE bool multi_in_place_ok(const PlanBuilder& b, const OperandRef* outs, int nout, const OperandRef* ins,
+                                           int nin, const char* op) {
+  for (int j = 0; j < nout; ++j)
+    for (int k = j + 1; k < nout; ++k)
+      EMBER_CHECK(outs[j].storage != outs[k].storage, op, ": outputs ", j, " and ", k, " of one pass share memory");
+  for (int i = 0; i < nin; ++i)
+    for (int j = 0; j < nout; ++j)
+      if (ins[i].storage == outs[j].storage && (ins[i].data != outs[j].data || !(b.strides(nout + i) == b.strides(j))))
+        return false;
+  return true;
+}
+EMBER_HEADER_INLINE bool plan_multi(PlanBuilder& b, const OperandRef* outs, int nout, const OperandRef* ins, int nin,
+                                    const Shape& space, const char* op) {
+  for (int j = 0; j < nout; ++j) {
+    const OperandRef& o = outs[j];
+    EMBER_CHECK(o.defined, op, ": output ", j, " is an undefined tensor");
+    EMBER_CHECK(*o.shape == space, op, ": output ", j, " has shape ", o.shape->str(), " but the pass runs over ",
+                space.str());
+    EMBER_CHECK(o.device == outs[0].device, op, ": outputs are on different devices (", outs[0].device.str(), " and ",
+                o.device.str(), ")");
+    for (int i = 0; i < space.n; ++i)
+      EMBER_CHECK(!((*o.strides)[i] == 0 && space[i] > 1), op,
+                  ": cannot write into a tensor with a broadcast (stride 0) dim; shape ", space.str(), ", strides ",
+                  o.strides->str(), " (clone() it first)");
+    b.add(*o.shape, *o.strides);
+  }
+  Device dev = outs[0].device;
+  bool have = true;
+  add_operands(b, ins, nin, dev, have, op);
+  for (int i = 0; i < nin; ++i)
+    EMBER_CHECK(broadcast_shapes(*ins[i].shape, space, op) == space, op, ": an operand of shape ", ins[i].shape->str(),
+                " does not broadcast to the pass's shape ", space.str());
+  return multi_in_place_ok(b, outs, nout, ins, nin, op);
+}
+#endif
+
 }  // namespace ember::expr

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 #include "ember/config.hpp"
@@ -20,13 +21,15 @@ namespace ember::expr {
 /// Most operands (leaves plus outputs) one plan holds.
 inline constexpr int kMaxOperands = 2 * kMaxLeaves + 8;
 
-/// Operands shared by every LeafRef<T, K> of a backward expression: slot K is read through one pointer, so the
-/// compiler sees repeated reads of a leaf as the same value and computes shared sub-expressions once.
+/// Operands shared by every LeafRef<T, K> (and scalars by every ParamRef<T, K>) of a multi-output pass: slot K is
+/// read through one pointer, so the compiler sees repeated reads of a leaf as the same value and computes shared
+/// sub-expressions once.
 struct SlotTable {
   const char* base[kMaxLeaves];
   const char* row[kMaxLeaves];
   std::int64_t inner[kMaxLeaves];  // bytes
   std::int64_t st[kMaxLeaves][kMaxDims];  // bytes
+  double param[kMaxParams];
   int n = 0;
   EMBER_HOST_DEVICE void set_row(const std::int64_t* coords, int outer) {
     for (int k = 0; k < n; ++k) {
@@ -219,6 +222,22 @@ struct Eval<LeafRef<T, K>> {
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
 };
 
+template <class T, int K>
+struct Eval<ParamRef<T, K>> {
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE compute_t<T> eval(I ix) const {
+    return static_cast<compute_t<T>>(ix.slots->param[K]);
+  }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<compute_t<T>, N> eval_pack(std::int64_t, const SlotTable* s) const {
+    Pack<compute_t<T>, N> p;
+    const compute_t<T> v = static_cast<compute_t<T>>(s->param[K]);
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = v;
+    return p;
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
+};
+
 template <class T>
 struct Eval<ScalarLeaf<T>> {
   compute_t<T> v;
@@ -259,9 +278,13 @@ struct Eval<BinaryExpr<Op, A, B>> {
   Op op;
   Eval<A> a;
   Eval<B> b;
+  // Operands left to right, as eval_pack's (function arguments have no order): a compiler that contracts
+  // a * b + c * d into a fused multiply-add then contracts it as it would the same formula written as a loop.
   template <class I>
   EMBER_HOST_DEVICE EMBER_INLINE auto eval(I ix) const {
-    return op(static_cast<CT>(a.eval(ix)), static_cast<CT>(b.eval(ix)));
+    const CT x = static_cast<CT>(a.eval(ix));
+    const CT y = static_cast<CT>(b.eval(ix));
+    return op(x, y);
   }
   template <int N>
   EMBER_HOST_DEVICE EMBER_INLINE auto eval_pack(std::int64_t i, const SlotTable* s) const {
@@ -324,7 +347,33 @@ struct Eval<CastExpr<U, A>> {
   EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t* c, int outer) { a.set_row(c, outer); }
 };
 
+/// The check of a multi-output pass that checks nothing (ops::assign_multi without a flag): false at every index,
+/// known at compile time, so the pass folds nothing.
+struct NoCheck {
+  using value_type = bool;
+  static constexpr int num_leaves = 0;
+  Shape shape() const { return {}; }
+};
+template <>
+struct Eval<NoCheck> {
+  template <class I>
+  EMBER_HOST_DEVICE EMBER_INLINE static constexpr bool eval(I) {
+    return false;
+  }
+  template <int N>
+  EMBER_HOST_DEVICE EMBER_INLINE Pack<bool, N> eval_pack(std::int64_t, const SlotTable*) const {
+    Pack<bool, N> p;
+    EMBER_UNROLL for (int k = 0; k < N; ++k) p.v[k] = false;
+    return p;
+  }
+  EMBER_HOST_DEVICE EMBER_INLINE void set_row(const std::int64_t*, int) {}
+};
+template <class F>
+void visit_leaves(const NoCheck&, F&&) {}
+
 // ---- building an evaluator for a plan: leaves take plan operands first, second, ... in position order ------
+
+inline Eval<NoCheck> make_eval(const NoCheck&, const Plan&, int&) { return {}; }
 
 template <class T, bool O>
 Eval<TensorLeaf<T, O>> make_eval(const TensorLeaf<T, O>& l, const Plan& p, int& k) {
@@ -332,6 +381,10 @@ Eval<TensorLeaf<T, O>> make_eval(const TensorLeaf<T, O>& l, const Plan& p, int& 
 }
 template <class T, int K>
 Eval<LeafRef<T, K>> make_eval(const LeafRef<T, K>&, const Plan&, int&) {
+  return {};
+}
+template <class T, int K>
+Eval<ParamRef<T, K>> make_eval(const ParamRef<T, K>&, const Plan&, int&) {
   return {};
 }
 template <class T>
@@ -391,6 +444,30 @@ struct leaf_count<BinaryExpr<Op, A, B>> : std::integral_constant<int, leaf_count
 template <class C, class A, class B>
 struct leaf_count<WhereExpr<C, A, B>>
     : std::integral_constant<int, leaf_count<C>::value + leaf_count<A>::value + leaf_count<B>::value> {};
+
+template <class... T>
+struct leaf_count<std::tuple<Tensor<T>...>> : std::integral_constant<int, int(sizeof...(T))> {};
+template <class... T>
+struct leaf_count<Slots<T...>> : std::integral_constant<int, int(sizeof...(T))> {};
+
+/// Whether an expression reads slots (LeafRef nodes): only a multi-output pass with a slot source evaluates it.
+template <class E>
+struct has_slots : std::false_type {};
+template <class T, int K>
+struct has_slots<LeafRef<T, K>> : std::true_type {};
+template <class T, int K>
+struct has_slots<ParamRef<T, K>> : std::true_type {};
+template <class Op, class A>
+struct has_slots<UnaryExpr<Op, A>> : has_slots<A> {};
+template <class U, class A>
+struct has_slots<CastExpr<U, A>> : has_slots<A> {};
+template <class Op, class A, class B>
+struct has_slots<BinaryExpr<Op, A, B>> : std::bool_constant<has_slots<A>::value || has_slots<B>::value> {};
+template <class C, class A, class B>
+struct has_slots<WhereExpr<C, A, B>>
+    : std::bool_constant<has_slots<C>::value || has_slots<A>::value || has_slots<B>::value> {};
+template <class E>
+inline constexpr bool no_slots_v = !has_slots<E>::value;
 
 /// The tensor leaves of e, in position order: an array with room for one more (never empty).
 template <class E>
@@ -463,5 +540,9 @@ template <class C, class A, class B>
 struct max_leaf_bytes<WhereExpr<C, A, B>>
     : std::integral_constant<std::size_t, std::max({max_leaf_bytes<C>::value, max_leaf_bytes<A>::value,
                                                     max_leaf_bytes<B>::value})> {};
+template <class... T>
+struct max_leaf_bytes<std::tuple<Tensor<T>...>> : std::integral_constant<std::size_t, std::max({std::size_t(0), sizeof(T)...})> {};
+template <class... T>
+struct max_leaf_bytes<Slots<T...>> : max_leaf_bytes<std::tuple<Tensor<T>...>> {};
 
 }  // namespace ember::expr

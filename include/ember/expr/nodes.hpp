@@ -5,7 +5,10 @@
 // one statement may use TensorLeaf<T, false>, a pointer to a tensor that outlives it.) How an expression is evaluated is in evaluator.hpp; where, in cpu/ and cuda/.
 #pragma once
 
+#include <cstddef>
+#include <initializer_list>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -34,8 +37,10 @@ struct TensorLeaf {
   Shape shape() const { return tensor().shape(); }
 };
 
-/// Leaf position K of another expression, read through a SlotTable (backward kernels use it so that every use
-/// of a leaf is the same load). It is not a plan operand itself.
+/// Slot K of a multi-output pass (ops::assign_multi), read through its SlotTable: every use of a slot is the same
+/// load, so an expression that reads an operand several times reads it once per element. The fused backward reads
+/// the leaves of the forward expression so; an optimizer's update reads its parameter, gradient and state so
+/// (expr::slot). It is not a plan operand itself, and only a pass with a slot source can evaluate it.
 template <class T, int K>
 struct LeafRef {
   using value_type = T;
@@ -43,6 +48,62 @@ struct LeafRef {
   Shape shape_;
   Shape shape() const { return shape_; }
 };
+
+/// Slot K, a tensor of t's dtype and shape, as an operand of the element-wise vocabulary: `slot<0>(p) * 2`.
+template <int K, class T>
+LeafRef<T, K> slot(const Tensor<T>& t) {
+  static_assert(K >= 0 && K < kMaxLeaves, "expr::slot: at most kMaxLeaves slots");
+  return {t.shape()};
+}
+
+/// The most scalars one multi-output pass holds in its slot table.
+inline constexpr int kMaxParams = 16;
+
+/// Scalar K of a multi-output pass's slot table, in type T: every use reads the same place, so a sub-expression
+/// that several outputs share (an optimizer's g' = g + wd p in its m, v and p) is the same value everywhere and is
+/// computed once, where separate scalar leaves would each be their own copy.
+template <class T, int K>
+struct ParamRef {
+  using value_type = T;
+  static constexpr int num_leaves = 0;
+  Shape shape() const { return {}; }
+};
+/// Scalar K of the pass as an operand of type T: `slot<1>(p) * param<0, float>()`.
+template <int K, class T>
+ParamRef<T, K> param() {
+  static_assert(K >= 0 && K < kMaxParams, "expr::param: at most kMaxParams scalars");
+  static_assert(is_floating_v<T>, "expr::param: floating-point scalars (the table holds them as double)");
+  return {};
+}
+
+/// The scalars of a pass, by position: param<K, T>() reads v[K], converted to T (exactly, for a value that is a T).
+struct Params {
+  double v[kMaxParams] = {};
+  int n = 0;
+  Params() = default;
+  Params(std::initializer_list<double> l) {
+    EMBER_CHECK(l.size() <= std::size_t(kMaxParams), "expr::Params: at most ", kMaxParams, " scalars, got ", l.size());
+    for (double x : l) v[n++] = x;
+  }
+};
+
+/// A slot source with scalars: the tensors fill slots 0, 1, ... (expr::slot<K>), the scalars the table's params
+/// (expr::param<K, T>).
+template <class... T>
+struct Slots {
+  std::tuple<Tensor<T>...> tensors;
+  Params params;
+  Slots(std::tuple<Tensor<T>...> t, Params p) : tensors(std::move(t)), params(p) {}
+};
+/// The scalars of a slot source (none but a Slots' own).
+template <class S>
+Params params_of(const S&) {
+  return {};
+}
+template <class... T>
+Params params_of(const Slots<T...>& s) {
+  return s.params;
+}
 
 template <class T>
 struct ScalarLeaf {
@@ -114,6 +175,10 @@ template <class C, class A, class B>
 struct is_expression<expr::WhereExpr<C, A, B>> : std::true_type {};
 template <class U, class A>
 struct is_expression<expr::CastExpr<U, A>> : std::true_type {};
+template <class T, int K>
+struct is_expression<expr::LeafRef<T, K>> : std::true_type {};
+template <class T, int K>
+struct is_expression<expr::ParamRef<T, K>> : std::true_type {};
 }  // namespace ember::detail
 
 namespace ember::expr {
@@ -129,6 +194,8 @@ template <class F, class T>
 void visit_leaves(const ScalarLeaf<T>&, F&&) {}
 template <class F, class T, int K>
 void visit_leaves(const LeafRef<T, K>&, F&&) {}
+template <class F, class T, int K>
+void visit_leaves(const ParamRef<T, K>&, F&&) {}
 template <class F, class Op, class A>
 void visit_leaves(const UnaryExpr<Op, A>& e, F&& f) {
   visit_leaves(e.a, f);
@@ -147,6 +214,16 @@ void visit_leaves(const WhereExpr<C, A, B>& e, F&& f) {
 template <class F, class U, class A>
 void visit_leaves(const CastExpr<U, A>& e, F&& f) {
   visit_leaves(e.a, f);
+}
+/// A tuple of tensors (the slot source of a multi-output pass): each tensor one leaf, in order.
+template <class F, class... T>
+void visit_leaves(const std::tuple<Tensor<T>...>& ts, F&& f) {
+  std::apply([&](const auto&... t) { (..., f(TensorLeaf<typename std::remove_cvref_t<decltype(t)>::value_type, false>{&t})); },
+             ts);
+}
+template <class F, class... T>
+void visit_leaves(const Slots<T...>& s, F&& f) {
+  visit_leaves(s.tensors, f);
 }
 
 // ---- owned copies: every tensor leaf held by value (what an autograd node saves) -----------------------------

@@ -4,7 +4,9 @@
 // CPU-only build includes no CUDA header from here.
 #pragma once
 
+#include <cstdint>
 #include <tuple>
+#include <type_traits>
 
 #include "ember/config.hpp"
 #include "ember/core/device.hpp"
@@ -49,20 +51,56 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   cpu::assign(out, e, op);
 }
 
-/// Several outputs (fresh, dense, same shape) from several expressions in one pass (the fused backward).
+/// Several outputs of one shape from several expressions in ONE pass over `space`, on the outputs' device: the
+/// fused backward writes every leaf's gradient so, an optimizer's update its parameter and state. The tensors of
+/// `slot_src` (an expression's tensor leaves, or a std::tuple of tensors) fill, in order, the slots that the
+/// expressions' expr::slot<K> (LeafRef) nodes read: every use of a slot is one load. An output may also be read,
+/// through a slot or a leaf, with its own geometry: at each index every value is computed before any output is
+/// stored there, so `p = p - lr * m` and `m = b1 * m + (1 - b1) * g` update in place in one pass. Outputs must not
+/// share memory with each other; an operand that reads an output's memory with another geometry sends the pass
+/// through temporaries.
 template <class... T, class... E, class S>
 void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
-                  const S& slot_src) {
-  const Device dev = std::get<0>(outs).device();
-  if (dev.is_cuda()) {
+                  const S& slot_src, const char* op = "backward") {
+  EMBER_PROFILE_RANGE_CAT(op, "elementwise");
+  const Tensor<std::tuple_element_t<0, std::tuple<T...>>>& first = std::get<0>(outs);
+  if (first.defined() && first.device().is_cuda()) {
 #if EMBER_CUDA_EXECUTOR
-    cuda::assign_multi(outs, es, space, slot_src);
+    cuda::assign_multi(outs, es, space, slot_src, op);
     return;
 #else
-    detail::no_cuda_executor("backward", dev);
+    detail::no_cuda_executor(op, first.device());
 #endif
   }
-  cpu::assign_multi(outs, es, space, slot_src);
+  cpu::assign_multi(outs, es, space, slot_src, op);
+}
+
+/// assign_multi's pass with the bool expression `check` evaluated at every index of it: `flag` (one int64 element
+/// on the outputs' device) is set to 1 when the check is true anywhere, and never cleared here, so one flag collects
+/// the checks of many passes and is read once (GradScaler's unscale and inf/NaN test: one read and one write of each
+/// gradient, one device-to-host read in all).
+template <class... T, class... E, class S, class C>
+void assign_multi_flag(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
+                       const S& slot_src, const C& check, const Tensor<std::int64_t>& flag, const char* op) {
+  EMBER_PROFILE_RANGE_CAT(op, "elementwise");
+  static_assert(std::is_same_v<typename C::value_type, bool>, "ops::assign_multi_flag: the check is a bool expression");
+  const Tensor<std::tuple_element_t<0, std::tuple<T...>>>& first = std::get<0>(outs);
+  EMBER_CHECK(flag.defined() && flag.numel() == 1 && flag.is_contiguous(), op, ": the flag is one int64 element");
+  EMBER_CHECK(!first.defined() || flag.device() == first.device(), op, ": the flag is on ", flag.device().str(),
+              " but the outputs on ", first.device().str());
+  if (first.defined() && first.device().is_cuda()) {
+#if EMBER_CUDA_EXECUTOR
+    cuda::assign_multi(outs, es, space, slot_src, op, check, flag.data());
+    flag.bump_version();
+    return;
+#else
+    detail::no_cuda_executor(op, first.device());
+#endif
+  }
+  if (cpu::assign_multi(outs, es, space, slot_src, op, check)) {
+    *flag.data() = 1;
+    flag.bump_version();
+  }
 }
 
 /// Reduces e with reducer R (expr/reducer.hpp) over the dims where `out` (keepdim form, on e's device) has size 1.

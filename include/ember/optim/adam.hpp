@@ -1,5 +1,6 @@
 // ember — Adam and AdamW (torch.optim.Adam / AdamW, with the amsgrad option). Each parameter is updated in one
-// fused, threaded pass over p, grad and the moment buffers, with no allocation after the first step.
+// fused pass over p, grad and the moment buffers (a multi-output expression, the same on the CPU and on CUDA), with no
+// allocation after the first step.
 #pragma once
 
 #include <cmath>
@@ -9,38 +10,12 @@
 #include <vector>
 
 #include "ember/config.hpp"
-#include "ember/cpu/thread_pool.hpp"
+#include "ember/expr/nodes.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/optim/optimizer.hpp"
 #include "ember/profile/range.hpp"
 
 namespace ember::optim {
-
-namespace detail {
-template <class T>
-struct AdamScalars {
-  T decay, sign, l2, b1, b2, step_size, inv_sqrt_bc2, eps;
-};
-/// One run of the Adam/AdamW update over p, grad g and the moments m, v (and vmax with amsgrad): restrict
-/// pointers and the option a template parameter, so the loop vectorises.
-template <class T, bool Amsgrad>
-EMBER_VECTORIZE void adam_run(T* EMBER_RESTRICT p, const T* EMBER_RESTRICT g, T* EMBER_RESTRICT m,
-                              T* EMBER_RESTRICT v, T* EMBER_RESTRICT vmax, std::int64_t n, const AdamScalars<T> c) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const T pi = p[i] * c.decay;
-    const T gi = c.sign * g[i] + c.l2 * p[i];
-    const T mi = c.b1 * m[i] + (1 - c.b1) * gi;
-    const T vi = c.b2 * v[i] + (1 - c.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    T vv = vi;
-    if constexpr (Amsgrad) {
-      vv = vmax[i] > vi ? vmax[i] : vi;
-      vmax[i] = vv;
-    }
-    p[i] = pi - c.step_size * mi / (std::sqrt(vv) * c.inv_sqrt_bc2 + c.eps);
-  }
-}
-}  // namespace detail
 
 /// Options of Adam and AdamW, with torch.optim's defaults: `optim::AdamW(params, {.lr = 3e-4})`.
 struct AdamOptions {
@@ -146,36 +121,37 @@ void BasicAdam<T, Decoupled>::step() {
       detail::check_state_device(p, s.v, kName, "exp_avg_sq");
       detail::check_state_device(p, s.vmax, kName, "max_exp_avg_sq");
       ++s.step;
+      // The update in T, as PyTorch's for-loop Adam: bias corrections in double, folded into the step size and
+      // the second moment's divisor.
       const double bc1 = 1 - std::pow(o.beta1, double(s.step)), bc2 = 1 - std::pow(o.beta2, double(s.step));
       const T step_size = T(o.lr / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o.eps);
       const double wd = weight_decay(o);
       const T b1 = T(o.beta1), b2 = T(o.beta2), l2 = Decoupled ? T(0) : T(wd);
       const T decay = Decoupled ? T(1 - o.lr * wd) : T(1);
       const T sign = o.maximize ? T(-1) : T(1);
-      if (p.device().is_cuda()) {
-        // The same update as fused expressions through the CUDA executor (m, v, vmax, then the parameter).
-#if EMBER_CUDA_EXECUTOR
-        const double sg = o.maximize ? -1.0 : 1.0, l2d = Decoupled ? 0.0 : wd;
-        const double decayd = Decoupled ? 1 - o.lr * wd : 1.0;
-        const auto gi = g * sg + p * l2d;
-        s.m = s.m * o.beta1 + gi * (1 - o.beta1);
-        s.v = s.v * o.beta2 + square(gi) * (1 - o.beta2);
-        if (o.amsgrad) s.vmax = maximum(s.vmax, s.v);
-        const Tensor<T>& vv = o.amsgrad ? s.vmax : s.v;
-        p = p * decayd - s.m * (o.lr / bc1) / (sqrt(vv) * (1 / std::sqrt(bc2)) + o.eps);
-        continue;
-#endif
+      // One fused pass on the parameter's device writes p, m, v (and vmax), reading each operand once per element
+      // through its slot and each hyper-parameter from the pass's table (so g', m and v are computed once):
+      // m = b1 m + (1 - b1) g', v = b2 v + (1 - b2) g' g' with g' = ±g + l2 p, then
+      // p = decay p - step_size m / (sqrt(v, or vmax = max(vmax, v)) / sqrt(bc2) + eps).
+      using expr::param;
+      const auto P = expr::slot<0>(p);
+      const auto gi = expr::slot<1>(p) * param<0, T>() + P * param<1, T>();
+      const auto m1 = expr::slot<2>(p) * param<2, T>() + gi * param<3, T>();
+      const auto v1 = expr::slot<3>(p) * param<4, T>() + gi * param<5, T>() * gi;
+      const auto update = [&](const auto& vv) {
+        return P * param<6, T>() - m1 * param<7, T>() / (sqrt(vv) * param<8, T>() + param<9, T>());
+      };
+      const expr::Params hp{double(sign), double(l2),        double(b1),    double(T(1 - b1)),     double(b2),
+                            double(T(1 - b2)), double(decay), double(step_size), double(inv_sqrt_bc2), double(eps)};
+      if (o.amsgrad && s.vmax.defined()) {
+        const auto X = expr::slot<4>(p);
+        const auto vmax1 = where(X > v1, X, v1);
+        ops::assign_multi(std::make_tuple(p, s.m, s.v, s.vmax), std::make_tuple(update(vmax1), m1, v1, vmax1),
+                          p.shape(), expr::Slots(std::make_tuple(p, g, s.m, s.v, s.vmax), hp), kName);
+      } else {
+        ops::assign_multi(std::make_tuple(p, s.m, s.v), std::make_tuple(update(v1), m1, v1), p.shape(),
+                          expr::Slots(std::make_tuple(p, g, s.m, s.v), hp), kName);
       }
-      T* pp = p.data();
-      const T* gp = g.data();
-      T *mp = s.m.data(), *vp = s.v.data(), *xp = s.vmax.defined() ? s.vmax.data() : nullptr;
-      const detail::AdamScalars<T> c{decay, sign, l2, b1, b2, step_size, inv_sqrt_bc2, eps};
-      const bool ams = o.amsgrad && xp;
-      cpu::parallel_for(0, p.numel(), 1 << 14, [=](std::int64_t i0, std::int64_t i1) {
-        if (ams) detail::adam_run<T, true>(pp + i0, gp + i0, mp + i0, vp + i0, xp + i0, i1 - i0, c);
-        else detail::adam_run<T, false>(pp + i0, gp + i0, mp + i0, vp + i0, nullptr, i1 - i0, c);
-      });
-      p.bump_version();
     }
   }
 }

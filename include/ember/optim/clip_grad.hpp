@@ -18,28 +18,29 @@
 namespace ember::optim {
 
 namespace detail {
-/// The norm_type-th power of a CUDA gradient's norm (its max |g| for infinity) as a 0-d double on its device,
-/// reduced on the device (needs an nvcc translation unit, like every element-wise op on CUDA tensors).
+/// The norm_type-th power of a gradient's norm (its max |g| for infinity) as a 0-d double on its device: one
+/// reduction in double on either device (CUDA gradients need an nvcc translation unit, like every element-wise op
+/// on CUDA tensors).
 template <class T>
-Tensor<double> grad_norm_power_device(const Tensor<T>& g, double norm_type) {
+Tensor<double> grad_norm_power(const Tensor<T>& g, double norm_type) {
   constexpr const char* op = "clip_grad_norm_";
-  if constexpr (!EMBER_CUDA_EXECUTOR) ops::detail::no_cuda_executor(op, g.device());
   Shape ones;
   for (int d = 0; d < g.dim(); ++d) ones.push_back(1);
   Tensor<double> out = empty<double>(ones, g.device());
-  if (std::isinf(norm_type)) ops::reduce<expr::ExtremumR<double, false>>(out, abs(g), op);
-  else if (norm_type == 2.0) ops::reduce<expr::SumR<double>>(out, g * g, op);
-  else if (norm_type == 1.0) ops::reduce<expr::SumR<double>>(out, abs(g), op);
-  else ops::reduce<expr::SumR<double>>(out, pow(abs(g), T(norm_type)), op);
+  const auto a = abs(cast<double>(g));
+  if (std::isinf(norm_type)) ops::reduce<expr::ExtremumR<double, false>>(out, a, op);
+  else if (norm_type == 2.0) ops::reduce<expr::SumR<double>>(out, square(cast<double>(g)), op);
+  else if (norm_type == 1.0) ops::reduce<expr::SumR<double>>(out, a, op);
+  else ops::reduce<expr::SumR<double>>(out, pow(a, norm_type), op);
   return out.view(Shape{});
 }
 }  // namespace detail
 
 /// Scales all gradients together so that their joint norm (the norm of the per-parameter norms; norm_type may be
 /// infinity) is at most max_norm, and returns the norm before clipping. A non-finite norm is an error when
-/// error_if_nonfinite, else the gradients are scaled by it as PyTorch does (and become NaN). CPU gradients are
-/// summed in double on the host; CUDA gradients are reduced on their device (one small copy back per gradient)
-/// and scaled there, which needs the calling translation unit to be compiled by nvcc.
+/// error_if_nonfinite, else the gradients are scaled by it as PyTorch does (and become NaN). Each gradient's part is
+/// reduced in double on its device (all of them queued before one small read each), and the gradients are scaled
+/// there; CUDA gradients need the calling translation unit to be compiled by nvcc.
 template <class T>
 double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false) {
@@ -47,24 +48,13 @@ double clip_grad_norm_(const std::vector<Tensor<T>>& params, double max_norm, do
   const bool inf = std::isinf(norm_type);
   double total = 0;
   bool nan = false;
-  std::vector<Tensor<double>> on_device;  // 0-d partial results of CUDA gradients, read once all are queued
-  for (const Tensor<T>& p : params) {
-    if (!p.has_meta() || !p.grad().defined()) continue;
-    if (!p.grad().device().is_cpu()) {
-      on_device.push_back(detail::grad_norm_power_device(p.grad(), norm_type));
-      continue;
-    }
-    const Tensor<T> g = p.grad().contiguous();
-    const T* d = g.data();
-    const std::int64_t n = g.numel();
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double a = std::fabs(double(d[i]));
-      nan = nan || std::isnan(a);
-      if (inf) total = std::max(total, a);
-      else total += norm_type == 2.0 ? a * a : std::pow(a, norm_type);
-    }
+  std::vector<Tensor<double>> parts;  // 0-d partial results, read once all are queued
+  {
+    NoGradGuard ng;
+    for (const Tensor<T>& p : params)
+      if (p.has_meta() && p.grad().defined()) parts.push_back(detail::grad_norm_power(p.grad(), norm_type));
   }
-  for (const Tensor<double>& t : on_device) {
+  for (const Tensor<double>& t : parts) {
     const double v = t.item();
     nan = nan || std::isnan(v);
     total = inf ? std::max(total, v) : total + v;

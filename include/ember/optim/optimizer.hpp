@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -160,12 +161,23 @@ EMBER_COLD bool load_buffer(const nn::StateDict& sd, const std::string& key, con
   const auto* t = std::get_if<Tensor<T>>(&it->second);
   EMBER_CHECK(t && t->shape() == like.shape(), op, "::load_state_dict: '", key, "' is ", nn::describe(it->second),
               ", expected ", dtype_name<T>(), " ", like.shape().str());
-  const Tensor<T> host = (t->device().is_cpu() ? *t : t->to(Device::cpu())).contiguous();
-  const T* v = host.data();
-  for (std::int64_t i = 0; i < host.numel(); ++i)
-    EMBER_CHECK(std::isfinite(double(v[i])) && (!non_negative || v[i] >= T(0)), op, "::load_state_dict: '", key,
-                "' holds ", double(v[i]), " at element ", i, ", expected finite values",
+  if (t->numel() > 0) {
+    // The first element out of range, by one reduction on the host (arg-max of the mask of bad values).
+    const Tensor<T> host = (t->device().is_cpu() ? *t : t->to(Device::cpu())).contiguous();
+    const Tensor<T>& h = host;
+    constexpr compute_t<T> big = std::numeric_limits<compute_t<T>>::max();
+    Shape ones;
+    for (int d = 0; d < host.dim(); ++d) ones.push_back(1);
+    Tensor<std::int64_t> at = empty<std::int64_t>(ones);
+    using First = expr::ArgR<bool, false>;
+    if (non_negative) ops::reduce<First>(at, !((h >= compute_t<T>(0)) & (h <= big)), op);
+    else ops::reduce<First>(at, !(abs(h) <= big), op);
+    const std::int64_t i = *at.data();
+    const T v = host.data()[i];
+    EMBER_CHECK(std::isfinite(double(v)) && (!non_negative || v >= T(0)), op, "::load_state_dict: '", key, "' holds ",
+                double(v), " at element ", i, ", expected finite values",
                 non_negative ? " >= 0 (a second moment)" : "");
+  }
   if (buf) *buf = t->device() == like.device() ? t->clone() : t->to(like.device());  // on the parameter's device
   return true;
 }

@@ -1,6 +1,6 @@
 // ember — stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (torch.optim.SGD).
-// Each parameter is updated in one fused, threaded pass that reads p, grad and the momentum buffer once and
-// allocates nothing after the first step.
+// Each parameter is updated in one fused pass (a multi-output expression, the same on the CPU and on CUDA) that reads
+// p, grad and the momentum buffer once and allocates nothing after the first step.
 #pragma once
 
 #include <cmath>
@@ -10,29 +10,12 @@
 #include <vector>
 
 #include "ember/config.hpp"
-#include "ember/cpu/thread_pool.hpp"
+#include "ember/expr/nodes.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/optim/optimizer.hpp"
 #include "ember/profile/range.hpp"
 
 namespace ember::optim {
-
-namespace detail {
-/// One run of SGD's update, p[i] -= lr * d with d the (momentum, Nesterov) step of grad g: the options are
-/// template parameters and the pointers restrict, so the loop vectorises.
-template <class T, bool Momentum, bool First, bool Nesterov>
-EMBER_VECTORIZE void sgd_run(T* EMBER_RESTRICT p, const T* EMBER_RESTRICT g, T* EMBER_RESTRICT buf, std::int64_t n,
-                             T lr, T wd, T mom, T damp, T sign) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    T d = sign * g[i] + wd * p[i];
-    if constexpr (Momentum) {
-      const T b = First ? d : mom * buf[i] + damp * d;
-      buf[i] = b;
-      d = Nesterov ? d + mom * b : b;
-    }
-    p[i] -= lr * d;
-  }
-}
-}  // namespace detail
 
 struct SGDOptions {
   double lr = 1e-3;
@@ -117,40 +100,36 @@ void SGD<T>::step() {
       const bool first = !buf.defined();
       if (o.momentum != 0 && first) buf = empty<T>(p.shape(), p.device());
       detail::check_state_device(p, buf, "optim::SGD", "momentum_buffer");
-      if (p.device().is_cuda()) {
-        // The same update as fused expressions (one pass per written tensor) through the CUDA executor.
-#if EMBER_CUDA_EXECUTOR
-        const double sg = o.maximize ? -1.0 : 1.0;
-        const auto d = g * sg + p * o.weight_decay;
-        if (o.momentum != 0) {
-          if (first) buf = d;
-          else buf = buf * o.momentum + d * (1 - o.dampening);
-          if (o.nesterov) p -= (d + buf * o.momentum) * o.lr;
-          else p -= buf * o.lr;
-        } else {
-          p -= d * o.lr;
-        }
-        continue;
-#endif
-      }
+      // One fused pass on the parameter's device, each operand read once per element through its slot and each
+      // hyper-parameter from the pass's table: d = ±g + wd p; with momentum buf = d on the first step, else
+      // mom buf + (1 - dampening) d, and d = d + mom buf (Nesterov) or buf; then p -= lr d. In T, as PyTorch's
+      // for-loop SGD.
       const T lr = T(o.lr), wd = T(o.weight_decay), mom = T(o.momentum), damp = T(1 - o.dampening);
       const T sign = o.maximize ? T(-1) : T(1);
-      T* pp = p.data();
-      const T* gp = g.data();
-      T* bp = buf.defined() ? buf.data() : nullptr;
-      // The branches resolved once per parameter, so the loop vectorises (detail::sgd_run).
-      auto run = [&](auto mom_c, auto first_c, auto nesterov_c) {
-        cpu::parallel_for(0, p.numel(), 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
-          detail::sgd_run<T, decltype(mom_c)::value, decltype(first_c)::value, decltype(nesterov_c)::value>(
-              pp + i0, gp + i0, bp ? bp + i0 : nullptr, i1 - i0, lr, wd, mom, damp, sign);
-        });
-      };
-      using Y = std::true_type;
-      using N = std::false_type;
-      if (o.momentum == 0) run(N{}, N{}, N{});
-      else if (first) o.nesterov ? run(Y{}, Y{}, Y{}) : run(Y{}, Y{}, N{});
-      else o.nesterov ? run(Y{}, N{}, Y{}) : run(Y{}, N{}, N{});
-      p.bump_version();
+      const expr::Params hp{double(sign), double(wd), double(mom), double(damp), double(lr)};
+      using expr::param;
+      const auto P = expr::slot<0>(p);
+      const auto d = expr::slot<1>(p) * param<0, T>() + P * param<1, T>();
+      const auto mom_ = param<2, T>();
+      const auto lr_ = param<4, T>();
+      const char* op = "optim::SGD";
+      if (o.momentum == 0) {
+        ops::assign_multi(std::make_tuple(p), std::make_tuple(P - d * lr_), p.shape(),
+                          expr::Slots(std::make_tuple(p, g), hp), op);
+      } else if (first) {  // buf = d
+        const auto slots = expr::Slots(std::make_tuple(p, g), hp);
+        if (o.nesterov)
+          ops::assign_multi(std::make_tuple(p, buf), std::make_tuple(P - (d + d * mom_) * lr_, d), p.shape(), slots, op);
+        else
+          ops::assign_multi(std::make_tuple(p, buf), std::make_tuple(P - d * lr_, d), p.shape(), slots, op);
+      } else {
+        const auto b = expr::slot<2>(p) * mom_ + d * param<3, T>();
+        const auto slots = expr::Slots(std::make_tuple(p, g, buf), hp);
+        if (o.nesterov)
+          ops::assign_multi(std::make_tuple(p, buf), std::make_tuple(P - (d + b * mom_) * lr_, b), p.shape(), slots, op);
+        else
+          ops::assign_multi(std::make_tuple(p, buf), std::make_tuple(P - b * lr_, b), p.shape(), slots, op);
+      }
     }
   }
 }
