@@ -938,9 +938,12 @@ TEST_CASE("checkpoints: the one format holds the scaler, the position in the epo
   // Generator names and entries are checked on both sides.
   EXPECT_ERROR([&] { io::save_checkpoint(d / "g.ckpt", {.generators = {{"a/b", Generator()}}}); },
                {"save_checkpoint", "generator name \"a/b\""});
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+  // (Not a structured binding: clang before 16 cannot capture one in CAPTURE's lambda.)
+  for (const auto& edit : std::vector<std::pair<std::string, std::string>>{
            {"generator/loader/offset", ""}, {"generator/loader/seed", "-1"}, {"generator//seed", "1"},
            {"generator/loader/colour", "1"}, {"generator/x\x1b/seed", "1"}}) {
+    const std::string& key = edit.first;
+    const std::string& value = edit.second;
     CAPTURE(key);
     io::SafeTensors f = raw;
     if (value.empty()) f.metadata.erase(key);
