@@ -218,11 +218,6 @@ struct Allowed {
   const char* reason;
 };
 constexpr Allowed kAllowed[] = {
-    {"optim/adam.hpp", 1, "the CPU update loop; to become a multi-output fused expression (one path on both devices)"},
-    {"optim/sgd.hpp", 1, "the CPU update loop; to become a multi-output fused expression (one path on both devices)"},
-    {"optim/clip_grad.hpp", 1, "the CPU norm loop; to become a fused reduction (one path on both devices)"},
-    {"amp/grad_scaler.hpp", 2, "the CPU unscale and inf check; to become a fused expression (one path, both devices)"},
-    {"optim/optimizer.hpp", 1, "a loaded state's values checked (finite, >= 0): validation of a file, with the state"},
     {"autograd/gradcheck.hpp", 1, "finite differences perturb one input element at a time: a test utility"},
 };
 

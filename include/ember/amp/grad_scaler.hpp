@@ -40,9 +40,12 @@ namespace detail {
 /// the end (one device-to-host read per device, none per gradient).
 struct FoundInf {
   std::vector<Tensor<std::int64_t>> flags;
-  const Tensor<std::int64_t>& flag_for(Device d) {
+  const Tensor<std::int64_t>& flag_for(Device d, const char* op) {
     for (const auto& f : flags)
       if (f.device() == d) return f;
+#if !EMBER_CUDA_EXECUTOR
+    if (d.is_cuda()) ops::detail::no_cuda_executor(op, d);  // before the flag's allocation fails without the op
+#endif
     flags.push_back(zeros<std::int64_t>(Shape{1}, d));
     return flags.back();
   }
@@ -124,7 +127,7 @@ class GradScaler {
     for (auto& group : opt.param_groups())
       for (auto& p : group.params) {
         if (!p.has_meta() || !p.grad().defined()) continue;
-        detail::unscale(p.grad(), inv, found.flag_for(p.grad().device()), op);
+        detail::unscale(p.grad(), inv, found.flag_for(p.grad().device(), op), op);
       }
     st.found_inf = found.any();
     st.stage = Stage::unscaled;

@@ -62,7 +62,8 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
 template <class... T, class... E, class S>
 void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
                   const S& slot_src, const char* op = "backward") {
-  EMBER_PROFILE_RANGE_CAT(op, "elementwise");
+  // No profiler range of its own: its callers (a backward node, an optimizer's step, the scaler's unscale_) record
+  // theirs, and the trace's "backward" is the training loop's phase.
   const Tensor<std::tuple_element_t<0, std::tuple<T...>>>& first = std::get<0>(outs);
   if (first.defined() && first.device().is_cuda()) {
 #if EMBER_CUDA_EXECUTOR
@@ -82,7 +83,6 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
 template <class... T, class... E, class S, class C>
 void assign_multi_flag(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
                        const S& slot_src, const C& check, const Tensor<std::int64_t>& flag, const char* op) {
-  EMBER_PROFILE_RANGE_CAT(op, "elementwise");
   static_assert(std::is_same_v<typename C::value_type, bool>, "ops::assign_multi_flag: the check is a bool expression");
   const Tensor<std::tuple_element_t<0, std::tuple<T...>>>& first = std::get<0>(outs);
   EMBER_CHECK(flag.defined() && flag.numel() == 1 && flag.is_contiguous(), op, ": the flag is one int64 element");

@@ -24,6 +24,9 @@ namespace detail {
 template <class T>
 Tensor<double> grad_norm_power(const Tensor<T>& g, double norm_type) {
   constexpr const char* op = "clip_grad_norm_";
+#if !EMBER_CUDA_EXECUTOR
+  if (g.device().is_cuda()) ops::detail::no_cuda_executor(op, g.device());  // before the result's allocation fails
+#endif
   Shape ones;
   for (int d = 0; d < g.dim(); ++d) ones.push_back(1);
   Tensor<double> out = empty<double>(ones, g.device());
