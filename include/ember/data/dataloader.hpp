@@ -40,8 +40,11 @@
 
 namespace ember::data {
 
-/// DataLoader settings, named as in PyTorch.
+/// DataLoader settings, named as in torch.utils.data.DataLoader and with its defaults (not in its order; seed plays
+/// its generator's part):
+///   data::DataLoader loader(dataset, {.batch_size = 128, .shuffle = true, .num_workers = 2}, transform);
 struct DataLoaderOptions {
+  /// The samples per batch, >= 1 (PyTorch's batch_size=None, no batching, is not supported).
   std::size_t batch_size = 1;
   bool shuffle = false;       ///< a new permutation each epoch (from seed and epoch); ignored with a custom sampler
   bool drop_last = false;     ///< drop the last batch when it is smaller than batch_size

@@ -56,13 +56,19 @@ class ImageSource {
 
 /// The steps of an ImagePipeline, in torchvision's order: a geometry (random_resized_crop; or resize and/or
 /// center_crop; or none, when every image has the same size), then flip, colour jitter, ToTensor (/255) and
-/// normalize.
+/// normalize. Each field is one torchvision transform (unset or 0: that step is skipped), fused into one pass:
+///   data::ImagePipeline train({.random_resized_crop = data::transforms::RandomResizedCrop(224), .flip = 0.5f});
 struct ImagePipelineOptions {
+  /// The training geometry: a crop of random area and aspect ratio resized to its (height, width)
+  /// (torchvision's RandomResizedCrop); not with resize or center_crop.
   std::optional<transforms::RandomResizedCrop> random_resized_crop = std::nullopt;
+  /// The evaluation geometry's first step: the shorter side to one size, or (height, width) (torchvision's Resize),
+  /// before center_crop.
   std::optional<transforms::Resize> resize = std::nullopt;
   std::optional<transforms::CenterCrop> center_crop = std::nullopt;  ///< must fit the (resized) image
   float flip = 0.0f;                                  ///< probability of a horizontal flip (RandomHorizontalFlip's p)
   transforms::ColorJitter jitter = {};                ///< off by default
+  /// (x - mean[c]) / std[c] after ToTensor's /255, folded into the same pass; unset: values in [0, 1].
   std::optional<transforms::Normalize> normalize = std::nullopt;
   int channels = 3;  ///< 3: RGB (PIL's convert("RGB")); 1: greyscale
   /// JPEG: decode at a reduced DCT scale and only the crop's window (the output is then close to, not equal to,

@@ -36,13 +36,15 @@
 
 namespace ember::data {
 
-/// Options of pack_images.
+/// The options of pack_images after (folder, dir), ember's own (FFCV's writer is the nearest: max_side is its
+/// max_resolution):
+///   data::pack_images(data::ImageFolder("photos/train"), "photos/train.shards", {.max_side = 256, .seed = 1});
 struct PackImagesOptions {
   std::size_t shard_bytes = std::size_t(256) << 20;  ///< a shard is closed once it holds this many bytes
   std::int64_t max_side = 0;                         ///< 0: keep every file's bytes; else re-encode larger images
   int quality = 90;                                  ///< JPEG quality of re-encoded images
   bool shuffle = true;                               ///< write the images in a seeded random order
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;                            ///< the shuffle's seed: the same seed, the same order
 };
 
 /// What pack_images wrote.

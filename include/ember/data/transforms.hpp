@@ -76,9 +76,14 @@ EMBER_HEADER_INLINE void Normalize::run(const Tensor<float>& x, const Tensor<flo
 }
 #endif
 
+/// The options of RandomCrop after its size, in torchvision's RandomCrop order (its pad_if_needed and padding_mode
+/// are not supported: the padding is constant):
+///   data::transforms::RandomCrop crop(32, {.padding = 4});
 struct RandomCropOptions {
-  std::int64_t padding = 0;  ///< pixels added on every side before cropping
-  float fill = 0.0f;         ///< value of the padding
+  /// Pixels added on every side before cropping, >= 0; 0: none (torchvision: padding=None; one number only, not a
+  /// per-side tuple).
+  std::int64_t padding = 0;
+  float fill = 0.0f;  ///< the padding's value, in every channel (torchvision: fill, padding_mode="constant")
 };
 
 /// Pads the image by `padding` on each side, then cuts a (height, width) window at a random position, as
@@ -156,12 +161,16 @@ EMBER_HEADER_INLINE void RandomHorizontalFlip::apply_(Tensor<float>& x, Rng& g) 
 }
 #endif
 
-/// Options of RandomErasing (torchvision's defaults).
+/// The options of RandomErasing, in torchvision's RandomErasing order and with its defaults (its scale and ratio
+/// tuples are two fields each; value is one number; inplace is apply_):
+///   data::transforms::RandomErasing erase({.p = 0.25f, .scale_max = 0.2f});
 struct RandomErasingOptions {
-  float p = 0.5f;                          ///< probability of erasing a rectangle
-  float scale_min = 0.02f, scale_max = 0.33f;  ///< erased area as a fraction of the image
-  float ratio_min = 0.3f, ratio_max = 3.3f;    ///< aspect ratio range (sampled log-uniformly)
-  float value = 0.0f;                      ///< fill value
+  float p = 0.5f;  ///< the probability of erasing a rectangle, in [0, 1]
+  float scale_min = 0.02f,  ///< the erased area's smallest fraction of the image, in (0, scale_max] (scale[0])
+      scale_max = 0.33f;    ///< the erased area's largest fraction of the image, in [scale_min, 1] (scale[1])
+  float ratio_min = 0.3f,   ///< the smallest aspect ratio (height / width), > 0 (ratio[0]); sampled log-uniformly
+      ratio_max = 3.3f;     ///< the largest aspect ratio, >= ratio_min (ratio[1])
+  float value = 0.0f;       ///< the rectangle's fill value, in every channel (torchvision's "random" is not supported)
 };
 
 /// With probability p, fills a random rectangle of random area and aspect ratio with `value` (Zhong et al., 2017;

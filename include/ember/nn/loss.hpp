@@ -60,29 +60,44 @@ namespace ember::nn {
 /// How a loss reduces its per-element values: keep them (None), average (Mean) or add (Sum).
 using Reduction = ops::Reduction;
 
-/// Options of cross_entropy (F.cross_entropy).
+/// The options of cross_entropy and nn::CrossEntropyLoss after (input, target), F.cross_entropy's with its defaults
+/// (in its order but for label_smoothing, which comes before reduction here; the deprecated size_average and reduce
+/// are not supported):
+///   auto l = nn::cross_entropy(logits, target, {.ignore_index = 0, .label_smoothing = 0.1});
 template <class T>
 struct CrossEntropyOptions {
-  Tensor<T> weight;                  // (C) class weights, or undefined
-  std::int64_t ignore_index = -100;  // targets equal to it contribute nothing
-  double label_smoothing = 0.0;      // in [0, 1]: mixes the one-hot target with the uniform distribution
+  /// (C) class weights, on the input's device, constants (no gradient); undefined: every class weighs 1.
+  Tensor<T> weight;
+  /// Targets equal to it contribute nothing (nor to Mean's divisor); any value, usually negative. With
+  /// class-probability targets it must stay negative (unused), as PyTorch.
+  std::int64_t ignore_index = -100;
+  double label_smoothing = 0.0;  ///< in [0, 1]: the target is (1 - ε) one_hot + ε / C; 0: none
+  /// None: the per-position losses, the target's shape; Mean: their sum over the sum of the non-ignored targets'
+  /// weights (PyTorch's reduction="mean"); Sum: their sum.
   Reduction reduction = Reduction::Mean;
 };
 
-/// Options of nll_loss (F.nll_loss).
+/// The options of nll_loss and nn::NLLLoss after (input, target), F.nll_loss's, in its order and with its defaults
+/// (the deprecated size_average and reduce are not supported):
+///   auto l = nn::nll_loss(log_softmax(logits, 1), target, {.reduction = nn::Reduction::Sum});
 template <class T>
 struct NllLossOptions {
-  Tensor<T> weight;  // (C) or undefined
-  std::int64_t ignore_index = -100;
+  Tensor<T> weight;  ///< (C) class weights, on the input's device, constants; undefined: every class weighs 1
+  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing (nor to Mean's divisor)
+  /// None: the per-position losses; Mean: their sum over the sum of the non-ignored targets' weights; Sum: their sum.
   Reduction reduction = Reduction::Mean;
 };
 
-/// Options of binary_cross_entropy_with_logits.
+/// The options of binary_cross_entropy_with_logits and nn::BCEWithLogitsLoss after (input, target), F's with its
+/// defaults (not in its order: pos_weight comes before reduction here; size_average and reduce are not supported):
+///   auto l = nn::binary_cross_entropy_with_logits(logits, target, {.pos_weight = pw});
 template <class T>
 struct BceWithLogitsOptions {
-  Tensor<T> weight;      // broadcast to the input: per-element rescaling, or undefined
-  Tensor<T> pos_weight;  // broadcast to the input (usually (C)): weight of the positive term, or undefined
-  Reduction reduction = Reduction::Mean;
+  Tensor<T> weight;  ///< broadcast to the input: each element's loss is multiplied by it; undefined: 1
+  /// Broadcast to the input (usually (C), one per class): the weight of the positive (y = 1) term, > 1 to favour
+  /// recall; undefined: 1.
+  Tensor<T> pos_weight;
+  Reduction reduction = Reduction::Mean;  ///< None: the per-element losses; Mean: their average; Sum: their sum
 };
 
 /// Turns the debug checks on or off at run time for every translation unit (they are also on wherever

@@ -31,16 +31,23 @@ struct AttnMask {
   bool defined() const { return keep.defined() || add.defined(); }
 };
 
+/// The options of scaled_dot_product_attention after (q, k, v), torch.nn.functional.scaled_dot_product_attention's
+/// keyword arguments (is_causal comes before dropout_p here; generator is ember's):
+///   auto out = scaled_dot_product_attention(q, k, v, {.is_causal = true, .dropout_p = 0.1});
 template <class T>
 struct SdpaOptions {
+  /// Broadcastable to (..., L, S): boolean (true: the key takes part) or additive (added to the scores, -inf masks
+  /// out); undefined: no mask. It gets no gradient.
   AttnMask<T> attn_mask{};
-  bool is_causal = false;       // key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
-  double dropout_p = 0;         // on the attention weights (always applied when > 0, as the functional form)
-  std::optional<double> scale{};  // default 1 / sqrt(E)
+  bool is_causal = false;  ///< key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
+  /// The probability of zeroing an attention weight, in [0, 1); always applied when > 0, as the functional form
+  /// (no training flag).
+  double dropout_p = 0;
+  std::optional<double> scale{};  ///< the scores' factor, finite; unset: 1 / sqrt(E) (PyTorch: scale=None)
   /// Grouped-query attention: k and v may have fewer heads (dim -3) than q, each dividing q's; key/value head h
   /// serves the q/kv consecutive query heads from h * (Hq / Hkv) on, as torch's repeat_interleave of k and v.
   bool enable_gqa = false;
-  Generator* generator = nullptr;  // the dropout's stream; the default generator unless given
+  Generator* generator = nullptr;  ///< the dropout's stream; nullptr: the default generator (not in PyTorch)
 };
 
 namespace ops {

@@ -40,10 +40,13 @@ inline const char* reduction_name(Reduction r) {
   return r == Reduction::None ? "none" : r == Reduction::Sum ? "sum" : "mean";
 }
 
-/// The scalar options of a class-index loss (the class weights are a tensor argument).
+/// The scalar options of a class-index loss kernel (the class weights are a tensor argument), the fields of
+/// nn::CrossEntropyOptions and nn::NllLossOptions that the kernels read, with PyTorch's defaults:
+///   auto r = ops::cross_entropy_forward(logits, target, weight, {.ignore_index = -1, .label_smoothing = 0.1});
 struct ClassLossOptions {
-  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing
-  double label_smoothing = 0.0;      ///< cross_entropy only: in [0, 1]
+  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing (nor to Mean's divisor)
+  double label_smoothing = 0.0;      ///< cross_entropy only: in [0, 1]; 0: none (nll_loss takes 0)
+  /// None: the per-position losses; Mean: their sum over Σ w[t] of the non-ignored positions; Sum: their sum.
   Reduction reduction = Reduction::Mean;
 };
 

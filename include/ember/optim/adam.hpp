@@ -17,17 +17,22 @@
 
 namespace ember::optim {
 
-/// Options of Adam and AdamW, with torch.optim's defaults: `optim::AdamW(params, {.lr = 3e-4})`.
+/// The options of optim::Adam and optim::AdamW (one per parameter group), in torch.optim.Adam's order and with
+/// torch.optim's defaults (its foreach, capturable, differentiable and fused are not needed: every update is one
+/// fused pass):
+///   optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta2 = 0.95, .weight_decay = 0.1});
 struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
+  double lr = 1e-3;      ///< the learning rate, in [0, 1e4]
+  double beta1 = 0.9;    ///< the first moment's decay, in [0, 1 - 2^-24] (PyTorch: betas[0])
+  double beta2 = 0.999;  ///< the second moment's decay, in [0, 1 - 2^-24] (PyTorch: betas[1])
+  /// Added to the denominator's sqrt(v_hat), in [1e-20, 1e4]; PyTorch allows 0, which makes a parameter whose
+  /// gradients are all 0 NaN.
   double eps = 1e-8;
   /// Adam: added to the gradient (L2); AdamW: decoupled, p *= 1 - lr * weight_decay. Unset means the optimizer's
   /// PyTorch default: 0 for Adam, 0.01 for AdamW (the optimizer's param_groups() show the value it resolved to).
   std::optional<double> weight_decay = std::nullopt;
-  bool amsgrad = false;
-  bool maximize = false;
+  bool amsgrad = false;   ///< divide by the running maximum of the second moment (AMSGrad, Reddi et al., 2018)
+  bool maximize = false;  ///< ascend: the update uses -grad (maximises the objective)
 };
 
 /// Adam when Decoupled is false, AdamW when true.

@@ -155,16 +155,23 @@ EMBER_HEADER_INLINE double CosineWarmupLR::lr_at(std::size_t, std::int64_t s, do
 }
 #endif
 
+/// The options of optim::OneCycleLR after (optimizer, max_lr), in torch.optim.lr_scheduler.OneCycleLR's order and
+/// with its defaults (total_steps is required: its epochs and steps_per_epoch are not supported):
+///   optim::OneCycleLR sched(opt, 0.1, {.total_steps = epochs * steps_per_epoch, .pct_start = 0.25});
 struct OneCycleOptions {
-  std::int64_t total_steps = 0;   // required: optimizer steps in the whole run
-  double pct_start = 0.3;         // fraction of the steps spent increasing the lr
-  bool cos_anneal = true;         // cosine annealing (else linear)
-  bool cycle_momentum = true;     // momentum (SGD) or beta1 (Adam) moves inversely to the lr
-  double base_momentum = 0.85;
-  double max_momentum = 0.95;
-  double div_factor = 25.0;       // initial_lr = max_lr / div_factor
-  double final_div_factor = 1e4;  // min_lr = initial_lr / final_div_factor
-  bool three_phase = false;       // up, back down to initial_lr, then annihilate (fast.ai's schedule)
+  std::int64_t total_steps = 0;  ///< required, > 0: the optimizer steps in the whole run (step() calls at most)
+  double pct_start = 0.3;        ///< the fraction of the steps spent increasing the lr, in [0, 1]
+  bool cos_anneal = true;  ///< cosine annealing; false: linear (PyTorch: anneal_strategy="cos" / "linear")
+  /// Momentum (SGD) or beta1 (Adam, AdamW) moves inversely to the lr, between max_momentum and base_momentum; needs
+  /// an optimizer with one.
+  bool cycle_momentum = true;
+  double base_momentum = 0.85;  ///< the momentum at the lr's peak, in [0, 1 - 2^-24] (with cycle_momentum)
+  double max_momentum = 0.95;   ///< the momentum at the start and end of the cycle, in [0, 1 - 2^-24]
+  double div_factor = 25.0;     ///< initial_lr = max_lr / div_factor (which must be a valid lr, in [0, 1e4])
+  double final_div_factor = 1e4;  ///< the final lr = initial_lr / final_div_factor (a valid lr too)
+  /// Three phases: up to max_lr, back down to initial_lr, then annealing to the final lr (fast.ai's schedule);
+  /// false: two, up to max_lr and then down to the final lr.
+  bool three_phase = false;
 };
 
 /// Leslie Smith's 1cycle policy as torch.optim.lr_scheduler.OneCycleLR: the lr rises from max_lr/div_factor to
@@ -261,15 +268,22 @@ EMBER_HEADER_INLINE std::optional<double> OneCycleLR::momentum_at(std::size_t, s
 }
 #endif
 
+/// The options of optim::ReduceLROnPlateau after the optimizer, in torch.optim.lr_scheduler.ReduceLROnPlateau's
+/// order and with its defaults (mode and threshold_mode are booleans; min_lr is one value for every group):
+///   optim::ReduceLROnPlateau sched(opt, {.mode_max = true, .patience = 5});
 struct PlateauOptions {
-  bool mode_max = false;      // false: the metric should decrease (a loss); true: increase (an accuracy)
-  double factor = 0.1;        // new_lr = lr * factor
-  std::int64_t patience = 10; // epochs without improvement before reducing
-  double threshold = 1e-4;    // what counts as an improvement
-  bool threshold_rel = true;  // relative (best * (1 -/+ threshold)) or absolute (best -/+ threshold)
-  std::int64_t cooldown = 0;  // epochs to wait after a reduction
-  double min_lr = 0.0;
-  double eps = 1e-8;          // reductions smaller than this are skipped
+  /// false: the metric should decrease (a loss); true: increase (an accuracy). PyTorch: mode="min" / mode="max".
+  bool mode_max = false;
+  double factor = 0.1;  ///< new_lr = lr * factor, in [0, 1)
+  /// The epochs without improvement that are tolerated, >= 0: the lr is reduced on the (patience + 1)-th bad epoch.
+  std::int64_t patience = 10;
+  double threshold = 1e-4;  ///< what counts as an improvement: by more than this (relative or absolute)
+  /// Relative: better than best * (1 -/+ threshold); false: absolute, best -/+ threshold. PyTorch:
+  /// threshold_mode="rel" / "abs".
+  bool threshold_rel = true;
+  std::int64_t cooldown = 0;  ///< the epochs after a reduction during which bad epochs are not counted, >= 0
+  double min_lr = 0.0;        ///< the lr's lower bound, for every parameter group (PyTorch also takes one per group)
+  double eps = 1e-8;          ///< a reduction of the lr by eps or less is skipped
 };
 
 /// Reduces the lr by `factor` when a metric has stopped improving for `patience` epochs

@@ -17,13 +17,16 @@
 
 namespace ember::optim {
 
+/// The options of optim::SGD (one per parameter group), in torch.optim.SGD's order and with its defaults (its
+/// foreach, differentiable and fused are not needed: every update is one fused pass):
+///   optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9, .nesterov = true});
 struct SGDOptions {
-  double lr = 1e-3;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-  bool maximize = false;
+  double lr = 1e-3;           ///< the learning rate, in [0, 1e4]
+  double momentum = 0.0;      ///< the momentum factor, in [0, 1]; 0: no momentum buffer
+  double dampening = 0.0;     ///< scales the gradient added to the momentum buffer by 1 - dampening; in [0, 1]
+  double weight_decay = 0.0;  ///< L2 penalty, weight_decay * p added to the gradient; in [0, 1e4]
+  bool nesterov = false;      ///< Nesterov momentum; needs momentum > 0 and dampening 0
+  bool maximize = false;      ///< ascend: the update uses -grad (maximises the objective)
 };
 
 template <class T = float>

@@ -38,8 +38,13 @@
 
 namespace ember::optim {
 
+/// The options of optim::ZeroRedundancyOptimizer after (params, the wrapped optimizer's options, process group), its
+/// own (torch.distributed.optim.ZeroRedundancyOptimizer has no such option; its parameters_as_bucket_view and
+/// overlap_with_ddp are not supported):
+///   optim::ZeroRedundancyOptimizer<optim::SGD<float>> opt(params, {.lr = 0.1}, nullptr, {.reduce_gradients = false});
 struct ZeroOptions {
-  /// Reduce-scatter the gradients (average over the ranks) before the step; false when they are averaged already.
+  /// Reduce-scatter the gradients (average over the ranks) before the step; false when they are averaged already
+  /// (PyTorch's behaviour: its ZeroRedundancyOptimizer never averages them, it expects DDP to have done so).
   /// Gradients that a DistributedDataParallel averaged are never averaged again, whatever this says.
   bool reduce_gradients = true;
 };
