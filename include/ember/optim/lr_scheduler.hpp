@@ -30,10 +30,11 @@ class LRScheduler {
     apply();
   }
   std::int64_t last_step() const { return step_; }
-  /// PyTorch's keys: last_epoch (the step count) and base_lrs.<group> (0-d float64). Loading one restores the step
-  /// count and writes that step's rates into the optimizer, so a resumed schedule continues where it stopped. A
-  /// state is refused (and nothing changes) unless its base rates and the rates it gives the optimizer are in the
-  /// optimizers' range ([0, kMaxLr]) and its step is one the schedule can reach.
+  /// The schedule's state under PyTorch's keys: `last_epoch` (the step count) and one `base_lrs.0`, `base_lrs.1`,
+  /// ... per param group (0-d float64 tensors). Loading one restores the step count and writes that step's rates
+  /// into the optimizer, so a resumed schedule continues where it stopped. A state is refused (and nothing changes)
+  /// unless its base rates and the rates it gives the optimizer are in the optimizers' range ([0, kMaxLr]) and its
+  /// step is one the schedule can reach.
   StateDict state_dict() const {
     StateDict sd;
     sd["last_epoch"] = full<double>(Shape{}, double(step_));
