@@ -37,9 +37,14 @@ EMBER_HEADER_INLINE Tensor<float> chw(const Tensor<float>& x, const char* op) {
 
 /// (x - mean[c]) / std[c] per channel; one value applies to every channel. Like torchvision's Normalize.
 struct Normalize {
+  ///@{
+  /// The per-channel means and standard deviations (the same count; one value each applies to every channel).
   std::vector<float> mean, std;
+  ///@}
 
+  /// Normalize(mean, std), as torchvision's: m and s have the same, non-zero count; every s is finite and non-zero.
   EMBER_HEADER_INLINE Normalize(std::vector<float> m, std::vector<float> s);
+  /// The normalized copy of a (C, H, W) CPU image (C = mean's count, or any C with one value).
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng&) const;
   /// In place, on a contiguous image nobody else holds (Compose calls it on its own intermediates).
   void apply_(Tensor<float>& x, Rng&) const { run(x, x); }
@@ -89,12 +94,19 @@ struct RandomCropOptions {
 /// Pads the image by `padding` on each side, then cuts a (height, width) window at a random position, as
 /// torchvision's RandomCrop(size, padding).
 struct RandomCrop {
+  ///@{
+  /// The crop's size in pixels (torchvision's size=(height, width)).
   std::int64_t height, width;
-  RandomCropOptions opt;
+  ///@}
+  RandomCropOptions opt;  ///< The padding and its fill value.
 
+  /// A (h, w) crop (both > 0), as torchvision's RandomCrop((h, w), padding=...).
   EMBER_HEADER_INLINE RandomCrop(std::int64_t h, std::int64_t w, RandomCropOptions o = {});
+  /// A square (size, size) crop, as RandomCrop(size, padding=...).
   explicit RandomCrop(std::int64_t size, RandomCropOptions o = {}) : RandomCrop(size, size, o) {}
 
+  /// The (C, height, width) crop of a (C, H, W) CPU image, at a position drawn from g; the padded image must be at
+  /// least the crop's size.
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
 };
 
@@ -133,8 +145,9 @@ EMBER_HEADER_INLINE Tensor<float> RandomCrop::operator()(const Tensor<float>& in
 
 /// Mirrors the image left-right with probability p.
 struct RandomHorizontalFlip {
-  float p = 0.5f;
+  float p = 0.5f;  ///< The probability of flipping (torchvision's p).
 
+  /// The (C, H, W) CPU image, mirrored left-right with probability p (a copy either way).
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
   /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
   EMBER_HEADER_INLINE void apply_(Tensor<float>& x, Rng& g) const;
@@ -176,11 +189,13 @@ struct RandomErasingOptions {
 /// With probability p, fills a random rectangle of random area and aspect ratio with `value` (Zhong et al., 2017;
 /// torchvision's RandomErasing: up to 10 tries to find a rectangle that fits, else the image is unchanged).
 struct RandomErasing {
-  RandomErasingOptions opt;
+  RandomErasingOptions opt;  ///< The probability, the area and aspect-ratio ranges and the fill value.
 
-  RandomErasing() = default;
+  RandomErasing() = default;  ///< With the default options (torchvision's defaults).
+  /// With options `o` (checked: p in [0, 1], ordered ranges within their bounds).
   EMBER_HEADER_INLINE explicit RandomErasing(RandomErasingOptions o);
 
+  /// The (C, H, W) CPU image, with one rectangle filled with probability p (a copy either way).
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
   /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
   EMBER_HEADER_INLINE void apply_(Tensor<float>& x, Rng& g) const;
@@ -254,8 +269,9 @@ EMBER_HEADER_INLINE void RandomErasing::fill(const Tensor<float>& out, const Rec
 /// Applies transforms in order: Compose(RandomCrop(28, {.padding = 2}), RandomHorizontalFlip{}, Normalize(...)).
 template <class... Ts>
 struct Compose {
-  std::tuple<Ts...> ts;
+  std::tuple<Ts...> ts;  ///< The transforms, in the order they run.
 
+  /// Composes the transforms `t...`, run first to last (torchvision's Compose([...])).
   explicit Compose(Ts... t) : ts(std::move(t)...) {}
   /// Transforms that have an in-place form (apply_) run in place on an image nobody else holds: the results are
   /// the same, without a copy per transform.
