@@ -334,9 +334,11 @@ Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor
 /// nn::CrossEntropyLoss: `nn::CrossEntropyLoss loss({.label_smoothing = 0.1}); auto l = loss(logits, target);`
 template <class T = float>
 struct CrossEntropyLoss {
-  CrossEntropyOptions<T> options;
+  CrossEntropyOptions<T> options;  ///< The weight, ignore_index, reduction and label_smoothing of every call.
   CrossEntropyLoss() = default;
+  /// nn.CrossEntropyLoss(weight=..., ignore_index=..., reduction=..., label_smoothing=...).
   explicit CrossEntropyLoss(CrossEntropyOptions<T> o) : options(std::move(o)) {}
+  /// cross_entropy(logits, target, options): logits (N, C) or (N, C, d1, ...), class indices (N) or (N, d1, ...).
   Tensor<T> operator()(const Tensor<T>& logits, const Tensor<std::int64_t>& target) const {
     return cross_entropy(logits, target, options);
   }
@@ -349,9 +351,12 @@ struct CrossEntropyLoss {
 /// nn::NLLLoss: use after log_softmax(x, 1).
 template <class T = float>
 struct NLLLoss {
-  NllLossOptions<T> options;
+  NllLossOptions<T> options;  ///< The weight, ignore_index and reduction of every call.
   NLLLoss() = default;
+  /// nn.NLLLoss(weight=..., ignore_index=..., reduction=...).
   explicit NLLLoss(NllLossOptions<T> o) : options(std::move(o)) {}
+  /// nll_loss(log_probs, target, options): log-probabilities (N, C) or (N, C, d1, ...), class indices (N) or
+  /// (N, d1, ...). DebugChecks also checks that the input is log-probabilities (on by default in debug builds).
   template <bool DebugChecks = (EMBER_DEBUG_CHECKS != 0)>
   Tensor<T> operator()(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target) const {
     return nll_loss<T, DebugChecks>(log_probs, target, options);
@@ -361,9 +366,11 @@ struct NLLLoss {
 /// nn::BCEWithLogitsLoss: takes raw logits (no sigmoid before it).
 template <class T = float>
 struct BCEWithLogitsLoss {
-  BceWithLogitsOptions<T> options;
+  BceWithLogitsOptions<T> options;  ///< The weight, reduction and pos_weight of every call.
   BCEWithLogitsLoss() = default;
+  /// nn.BCEWithLogitsLoss(weight=..., reduction=..., pos_weight=...).
   explicit BCEWithLogitsLoss(BceWithLogitsOptions<T> o) : options(std::move(o)) {}
+  /// binary_cross_entropy_with_logits(logits, target, options): target has the logits' shape, values in [0, 1].
   Tensor<T> operator()(const Tensor<T>& logits, const Tensor<T>& target) const {
     return binary_cross_entropy_with_logits(logits, target, options);
   }
@@ -371,9 +378,11 @@ struct BCEWithLogitsLoss {
 
 /// nn::MSELoss.
 struct MSELoss {
-  Reduction reduction = Reduction::Mean;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
   MSELoss() = default;
+  /// nn.MSELoss(reduction=r).
   explicit MSELoss(Reduction r) : reduction(r) {}
+  /// mse_loss(input, target, reduction): the squared error, target of the input's shape.
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return mse_loss(input, target, reduction);
@@ -382,9 +391,11 @@ struct MSELoss {
 
 /// nn::L1Loss.
 struct L1Loss {
-  Reduction reduction = Reduction::Mean;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
   L1Loss() = default;
+  /// nn.L1Loss(reduction=r).
   explicit L1Loss(Reduction r) : reduction(r) {}
+  /// l1_loss(input, target, reduction): the absolute error, target of the input's shape.
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return l1_loss(input, target, reduction);
@@ -393,10 +404,12 @@ struct L1Loss {
 
 /// nn::SmoothL1Loss.
 struct SmoothL1Loss {
-  Reduction reduction = Reduction::Mean;
-  double beta = 1.0;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
+  double beta = 1.0;  ///< Where the loss turns from quadratic (0.5 x^2 / beta) to linear (|x| - 0.5 beta), >= 0.
   SmoothL1Loss() = default;
+  /// nn.SmoothL1Loss(reduction=r, beta=b).
   explicit SmoothL1Loss(Reduction r, double b = 1.0) : reduction(r), beta(b) {}
+  /// smooth_l1_loss(input, target, reduction, beta).
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return smooth_l1_loss(input, target, reduction, beta);
@@ -405,10 +418,12 @@ struct SmoothL1Loss {
 
 /// nn::HuberLoss.
 struct HuberLoss {
-  Reduction reduction = Reduction::Mean;
-  double delta = 1.0;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
+  double delta = 1.0;  ///< Where the loss turns from quadratic (0.5 x^2) to linear (delta (|x| - 0.5 delta)), > 0.
   HuberLoss() = default;
+  /// nn.HuberLoss(reduction=r, delta=d).
   explicit HuberLoss(Reduction r, double d = 1.0) : reduction(r), delta(d) {}
+  /// huber_loss(input, target, reduction, delta).
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return huber_loss(input, target, reduction, delta);
