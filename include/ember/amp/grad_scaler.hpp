@@ -83,6 +83,7 @@ class GradScaler {
   static constexpr double kMaxScale = double(std::numeric_limits<float>::max());
 
  public:
+  /// torch.amp.GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled).
   explicit GradScaler(const GradScalerOptions& o = {})
       : scale_(o.init_scale),
         growth_factor_(o.growth_factor),
@@ -181,7 +182,10 @@ class GradScaler {
 
   /// The current scale (1 when disabled).
   double get_scale() const { return enabled_ ? scale_ : 1.0; }
+  /// The successive steps without an infinite gradient since the scale last changed (PyTorch's
+  /// get_growth_tracker()); the scale grows when it reaches growth_interval.
   std::int64_t get_growth_tracker() const { return growth_tracker_; }
+  /// Whether scaling is on (PyTorch's is_enabled()); disabled, every method is a pass-through.
   bool is_enabled() const { return enabled_; }
   /// Whether the last step() on this optimizer was skipped for a non-finite gradient (until update()).
   template <class Opt>

@@ -23,11 +23,14 @@ namespace ember {
 /// -inf masks out). Either converts implicitly, so `.attn_mask = mask` takes both. Broadcastable to (..., L, S).
 template <class T>
 struct AttnMask {
-  Tensor<bool> keep;
-  Tensor<T> add;
-  AttnMask() = default;
+  Tensor<bool> keep;  ///< A boolean mask (true: attend), or undefined.
+  Tensor<T> add;      ///< An additive mask, or undefined.
+  AttnMask() = default;  ///< No mask (PyTorch's None).
+  /// A boolean mask.
   AttnMask(Tensor<bool> m) : keep(std::move(m)) {}  // NOLINT: implicit on purpose
+  /// An additive mask.
   AttnMask(Tensor<T> m) : add(std::move(m)) {}      // NOLINT
+  /// Whether there is a mask.
   bool defined() const { return keep.defined() || add.defined(); }
 };
 
@@ -130,8 +133,11 @@ Tensor<T> sdpa_bias(const AttnMask<T>& m, const Shape& target, std::int64_t& bat
 /// output (BH, L, Ev), the log-sum-exp of each query row (BH, L) and the mask's bias (or undefined).
 template <class T>
 struct SdpaForward {
-  AttentionGeom g;
+  AttentionGeom g;  ///< The geometry.
+  ///@{
+  /// The (BH, L, E) operands, the output, the row log-sum-exps and the mask's bias (see above).
   Tensor<T> q, k, v, out, lse, bias;
+  ///@}
 };
 
 /// The blocked forward (CPU; float or double): q (..., L, E), k (..., S, E) and v (..., S, Ev) checked by check_sdpa,
@@ -178,9 +184,13 @@ SdpaForward<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor
   return f;
 }
 
+/// The gradients of the blocked attention's q, k and v.
 template <class T>
 struct SdpaGrads {
+  ///@{
+  /// The gradients of q, k and v, in the shapes of the forward's kernel operands.
   Tensor<T> q, k, v;  // the shapes of the forward's kernel operands
+  ///@}
 };
 
 /// The blocked backward from the forward's operands (q, k, v, out: (BH, L, E), (BH / G, S, E), (BH / G, S, Ev),

@@ -31,9 +31,12 @@ struct ConvBnOptions {
 /// What the fused forward returns and its backward needs.
 template <class T>
 struct ConvBnResult {
-  Tensor<T> y;                       // (N, O, oh, ow), or (N, O, oh/2, ow/2) with pool2
-  Tensor<T> z;                       // (N, O, oh, ow): the convolution's output (the batch norm's input)
+  Tensor<T> y;  ///< (N, O, oh, ow), or (N, O, oh/2, ow/2) with pool2.
+  Tensor<T> z;  ///< (N, O, oh, ow): the convolution's output (the batch norm's input).
+  ///@{
+  /// (O): the batch statistics, mean and 1 / sqrt(var + eps).
   std::vector<double> mean, invstd;  // (O): the batch statistics
+  ///@}
 };
 
 namespace detail {
@@ -90,8 +93,14 @@ ConvBnResult<T> conv2d_batch_norm_forward(const Tensor<T>& x, const Tensor<T>& w
 /// The gradients of the fused block; each is undefined when not asked for.
 template <class T>
 struct ConvBnGrads {
+  ///@{
+  /// The gradients of the convolution's input, weight and bias.
   Tensor<T> input, weight, bias;  // the convolution's
+  ///@}
+  ///@{
+  /// The gradients of the batch norm's weight and bias.
   Tensor<T> bn_weight, bn_bias;   // the batch norm's
+  ///@}
 };
 
 /// Gradients of conv2d_batch_norm given gy (the shape of its y), from what its forward returned (z, mean, invstd) and

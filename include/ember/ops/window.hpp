@@ -13,9 +13,14 @@ namespace ember {
 
 /// A (height, width) pair; one number means both, as PyTorch's `int or (int, int)` arguments.
 struct Size2 {
+  ///@{
+  /// The height and the width.
   std::int64_t h = 0, w = 0;
-  Size2() = default;
+  ///@}
+  Size2() = default;  ///< (0, 0).
+  /// (v, v): `kernel_size = 3`.
   Size2(std::int64_t v) : h(v), w(v) {}  // NOLINT: implicit on purpose (`.padding = 1`)
+  /// (h_, w_): `{3, 5}`.
   Size2(std::int64_t h_, std::int64_t w_) : h(h_), w(w_) {}
   /// "(3, 3)", as error messages print it.
   EMBER_COLD std::string str() const {
@@ -27,6 +32,7 @@ struct Size2 {
     s += ')';
     return s;
   }
+  /// The same height and width.
   friend bool operator==(const Size2& a, const Size2& b) { return a.h == b.h && a.w == b.w; }
 };
 

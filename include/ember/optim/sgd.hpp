@@ -29,15 +29,19 @@ struct SGDOptions {
   bool maximize = false;      ///< ascend: the update uses -grad (maximises the objective)
 };
 
+/// Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (torch.optim.SGD),
+/// one fused pass per parameter.
 template <class T = float>
 class SGD final : public Optimizer {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "optim::SGD: parameters are float or double (mixed precision keeps fp32 master weights)");
 
  public:
-  using Group = ParamGroup<T, SGDOptions>;
+  using Group = ParamGroup<T, SGDOptions>;  ///< One param group: its parameters and their SGDOptions.
 
+  /// One group of `params` (leaf tensors) with options `o`, as `torch.optim.SGD(params, lr=..., ...)`.
   SGD(std::vector<Tensor<T>> params, const SGDOptions& o) : SGD(std::vector<Group>{{std::move(params), o}}) {}
+  /// Several param groups, each with its own options (PyTorch's list of dicts).
   explicit SGD(std::vector<Group> groups);
 
   void step() override;
@@ -45,9 +49,11 @@ class SGD final : public Optimizer {
   void zero_grad(bool set_to_none = true) override {
     for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
   }
+  /// The number of param groups.
   std::size_t num_groups() const override { return groups_.size(); }
   double& lr(std::size_t g) override { return groups_.at(g).options.lr; }
   double* momentum(std::size_t g) override { return &groups_.at(g).options.momentum; }
+  /// The groups and their options, to read or change between steps (PyTorch's `optimizer.param_groups`).
   std::vector<Group>& param_groups() { return groups_; }
 
   nn::StateDict state_dict() const override;
