@@ -20,8 +20,9 @@ set -euo pipefail
 # libopenmpi-dev, openmpi-bin: the mpi backend of the collectives (ember::mpi) and its test under mpirun
 # libjpeg62-turbo-dev, libspng-dev: JPEG and PNG decoding (ember::image) and its tests (whose reference decodes are
 # committed fixtures: CI needs no djpeg)
+# doxygen: the API reference (the docs target) and its check (ctest's docs_api)
 pkgs=(cmake g++ make libeigen3-dev doctest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist
-      clang libclang-rt-14-dev time libopenmpi-dev openmpi-bin libjpeg62-turbo-dev libspng-dev)
+      clang libclang-rt-14-dev time libopenmpi-dev openmpi-bin libjpeg62-turbo-dev libspng-dev doxygen)
 bench=0 bench_python=0
 for arg in "$@"; do
   case $arg in

@@ -160,6 +160,7 @@ namespace ember {
 /// involved, and what was expected.
 class Error : public std::runtime_error {
  public:
+  /// An error with message `what` (what() returns it).
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 

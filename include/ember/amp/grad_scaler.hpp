@@ -27,11 +27,14 @@
 
 namespace ember::amp {
 
+/// The options of amp::GradScaler, in torch.amp.GradScaler's order and with its defaults (its device argument is
+/// not needed: each gradient is unscaled on its own device):
+///   amp::GradScaler scaler({.init_scale = 1024.0, .growth_interval = 1000});
 struct GradScalerOptions {
-  double init_scale = 65536.0;  ///< 2^16
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
+  double init_scale = 65536.0;  ///< the starting scale, 2^16; in (0, the largest float]
+  double growth_factor = 2.0;   ///< the scale's factor after growth_interval clean updates in a row; > 1
+  double backoff_factor = 0.5;  ///< the scale's factor after an update that found inf/NaN; in (0, 1)
+  std::int64_t growth_interval = 2000;  ///< the clean (no inf/NaN) updates in a row before the scale grows; > 0
   bool enabled = true;  ///< false: every method is a pass-through (scale 1, step = optimizer.step())
 };
 
@@ -83,6 +86,7 @@ class GradScaler {
   static constexpr double kMaxScale = double(std::numeric_limits<float>::max());
 
  public:
+  /// torch.amp.GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled).
   explicit GradScaler(const GradScalerOptions& o = {})
       : scale_(o.init_scale),
         growth_factor_(o.growth_factor),
@@ -181,7 +185,10 @@ class GradScaler {
 
   /// The current scale (1 when disabled).
   double get_scale() const { return enabled_ ? scale_ : 1.0; }
+  /// The successive steps without an infinite gradient since the scale last changed (PyTorch's
+  /// get_growth_tracker()); the scale grows when it reaches growth_interval.
   std::int64_t get_growth_tracker() const { return growth_tracker_; }
+  /// Whether scaling is on (PyTorch's is_enabled()); disabled, every method is a pass-through.
   bool is_enabled() const { return enabled_; }
   /// Whether the last step() on this optimizer was skipped for a non-finite gradient (until update()).
   template <class Opt>

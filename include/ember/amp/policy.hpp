@@ -17,10 +17,10 @@ namespace ember::amp {
 ///  - grad_t:       what the parameters' gradients are in (the same as param_t: gradients land on the masters).
 template <class Param, class Compute, class Accumulate = float>
 struct Policy {
-  using param_t = Param;
-  using compute_t = Compute;
-  using accumulate_t = Accumulate;
-  using grad_t = Param;
+  using param_t = Param;            ///< What parameters are stored in.
+  using compute_t = Compute;        ///< What activations are in.
+  using accumulate_t = Accumulate;  ///< What reductions and GEMMs accumulate in.
+  using grad_t = Param;             ///< What the parameters' gradients are in.
   /// True when the layer must cast its parameters to compute_t in forward.
   static constexpr bool casts = !std::is_same_v<Param, Compute>;
 };

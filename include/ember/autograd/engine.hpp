@@ -19,8 +19,8 @@ namespace ember::autograd {
 
 /// The backward passes running on this thread and what to run when they end (queue_callback).
 struct BackwardPassState {
-  int depth = 0;                                // nested backward passes running on this thread
-  std::vector<std::function<void()>> callbacks;  // to run when the outermost one ends
+  int depth = 0;                                 ///< Nested backward passes running on this thread.
+  std::vector<std::function<void()>> callbacks;  ///< What to run when the outermost one ends.
 };
 inline BackwardPassState& backward_pass_state() {
   thread_local BackwardPassState s;

@@ -107,9 +107,10 @@ void backward_through(TypedNode<T>& node, const E& e, const G& g, const Shape& s
 /// Saves an expression's leaves (by value) with their versions, and its edges.
 template <class E>
 struct SavedExpr {
-  std::optional<expr::owned_t<E>> e;
-  std::array<std::uint64_t, E::num_leaves> versions{};
+  std::optional<expr::owned_t<E>> e;                   ///< The expression, its tensors held by value.
+  std::array<std::uint64_t, E::num_leaves> versions{};  ///< Each leaf's version when saved, in leaf order.
 
+  /// Saves `ex` and its leaves' versions, and sets node's edges to the leaves' gradient nodes.
   template <class T>
   void save(TypedNode<T>& node, const E& ex) {
     e.emplace(expr::make_owned(ex));

@@ -29,6 +29,7 @@ class NoGradGuard {
 /// Turns grad mode on or off for a scope (torch.set_grad_enabled).
 class GradModeGuard {
  public:
+  /// Grad mode on (true) or off until the guard is destroyed, then the previous mode again.
   explicit GradModeGuard(bool on) : prev_(autograd::grad_mode_flag()) { autograd::grad_mode_flag() = on; }
   ~GradModeGuard() { autograd::grad_mode_flag() = prev_; }
   GradModeGuard(const GradModeGuard&) = delete;
@@ -47,6 +48,7 @@ class GradModeGuard {
 ///   { InferenceMode im; auto logits = model(x); ... }
 class InferenceMode {
  public:
+  /// Inference mode on (or, with false, off: torch.inference_mode(False)) until the guard is destroyed.
   explicit InferenceMode(bool on = true)
       : prev_inference_(detail::inference_mode_flag()), prev_grad_(autograd::grad_mode_flag()) {
     detail::inference_mode_flag() = on;
@@ -58,6 +60,7 @@ class InferenceMode {
   }
   InferenceMode(const InferenceMode&) = delete;
   InferenceMode& operator=(const InferenceMode&) = delete;
+  /// Whether inference mode is on in this thread (torch.is_inference_mode_enabled()).
   static bool is_enabled() { return detail::inference_mode_flag(); }
 
  private:

@@ -18,10 +18,13 @@
 
 namespace ember {
 
+/// What gradcheck returns: whether the analytic gradients match the numerical ones (torch.autograd.gradcheck's
+/// result, with the details PyTorch puts in its exception).
 struct GradcheckResult {
-  bool ok = true;
-  double max_error = 0;  // largest |numeric - analytic|
-  std::string message;   // the first mismatch, if any
+  bool ok = true;        ///< Every gradient within the tolerances.
+  double max_error = 0;  ///< The largest |numeric - analytic|.
+  std::string message;   ///< The first mismatch, if any.
+  /// ok.
   explicit operator bool() const { return ok; }
 };
 

@@ -313,8 +313,8 @@ Tensor<T> index_add(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int6
 /// What sort and topk return (torch's (values, indices) named tuple); `auto [v, i] = sort(x);` works.
 template <class T>
 struct SortResult {
-  Tensor<T> values;
-  Tensor<std::int64_t> indices;
+  Tensor<T> values;               ///< The sorted (or top-k) values.
+  Tensor<std::int64_t> indices;   ///< Where each value came from along the sorted dim.
 };
 
 /// Sorts along dim (ascending unless descending; NaN counts as the largest value); the sort is stable, so equal

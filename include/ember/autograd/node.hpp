@@ -35,12 +35,19 @@ void check_not_inference(const Tensor<T>& t, const char* what) {
               "InferenceMode to get a normal tensor, or run the whole computation under InferenceMode");
 }
 
+/// One entry of the autograd tape, what Tensor::grad_fn() returns (PyTorch's `grad_fn` object): the backward of
+/// the op that produced a tensor, with an edge to the node of each of its inputs. ember's ops derive their nodes
+/// from TypedNode; custom ops record one through autograd::apply_function.
 struct Node : std::enable_shared_from_this<Node> {
+  /// The recording order on this thread; backward runs nodes in decreasing order (gradient sinks first).
   std::uint64_t seq = next_sequence_number();
+  /// One edge per input: the node that receives that input's gradient (PyTorch's next_functions); null where
+  /// the input needs no gradient.
   std::vector<std::shared_ptr<Node>> next;  // per input; null where the input needs no gradient
-  bool released = false;
+  bool released = false;  ///< Set once release() freed what backward needed (a second backward is then an error).
 
   EMBER_HEADER_INLINE virtual ~Node();  // (not inline: with ember::precompiled the vtable lives in the library)
+  /// The node's name, as PyTorch's grad_fn.name(): "Conv2dBackward", "AccumulateGrad", a custom op's name.
   virtual const char* name() const = 0;
   /// Runs hooks of the output, then computes and delivers the inputs' gradients.
   virtual void apply() = 0;
@@ -48,6 +55,7 @@ struct Node : std::enable_shared_from_this<Node> {
   virtual void clear_grad() = 0;
   /// Frees what backward needed (the tape is freed after backward unless retain_graph).
   virtual void release() {}
+  /// Whether this is a leaf's gradient sink (AccumulateGrad) rather than an op's backward.
   virtual bool is_accumulator() const { return false; }
 };
 #if EMBER_HEADER_BODIES
@@ -58,8 +66,8 @@ EMBER_HEADER_INLINE Node::~Node() = default;
 /// ember::precompiled, which holds the floating dtypes' nodes, a TU compiles none of them.)
 template <class T>
 struct TypedNode : Node {
-  Tensor<T> grad;                       // gradient of the output, accumulated from its consumers
-  std::weak_ptr<TensorImpl<T>> output;  // the output tensor, for retain_grad() and hooks
+  Tensor<T> grad;                       ///< The output's gradient, accumulated from its consumers.
+  std::weak_ptr<TensorImpl<T>> output;  ///< The output tensor, for retain_grad() and hooks.
 
   TypedNode() = default;
   TypedNode(const TypedNode&) = delete;
@@ -113,12 +121,15 @@ void TypedNode<T>::deliver(std::size_t k, Tensor<U> g) {
 /// The gradient sink of a leaf: adds into leaf.grad() and then runs the leaf's gradient-ready hooks.
 template <class T>
 struct AccumulateGrad final : TypedNode<T> {
-  std::shared_ptr<TensorImpl<T>> leaf;
+  std::shared_ptr<TensorImpl<T>> leaf;  ///< The leaf tensor whose grad() receives the gradient.
 
+  /// The sink of leaf `l`; it runs as soon as its gradient is complete (the largest sequence number).
   explicit AccumulateGrad(std::shared_ptr<TensorImpl<T>> l) : leaf(std::move(l)) {
     this->seq = std::numeric_limits<std::uint64_t>::max();  // run as soon as ready
   }
+  /// "AccumulateGrad", as PyTorch's node.
   const char* name() const override { return "AccumulateGrad"; }
+  /// True: a gradient sink.
   bool is_accumulator() const override { return true; }
   void backward() override {
     AutogradMeta<T>& m = *leaf->meta;
@@ -159,12 +170,15 @@ void set_history(Tensor<T>& out, const std::shared_ptr<TypedNode<T>>& node) {
 /// Records the storage version of a saved tensor, to detect in-place changes before backward.
 template <class T>
 struct Saved {
-  Tensor<T> t;
-  std::uint64_t version = 0;
-  Saved() = default;
+  Tensor<T> t;                ///< The saved tensor (undefined when nothing was saved).
+  std::uint64_t version = 0;  ///< Its version() when it was saved.
+  Saved() = default;  ///< Nothing saved.
+  /// Saves x and its current version (an inference tensor is refused).
   explicit Saved(const Tensor<T>& x) : t(x), version(x.defined() ? x.version() : 0) {
     check_not_inference(x, "autograd");
   }
+  /// The saved tensor; an error naming `op` if it was modified in place since it was saved (PyTorch's "one of the
+  /// variables needed for gradient computation has been modified by an inplace operation").
   const Tensor<T>& get(const char* op) const {
     EMBER_CHECK(!t.defined() || t.version() == version, op,
                 ": a tensor needed for gradient computation (shape ", t.shape().str(),

@@ -23,11 +23,15 @@ namespace ember {
 
 /// The dims a reduction runs over: one dim, a braced list, or none (= all dims).
 struct Dims {
-  std::vector<std::int64_t> v;
-  Dims() = default;
+  std::vector<std::int64_t> v;  ///< The dims (negative ones count from the end); empty: every dim.
+  Dims() = default;  ///< Every dim (PyTorch's dim=None).
+  /// One dim: `sum(x, 1)`.
   Dims(int d) : v{d} {}                                   // NOLINT: implicit on purpose
+  /// One dim: `sum(x, d)`.
   Dims(std::int64_t d) : v{d} {}                          // NOLINT
+  /// Several dims: `sum(x, {0, 2})` (PyTorch's dim=(0, 2)).
   Dims(std::initializer_list<std::int64_t> l) : v(l) {}   // NOLINT
+  /// Several dims, from a vector.
   Dims(std::vector<std::int64_t> l) : v(std::move(l)) {}  // NOLINT
 };
 

@@ -21,8 +21,12 @@ namespace ember {
 class Allocator {
  public:
   virtual ~Allocator() = default;
+  /// A block of at least nbytes, aligned for any element type (nullptr for 0 bytes); throws ember::Error when out
+  /// of memory.
   virtual void* allocate(std::size_t nbytes) = 0;
+  /// Gives back a block from allocate(); nbytes is the size it was asked for.
   virtual void deallocate(void* p, std::size_t nbytes) = 0;
+  /// The device the blocks live on (pinned host memory is Device::cpu()).
   virtual Device device() const = 0;
 };
 
@@ -51,17 +55,19 @@ struct AllocatorStats {
 /// peak reached and left entirely inside thread caches may be missed.
 class CpuCachingAllocator final : public Allocator {
  public:
-  static constexpr std::size_t kAlignment = 64;
+  static constexpr std::size_t kAlignment = 64;  ///< Every block's alignment in bytes (a cache line, an AVX-512 load).
   static constexpr std::size_t kThreadCacheMax = std::size_t(64) << 10;  ///< largest class thread caches keep
   static constexpr std::size_t kThreadBinBytes = std::size_t(128) << 10;  ///< bytes per class per thread
   static constexpr int kBins = 80;                                         ///< classes up to kThreadCacheMax
-  static constexpr int kMaxPerBin = 64;
+  static constexpr int kMaxPerBin = 64;  ///< the most blocks one thread cache keeps per class
 
+  /// The process's CPU allocator, which every CPU tensor's storage comes from.
   static CpuCachingAllocator& instance() {
     static CpuCachingAllocator* a = new CpuCachingAllocator();  // never destroyed: tensors may outlive statics
     return *a;
   }
 
+  /// The size a request of n bytes is rounded up to: 64-byte steps up to 4 KiB, then four classes per power of two.
   static std::size_t size_class(std::size_t n) {
     if (n == 0) n = 1;
     if (n <= 4096) return (n + 63) & ~std::size_t(63);
@@ -93,11 +99,14 @@ class CpuCachingAllocator final : public Allocator {
   /// Returns every cached block, of the shared pool and of every thread cache, to the system.
   EMBER_HEADER_INLINE void empty_cache();
 
+  /// The counters, summed over the shared pool and every thread cache.
   EMBER_HEADER_INLINE AllocatorStats stats() const;
+  /// Restarts peak_in_use from the bytes in use now.
   void reset_peak() {
     std::lock_guard<std::mutex> lk(mu_);
     peak_ = total_in_use();
   }
+  /// The most bytes the shared pool keeps cached (set_cache_limit).
   std::size_t cache_limit() const { return limit_.load(std::memory_order_relaxed); }
   /// Caps the bytes the shared pool keeps (0 turns caching off: thread caches are bypassed too).
   EMBER_HEADER_INLINE void set_cache_limit(std::size_t bytes);

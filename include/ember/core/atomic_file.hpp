@@ -116,6 +116,7 @@ class AtomicFile {
 
   /// Appends `n` bytes to the temporary file.
   EMBER_HEADER_INLINE void write(const void* data, std::size_t n);
+  /// Appends `bytes` to the temporary file.
   void write(std::span<const unsigned char> bytes) { write(bytes.data(), bytes.size()); }
 
   /// Syncs and closes the temporary file and renames it over path(), then syncs the folder. On error the

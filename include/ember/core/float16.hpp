@@ -180,17 +180,20 @@ struct half {
   std::uint16_t bits;  ///< the raw binary16 pattern
 
   half() = default;  ///< trivial: the value is indeterminate, as for float
+  /// Rounds f to the nearest binary16 (ties to even; overflow gives ±inf, NaN stays NaN), as `torch.half`'s cast.
   EMBER_HOST_DEVICE constexpr half(float f) noexcept : bits(detail::f16::to_half_bits(f)) {}
   /// Any other arithmetic type converts through float (so a double rounds twice, like `half(float(d))`).
   template <class S, std::enable_if_t<detail::f16::is_arith_v<S> && !std::is_same_v<S, float>, int> = 0>
   EMBER_HOST_DEVICE constexpr half(S v) noexcept : half(static_cast<float>(v)) {}
 
+  /// The half whose binary16 pattern is b (no conversion): `half::from_bits(0x3c00)` is 1.
   EMBER_HOST_DEVICE static constexpr half from_bits(std::uint16_t b) noexcept {
     half h{};
     h.bits = b;
     return h;
   }
 
+  /// The value as a float (exact: every half is a float). Implicit, so a half works wherever a float does.
   EMBER_HOST_DEVICE constexpr operator float() const noexcept { return detail::f16::from_half_bits(bits); }
 
   EMBER_F16_OPERATORS(half)
@@ -201,17 +204,20 @@ struct bfloat16 {
   std::uint16_t bits;  ///< the raw bfloat16 pattern (the high 16 bits of the float it stands for)
 
   bfloat16() = default;  ///< trivial: the value is indeterminate, as for float
+  /// Rounds f to the nearest bfloat16 (ties to even; NaN stays NaN), as `torch.bfloat16`'s cast.
   EMBER_HOST_DEVICE constexpr bfloat16(float f) noexcept : bits(detail::f16::float_to_bfloat16_bits(f)) {}
   /// Any other arithmetic type converts through float.
   template <class S, std::enable_if_t<detail::f16::is_arith_v<S> && !std::is_same_v<S, float>, int> = 0>
   EMBER_HOST_DEVICE constexpr bfloat16(S v) noexcept : bfloat16(static_cast<float>(v)) {}
 
+  /// The bfloat16 whose bit pattern is b (no conversion): `bfloat16::from_bits(0x3f80)` is 1.
   EMBER_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 h{};
     h.bits = b;
     return h;
   }
 
+  /// The value as a float (exact: the bits become a float's high half). Implicit, as half's.
   EMBER_HOST_DEVICE constexpr operator float() const noexcept {
     return detail::f16::bfloat16_bits_to_float(bits);
   }
@@ -246,9 +252,13 @@ EMBER_HOST_DEVICE constexpr bool signbit(bfloat16 h) noexcept { return (h.bits &
 
 namespace std {
 
+/// std::numeric_limits for ember::half, with binary16's values (as `torch.finfo(torch.half)`): max 65504, min
+/// (smallest normal) 2^-14, denorm_min 2^-24, epsilon 2^-10, 11 digits; IEEE 754, with infinities, NaNs and
+/// subnormals. The members have the standard meanings.
 template <>
 class numeric_limits<ember::half> {
  public:
+  /// \cond
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = true;
   static constexpr bool is_integer = false;
@@ -282,11 +292,16 @@ class numeric_limits<ember::half> {
   static constexpr ember::half quiet_NaN() noexcept { return ember::half::from_bits(0x7e00); }
   static constexpr ember::half signaling_NaN() noexcept { return ember::half::from_bits(0x7d00); }
   static constexpr ember::half denorm_min() noexcept { return ember::half::from_bits(0x0001); }  // 2^-24
+  /// \endcond
 };
 
+/// std::numeric_limits for ember::bfloat16 (as `torch.finfo(torch.bfloat16)`): float's range (max ~3.39e38, min
+/// 2^-126) with 8 digits, epsilon 2^-7; infinities, NaNs and subnormals, but not IEEE 754 (is_iec559 is false).
+/// The members have the standard meanings.
 template <>
 class numeric_limits<ember::bfloat16> {
  public:
+  /// \cond
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = true;
   static constexpr bool is_integer = false;
@@ -320,6 +335,7 @@ class numeric_limits<ember::bfloat16> {
   static constexpr ember::bfloat16 quiet_NaN() noexcept { return ember::bfloat16::from_bits(0x7fc0); }
   static constexpr ember::bfloat16 signaling_NaN() noexcept { return ember::bfloat16::from_bits(0x7fa0); }
   static constexpr ember::bfloat16 denorm_min() noexcept { return ember::bfloat16::from_bits(0x0001); }
+  /// \endcond
 };
 
 }  // namespace std

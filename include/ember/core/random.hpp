@@ -9,17 +9,23 @@
 
 namespace ember {
 
+/// A counter-based random number generator (PyTorch's `torch.Generator`): its state is a seed and an offset, the
+/// number of 128-bit blocks drawn so far, so saving and restoring both reproduces the stream exactly.
 class Generator {
  public:
+  /// A generator at the start of `seed`'s stream.
   explicit Generator(std::uint64_t seed = 0x853c49e6748fea9bULL) : seed_(seed) {}
 
+  /// Restarts the generator at the start of `seed`'s stream (PyTorch's manual_seed).
   void manual_seed(std::uint64_t seed) {
     seed_ = seed;
     offset_ = 0;
   }
+  /// The seed (PyTorch's initial_seed()).
   std::uint64_t seed() const { return seed_; }
   /// How many 128-bit blocks have been used; with the seed, the whole state (checkpoints save both).
   std::uint64_t offset() const { return offset_; }
+  /// Moves to block o of the seed's stream (what loading a checkpoint does).
   void set_offset(std::uint64_t o) { offset_ = o; }
 
   /// Reserves n blocks of four 32-bit values and returns the first block's counter.

@@ -40,36 +40,51 @@ inline bool add_overflow(std::int64_t a, std::int64_t b, std::int64_t* out) {
 
 /// A small fixed-capacity list of int64 extents (also used for strides). Trivially copyable.
 struct Shape {
-  std::int64_t d[kMaxDims] = {};
-  int n = 0;
+  std::int64_t d[kMaxDims] = {};  ///< The extents; only the first n are meaningful.
+  int n = 0;                       ///< The number of dims (0 for a scalar's shape).
 
-  Shape() = default;
+  Shape() = default;  ///< The 0-d shape (a scalar's): no dims, numel() 1.
+  /// The extents listed: `Shape{2, 3}` (PyTorch's `torch.Size([2, 3])`). At most kMaxDims of them.
   Shape(std::initializer_list<std::int64_t> il) { assign(il.begin(), il.end()); }
+  /// The extents of a vector (at most kMaxDims).
   explicit Shape(const std::vector<std::int64_t>& v) { assign(v.begin(), v.end()); }
+  /// The extents in [b, e) (at most kMaxDims).
   template <class It>
   Shape(It b, It e) {
     assign(b, e);
   }
 
+  /// The number of dims (n), as `len(torch.Size)`.
   EMBER_HOST_DEVICE int size() const { return n; }
+  /// Whether there are no dims (a 0-d shape; not whether numel() is 0).
   EMBER_HOST_DEVICE bool empty() const { return n == 0; }
+  /// Extent i, 0 <= i < n (unchecked; no negative indices).
   EMBER_HOST_DEVICE std::int64_t& operator[](int i) { return d[i]; }
+  /// Extent i, 0 <= i < n (unchecked; no negative indices).
   EMBER_HOST_DEVICE const std::int64_t& operator[](int i) const { return d[i]; }
+  /// Iterators over the n extents, for range-for loops and algorithms.
   std::int64_t* begin() { return d; }
+  /// End of the n extents.
   std::int64_t* end() { return d + n; }
+  /// Iterators over the n extents, for range-for loops and algorithms.
   const std::int64_t* begin() const { return d; }
+  /// End of the n extents.
   const std::int64_t* end() const { return d + n; }
+  /// The last extent (n must be > 0).
   std::int64_t back() const { return d[n - 1]; }
 
+  /// Appends a dim of extent v (an error beyond kMaxDims dims).
   void push_back(std::int64_t v) {
     EMBER_CHECK(n < kMaxDims, "Shape: at most ", kMaxDims, " dimensions are supported");
     d[n++] = v;
   }
+  /// Inserts a dim of extent v before position pos (0 <= pos <= n), moving the later ones up.
   void insert(int pos, std::int64_t v) {
     push_back(0);
     for (int i = n - 1; i > pos; --i) d[i] = d[i - 1];
     d[pos] = v;
   }
+  /// Removes the dim at position pos (0 <= pos < n).
   void erase(int pos) {
     for (int i = pos; i + 1 < n; ++i) d[i] = d[i + 1];
     --n;
@@ -84,8 +99,10 @@ struct Shape {
     if (over) [[unlikely]] return numel_overflow();
     return p;
   }
+  /// The extents as a vector (PyTorch's `list(x.shape)`).
   std::vector<std::int64_t> vec() const { return {d, d + n}; }
 
+  /// Same number of dims and the same extents.
   friend bool operator==(const Shape& a, const Shape& b) {
     if (a.n != b.n) return false;
     for (int i = 0; i < a.n; ++i)

@@ -23,17 +23,21 @@ inline bool& inference_mode_flag() {
 }
 }  // namespace detail
 
+/// A block of memory that tensors view (PyTorch's `UntypedStorage`): shared, through Storage, by every tensor and
+/// view over it, and given back to its allocator (or its deleter) when the last one goes.
 struct StorageImpl {
-  void* data = nullptr;
-  std::size_t nbytes = 0;
-  Device device;
-  Allocator* allocator = nullptr;             // null for memory ember does not own
-  std::function<void(void*)> deleter;         // from_blob's optional deleter
-  std::atomic<std::uint64_t> version{0};      // bumped by every in-place write
+  void* data = nullptr;                       ///< The first byte.
+  std::size_t nbytes = 0;                     ///< The size in bytes.
+  Device device;                              ///< Where the memory is.
+  Allocator* allocator = nullptr;             ///< Who frees it; null for memory ember does not own.
+  std::function<void(void*)> deleter;         ///< from_blob's optional deleter (memory ember does not own).
+  std::atomic<std::uint64_t> version{0};      ///< Bumped by every in-place write (Tensor::version()).
   /// Allocated under InferenceMode: no version counter, and autograd refuses to save or differentiate it.
   const bool inference = detail::inference_mode_flag();
 
+  /// n bytes from allocator a.
   StorageImpl(std::size_t n, Allocator& a) : data(a.allocate(n)), nbytes(n), device(a.device()), allocator(&a) {}
+  /// Memory ember does not own (from_blob): n bytes at p on device d, passed to del (when set) at the end.
   StorageImpl(void* p, std::size_t n, Device d, std::function<void(void*)> del)
       : data(p), nbytes(n), device(d), deleter(std::move(del)) {}
   StorageImpl(const StorageImpl&) = delete;

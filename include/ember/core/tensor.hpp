@@ -23,6 +23,7 @@
 
 namespace ember {
 
+/// An n-dimensional array of T with autograd (PyTorch's `torch.Tensor`); see the class definition below.
 template <class T>
 class Tensor;
 
@@ -32,10 +33,14 @@ struct Node;
 
 /// How a view was derived from its base; autograd replays it (or its inverse) in backward.
 struct ViewOp {
-  enum Kind : unsigned char { Reshape, Permute, Expand, Slice, Select } kind = Reshape;
-  Shape perm{};  // Permute: out dim i is base dim perm[i]
-  int dim = 0;
-  std::int64_t start = 0, end = 0, step = 1;  // Slice (normalised); Select uses start as the index
+  /// Which view function made the view: view/reshape, permute/transpose, expand, slice/narrow, select/operator[].
+  enum Kind : unsigned char { Reshape, Permute, Expand, Slice, Select } kind = Reshape;  ///< The view's kind.
+  Shape perm{};  ///< Permute: output dim i is base dim perm[i].
+  int dim = 0;   ///< Slice and Select: the dim sliced or selected.
+  ///@{
+  /// Slice: the (normalised) start, end and step along `dim`; Select uses `start` as the index.
+  std::int64_t start = 0, end = 0, step = 1;
+  ///@}
 };
 
 namespace detail {
@@ -57,23 +62,30 @@ concept Expression = detail::is_expression<std::remove_cvref_t<E>>::value;
 template <class T>
 struct AutogradMeta;
 
+/// What a Tensor handle points to: the storage and the view's geometry into it, plus the autograd slot. Every
+/// handle (copy) of a tensor shares one TensorImpl; views have their own, sharing the storage.
 template <class T>
 struct TensorImpl {
-  Storage storage;
-  Shape sizes;    // (d0, d1, ...)
-  Shape strides;  // in elements
-  std::int64_t offset = 0;
-  bool is_view = false;  // shares storage with a tensor it was derived from
-  std::unique_ptr<AutogradMeta<T>> meta;
+  Storage storage;                        ///< The memory (shared by all views of it) and its device.
+  Shape sizes;                            ///< The shape (d0, d1, ...).
+  Shape strides;                          ///< Per-dim strides, in elements (not bytes).
+  std::int64_t offset = 0;                ///< Where element (0, ..., 0) is in the storage, in elements.
+  bool is_view = false;                   ///< Shares storage with a tensor it was derived from.
+  std::unique_ptr<AutogradMeta<T>> meta;  ///< The autograd slot, created on demand (null without autograd state).
 };
 
+/// An n-dimensional array of T on a device, with autograd: ember's `torch.Tensor`. A Tensor is a cheap shared
+/// handle (copying it shares the data, clone() copies), views share storage, and element-wise expressions
+/// (`a * b + 1`) are evaluated lazily in one fused pass when assigned to a Tensor. The operations are free
+/// functions (ember::relu, ember::matmul, ...) and the members here; include <ember/ember.hpp> to use them all.
+/// T is one of float, double, half, bfloat16, int32_t, int64_t, uint8_t or bool.
 template <class T>
 class Tensor {
   static_assert(Dtype<T>, "ember::Tensor<T>: T must be one of float, double, half, bfloat16, int32_t, int64_t, "
                           "uint8_t or bool");
 
  public:
-  using value_type = T;
+  using value_type = T;  ///< The element type (the dtype).
 
   /// An undefined tensor (no storage), like a default torch::Tensor.
   Tensor() = default;
@@ -83,10 +95,13 @@ class Tensor {
   template <Expression E>
   Tensor(const E& e) : Tensor(detail::TensorOps<T>::materialize(e)) {}  // NOLINT: implicit on purpose
 
+  /// Another handle to the same tensor (shares data and autograd state; use clone() to copy).
   Tensor(const Tensor&) = default;
+  /// Takes over `other`'s handle, leaving it undefined.
   Tensor(Tensor&&) noexcept = default;
   /// Rebinds the handle (shares `other`'s data), as assignment of torch::Tensor does.
   Tensor& operator=(const Tensor&) & = default;
+  /// Rebinds the handle, taking over `other`'s.
   Tensor& operator=(Tensor&&) & noexcept = default;
   /// Assigning to a temporary handle (a view: `x.slice(0, 0, 2) = y;`, `x[i] = y;`) copies `src` into its memory,
   /// broadcasting, as LibTorch's rvalue assignment does; rebinding a temporary would silently do nothing.
@@ -101,21 +116,26 @@ class Tensor {
     detail::TensorOps<T>::template assign<0>(*this, e);
     return *this;
   }
+  /// In place `*this += e` (a tensor, scalar or expression, broadcast to this shape), in one pass, as PyTorch's
+  /// add_; the write is recorded for autograd.
   template <class E>
   Tensor& operator+=(const E& e) {
     detail::TensorOps<T>::template assign<1>(*this, e);
     return *this;
   }
+  /// In place `*this -= e`, as operator+= (PyTorch's sub_).
   template <class E>
   Tensor& operator-=(const E& e) {
     detail::TensorOps<T>::template assign<2>(*this, e);
     return *this;
   }
+  /// In place `*this *= e`, as operator+= (PyTorch's mul_).
   template <class E>
   Tensor& operator*=(const E& e) {
     detail::TensorOps<T>::template assign<3>(*this, e);
     return *this;
   }
+  /// In place `*this /= e`, as operator+= (PyTorch's div_).
   template <class E>
   Tensor& operator/=(const E& e) {
     detail::TensorOps<T>::template assign<4>(*this, e);
@@ -123,14 +143,23 @@ class Tensor {
   }
 
   // ---- geometry -------------------------------------------------------------------------------------------
+  /// Whether the handle refers to a tensor (false for a default-constructed one), as torch::Tensor::defined().
   bool defined() const { return impl_ != nullptr; }
+  /// The sizes of the dims (PyTorch's `shape` / `size()`).
   const Shape& shape() const { return impl().sizes; }
+  /// The same as shape() (LibTorch's sizes()).
   const Shape& sizes() const { return impl().sizes; }
+  /// Per-dim strides in elements (PyTorch's stride()).
   const Shape& strides() const { return impl().strides; }
+  /// The size of dim d; negative d counts from the end (PyTorch's size(d)).
   std::int64_t size(std::int64_t d) const { return shape()[wrap_dim(d, shape(), "size")]; }
+  /// The stride of dim d in elements; negative d counts from the end (PyTorch's stride(d)).
   std::int64_t stride(std::int64_t d) const { return strides()[wrap_dim(d, shape(), "stride")]; }
+  /// The number of dims (PyTorch's dim() / ndim).
   int dim() const { return impl().sizes.n; }
+  /// The number of elements (PyTorch's numel()).
   std::int64_t numel() const { return impl().sizes.numel(); }
+  /// Where element (0, ..., 0) lies in the storage, in elements (PyTorch's storage_offset()).
   std::int64_t storage_offset() const { return impl().offset; }
   /// Where the elements live. Under EMBER_HOST_ONLY (config.hpp; the default without CUDA) the constant
   /// Device::cpu(), and another device an error.
@@ -143,26 +172,34 @@ class Tensor {
     return impl().storage->device;
 #endif
   }
+  /// Whether the elements are laid out densely in row-major order (PyTorch's is_contiguous()).
   bool is_contiguous() const { return ember::is_contiguous(shape(), strides()); }
+  /// Whether this tensor shares storage with a tensor it was derived from (PyTorch's `_is_view()`).
   bool is_view() const { return impl().is_view; }
+  /// The memory the elements live in, shared by every view of it (PyTorch's untyped_storage()).
   const Storage& storage() const { return impl().storage; }
   /// Pointer to element (0, ..., 0).
   T* data() const { return static_cast<T*>(impl().storage->data) + impl().offset; }
   /// Bumped by every in-place write to the storage; autograd checks it. Inference tensors have no version counter
   /// (it stays 0), as in PyTorch.
   std::uint64_t version() const { return impl().storage->version.load(std::memory_order_relaxed); }
+  /// Advances version() after writing the storage directly (through data()), so that autograd notices; every
+  /// in-place op of ember does it itself. A no-op for inference tensors.
   void bump_version() const {
     if (!impl().storage->inference) impl().storage->version.fetch_add(1, std::memory_order_relaxed);
   }
   /// Whether the memory was allocated under InferenceMode (views of such a tensor are inference tensors too).
   bool is_inference() const { return impl().storage->inference; }
+  /// Whether `o` is a handle to this very tensor (not merely a view of the same storage), as PyTorch's `is`.
   bool same_impl(const Tensor& o) const { return impl_ == o.impl_; }
   /// True when no other handle, view or autograd record shares this tensor's memory, so writing it in place is
   /// invisible to everyone else (data transforms use it to skip a copy).
   bool unshared() const {
     return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1 && !requires_grad();
   }
+  /// The implementation behind the handle (null when undefined), without a check: for ember's own code.
   TensorImpl<T>* unsafe_impl() const { return impl_.get(); }
+  /// The shared pointer behind the handle (null when undefined): an identity to compare or hash tensors by.
   const std::shared_ptr<TensorImpl<T>>& impl_ptr() const { return impl_; }
 
   // ---- element access ------------------------------------------------------------------------------------
@@ -192,28 +229,36 @@ class Tensor {
   // ---- views (share storage; differentiable) ------------------------------------------------------------
   /// Elements start, start+step, ... < end along dim; negative start/end count from the end, as in Python.
   Tensor slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step = 1) const;
+  /// slice(d, start, start + length): `length` elements from `start` along dim d (PyTorch's narrow).
   Tensor narrow(std::int64_t d, std::int64_t start, std::int64_t length) const;
   /// Removes dim d, keeping index i.
   Tensor select(std::int64_t d, std::int64_t i) const;
   /// x[i] is x.select(0, i), as in PyTorch.
   Tensor operator[](std::int64_t i) const { return select(0, i); }
+  /// Swaps dims d0 and d1 (a view; negative dims count from the end), as PyTorch's transpose.
   Tensor transpose(std::int64_t d0, std::int64_t d1) const;
   /// Transpose of a matrix (a 0-d or 1-d tensor is returned as is).
   Tensor t() const {
     EMBER_CHECK(dim() <= 2, "t: expected a tensor of at most 2 dimensions, got shape ", shape().str());
     return dim() < 2 ? *this : transpose(0, 1);
   }
+  /// Reorders the dims: output dim i is dim order[i] of this tensor (a view), as PyTorch's permute.
   Tensor permute(std::initializer_list<std::int64_t> order) const { return permute(std::vector(order)); }
+  /// permute with the order as a vector.
   Tensor permute(const std::vector<std::int64_t>& order) const;
   /// A view with a new shape; one dim may be -1. Errors when the strides cannot express it (use reshape).
   Tensor view(std::initializer_list<std::int64_t> s) const { return view(Shape(s)); }
+  /// view with the shape as a Shape.
   Tensor view(Shape s) const;
   /// view() when the strides allow it, else a contiguous copy with the new shape.
   Tensor reshape(std::initializer_list<std::int64_t> s) const { return reshape(Shape(s)); }
+  /// reshape with the shape as a Shape.
   Tensor reshape(Shape s) const;
   /// Broadcasts size-1 dims (and new leading dims) to `s` without copying; -1 keeps a size.
   Tensor expand(std::initializer_list<std::int64_t> s) const { return expand(Shape(s)); }
+  /// expand with the shape as a Shape.
   Tensor expand(Shape s) const;
+  /// expand(o.shape()), as PyTorch's expand_as.
   template <class U>
   Tensor expand_as(const Tensor<U>& o) const {
     return expand(o.shape());
@@ -222,6 +267,7 @@ class Tensor {
   Tensor squeeze() const;
   /// Removes dim d if it has size 1 (else returns the same view, as PyTorch does).
   Tensor squeeze(std::int64_t d) const;
+  /// Inserts a size-1 dim at position d (a view; negative d counts from the end of the result), as PyTorch's.
   Tensor unsqueeze(std::int64_t d) const;
   /// Merges dims start..end into one (a view when possible, else a copy).
   Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const;
@@ -262,19 +308,25 @@ class Tensor {
   }
   /// True when this is a host tensor in page-locked memory.
   bool is_pinned() const { return defined() && ember::is_pinned(*storage()); }
+  /// Sets every element to v, in place (PyTorch's fill_).
   Tensor& fill_(T v) {
     detail::TensorOps<T>::fill(*this, v);
     return *this;
   }
+  /// Sets every element to 0, in place (PyTorch's zero_).
   Tensor& zero_() { return fill_(T(0)); }
 
   // ---- autograd ---------------------------------------------------------------------------------------------
+  /// Whether autograd records operations on this tensor (a leaf marked with requires_grad_, or a result of such).
   bool requires_grad() const { return impl_ && impl_->meta && impl_->meta->requires_grad; }
   /// Marks a leaf as needing its gradient (floating dtypes only).
   Tensor& requires_grad_(bool on = true);
   /// The accumulated gradient (undefined until a backward pass reaches this tensor).
   Tensor& grad() const { return meta().grad; }
+  /// Whether no autograd node produced this tensor (a tensor made by the user, or a result computed without
+  /// gradient), as PyTorch's is_leaf.
   bool is_leaf() const { return !(impl_ && impl_->meta && impl_->meta->grad_fn); }
+  /// The backward node that produced this tensor (null for a leaf), as PyTorch's grad_fn.
   const std::shared_ptr<autograd::Node>& grad_fn() const { return meta().grad_fn; }
   /// Keeps .grad() for a non-leaf tensor too.
   Tensor& retain_grad() {
@@ -300,11 +352,13 @@ class Tensor {
     return Tensor(std::move(p));
   }
 
+  /// The autograd slot (requires_grad, grad, grad_fn, hooks), created on first use: for ember's autograd.
   AutogradMeta<T>& meta() const {
     auto& m = impl().meta;
     if (!m) m = std::make_unique<AutogradMeta<T>>();
     return *m;
   }
+  /// Whether the autograd slot exists yet (meta() creates it).
   bool has_meta() const { return impl_ && impl_->meta; }
 
   /// The view (sizes, strides, offset) of this tensor's storage, without autograd and without checks: for ember's
@@ -324,6 +378,7 @@ class Tensor {
     EMBER_CHECK(device().is_cpu() || detail::cuda_copy != nullptr, op, ": the tensor is on ", device().str(),
                 " and ", detail::no_cuda_backend());
   }
+  /// Errors (naming `op`) unless this is a CPU tensor.
   void check_cpu(const char* op) const {
     EMBER_CHECK(device().is_cpu(), op, ": expected a CPU tensor, got one on ", device().str());
   }
@@ -652,12 +707,12 @@ bool Tensor<T>::view_strides(const Shape& s, Shape& out) const {
 
 template <class T>
 struct AutogradMeta {
-  bool requires_grad = false;
-  bool retains_grad = false;
-  Tensor<T> grad;                                  // accumulated gradient
-  std::shared_ptr<autograd::Node> grad_fn;         // the node that produced this tensor (null for leaves)
-  std::weak_ptr<autograd::Node> accumulator;       // a leaf's gradient sink, made on first use
-  std::vector<std::function<void(const Tensor<T>&)>> hooks;
+  bool requires_grad = false;                      ///< Tensor::requires_grad().
+  bool retains_grad = false;                       ///< Set by Tensor::retain_grad(): a non-leaf keeps its grad.
+  Tensor<T> grad;                                  ///< The accumulated gradient (Tensor::grad()).
+  std::shared_ptr<autograd::Node> grad_fn;         ///< The node that produced this tensor (null for leaves).
+  std::weak_ptr<autograd::Node> accumulator;       ///< A leaf's gradient sink, made on first use.
+  std::vector<std::function<void(const Tensor<T>&)>> hooks;  ///< Tensor::register_hook's callbacks, in order.
 };
 
 }  // namespace ember

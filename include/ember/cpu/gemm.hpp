@@ -32,9 +32,14 @@ using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 /// A strided matrix view: element (i, j) is p[i * rs + j * cs].
 template <class T>
 struct MatView {
-  const T* p;
+  const T* p;  ///< Element (0, 0).
+  ///@{
+  /// The row stride and the column stride, in elements.
   std::int64_t rs, cs;
+  ///@}
+  /// Whether rows are contiguous (column stride 1).
   bool row_major() const { return cs == 1; }
+  /// Whether columns are contiguous and rows are not (a transposed row-major matrix).
   bool col_major() const { return rs == 1 && cs != 1; }
 };
 
@@ -278,6 +283,7 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
 template <class T>
 class PackedA {
  public:
+  /// Packs A (m, k), viewed by `a` (which must outlive the object when the packed kernel is not built).
   PackedA(std::int64_t m, std::int64_t k, MatView<T> a) : m_(m), k_(k), a_(a) {
 #if EMBER_GEMM_PACKED
     if (m > 0 && k > 0) {
@@ -322,6 +328,7 @@ class PackedA {
 template <class T>
 class PackedB {
  public:
+  /// Packs B (k, n), viewed by `b`, the threads sharing the work for a large B.
   PackedB(std::int64_t k, std::int64_t n, MatView<T> b) : k_(k), n_(n), b_(b) {
 #if EMBER_GEMM_PACKED
     if (k > 0 && n > 0) {

@@ -37,12 +37,12 @@ inline const char* isa_name(Isa i) {
 
 /// The CPUID words and the XCR0 value the tier is read from (a value, so tests can give any CPU's).
 struct CpuidWords {
-  std::uint32_t leaf1_ecx = 0;   // CPUID.(1):ECX   FMA 12, OSXSAVE 27, AVX 28, F16C 29
-  std::uint32_t leaf7_ebx = 0;   // CPUID.(7,0):EBX AVX2 5, AVX512F 16, DQ 17, CD 28, BW 30, VL 31
-  std::uint32_t leaf7_ecx = 0;   // CPUID.(7,0):ECX AVX512_VNNI 11
-  std::uint32_t leaf7_edx = 0;   // CPUID.(7,0):EDX AMX-BF16 22, AMX-TILE 24, AMX-INT8 25
-  std::uint32_t leaf7_1_eax = 0; // CPUID.(7,1):EAX AVX-VNNI 4, AVX512_BF16 5
-  std::uint64_t xcr0 = 0;        // XGETBV(0), read only when OSXSAVE is set: 0 otherwise
+  std::uint32_t leaf1_ecx = 0;    ///< CPUID.(1):ECX: FMA bit 12, OSXSAVE 27, AVX 28, F16C 29.
+  std::uint32_t leaf7_ebx = 0;    ///< CPUID.(7,0):EBX: AVX2 5, AVX512F 16, DQ 17, CD 28, BW 30, VL 31.
+  std::uint32_t leaf7_ecx = 0;    ///< CPUID.(7,0):ECX: AVX512_VNNI 11.
+  std::uint32_t leaf7_edx = 0;    ///< CPUID.(7,0):EDX: AMX-BF16 22, AMX-TILE 24, AMX-INT8 25.
+  std::uint32_t leaf7_1_eax = 0;  ///< CPUID.(7,1):EAX: AVX-VNNI 4, AVX512_BF16 5.
+  std::uint64_t xcr0 = 0;         ///< XGETBV(0), read only when OSXSAVE is set: 0 otherwise.
 };
 
 namespace detail {

@@ -20,9 +20,13 @@
 
 namespace ember::cpu {
 
+/// The process's worker threads, which run ember's parallel CPU loops (PyTorch's intra-op thread pool). The
+/// caller's thread takes part in every loop; idle workers poll briefly, then sleep.
 class ThreadPool {
  public:
+  /// The pool, started on first use with default_threads() threads.
   EMBER_HEADER_INLINE static ThreadPool& instance();
+  /// The thread count a new pool gets: EMBER_NUM_THREADS when set (1 to 4096), else the hardware's thread count.
   static int default_threads() {
     const long long n = ember::detail::env_int("cpu::ThreadPool", "EMBER_NUM_THREADS", 0, 1, 4096);
     return n > 0 ? int(n) : int(std::max(1u, std::thread::hardware_concurrency()));
@@ -32,6 +36,7 @@ class ThreadPool {
     return std::int64_t(ember::detail::env_int("cpu::ThreadPool", "EMBER_SPIN_US", 200, 0, 100000)) * 1000;
   }
 
+  /// How many threads (including the caller) run parallel loops (torch.get_num_threads()).
   int num_threads() const { return nthreads_.load(std::memory_order_relaxed); }
 
   /// Sets how many threads (including the caller) run parallel loops.

@@ -128,12 +128,16 @@ class CudaCachingAllocator final : public Allocator {
     if (!p) throw Error(out_of_memory_message(nbytes));
     return p;
   }
+  /// Returns the block to the cache (reused once the work of every stream that used it is done).
   void deallocate(void* p, std::size_t) override { pool_.deallocate(p); }
+  /// The allocator's CUDA device.
   Device device() const override { return Device::cuda(device_); }
 
   /// Frees every cached segment of this device (cudaFree).
   void empty_cache() { pool_.empty_cache(); }
+  /// The counters, as torch.cuda.memory_stats (allocated and reserved bytes, peaks, cudaMalloc calls, OOMs).
   MemoryStats stats() const { return pool_.stats(); }
+  /// Restarts the peaks from the current values (torch.cuda.reset_peak_memory_stats).
   void reset_peak() { pool_.reset_peak(); }
   /// Marks the block at p as used by work on `stream` too: once freed, it is reused only after that work (see
   /// cuda::record_stream). False when p is not a live block of this allocator.

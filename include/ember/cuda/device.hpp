@@ -56,9 +56,11 @@ inline void set_device(int index) {
 /// Makes a device current for a scope and restores the previous one on exit (c10's CUDAGuard).
 class DeviceGuard {
  public:
+  /// Makes device `index` current until the guard is destroyed (torch.cuda.device(index)).
   explicit DeviceGuard(int index) : prev_(current_device()) {
     if (index != prev_) EMBER_CUDA_CHECK(cudaSetDevice(index));
   }
+  /// Makes CUDA device d current until the guard is destroyed.
   explicit DeviceGuard(Device d) : DeviceGuard(d.index) {}
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

@@ -91,11 +91,14 @@ class PendingCopies {
 /// Memory is allocated portable (pinned for every device's context). Thread-safe.
 class PinnedAllocator final : public Allocator {
  public:
+  /// The process's pinned allocator (what Tensor::pin_memory and DataLoader's pin_memory use).
   static PinnedAllocator& instance() {
     static PinnedAllocator* a = new PinnedAllocator();  // never destroyed: tensors may outlive statics
     return *a;
   }
 
+  /// A pinned block of at least nbytes, from the free lists when one of its class is cached; when CUDA is out of
+  /// pinned memory, waits for pending copies, empties the cache and retries once before throwing.
   void* allocate(std::size_t nbytes) override {
     if (nbytes == 0) return nullptr;
     detail::PendingCopies::instance().poll();  // finished copies give their blocks back first
@@ -140,6 +143,7 @@ class PinnedAllocator final : public Allocator {
     return p;
   }
 
+  /// Returns the block to its class's free list (it stays pinned, for the next request of its size).
   void deallocate(void* p, std::size_t) override {
     if (!p) return;
     std::lock_guard<std::mutex> lk(mu_);
@@ -152,6 +156,7 @@ class PinnedAllocator final : public Allocator {
     free_[it->second].push_back(p);
   }
 
+  /// Device::cpu(): pinned memory is host memory.
   Device device() const override { return Device::cpu(); }
 
   /// Returns the cached (unused) pinned blocks to CUDA (cudaFreeHost).
@@ -166,10 +171,12 @@ class PinnedAllocator final : public Allocator {
       }
     free_.clear();
   }
+  /// The counters (bytes allocated and reserved, their peaks, cache hits, cudaHostAlloc calls, retries, OOMs).
   MemoryStats stats() const {
     std::lock_guard<std::mutex> lk(mu_);
     return stats_;
   }
+  /// Restarts the peaks from the current values.
   void reset_peak() {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.peak_allocated_bytes = stats_.allocated_bytes;

@@ -40,8 +40,11 @@ class Stream {
     return r;
   }
 
+  /// The raw cudaStream_t, for CUDA calls of your own (PyTorch's stream.cuda_stream).
   cudaStream_t handle() const { return s_; }
+  /// The index of the stream's device.
   int device_index() const { return dev_; }
+  /// The stream's device, Device::cuda(device_index()).
   Device device() const { return Device::cuda(dev_); }
   /// Blocks the host until all work queued on this stream is done.
   void synchronize() const { EMBER_CUDA_CHECK(cudaStreamSynchronize(s_)); }
@@ -55,6 +58,7 @@ class Stream {
     EMBER_CUDA_CHECK(e);
     return true;
   }
+  /// The same CUDA stream on the same device.
   friend bool operator==(const Stream& a, const Stream& b) { return a.s_ == b.s_ && a.dev_ == b.dev_; }
 
  private:
@@ -92,6 +96,7 @@ inline void set_current_stream(const Stream& s) { detail::current_streams()[s.de
 /// Makes a stream current (and its device the current device) for a scope.
 class StreamGuard {
  public:
+  /// Makes `s` current (and its device) until the guard is destroyed, then restores both (torch.cuda.stream(s)).
   explicit StreamGuard(const Stream& s) : dev_(s.device_index()), prev_(current_stream(s.device_index())) {
     set_current_stream(s);
   }
@@ -108,16 +113,21 @@ class StreamGuard {
 /// the milliseconds between them.
 class Event {
  public:
+  /// A new event; timing = true lets elapsed_ms() measure between two of them (torch.cuda.Event(enable_timing)).
   explicit Event(bool timing = false) {
     cudaEvent_t e = nullptr;
     EMBER_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
     e_ = std::shared_ptr<CUevent_st>(e, [](cudaEvent_t p) { EMBER_CUDA_WARN(cudaEventDestroy(p)); });
   }
+  /// Marks the current end of stream `s`'s queued work (PyTorch's event.record(stream)).
   void record(const Stream& s) { EMBER_CUDA_CHECK(cudaEventRecord(e_.get(), s.handle())); }
+  /// Marks the current end of the current stream's queued work.
   void record() { record(current_stream()); }
   /// Makes `s` wait (on the device) until the work before this event is done.
   void block(const Stream& s) const { EMBER_CUDA_CHECK(cudaStreamWaitEvent(s.handle(), e_.get(), 0)); }
+  /// Blocks the host until the work before the event is done.
   void synchronize() const { EMBER_CUDA_CHECK(cudaEventSynchronize(e_.get())); }
+  /// True when the work before the event is done (without waiting).
   bool query() const {
     const cudaError_t r = cudaEventQuery(e_.get());
     if (r == cudaErrorNotReady) {
@@ -133,6 +143,7 @@ class Event {
     EMBER_CUDA_CHECK(cudaEventElapsedTime(&ms, e_.get(), end.e_.get()));
     return ms;
   }
+  /// The raw cudaEvent_t, for CUDA calls of your own.
   cudaEvent_t handle() const { return e_.get(); }
 
  private:

@@ -40,8 +40,11 @@
 
 namespace ember::data {
 
-/// DataLoader settings, named as in PyTorch.
+/// DataLoader settings, named as in torch.utils.data.DataLoader and with its defaults (not in its order; seed plays
+/// its generator's part):
+///   data::DataLoader loader(dataset, {.batch_size = 128, .shuffle = true, .num_workers = 2}, transform);
 struct DataLoaderOptions {
+  /// The samples per batch, >= 1 (PyTorch's batch_size=None, no batching, is not supported).
   std::size_t batch_size = 1;
   bool shuffle = false;       ///< a new permutation each epoch (from seed and epoch); ignored with a custom sampler
   bool drop_last = false;     ///< drop the last batch when it is smaller than batch_size
@@ -60,13 +63,15 @@ struct DataLoaderOptions {
 struct LoaderStats {
   double wait_seconds = 0;   ///< time the consumer spent blocked on the loader (all of the loading when num_workers = 0)
   double total_seconds = 0;  ///< time from the start of the epoch's iteration to the last batch handed out
-  std::size_t batches = 0;
-  std::size_t samples = 0;
+  std::size_t batches = 0;  ///< batches handed out so far this epoch
+  std::size_t samples = 0;  ///< samples in those batches
   /// Loading time per stage (read: the dataset's get(); decode; augment: the transform; collate), summed over the
   /// threads that loaded the batches handed out so far: CPU seconds, which with n workers can reach n times the
   /// epoch's wall time.
   StageTimes stages;
+  /// wait_seconds / total_seconds: the fraction of the epoch the consumer was blocked on data (0 before any time).
   double wait_fraction() const { return total_seconds > 0 ? wait_seconds / total_seconds : 0.0; }
+  /// samples / total_seconds: the loader's throughput as the consumer saw it (0 before any time).
   double samples_per_second() const { return total_seconds > 0 ? double(samples) / total_seconds : 0.0; }
 };
 
@@ -105,11 +110,13 @@ struct NoTransform {};
 
 /// The default sampler: sequential, or a per-epoch permutation when options.shuffle is set.
 struct DefaultSampler {
-  bool shuffle = false;
-  std::uint64_t seed = 0;
+  bool shuffle = false;    ///< a permutation per epoch (RandomSampler) instead of 0, 1, ..., n-1
+  std::uint64_t seed = 0;  ///< the permutations' seed (with epoch, it decides each epoch's order)
+  /// The order of epoch `epoch` over a dataset of n samples.
   std::vector<std::size_t> indices(std::size_t n, std::uint64_t epoch) const {
     return shuffle ? RandomSampler{seed}.indices(n, epoch) : SequentialSampler{}.indices(n, epoch);
   }
+  /// The samples per epoch: all n.
   std::size_t size(std::size_t n) const { return n; }
 };
 
@@ -345,11 +352,16 @@ EMBER_HEADER_INLINE void EpochCore::shutdown() {
 #endif
 }  // namespace detail
 
+/// Batches of a dataset, as torch.utils.data.DataLoader: iterate it (`for (auto& batch : loader)`) once per
+/// epoch. The samples are loaded, transformed (`Transform`, per sample, with its own random stream) and collated
+/// into batches by `num_workers` threads ahead of the consumer, in the order the sampler `S` gives (sequential or
+/// shuffled by default); the batches are the same whatever the number of workers, since each depends only on
+/// (seed, epoch, position).
 template <Dataset D, class Transform = NoTransform, Sampler S = DefaultSampler>
 class DataLoader {
  public:
-  using dataset_type = D;
-  using sample_type = sample_t<D>;
+  using dataset_type = D;             ///< The dataset's type.
+  using sample_type = sample_t<D>;    ///< What the dataset's get(i) returns (an Example for most datasets).
   /// What collate(samples, indices) returns for this sample type: a Batch for Examples.
   using batch_type = std::remove_cvref_t<decltype(collate(std::declval<const std::vector<sample_type>&>(),
                                                            std::declval<const std::vector<std::size_t>&>()))>;
@@ -373,6 +385,7 @@ class DataLoader {
   }
   /// Sets the epoch the next iteration draws its order and augmentations from (as DistributedSampler.set_epoch).
   void set_epoch(std::uint64_t e) { epoch_ = e; }
+  /// The epoch the next iteration uses (set_epoch's value; 0 at first).
   std::uint64_t epoch() const { return epoch_; }
   /// The next iteration starts at batch `k` of the epoch instead of 0 (resuming a run mid-epoch): the batches after
   /// it are the ones a full iteration would give, since each depends only on (seed, epoch, position). Applies to
@@ -380,8 +393,11 @@ class DataLoader {
   void skip_batches(std::size_t k) { skip_ = k; }
   /// Statistics of the current (or last) epoch's iteration.
   LoaderStats stats() const { return *stats_; }
+  /// The dataset the loader reads (PyTorch's loader.dataset).
   const D& dataset() const { return parts_->dataset; }
+  /// The options the loader was made with.
   const DataLoaderOptions& options() const { return opt_; }
+  /// The sampler that orders each epoch (PyTorch's loader.sampler).
   const S& sampler() const { return parts_->sampler; }
 
  private:
@@ -395,22 +411,27 @@ class DataLoader {
 
  public:
   class Run;
-  struct Sentinel {};
+  struct Sentinel {};  ///< What end() returns: an Iterator equals it once the epoch's batches are exhausted.
 
   /// An input iterator over one epoch's batches. Destroying it (the end of a range-for, a break, an exception)
   /// stops and joins the workers. The epoch holds what it uses (dataset, transform, sampler, options), so an iterator
   /// stays valid after its loader is destroyed or moved, and runs the epoch to its end.
   class Iterator {
    public:
-    using value_type = batch_type;
-    using difference_type = std::ptrdiff_t;
+    using value_type = batch_type;           ///< A batch.
+    using difference_type = std::ptrdiff_t;  ///< (Required of an iterator; iterators are not subtracted.)
+    /// The current batch; it stays valid until the iterator advances (move from it to keep it longer).
     batch_type& operator*() const { return *run_->current; }
+    /// The current batch's members.
     batch_type* operator->() const { return &*run_->current; }
+    /// Moves to the next batch, waiting for the workers when it is not ready yet.
     Iterator& operator++() {
       run_->advance();
       return *this;
     }
+    /// Advances as ++it does (and returns nothing: this is an input iterator).
     void operator++(int) { ++*this; }
+    /// Whether the epoch is over.
     friend bool operator==(const Iterator& it, Sentinel) { return !it.run_ || !it.run_->current; }
 
    private:
@@ -421,11 +442,13 @@ class DataLoader {
 
   /// Starts an epoch: draws the sampler's order for the current epoch and starts the workers.
   Iterator begin();
+  /// The end of an epoch, for range-for.
   Sentinel end() const { return {}; }
 
   /// One epoch's iteration: the batches, produced by detail::EpochCore's workers (or by the consumer itself).
   class Run {
    public:
+    /// Starts the epoch of `l` (its current epoch, order and skip_batches), with l's workers.
     explicit Run(const DataLoader& l);
     Run(const Run&) = delete;
     Run& operator=(const Run&) = delete;
@@ -440,7 +463,7 @@ class DataLoader {
       }
     }
 
-    std::optional<batch_type> current;
+    std::optional<batch_type> current;  ///< The batch the iterator points at; empty at the end of the epoch.
 
    private:
     static std::string produce_erased(void* self, std::size_t b) { return static_cast<Run*>(self)->produce(b); }

@@ -29,14 +29,15 @@ using sample_t = std::remove_cvref_t<decltype(std::declval<const D&>().get(std::
 
 /// One labelled sample: an input tensor (for images (C, H, W), values in [0, 1]) and a class index.
 struct Example {
-  Tensor<float> data;  // (C, H, W) for images; any shape in general
-  std::int64_t target = 0;
+  Tensor<float> data;       ///< (C, H, W) for images; any shape in general.
+  std::int64_t target = 0;  ///< The class index.
 };
 
 /// A batch of Examples: the inputs stacked along a new first dim into one contiguous tensor, and the targets.
 struct Batch {
-  Tensor<float> data;           // (B, ...sample shape), contiguous
-  Tensor<std::int64_t> target;  // (B)
+  Tensor<float> data;           ///< (B, ...sample shape), contiguous.
+  Tensor<std::int64_t> target;  ///< (B).
+  /// The batch size B (0 for an empty batch).
   std::size_t size() const { return data.defined() ? std::size_t(data.size(0)) : 0; }
 };
 

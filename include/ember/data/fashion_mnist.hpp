@@ -28,18 +28,24 @@ enum class Split { Train, Test };
 /// converts one image.
 class FashionMNIST {
  public:
-  static constexpr const char* kDefaultRoot = "/usr/share/datasets/fashion-mnist";
-  static constexpr std::int64_t kNumClasses = 10;
+  static constexpr const char* kDefaultRoot = "/usr/share/datasets/fashion-mnist";  ///< The last folder tried.
+  static constexpr std::int64_t kNumClasses = 10;  ///< T-shirt/top, trouser, ..., ankle boot.
 
+  /// Loads the train (60000 images) or test (10000) split from `root` (empty: the folders above, in order), as
+  /// torchvision.datasets.FashionMNIST(root, train=...).
   EMBER_HEADER_INLINE explicit FashionMNIST(Split split, std::string root = "");
 
+  /// The number of images.
   std::size_t size() const { return std::size_t(images_.size(0)); }
 
   /// Sample i: the image as float (1, 28, 28) in [0, 1] and its class.
   EMBER_HEADER_INLINE Example get(std::size_t i) const;
 
+  /// Every image as bytes, (N, 28, 28).
   const Tensor<std::uint8_t>& images() const { return images_; }  // (N, 28, 28)
+  /// Every label, (N).
   const Tensor<std::int64_t>& labels() const { return labels_; }  // (N)
+  /// The split loaded.
   Split split() const { return split_; }
   /// The folder the files were read from.
   const std::string& root() const { return root_; }

@@ -46,10 +46,12 @@ inline ImageFormat sniff_image_format(std::span<const unsigned char> b) {
 struct DecodeWindow {
   int channels = 3;     ///< 3: RGB; 1: greyscale (a colour JPEG's luma as libjpeg computes it, else ITU-R 601-2)
   int scale_denom = 1;  ///< JPEG: decode at 1/1, 1/2, 1/4 or 1/8 of the size (PNG: must be 1)
+  ///@{
   /// The window, in pixels of the scaled image; width or height 0: every column or row. A JPEG window starts at the
   /// MCU boundary at or left of x0 and may be wider (DecodedImage::x0 and width say what was decoded); a PNG window
   /// has every column.
   std::int64_t x0 = 0, y0 = 0, width = 0, height = 0;
+  ///@}
 };
 
 /// The largest JPEG DCT scale 1/d (d = 8, 4, 2, 1) at which a box of box_w x box_h pixels still has at least
@@ -65,6 +67,7 @@ inline int jpeg_scale_for(double box_w, double box_h, std::int64_t out_w, std::i
 /// themselves). Not thread-safe: one per thread (thread_image_decoder()).
 class ImageDecoder {
  public:
+  /// A decoder holding every file to the limits `opt`.
   explicit ImageDecoder(ImageDecodeOptions opt = {}) : opt_(opt) {}
 
   /// Reads the header of `file` and checks it against the limits; `name` (a path) appears in errors. The bytes must
@@ -96,8 +99,11 @@ class ImageDecoder {
     return png_.decode(w.channels, w.y0, w.height, out_, scratch_);
   }
 
+  /// The header of the image last opened.
   const ImageInfo& info() const { return info_; }
+  /// The limits files are held to.
   const ImageDecodeOptions& options() const { return opt_; }
+  /// Changes the limits (for the next open()).
   void set_options(const ImageDecodeOptions& o) { opt_ = o; }
 
  private:

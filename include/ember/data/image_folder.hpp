@@ -47,15 +47,17 @@ struct ImageFolderOptions {
 /// The files of an ImageFolder (thread-safe: read only).
 class ImageFolderSource final : public ImageSource {
  public:
-  std::vector<std::string> paths;
-  std::vector<std::int64_t> targets;
-  std::size_t max_file_bytes = 0;
+  std::vector<std::string> paths;     ///< Every image file, class by class, in os.walk order (see the file comment).
+  std::vector<std::int64_t> targets;  ///< Each file's class.
+  std::size_t max_file_bytes = 0;     ///< Larger files are refused when read.
 
+  /// The number of images.
   std::size_t size() const override { return paths.size(); }
   std::span<const unsigned char> bytes(std::size_t i, std::vector<unsigned char>& scratch) const override {
     read_file_into(paths.at(i), scratch, max_file_bytes, "ImageFolder");
     return scratch;
   }
+  /// Image i's class.
   std::int64_t target(std::size_t i) const override { return targets.at(i); }
   std::string name(std::size_t i) const override { return paths.at(i); }
 };
@@ -65,9 +67,12 @@ class ImageFolderSource final : public ImageSource {
 /// load(i) decodes one image on its own.
 class ImageFolder {
  public:
+  /// Lists the images under `root` (one sub-folder per class), as torchvision.datasets.ImageFolder(root).
   explicit ImageFolder(const std::string& root, ImageFolderOptions opt = {});
 
+  /// The number of images.
   std::size_t size() const { return src_->size(); }
+  /// Sample i, to be decoded by the loader's ImagePipeline.
   ImageItem get(std::size_t i) const {
     EMBER_CHECK(i < size(), "ImageFolder: index ", i, " is out of range for ", size(), " images");
     return ImageItem{src_, i, src_->targets[i], nullptr, Rng(0)};
@@ -81,9 +86,13 @@ class ImageFolder {
                 ember::detail::quote_untrusted(name, 4096), " under ", ember::detail::quote_untrusted(root_, 4096));
     return std::int64_t(it - classes_.begin());
   }
+  /// Image i's file (torchvision's samples[i][0]).
   const std::string& path(std::size_t i) const { return src_->paths.at(i); }
+  /// Image i's class (torchvision's targets[i]).
   std::int64_t target(std::size_t i) const { return src_->targets.at(i); }
+  /// The folder given to the constructor.
   const std::string& root() const { return root_; }
+  /// The file list, as an ImageSource.
   std::shared_ptr<const ImageSource> source() const { return src_; }
   /// Image i decoded whole, (channels, H, W) in [0, 1], with its target (torchvision's dataset[i] with ToTensor).
   Example load(std::size_t i) const {

@@ -45,10 +45,12 @@ namespace ember::data {
 class ImageSource {
  public:
   virtual ~ImageSource() = default;
+  /// The number of images.
   virtual std::size_t size() const = 0;
   /// The encoded bytes of image i: a view of memory the source holds (a mapped shard) or of `scratch`, which it may
   /// fill (a file read; its capacity is reused).
   virtual std::span<const unsigned char> bytes(std::size_t i, std::vector<unsigned char>& scratch) const = 0;
+  /// Image i's class.
   virtual std::int64_t target(std::size_t i) const = 0;
   /// What error messages call image i (a path).
   virtual std::string name(std::size_t i) const = 0;
@@ -56,13 +58,19 @@ class ImageSource {
 
 /// The steps of an ImagePipeline, in torchvision's order: a geometry (random_resized_crop; or resize and/or
 /// center_crop; or none, when every image has the same size), then flip, colour jitter, ToTensor (/255) and
-/// normalize.
+/// normalize. Each field is one torchvision transform (unset or 0: that step is skipped), fused into one pass:
+///   data::ImagePipeline train({.random_resized_crop = data::transforms::RandomResizedCrop(224), .flip = 0.5f});
 struct ImagePipelineOptions {
+  /// The training geometry: a crop of random area and aspect ratio resized to its (height, width)
+  /// (torchvision's RandomResizedCrop); not with resize or center_crop.
   std::optional<transforms::RandomResizedCrop> random_resized_crop = std::nullopt;
+  /// The evaluation geometry's first step: the shorter side to one size, or (height, width) (torchvision's Resize),
+  /// before center_crop.
   std::optional<transforms::Resize> resize = std::nullopt;
   std::optional<transforms::CenterCrop> center_crop = std::nullopt;  ///< must fit the (resized) image
   float flip = 0.0f;                                  ///< probability of a horizontal flip (RandomHorizontalFlip's p)
   transforms::ColorJitter jitter = {};                ///< off by default
+  /// (x - mean[c]) / std[c] after ToTensor's /255, folded into the same pass; unset: values in [0, 1].
   std::optional<transforms::Normalize> normalize = std::nullopt;
   int channels = 3;  ///< 3: RGB (PIL's convert("RGB")); 1: greyscale
   /// JPEG: decode at a reduced DCT scale and only the crop's window (the output is then close to, not equal to,
@@ -78,11 +86,12 @@ struct ImagePipelineSpec;
 /// One sample of an image dataset: which image of which source, its label, and, once the loader's ImagePipeline has
 /// seen it, the pipeline and the sample's random stream. collate() turns a batch of them into a Batch.
 struct ImageItem {
-  std::shared_ptr<const ImageSource> source;
-  std::size_t index = 0;
-  std::int64_t target = 0;
+  std::shared_ptr<const ImageSource> source;  ///< Where the encoded image is.
+  std::size_t index = 0;                      ///< Which image of the source.
+  std::int64_t target = 0;                    ///< Its class.
+  /// The pipeline to run; null: decode the whole image (ToTensor only).
   std::shared_ptr<const detail::ImagePipelineSpec> pipeline;  // null: decode the whole image (ToTensor only)
-  Rng rng{0};
+  Rng rng{0};  ///< The sample's random stream (for its augmentations).
 };
 
 namespace detail {
@@ -216,7 +225,9 @@ struct ImagePipelineSpec {
 /// that collate() runs the whole chain per image into the batch (options: ImagePipelineOptions).
 class ImagePipeline {
  public:
+  /// The pipeline of options `o` (checked: 1 or 3 channels, one geometry, a flip probability, jitter on RGB only).
   explicit ImagePipeline(ImagePipelineOptions o = {}) : spec_(std::make_shared<const detail::ImagePipelineSpec>(o)) {}
+  /// `it` with the pipeline and the sample's stream g attached (the decoding itself happens in collate()).
   ImageItem operator()(ImageItem it, Rng& g) const {
     it.pipeline = spec_;
     it.rng = g;
@@ -232,6 +243,7 @@ class ImagePipeline {
     spec_->run(file, name, g, out.data(), dec, detail::image_scratch());
     return out;
   }
+  /// The options the pipeline was made with.
   const ImagePipelineOptions& options() const { return spec_->opt; }
 
  private:

@@ -36,18 +36,23 @@
 
 namespace ember::data {
 
-/// Options of pack_images.
+/// The options of pack_images after (folder, dir), ember's own (FFCV's writer is the nearest: max_side is its
+/// max_resolution):
+///   data::pack_images(data::ImageFolder("photos/train"), "photos/train.shards", {.max_side = 256, .seed = 1});
 struct PackImagesOptions {
   std::size_t shard_bytes = std::size_t(256) << 20;  ///< a shard is closed once it holds this many bytes
   std::int64_t max_side = 0;                         ///< 0: keep every file's bytes; else re-encode larger images
   int quality = 90;                                  ///< JPEG quality of re-encoded images
   bool shuffle = true;                               ///< write the images in a seeded random order
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;                            ///< the shuffle's seed: the same seed, the same order
 };
 
 /// What pack_images wrote.
 struct PackImagesResult {
+  ///@{
+  /// The images packed, the shard files written, and the images re-encoded to fit max_side.
   std::size_t images = 0, shards = 0, reencoded = 0;
+  ///@}
   std::uint64_t bytes = 0;  ///< encoded image bytes written
 };
 
@@ -121,10 +126,11 @@ inline PackImagesResult pack_images(const ImageFolder& folder, const std::string
 /// The records of a pack (thread-safe: mapped read-only).
 class ImageRecordSource final : public ImageSource {
  public:
-  std::vector<RecordReader> shards;
-  std::vector<std::size_t> starts;  // (shards + 1): global index of each shard's first record
-  bool verify = true;
+  std::vector<RecordReader> shards;  ///< The shard files, in name order.
+  std::vector<std::size_t> starts;   ///< (shards + 1): the global index of each shard's first record, then the total.
+  bool verify = true;                ///< Check each record's CRC-32C when reading its image.
 
+  /// The number of images.
   std::size_t size() const override { return starts.back(); }
   std::span<const unsigned char> bytes(std::size_t i, std::vector<unsigned char>&) const override {
     const auto [s, k] = locate(i);
@@ -134,6 +140,7 @@ class ImageRecordSource final : public ImageSource {
                 " bytes, too short for a label");
     return r.subspan(8);
   }
+  /// Image i's label (the record's first 8 bytes).
   std::int64_t target(std::size_t i) const override {
     const auto [s, k] = locate(i);
     const std::span<const unsigned char> r = shards[s].record(k, false);
@@ -160,6 +167,8 @@ class ImageRecordSource final : public ImageSource {
 /// a view of the mapped shard (no copy, no read call). Labels are checked against the class list when opened.
 class ImageRecordDataset {
  public:
+  /// Opens the pack in folder `dir` (classes.rec and shard-*.rec); verify_checksums: check each image's CRC-32C
+  /// when it is read.
   explicit ImageRecordDataset(const std::string& dir, bool verify_checksums = true)
       : src_(std::make_shared<ImageRecordSource>()) {
     namespace fs = std::filesystem;
@@ -191,11 +200,17 @@ class ImageRecordDataset {
                   t, "; the pack has ", classes_.size(), " classes");
     }
   }
+  /// The number of images.
   std::size_t size() const { return src_->size(); }
+  /// Sample i, to be decoded by the loader's ImagePipeline.
   ImageItem get(std::size_t i) const { return ImageItem{src_, i, src_->target(i), nullptr, Rng(0)}; }
+  /// Image i's label.
   std::int64_t target(std::size_t i) const { return src_->target(i); }
+  /// The class names; class i is label i.
   const std::vector<std::string>& classes() const { return classes_; }
+  /// The number of shard files.
   std::size_t num_shards() const { return src_->shards.size(); }
+  /// The shards, as an ImageSource.
   std::shared_ptr<const ImageSource> source() const { return src_; }
 
  private:
@@ -212,10 +227,11 @@ class ImageRecordDataset {
 /// and the defaults); on a pack shuffled when written, about as rarely as a full shuffle. Every record once per epoch;
 /// (seed, epoch) decide the order.
 struct ShardShuffleSampler {
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;   ///< with the epoch, it decides the order
   std::size_t block = 32;   ///< records read in a row (32 images of ~60 KB: 2 MB)
   std::size_t window = 64;  ///< blocks pooled and shuffled together
 
+  /// The order of epoch `epoch` over n records.
   std::vector<std::size_t> indices(std::size_t n, std::uint64_t epoch) const {
     EMBER_CHECK(block >= 1 && window >= 1, "ShardShuffleSampler: block and window must be at least 1");
     const std::size_t nb = (n + block - 1) / block;
@@ -232,6 +248,7 @@ struct ShardShuffleSampler {
     }
     return out;
   }
+  /// The samples per epoch: all n.
   std::size_t size(std::size_t n) const { return n; }
 };
 

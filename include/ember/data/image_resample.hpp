@@ -19,11 +19,15 @@ namespace ember::data {
 /// The weights of one axis of a resampling: output i reads count[i] source samples from first[i] on, with weights
 /// weights[i * taps + k] (summing to 1).
 struct ResampleAxis {
-  std::vector<std::int64_t> first;
-  std::vector<int> count;
-  std::vector<float> weights;  // (n, taps)
-  int taps = 0;
-  std::int64_t lo = 0, hi = 0;  ///< the source samples any output reads: [lo, hi)
+  std::vector<std::int64_t> first;  ///< Per output: its first source sample.
+  std::vector<int> count;           ///< Per output: how many source samples it reads.
+  std::vector<float> weights;       ///< (n, taps): the samples' weights, each output's summing to 1.
+  int taps = 0;                     ///< The weights' stride: the most samples any output reads.
+  ///@{
+  /// The source samples any output reads: [lo, hi).
+  std::int64_t lo = 0, hi = 0;  // the source samples any output reads: [lo, hi)
+  ///@}
+  /// The number of outputs n.
   std::int64_t size() const { return std::int64_t(first.size()); }
 };
 
@@ -38,20 +42,29 @@ inline void compute_resample_axis(ResampleAxis& a, double x0, double len, std::i
 /// (y0, x0) of the full image (a decoded window starts there).
 template <class T>
 struct ResampleSource {
-  const T* data = nullptr;
-  int channels = 0;
+  const T* data = nullptr;  ///< Element (y0, x0, 0).
+  int channels = 0;         ///< The number of channels.
+  ///@{
+  /// The strides (in elements) of a row, a column and a channel.
   std::ptrdiff_t row = 0, col = 0, chan = 0;
+  ///@}
+  ///@{
+  /// Where data starts in the full image.
   std::int64_t y0 = 0, x0 = 0;
+  ///@}
 };
 
 /// Where resample() writes: channel c, row y, column x at data[c * chan + y * row + x], the value v * scale[c] +
 /// bias[c], columns mirrored when `flip`.
 struct ResampleTarget {
-  float* data = nullptr;
+  float* data = nullptr;  ///< Element (0, 0, 0) of the output.
+  ///@{
+  /// The strides (in elements) of a channel and a row (columns are contiguous).
   std::ptrdiff_t chan = 0, row = 0;
-  bool flip = false;
-  const float* scale = nullptr;  // (channels); null: 1
-  const float* bias = nullptr;   // (channels); null: 0
+  ///@}
+  bool flip = false;             ///< Mirror the columns (a horizontal flip).
+  const float* scale = nullptr;  ///< (channels): per-channel scale; null: 1.
+  const float* bias = nullptr;   ///< (channels): per-channel offset; null: 0.
 };
 
 /// Resamples src through the axes ay (rows) and ax (columns) into dst. `tmp` is scratch, reused between calls.

@@ -51,12 +51,16 @@ inline Tensor<float> resample_chw(const Tensor<float>& x, double y, double xo, d
 /// Resizes to (height, width), or, with one size, the shorter side to `size` keeping the aspect ratio (the longer
 /// side int(size * long / short), at most max_size), as torchvision's Resize.
 struct Resize {
+  ///@{
+  /// The output size; width 0: `height` is the shorter side's size (torchvision's size=int).
   std::int64_t height = 0, width = 0;  // width 0: `height` is the shorter side's size
-  std::int64_t max_size = 0;           // with one size: cap on the longer side (0: none)
-  bool antialias = true;
+  ///@}
+  std::int64_t max_size = 0;  ///< With one size: the cap on the longer side (0: none), as torchvision's max_size.
+  bool antialias = true;      ///< Low-pass filter when downscaling (torchvision's antialias=True).
 
   /// The shorter side to `size`; max_size (0: none) caps the longer side.
   explicit Resize(std::int64_t size) : height(size) { check(); }
+  /// Exactly (h, w), whatever the aspect ratio (torchvision's Resize((h, w))).
   Resize(std::int64_t h, std::int64_t w) : height(h), width(w) { check(); }
 
   /// The output (height, width) for an image of H x W (torchvision's _compute_resized_output_size).
@@ -72,6 +76,7 @@ struct Resize {
     }
     return W <= H ? std::pair{nl, ns} : std::pair{ns, nl};
   }
+  /// The resized (C, oh, ow) copy of a (C, H, W) CPU image (bilinear, as torchvision's default).
   Tensor<float> operator()(const Tensor<float>& in, Rng&) const {
     const Tensor<float> x = detail::chw(in, "Resize");
     const auto [oh, ow] = output_size(x.size(1), x.size(2));
@@ -89,9 +94,14 @@ struct Resize {
 /// Cuts the central (height, width) window, padding with zeros where it is larger than the image, as torchvision's
 /// CenterCrop.
 struct CenterCrop {
+  ///@{
+  /// The crop's size in pixels.
   std::int64_t height, width;
+  ///@}
 
+  /// A square (size, size) crop.
   explicit CenterCrop(std::int64_t size) : CenterCrop(size, size) {}
+  /// A (h, w) crop (both > 0).
   CenterCrop(std::int64_t h, std::int64_t w) : height(h), width(w) {
     EMBER_CHECK(h > 0 && w > 0, "CenterCrop: size (", h, ", ", w, ") must be positive");
   }
@@ -104,6 +114,7 @@ struct CenterCrop {
     };
     return {one(H, height), one(W, width)};
   }
+  /// The (C, height, width) centre crop of a (C, H, W) CPU image.
   Tensor<float> operator()(const Tensor<float>& in, Rng&) const {
     const Tensor<float> x = detail::chw(in, "CenterCrop");
     const std::int64_t C = x.size(0), H = x.size(1), W = x.size(2);
@@ -130,17 +141,31 @@ struct CenterCrop {
 /// [ratio_min, ratio_max]) resized to (height, width), as torchvision's RandomResizedCrop: up to 10 draws for a crop
 /// that fits, else the centre crop of the whole image clamped to the ratio range.
 struct RandomResizedCrop {
+  ///@{
+  /// The output size in pixels.
   std::int64_t height, width;
+  ///@}
+  ///@{
+  /// The crop's area as a fraction of the image's: torchvision's scale=(scale_min, scale_max).
   float scale_min = 0.08f, scale_max = 1.0f;
+  ///@}
+  ///@{
+  /// The crop's aspect ratio (width / height) range, sampled log-uniformly: torchvision's ratio.
   float ratio_min = 3.0f / 4.0f, ratio_max = 4.0f / 3.0f;
-  bool antialias = true;
+  ///@}
+  bool antialias = true;  ///< Low-pass filter when downscaling (torchvision's antialias=True).
 
   /// A crop box: rows [top, top + h), columns [left, left + w).
   struct Box {
+    ///@{
+    /// The box's top-left corner and its size.
     std::int64_t top = 0, left = 0, h = 0, w = 0;
+    ///@}
   };
 
+  /// A square (size, size) output with the default scale and ratio ranges.
   explicit RandomResizedCrop(std::int64_t size) : RandomResizedCrop(size, size) {}
+  /// A (h, w) output; scale and ratio as torchvision's (each range positive and ordered).
   RandomResizedCrop(std::int64_t h, std::int64_t w, std::array<float, 2> scale = {0.08f, 1.0f},
                     std::array<float, 2> ratio = {3.0f / 4.0f, 4.0f / 3.0f})
       : height(h), width(w), scale_min(scale[0]), scale_max(scale[1]), ratio_min(ratio[0]), ratio_max(ratio[1]) {
@@ -175,6 +200,7 @@ struct RandomResizedCrop {
     }
     return {(H - h) / 2, (W - w) / 2, h, w};
   }
+  /// A random crop of a (C, H, W) CPU image, resized to (C, height, width).
   Tensor<float> operator()(const Tensor<float>& in, Rng& g) const {
     const Tensor<float> x = detail::chw(in, "RandomResizedCrop");
     const Box b = get_params(x.size(1), x.size(2), g);
@@ -186,9 +212,13 @@ struct RandomResizedCrop {
 /// The colour adjustments of torchvision.transforms.v2.functional on a contiguous (3, H, W) float image in [0, 1],
 /// in place; results are clamped to [0, 1] as torchvision's float path clamps them.
 namespace color {
+/// Multiplies every value by f (adjust_brightness).
 inline void adjust_brightness(float* img, std::int64_t H, std::int64_t W, float f);
+/// Blends with the image's mean grey level: x * f + mean * (1 - f) (adjust_contrast).
 inline void adjust_contrast(float* img, std::int64_t H, std::int64_t W, float f);
+/// Blends each pixel with its grey level: x * f + grey * (1 - f) (adjust_saturation).
 inline void adjust_saturation(float* img, std::int64_t H, std::int64_t W, float f);
+/// Shifts the hue by `hue` turns, in [-0.5, 0.5], through HSV (adjust_hue).
 inline void adjust_hue(float* img, std::int64_t H, std::int64_t W, float hue);
 }  // namespace color
 
@@ -196,12 +226,17 @@ inline void adjust_hue(float* img, std::int64_t H, std::int64_t W, float hue);
 /// ColorJitter: a value b gives a factor uniform in [max(0, 1 - b), 1 + b] (0: the adjustment is off); hue h gives a
 /// shift uniform in [-h, h], h <= 0.5. On RGB images (3 channels).
 struct ColorJitter {
+  ///@{
+  /// The strength of each change (torchvision's brightness, contrast, saturation, hue); 0: off.
   float brightness = 0, contrast = 0, saturation = 0, hue = 0;
+  ///@}
 
-  ColorJitter() = default;
+  ColorJitter() = default;  ///< No change at all.
+  /// ColorJitter(brightness, contrast, saturation, hue), as torchvision's (b, c, s >= 0; hue in [0, 0.5]).
   inline ColorJitter(float b, float c = 0, float s = 0, float h = 0);
   /// In place on a contiguous (3, H, W) image.
   inline void apply(float* img, std::int64_t H, std::int64_t W, Rng& g) const;
+  /// The jittered copy of a (3, H, W) CPU image.
   Tensor<float> operator()(const Tensor<float>& in, Rng& g) const {
     const Tensor<float> x = detail::chw(in, "ColorJitter");
     EMBER_CHECK(x.size(0) == 3, "ColorJitter: expected an RGB image (3, H, W), got ", x.shape().str());
@@ -210,6 +245,7 @@ struct ColorJitter {
     apply(out.data(), x.size(1), x.size(2), g);
     return out;
   }
+  /// Whether any of the changes is on.
   bool active() const { return brightness > 0 || contrast > 0 || saturation > 0 || hue > 0; }
 };
 

@@ -23,8 +23,11 @@ inline const char* image_format_name(ImageFormat f) {
 
 /// What an image file's header says.
 struct ImageInfo {
-  ImageFormat format = ImageFormat::unknown;
+  ImageFormat format = ImageFormat::unknown;  ///< JPEG, PNG, or unknown.
+  ///@{
+  /// The image's size in pixels.
   std::int64_t width = 0, height = 0;
+  ///@}
   int channels = 0;          ///< components stored in the file (1 grey, 2 grey + alpha, 3 colour, 4 RGBA or CMYK)
   int bit_depth = 8;         ///< bits per sample (PNG: 1 to 16; JPEG: 8)
   bool progressive = false;  ///< a progressive JPEG or an interlaced (Adam7) PNG
@@ -44,12 +47,21 @@ struct ImageDecodeOptions {
 /// A decoded 8-bit image, or a window of one: `height` rows of width * channels interleaved samples, `stride` bytes
 /// apart. The pixel (x, y) of the (scaled) full image is at data[(y - y0) * stride + (x - x0) * channels].
 struct DecodedImage {
-  const std::uint8_t* data = nullptr;
+  const std::uint8_t* data = nullptr;  ///< The first sample of the first row.
+  ///@{
+  /// The window's size in pixels.
   std::int64_t width = 0, height = 0;
-  int channels = 0;
-  std::ptrdiff_t stride = 0;
-  std::int64_t x0 = 0, y0 = 0;                  ///< where the window starts in the full (scaled) image
-  std::int64_t full_width = 0, full_height = 0;  ///< the full image at the decoded scale
+  ///@}
+  int channels = 0;           ///< Interleaved samples per pixel (1 grey, 3 RGB).
+  std::ptrdiff_t stride = 0;  ///< Bytes from one row to the next.
+  ///@{
+  /// Where the window starts in the full (scaled) image.
+  std::int64_t x0 = 0, y0 = 0;                  // where the window starts in the full (scaled) image
+  ///@}
+  ///@{
+  /// The full image at the decoded scale.
+  std::int64_t full_width = 0, full_height = 0;  // the full image at the decoded scale
+  ///@}
 };
 
 namespace detail {

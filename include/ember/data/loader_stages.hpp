@@ -22,10 +22,14 @@ inline const char* stage_name(Stage s) {
 
 /// Seconds spent in each stage, summed over the threads that ran it (so with workers, CPU time, not wall time).
 struct StageTimes {
-  double seconds[kNumStages] = {};
+  double seconds[kNumStages] = {};  ///< By stage: read, decode, augment, collate.
+  /// Stage s's seconds.
   double& operator[](Stage s) { return seconds[int(s)]; }
+  /// Stage s's seconds.
   double operator[](Stage s) const { return seconds[int(s)]; }
+  /// The seconds of all stages.
   double total() const { return seconds[0] + seconds[1] + seconds[2] + seconds[3]; }
+  /// Adds o's seconds stage by stage.
   StageTimes& operator+=(const StageTimes& o) {
     for (int i = 0; i < kNumStages; ++i) seconds[i] += o.seconds[i];
     return *this;
@@ -58,6 +62,7 @@ inline double stage_seconds(StageClock::time_point t0) {
 /// Counts the time of its scope as `stage` on this thread (not nested in another StageTimer).
 class StageTimer {
  public:
+  /// Starts timing stage s; the destructor adds the time to this thread's account.
   explicit StageTimer(Stage s) : stage_(s), t0_(detail::StageClock::now()) {}
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;

@@ -23,10 +23,15 @@ namespace ember::data {
 template <class Decode>
 class RecordDataset {
  public:
+  /// The records of `reader`, decoded by `decode`.
   RecordDataset(RecordReader reader, Decode decode) : reader_(std::move(reader)), decode_(std::move(decode)) {}
+  /// The records of the file at `path`, decoded by `decode`.
   RecordDataset(const std::string& path, Decode decode) : RecordDataset(RecordReader(path), std::move(decode)) {}
+  /// The number of records.
   std::size_t size() const { return reader_.size(); }
+  /// Sample i: decode(record i), its checksum verified.
   auto get(std::size_t i) const { return decode_(reader_.record(i)); }
+  /// The file's reader.
   const RecordReader& reader() const { return reader_; }
 
  private:
@@ -37,8 +42,9 @@ class RecordDataset {
 /// Decodes a labelled byte image (8-byte little-endian label, then C*H*W pixels) into an Example with data
 /// (C, H, W) in [0, 1] (pixel / 255).
 struct ByteImageDecoder {
-  Shape shape;  // (C, H, W)
+  Shape shape;  ///< (C, H, W) of every image.
 
+  /// The Example of record r (an error when r is not 8 + C*H*W bytes).
   Example operator()(std::span<const unsigned char> r) const {
     const std::size_t n = std::size_t(shape.numel());
     EMBER_CHECK(r.size() == 8 + n, "ByteImageDecoder: a record of ", r.size(), " bytes; an image ", shape.str(),

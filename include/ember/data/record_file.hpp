@@ -64,6 +64,7 @@ inline std::uint64_t get_u64(const unsigned char* p) {
 /// complete. A failed write abandons it too.
 class RecordWriter {
  public:
+  /// Starts a record file that close() will put at `path`.
   explicit RecordWriter(const std::string& path) : path_(path) {
     file_.emplace(path, "RecordWriter");
     buf_.reserve(kBuffer);
@@ -89,6 +90,7 @@ class RecordWriter {
     index_.insert(index_.end(), e, e + sizeof(e));
     return count_++;
   }
+  /// Appends the n bytes at `data` as one record; returns its index.
   std::size_t write(const void* data, std::size_t n) {
     return write(std::span<const unsigned char>(static_cast<const unsigned char*>(data), n));
   }
@@ -120,6 +122,7 @@ class RecordWriter {
     file_.reset();
     buf_.clear();
   }
+  /// The records written so far.
   std::size_t size() const { return count_; }
 
  private:
@@ -160,6 +163,7 @@ class RecordWriter {
 class RecordView {
  public:
   RecordView() = default;
+  /// A view of the record file in `file` (validated; an error naming `name` when it is not a complete one).
   RecordView(std::span<const unsigned char> file, std::string name) : file_(file), name_(std::move(name)) {
     const std::size_t n = file.size();
     EMBER_CHECK(n >= detail::kRecordHeader + detail::kRecordFooter, "RecordReader: ", q(), " is ", n,
@@ -207,6 +211,7 @@ class RecordView {
     count_ = std::size_t(count);
   }
 
+  /// The number of records.
   std::size_t size() const { return count_; }
 
   /// Record i, after checking its CRC-32C (pass verify = false to skip the check).
@@ -221,7 +226,9 @@ class RecordView {
                   q(), " is corrupt (CRC-32C mismatch)");
     return r;
   }
+  /// record(i), checked.
   std::span<const unsigned char> operator[](std::size_t i) const { return record(i); }
+  /// The name errors give the file (its path, for a reader).
   const std::string& name() const { return name_; }
 
  private:
@@ -238,12 +245,17 @@ class RecordView {
 /// it concurrently; the page cache is shared with every process reading the same file).
 class RecordReader {
  public:
+  /// Maps the record file at `path` and validates it (see RecordView).
   explicit RecordReader(const std::string& path) : map_(std::make_shared<Mapping>(path)) {
     view_ = RecordView(map_->bytes(), path);
   }
+  /// The number of records.
   std::size_t size() const { return view_.size(); }
+  /// Record i, after checking its CRC-32C (verify = false skips the check); valid while a handle lives.
   std::span<const unsigned char> record(std::size_t i, bool verify = true) const { return view_.record(i, verify); }
+  /// record(i), checked.
   std::span<const unsigned char> operator[](std::size_t i) const { return view_.record(i); }
+  /// The file's path.
   const std::string& path() const { return view_.name(); }
 
  private:

@@ -34,6 +34,7 @@ class Rng {
     }
     return buf_[pos_++];
   }
+  /// The next 64 random bits (two 32-bit draws, the first in the high half).
   std::uint64_t next_u64() {
     const std::uint64_t hi = next_u32();
     return (hi << 32) | next_u32();

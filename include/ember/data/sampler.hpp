@@ -37,20 +37,24 @@ EMBER_HEADER_INLINE std::vector<std::size_t> permutation(std::size_t n, std::uin
 
 /// 0, 1, ..., n-1 every epoch.
 struct SequentialSampler {
+  /// 0, 1, ..., n-1 (whatever the epoch).
   std::vector<std::size_t> indices(std::size_t n, std::uint64_t /*epoch*/ = 0) const {
     std::vector<std::size_t> v(n);
     std::iota(v.begin(), v.end(), std::size_t(0));
     return v;
   }
+  /// The samples per epoch: all n.
   std::size_t size(std::size_t n) const { return n; }
 };
 
 /// A permutation of 0..n-1 drawn from (seed, epoch): a new order each epoch, the same order for the same epoch.
 struct RandomSampler {
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;  ///< With the epoch, it decides the permutation.
+  /// The permutation of epoch `epoch`.
   std::vector<std::size_t> indices(std::size_t n, std::uint64_t epoch = 0) const {
     return detail::permutation(n, seed, epoch);
   }
+  /// The samples per epoch: all n.
   std::size_t size(std::size_t n) const { return n; }
 };
 
@@ -68,6 +72,7 @@ struct DistributedSamplerOptions {
 /// epoch for a new order.
 class DistributedSampler {
  public:
+  /// The shard of rank `rank` (0 <= rank < world_size), as DistributedSampler(dataset, num_replicas, rank, ...).
   DistributedSampler(int rank, int world_size, DistributedSamplerOptions opt = {})
       : rank_(rank), world_(world_size), opt_(opt) {
     EMBER_CHECK(world_size >= 1, "DistributedSampler: world_size must be at least 1, got ", world_size);
@@ -96,9 +101,13 @@ class DistributedSampler {
   }
   /// Indices for the epoch last passed to set_epoch.
   std::vector<std::size_t> indices(std::size_t n) const { return indices(n, epoch_); }
+  /// Sets the epoch the order is drawn for (PyTorch's set_epoch).
   void set_epoch(std::uint64_t e) { epoch_ = e; }
+  /// The epoch last set (0 at first).
   std::uint64_t epoch() const { return epoch_; }
+  /// This sampler's rank.
   int rank() const { return rank_; }
+  /// The number of ranks sharing the dataset.
   int world_size() const { return world_; }
 
  private:

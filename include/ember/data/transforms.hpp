@@ -37,9 +37,14 @@ EMBER_HEADER_INLINE Tensor<float> chw(const Tensor<float>& x, const char* op) {
 
 /// (x - mean[c]) / std[c] per channel; one value applies to every channel. Like torchvision's Normalize.
 struct Normalize {
+  ///@{
+  /// The per-channel means and standard deviations (the same count; one value each applies to every channel).
   std::vector<float> mean, std;
+  ///@}
 
+  /// Normalize(mean, std), as torchvision's: m and s have the same, non-zero count; every s is finite and non-zero.
   EMBER_HEADER_INLINE Normalize(std::vector<float> m, std::vector<float> s);
+  /// The normalized copy of a (C, H, W) CPU image (C = mean's count, or any C with one value).
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng&) const;
   /// In place, on a contiguous image nobody else holds (Compose calls it on its own intermediates).
   void apply_(Tensor<float>& x, Rng&) const { run(x, x); }
@@ -76,20 +81,32 @@ EMBER_HEADER_INLINE void Normalize::run(const Tensor<float>& x, const Tensor<flo
 }
 #endif
 
+/// The options of RandomCrop after its size, in torchvision's RandomCrop order (its pad_if_needed and padding_mode
+/// are not supported: the padding is constant):
+///   data::transforms::RandomCrop crop(32, {.padding = 4});
 struct RandomCropOptions {
-  std::int64_t padding = 0;  ///< pixels added on every side before cropping
-  float fill = 0.0f;         ///< value of the padding
+  /// Pixels added on every side before cropping, >= 0; 0: none (torchvision: padding=None; one number only, not a
+  /// per-side tuple).
+  std::int64_t padding = 0;
+  float fill = 0.0f;  ///< the padding's value, in every channel (torchvision: fill, padding_mode="constant")
 };
 
 /// Pads the image by `padding` on each side, then cuts a (height, width) window at a random position, as
 /// torchvision's RandomCrop(size, padding).
 struct RandomCrop {
+  ///@{
+  /// The crop's size in pixels (torchvision's size=(height, width)).
   std::int64_t height, width;
-  RandomCropOptions opt;
+  ///@}
+  RandomCropOptions opt;  ///< The padding and its fill value.
 
+  /// A (h, w) crop (both > 0), as torchvision's RandomCrop((h, w), padding=...).
   EMBER_HEADER_INLINE RandomCrop(std::int64_t h, std::int64_t w, RandomCropOptions o = {});
+  /// A square (size, size) crop, as RandomCrop(size, padding=...).
   explicit RandomCrop(std::int64_t size, RandomCropOptions o = {}) : RandomCrop(size, size, o) {}
 
+  /// The (C, height, width) crop of a (C, H, W) CPU image, at a position drawn from g; the padded image must be at
+  /// least the crop's size.
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
 };
 
@@ -128,8 +145,9 @@ EMBER_HEADER_INLINE Tensor<float> RandomCrop::operator()(const Tensor<float>& in
 
 /// Mirrors the image left-right with probability p.
 struct RandomHorizontalFlip {
-  float p = 0.5f;
+  float p = 0.5f;  ///< The probability of flipping (torchvision's p).
 
+  /// The (C, H, W) CPU image, mirrored left-right with probability p (a copy either way).
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
   /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
   EMBER_HEADER_INLINE void apply_(Tensor<float>& x, Rng& g) const;
@@ -156,22 +174,28 @@ EMBER_HEADER_INLINE void RandomHorizontalFlip::apply_(Tensor<float>& x, Rng& g) 
 }
 #endif
 
-/// Options of RandomErasing (torchvision's defaults).
+/// The options of RandomErasing, in torchvision's RandomErasing order and with its defaults (its scale and ratio
+/// tuples are two fields each; value is one number; inplace is apply_):
+///   data::transforms::RandomErasing erase({.p = 0.25f, .scale_max = 0.2f});
 struct RandomErasingOptions {
-  float p = 0.5f;                          ///< probability of erasing a rectangle
-  float scale_min = 0.02f, scale_max = 0.33f;  ///< erased area as a fraction of the image
-  float ratio_min = 0.3f, ratio_max = 3.3f;    ///< aspect ratio range (sampled log-uniformly)
-  float value = 0.0f;                      ///< fill value
+  float p = 0.5f;  ///< the probability of erasing a rectangle, in [0, 1]
+  float scale_min = 0.02f,  ///< the erased area's smallest fraction of the image, in (0, scale_max] (scale[0])
+      scale_max = 0.33f;    ///< the erased area's largest fraction of the image, in [scale_min, 1] (scale[1])
+  float ratio_min = 0.3f,   ///< the smallest aspect ratio (height / width), > 0 (ratio[0]); sampled log-uniformly
+      ratio_max = 3.3f;     ///< the largest aspect ratio, >= ratio_min (ratio[1])
+  float value = 0.0f;       ///< the rectangle's fill value, in every channel (torchvision's "random" is not supported)
 };
 
 /// With probability p, fills a random rectangle of random area and aspect ratio with `value` (Zhong et al., 2017;
 /// torchvision's RandomErasing: up to 10 tries to find a rectangle that fits, else the image is unchanged).
 struct RandomErasing {
-  RandomErasingOptions opt;
+  RandomErasingOptions opt;  ///< The probability, the area and aspect-ratio ranges and the fill value.
 
-  RandomErasing() = default;
+  RandomErasing() = default;  ///< With the default options (torchvision's defaults).
+  /// With options `o` (checked: p in [0, 1], ordered ranges within their bounds).
   EMBER_HEADER_INLINE explicit RandomErasing(RandomErasingOptions o);
 
+  /// The (C, H, W) CPU image, with one rectangle filled with probability p (a copy either way).
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
   /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
   EMBER_HEADER_INLINE void apply_(Tensor<float>& x, Rng& g) const;
@@ -245,8 +269,9 @@ EMBER_HEADER_INLINE void RandomErasing::fill(const Tensor<float>& out, const Rec
 /// Applies transforms in order: Compose(RandomCrop(28, {.padding = 2}), RandomHorizontalFlip{}, Normalize(...)).
 template <class... Ts>
 struct Compose {
-  std::tuple<Ts...> ts;
+  std::tuple<Ts...> ts;  ///< The transforms, in the order they run.
 
+  /// Composes the transforms `t...`, run first to last (torchvision's Compose([...])).
   explicit Compose(Ts... t) : ts(std::move(t)...) {}
   /// Transforms that have an in-place form (apply_) run in place on an image nobody else holds: the results are
   /// the same, without a copy per transform.

@@ -24,16 +24,20 @@ namespace ember::expr {
 /// Beyond it, materialise part of the expression into a tensor.
 inline constexpr int kMaxLeaves = 16;
 
+/// A tensor operand of an expression: what `a` becomes in `a * b`. Own: the leaf holds the tensor handle by value
+/// (what user expressions do); false: a pointer to a tensor that outlives the expression (internal code).
 template <class T, bool Own>
 struct TensorLeaf {
-  using value_type = T;
-  static constexpr int num_leaves = 1;
-  std::conditional_t<Own, Tensor<T>, const Tensor<T>*> ref;
+  using value_type = T;                 ///< The element type the leaf reads.
+  static constexpr int num_leaves = 1;  ///< The tensor leaves in this (sub)expression: one.
+  std::conditional_t<Own, Tensor<T>, const Tensor<T>*> ref;  ///< The tensor (Own) or a pointer to it.
 
+  /// The tensor read.
   const Tensor<T>& tensor() const {
     if constexpr (Own) return ref;
     else return *ref;
   }
+  /// The tensor's shape (the leaf's, before broadcasting).
   Shape shape() const { return tensor().shape(); }
 };
 
@@ -43,9 +47,10 @@ struct TensorLeaf {
 /// (expr::slot). It is not a plan operand itself, and only a pass with a slot source can evaluate it.
 template <class T, int K>
 struct LeafRef {
-  using value_type = T;
-  static constexpr int num_leaves = 1;
-  Shape shape_;
+  using value_type = T;                 ///< The slot's element type.
+  static constexpr int num_leaves = 1;  ///< Counts as one tensor leaf.
+  Shape shape_;                         ///< The slot's shape.
+  /// The slot's shape.
   Shape shape() const { return shape_; }
 };
 
@@ -64,8 +69,9 @@ inline constexpr int kMaxParams = 16;
 /// computed once, where separate scalar leaves would each be their own copy.
 template <class T, int K>
 struct ParamRef {
-  using value_type = T;
-  static constexpr int num_leaves = 0;
+  using value_type = T;                 ///< The type the scalar is read as.
+  static constexpr int num_leaves = 0;  ///< A scalar: no tensor leaf.
+  /// The 0-d shape (a scalar broadcasts to anything).
   Shape shape() const { return {}; }
 };
 /// Scalar K of the pass as an operand of type T: `slot<1>(p) * param<0, float>()`.
@@ -78,9 +84,10 @@ ParamRef<T, K> param() {
 
 /// The scalars of a pass, by position: param<K, T>() reads v[K], converted to T (exactly, for a value that is a T).
 struct Params {
-  double v[kMaxParams] = {};
-  int n = 0;
-  Params() = default;
+  double v[kMaxParams] = {};  ///< The scalars; the first n are set.
+  int n = 0;                  ///< How many scalars there are.
+  Params() = default;         ///< No scalars.
+  /// The scalars listed, in order: `Params{lr, beta1}` (at most kMaxParams).
   Params(std::initializer_list<double> l) {
     EMBER_CHECK(l.size() <= std::size_t(kMaxParams), "expr::Params: at most ", kMaxParams, " scalars, got ", l.size());
     for (double x : l) v[n++] = x;
@@ -91,8 +98,9 @@ struct Params {
 /// (expr::param<K, T>).
 template <class... T>
 struct Slots {
-  std::tuple<Tensor<T>...> tensors;
-  Params params;
+  std::tuple<Tensor<T>...> tensors;  ///< The tensors of slots 0, 1, ...
+  Params params;                     ///< The scalars of param<0, T>(), param<1, T>(), ...
+  /// The slot source of tensors `t` and scalars `p`.
   Slots(std::tuple<Tensor<T>...> t, Params p) : tensors(std::move(t)), params(p) {}
 };
 /// The scalars of a slot source (none but a Slots' own).
@@ -105,11 +113,13 @@ Params params_of(const Slots<T...>& s) {
   return s.params;
 }
 
+/// A scalar operand of an expression: what `2` becomes in `a * 2`, held in T's compute type.
 template <class T>
 struct ScalarLeaf {
-  using value_type = T;
-  static constexpr int num_leaves = 0;
-  compute_t<T> value;
+  using value_type = T;                 ///< The scalar's type in the expression.
+  static constexpr int num_leaves = 0;  ///< A scalar: no tensor leaf.
+  compute_t<T> value;                   ///< The value (float for half and bfloat16).
+  /// The 0-d shape (a scalar broadcasts to anything).
   Shape shape() const { return {}; }
 };
 
@@ -117,39 +127,46 @@ template <class Op, class V>
 using unary_result_t =
     std::conditional_t<std::is_same_v<decltype(std::declval<Op>()(compute_t<V>{})), bool>, bool, V>;
 
+/// op(a) element-wise: what `relu(x)` or `-x` builds. Op is a functor of ops_table.
 template <class Op, class A>
 struct UnaryExpr {
-  using value_type = unary_result_t<Op, typename A::value_type>;
-  static constexpr int num_leaves = A::num_leaves;
-  Op op;
-  A a;
+  using value_type = unary_result_t<Op, typename A::value_type>;  ///< A's type, or bool for a predicate.
+  static constexpr int num_leaves = A::num_leaves;                 ///< The tensor leaves below.
+  Op op;  ///< The functor (with its parameter, for ops such as LeakyRelu).
+  A a;    ///< The operand.
+  /// The operand's shape.
   Shape shape() const { return a.shape(); }
 };
 
 template <class VA, class VB>
 using common_value_t = std::conditional_t<std::is_same_v<VA, VB>, VA, std::common_type_t<compute_t<VA>, compute_t<VB>>>;
 
+/// op(a, b) element-wise with broadcasting: what `a * b` or `maximum(a, b)` builds. Op is a functor of ops_table.
 template <class Op, class A, class B>
 struct BinaryExpr {
+  /// The type the op computes in: the operands' common compute type.
   using compute_type = std::common_type_t<compute_t<typename A::value_type>, compute_t<typename B::value_type>>;
+  /// The result's type: the operands' common type (half with half stays half), or bool for a comparison.
   using value_type =
       std::conditional_t<std::is_same_v<decltype(std::declval<Op>()(compute_type{}, compute_type{})), bool>, bool,
                          common_value_t<typename A::value_type, typename B::value_type>>;
-  static constexpr int num_leaves = A::num_leaves + B::num_leaves;
-  Op op;
-  A a;
-  B b;
+  static constexpr int num_leaves = A::num_leaves + B::num_leaves;  ///< The tensor leaves below.
+  Op op;  ///< The functor.
+  A a;    ///< The left operand.
+  B b;    ///< The right operand.
+  /// The operands' broadcast shape (an error naming the op when they do not broadcast).
   Shape shape() const { return broadcast_shapes(a.shape(), b.shape(), Op::name); }
 };
 
 /// where(c, a, b): a where c is true, else b.
 template <class C, class A, class B>
 struct WhereExpr {
-  using value_type = common_value_t<typename A::value_type, typename B::value_type>;
-  static constexpr int num_leaves = C::num_leaves + A::num_leaves + B::num_leaves;
-  C c;
-  A a;
-  B b;
+  using value_type = common_value_t<typename A::value_type, typename B::value_type>;  ///< a's and b's common type.
+  static constexpr int num_leaves = C::num_leaves + A::num_leaves + B::num_leaves;  ///< The tensor leaves below.
+  C c;  ///< The condition.
+  A a;  ///< The value where c is true.
+  B b;  ///< The value where c is false.
+  /// The three operands' broadcast shape.
   Shape shape() const {
     return broadcast_shapes(c.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
   }
@@ -158,9 +175,10 @@ struct WhereExpr {
 /// cast<U>(a): converts each element to U (so half storage computes in float inside the same loop).
 template <class U, class A>
 struct CastExpr {
-  using value_type = U;
-  static constexpr int num_leaves = A::num_leaves;
-  A a;
+  using value_type = U;                             ///< The target type.
+  static constexpr int num_leaves = A::num_leaves;  ///< The tensor leaves below.
+  A a;                                              ///< The operand.
+  /// The operand's shape.
   Shape shape() const { return a.shape(); }
 };
 
@@ -228,45 +246,61 @@ void visit_leaves(const Slots<T...>& s, F&& f) {
 
 // ---- owned copies: every tensor leaf held by value (what an autograd node saves) -----------------------------
 
+/// owned<E>::type is E with every tensor leaf holding its tensor by value; owned<E>::make(e) builds it from e.
 template <class E>
 struct owned;
+/// The owned form of expression type E.
 template <class E>
 using owned_t = typename owned<E>::type;
+/// A tensor leaf: held by value.
 template <class T, bool O>
 struct owned<TensorLeaf<T, O>> {
-  using type = TensorLeaf<T, true>;
+  using type = TensorLeaf<T, true>;  ///< The owning leaf.
+  /// The owning leaf of l's tensor.
   static type make(const TensorLeaf<T, O>& l) { return {l.tensor()}; }
 };
+/// A slot reference: unchanged (it holds no tensor).
 template <class T, int K>
 struct owned<LeafRef<T, K>> {
-  using type = LeafRef<T, K>;
+  using type = LeafRef<T, K>;  ///< The same type.
+  /// A copy of l.
   static type make(const LeafRef<T, K>& l) { return l; }
 };
+/// A scalar: unchanged.
 template <class T>
 struct owned<ScalarLeaf<T>> {
-  using type = ScalarLeaf<T>;
+  using type = ScalarLeaf<T>;  ///< The same type.
+  /// A copy of l.
   static type make(const ScalarLeaf<T>& l) { return l; }
 };
+/// A unary node: its operand owned.
 template <class Op, class A>
 struct owned<UnaryExpr<Op, A>> {
-  using type = UnaryExpr<Op, owned_t<A>>;
+  using type = UnaryExpr<Op, owned_t<A>>;  ///< The node over the owned operand.
+  /// e with its operand owned.
   static type make(const UnaryExpr<Op, A>& e) { return {e.op, owned<A>::make(e.a)}; }
 };
+/// A binary node: both operands owned.
 template <class Op, class A, class B>
 struct owned<BinaryExpr<Op, A, B>> {
-  using type = BinaryExpr<Op, owned_t<A>, owned_t<B>>;
+  using type = BinaryExpr<Op, owned_t<A>, owned_t<B>>;  ///< The node over the owned operands.
+  /// e with its operands owned.
   static type make(const BinaryExpr<Op, A, B>& e) { return {e.op, owned<A>::make(e.a), owned<B>::make(e.b)}; }
 };
+/// A where node: its three operands owned.
 template <class C, class A, class B>
 struct owned<WhereExpr<C, A, B>> {
-  using type = WhereExpr<owned_t<C>, owned_t<A>, owned_t<B>>;
+  using type = WhereExpr<owned_t<C>, owned_t<A>, owned_t<B>>;  ///< The node over the owned operands.
+  /// e with its operands owned.
   static type make(const WhereExpr<C, A, B>& e) {
     return {owned<C>::make(e.c), owned<A>::make(e.a), owned<B>::make(e.b)};
   }
 };
+/// A cast node: its operand owned.
 template <class U, class A>
 struct owned<CastExpr<U, A>> {
-  using type = CastExpr<U, owned_t<A>>;
+  using type = CastExpr<U, owned_t<A>>;  ///< The node over the owned operand.
+  /// e with its operand owned.
   static type make(const CastExpr<U, A>& e) { return {owned<A>::make(e.a)}; }
 };
 template <class E>
@@ -291,7 +325,7 @@ concept Arithmetic = std::is_arithmetic_v<std::remove_cvref_t<X>>;
 /// The value type of a tensor or expression operand.
 template <class X>
 struct value_of {
-  using type = typename std::remove_cvref_t<X>::value_type;
+  using type = typename std::remove_cvref_t<X>::value_type;  ///< X's element type.
 };
 
 /// The node an operand becomes: a tensor → a leaf holding the handle by value (a reference-count increment, never

@@ -16,9 +16,12 @@ namespace ember::expr {
 ///            order).
 ///   columns  [reduced (nred) | kept (nkept)]: rows of outputs accumulate along the last kept dim.
 struct ReducePlan {
-  Plan q;  // the reordered plan (never linear)
-  bool rows = false;
+  Plan q;             ///< The reordered plan (never linear).
+  bool rows = false;  ///< The rows walk (else the columns walk).
+  ///@{
+  /// The reduced and the kept dims of q.
   int nred = 0, nkept = 0;
+  ///@}
 };
 
 /// The walk of a reduction from the collapsed plan `p` of its space (output first). collapse() drops size-1 dims, so

@@ -32,9 +32,10 @@ namespace ember::io {
 
 /// The contents of a safetensors file: tensors by name and the optional string metadata.
 struct SafeTensors {
-  TensorMap tensors;
-  Metadata metadata;
+  TensorMap tensors;  ///< The tensors by name.
+  Metadata metadata;  ///< The header's `__metadata__` strings.
 
+  /// Whether the file has a tensor `name`.
   bool contains(const std::string& name) const { return tensors.count(name) != 0; }
   /// The tensor `name` as dtype T; an error when it is missing or has another dtype.
   template <class T>

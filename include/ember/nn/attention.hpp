@@ -75,9 +75,11 @@ struct MultiheadAttentionOptions {
 template <amp::PrecisionPolicy P = amp::fp32>
 class MultiheadAttentionT : public Module {
  public:
-  using param_t = typename P::param_t;
-  using compute_t = typename P::compute_t;
+  using param_t = typename P::param_t;      ///< The parameters' dtype (the precision policy's master weights).
+  using compute_t = typename P::compute_t;  ///< The inputs' and outputs' dtype.
 
+  /// nn.MultiheadAttention(embed_dim, num_heads, ...): embed_dim must be a positive multiple of num_heads. The
+  /// projections are Xavier-uniform initialised and the biases zero, as in PyTorch.
   MultiheadAttentionT(std::int64_t embed_dim, std::int64_t num_heads, const MultiheadAttentionOptions& o)
       : Module("MultiheadAttention"), embed_dim(embed_dim), num_heads(num_heads), dropout(o.dropout),
         batch_first(o.batch_first), kdim(o.kdim > 0 ? o.kdim : embed_dim), vdim(o.vdim > 0 ? o.vdim : embed_dim),
@@ -122,11 +124,16 @@ class MultiheadAttentionT : public Module {
       return r + ", batch_first=" + (bf ? "True" : "False");
     });
   }
+  /// The positional form of the commonest options: MultiheadAttention(embed_dim, num_heads, dropout, bias,
+  /// batch_first).
   MultiheadAttentionT(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
                       bool batch_first = false)
       : MultiheadAttentionT(embed_dim, num_heads,
                             MultiheadAttentionOptions{.dropout = dropout, .bias = bias, .batch_first = batch_first}) {}
 
+  /// Attention of `query` (L, N, E) over `key` (S, N, kdim) and `value` (S, N, vdim); (N, L, E) and (N, S, ...)
+  /// with batch_first, or unbatched (L, E), (S, kdim), (S, vdim). Returns the output and, with o.need_weights
+  /// (the default, as PyTorch's), the attention weights. As nn.MultiheadAttention.forward.
   AttentionOutput<compute_t> forward(const Tensor<compute_t>& query, const Tensor<compute_t>& key,
                                      const Tensor<compute_t>& value, const MhaForwardOptions<compute_t>& o = {}) const {
     using T = compute_t;
@@ -230,21 +237,34 @@ class MultiheadAttentionT : public Module {
     r.output = y;
     return r;
   }
+  /// forward(query, key, value, o).
   AttentionOutput<compute_t> operator()(const Tensor<compute_t>& query, const Tensor<compute_t>& key,
                                         const Tensor<compute_t>& value,
                                         const MhaForwardOptions<compute_t>& o = {}) const {
     return forward(query, key, value, o);
   }
 
+  ///@{
+  /// The model width E and the number of heads (E / num_heads features per head).
   std::int64_t embed_dim, num_heads;
-  double dropout;
-  bool batch_first;
+  ///@}
+  double dropout;    ///< The attention weights' dropout probability (in training).
+  bool batch_first;  ///< Inputs and outputs (N, L, E) instead of (L, N, E).
+  ///@{
+  /// The key's and value's features (embed_dim unless the options set them).
   std::int64_t kdim, vdim;
-  Tensor<param_t> in_proj_weight;                               // (3E, E); undefined with kdim/vdim != E
+  ///@}
+  Tensor<param_t> in_proj_weight;  ///< (3E, E): q, k and v's projections stacked; undefined with kdim/vdim != E.
+  ///@{
+  /// (E, E), (E, kdim), (E, vdim): the separate projections, used instead of in_proj_weight when kdim/vdim != E.
   Tensor<param_t> q_proj_weight, k_proj_weight, v_proj_weight;  // (E, E), (E, kdim), (E, vdim); with kdim/vdim != E
-  Tensor<param_t> in_proj_bias;                                 // (3E), or undefined without bias
+  ///@}
+  Tensor<param_t> in_proj_bias;  ///< (3E): the projections' bias; undefined without bias.
+  ///@{
+  /// (1, 1, E): the key and value positions appended with add_bias_kv; undefined otherwise.
   Tensor<param_t> bias_k, bias_v;                               // (1, 1, E) with add_bias_kv, else undefined
-  LinearT<P> out_proj;
+  ///@}
+  LinearT<P> out_proj;  ///< The output projection (E -> E).
 };
 using MultiheadAttention = MultiheadAttentionT<>;
 
@@ -270,8 +290,9 @@ struct TransformerEncoderLayerOptions {
 template <amp::PrecisionPolicy P = amp::fp32>
 class TransformerEncoderLayerT : public Module {
  public:
-  using compute_t = typename P::compute_t;
+  using compute_t = typename P::compute_t;  ///< The inputs' and outputs' dtype.
 
+  /// nn.TransformerEncoderLayer(d_model, nhead, ...): d_model must be a positive multiple of nhead.
   TransformerEncoderLayerT(std::int64_t d_model, std::int64_t nhead, const TransformerEncoderLayerOptions& o = {})
       : Module("TransformerEncoderLayer"), options(o),
         self_attn(d_model, nhead, o.dropout, o.bias, o.batch_first),
@@ -313,18 +334,25 @@ class TransformerEncoderLayerT : public Module {
     }
     return x;
   }
+  /// forward(src, src_mask, src_key_padding_mask, is_causal).
   Tensor<compute_t> operator()(const Tensor<compute_t>& src, const AttnMask<compute_t>& src_mask = {},
                                const AttnMask<compute_t>& src_key_padding_mask = {}, bool is_causal = false) const {
     return forward(src, src_mask, src_key_padding_mask, is_causal);
   }
 
-  TransformerEncoderLayerOptions options;
-  MultiheadAttentionT<P> self_attn;
-  LinearT<P> linear1;
-  Dropout dropout;
-  LinearT<P> linear2;
+  TransformerEncoderLayerOptions options;  ///< The options the layer was built with.
+  MultiheadAttentionT<P> self_attn;        ///< The self-attention block.
+  LinearT<P> linear1;                      ///< The feed-forward block's first layer (d_model -> dim_feedforward).
+  Dropout dropout;                         ///< After the feed-forward activation.
+  LinearT<P> linear2;                      ///< The feed-forward block's second layer (dim_feedforward -> d_model).
+  ///@{
+  /// The LayerNorms of the attention block (norm1) and the feed-forward block (norm2).
   LayerNormT<P> norm1, norm2;
+  ///@}
+  ///@{
+  /// The dropouts on the attention's (dropout1) and the feed-forward block's (dropout2) residual branches.
   Dropout dropout1, dropout2;
+  ///@}
 };
 using TransformerEncoderLayer = TransformerEncoderLayerT<>;
 

@@ -48,6 +48,7 @@ class ModuleList : public Module {
 
  public:
   ModuleList() : Module("ModuleList") {}
+  /// A list of `modules`, in order (nn.ModuleList([...])).
   template <class... M>
     requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, std::remove_cvref_t<M>> && ...))
   explicit ModuleList(M&&... modules) : Module("ModuleList") {
@@ -64,7 +65,9 @@ class ModuleList : public Module {
     items_->push_back(m);
     return *m;
   }
+  /// The number of modules (len(list)).
   std::size_t size() const { return items_->size(); }
+  /// Whether the list has no modules.
   bool empty() const { return items_->empty(); }
   /// Entry i (negative counts from the end, as in Python).
   Module& operator[](std::int64_t i) const { return *(*items_)[index(i)]; }
@@ -73,7 +76,9 @@ class ModuleList : public Module {
   M& at(std::int64_t i) const {
     return detail::checked_cast<M>((*this)[i], "ModuleList::at", "entry " + std::to_string(i));
   }
+  /// Iterates the modules in order, as Module& (`for (auto& m : list)`).
   detail::DerefIterator<Module, Items::const_iterator> begin() const { return {items_->cbegin()}; }
+  /// The end of the iteration.
   detail::DerefIterator<Module, Items::const_iterator> end() const { return {items_->cend()}; }
 
  private:
@@ -102,14 +107,19 @@ class ModuleDict : public Module {
     items_->emplace_back(key, m);
     return *m;
   }
+  /// The number of modules (len(dict)).
   std::size_t size() const { return items_->size(); }
+  /// Whether the dict has no modules.
   bool empty() const { return items_->empty(); }
+  /// Whether a module is stored under `key` (`key in dict`).
   bool contains(const std::string& key) const { return find(key) != nullptr; }
+  /// The keys, in insertion order (dict.keys()).
   std::vector<std::string> keys() const {
     std::vector<std::string> k;
     for (const auto& [n, m] : *items_) k.push_back(n);
     return k;
   }
+  /// The module under `key`; an error listing the keys when there is none.
   Module& operator[](const std::string& key) const {
     Module* m = find(key);
     if (!m) {
@@ -119,6 +129,7 @@ class ModuleDict : public Module {
     }
     return *m;
   }
+  /// The module under `key` as its C++ type M (an error naming its type_name() when it is another).
   template <class M>
   M& at(const std::string& key) const {
     return detail::checked_cast<M>((*this)[key], "ModuleDict::at", "key '" + key + "'");

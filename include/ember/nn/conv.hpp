@@ -32,23 +32,31 @@ struct Conv2dOptions {
   bool bias = true;         ///< learn a per-output-channel bias
 };
 
+/// torch.nn.Conv2d under a precision policy (nn::Conv2d is Conv2dT<amp::fp32>): a 2-D convolution (cross-correlation,
+/// as PyTorch's) of (N, C_in, H, W) inputs with learned (C_out, C_in / groups, kh, kw) filters and an optional bias.
 template <amp::PrecisionPolicy P = amp::fp32>
 class Conv2dT : public Module {
  public:
-  using param_t = typename P::param_t;
-  using compute_t = typename P::compute_t;
+  using param_t = typename P::param_t;      ///< The parameters' dtype (the precision policy's master weights).
+  using compute_t = typename P::compute_t;  ///< The input's and output's dtype.
 
+  /// nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias); the weight and bias
+  /// are initialised as PyTorch's (uniform in +-1/sqrt(fan_in)).
   Conv2dT(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, const Conv2dOptions& o = {});
 
   /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out)
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
+  /// forward(x).
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
+  ///@{
+  /// C_in and C_out.
   std::int64_t in_channels, out_channels;
-  Size2 kernel_size;
-  Conv2dOptions options;
-  Tensor<param_t> weight;  // (C_out, C_in / groups, kh, kw)
-  Tensor<param_t> bias;    // (C_out), undefined without bias
+  ///@}
+  Size2 kernel_size;       ///< The kernel's (kh, kw).
+  Conv2dOptions options;   ///< Stride, padding, dilation, groups and bias.
+  Tensor<param_t> weight;  ///< (C_out, C_in / groups, kh, kw).
+  Tensor<param_t> bias;    ///< (C_out); undefined without bias.
 };
 
 template <amp::PrecisionPolicy P>

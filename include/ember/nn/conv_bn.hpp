@@ -17,8 +17,8 @@ namespace ember::nn {
 
 /// What follows the batch norm in a fused group.
 struct ConvBnTail {
-  bool relu = false;   // a ReLU
-  bool pool2 = false;  // then MaxPool2d(2): kernel 2, stride 2, no padding, floor
+  bool relu = false;   ///< A ReLU.
+  bool pool2 = false;  ///< Then MaxPool2d(2): kernel 2, stride 2, no padding, floor.
 };
 
 /// Whether conv -> bn [-> relu] [-> pool] can run fused on x: bn in training mode, neither module folded or

@@ -409,6 +409,8 @@ class DistributedDataParallel {
   static_assert(std::is_base_of_v<Module, M>, "DistributedDataParallel<M>: M must be an nn::Module");
 
  public:
+  /// Wraps `module` (nn.parallel.DistributedDataParallel(module, ...)): broadcasts rank 0's parameters and buffers
+  /// and installs the gradient hooks that all-reduce the gradients in buckets during backward.
   explicit DistributedDataParallel(M module, DDPOptions o = {}, dist::ProcessGroup* pg = nullptr)
       : module_(std::move(module)),
         reducer_(std::make_shared<detail::DdpReducer>(module_, pg ? *pg : dist::default_group(), o)) {
@@ -417,6 +419,7 @@ class DistributedDataParallel {
 
   /// The wrapped module (PyTorch's ddp.module).
   M& module() { return module_; }
+  /// The wrapped module (PyTorch's ddp.module).
   const M& module() const { return module_; }
   /// The module's forward, after DDP's per-iteration preparation.
   template <class... A>
@@ -424,21 +427,26 @@ class DistributedDataParallel {
     reducer_->prepare_forward(module_.is_training());
     return module_.forward(std::forward<A>(args)...);
   }
+  /// forward(args...).
   template <class... A>
   decltype(auto) operator()(A&&... args) {
     return forward(std::forward<A>(args)...);
   }
+  /// The module's parameters (what the optimizer gets).
   template <class T = float>
   std::vector<Tensor<T>> parameters(bool recurse = true) const {
     return module_.template parameters<T>(recurse);
   }
+  /// The module's train(on).
   void train(bool on = true) { module_.train(on); }
+  /// The module's eval().
   void eval() { module_.eval(); }
 
   /// While the returned guard lives, backward passes accumulate gradients locally without communicating (gradient
   /// accumulation); the first backward after it reduces the accumulated gradients.
   class NoSync {
    public:
+    /// Turns synchronisation off until the guard is destroyed (no_sync() makes one).
     explicit NoSync(std::shared_ptr<detail::DdpReducer> r) : r_(std::move(r)), old_(r_->no_sync) { r_->no_sync = true; }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
@@ -448,6 +456,7 @@ class DistributedDataParallel {
     std::shared_ptr<detail::DdpReducer> r_;
     bool old_;
   };
+  /// The guard of local gradient accumulation, as PyTorch's `with ddp.no_sync():`.
   [[nodiscard]] NoSync no_sync() { return NoSync(reducer_); }
 
   /// The buckets' parameter names, in the order their all-reduces start.

@@ -32,6 +32,8 @@ Tensor<T> dropout(const Tensor<T>& x, double p = 0.5, bool training = true, Gene
 }
 }  // namespace functional
 
+/// torch.nn.Dropout: in training, zeroes each element with probability p and scales the rest by 1 / (1 - p); in
+/// eval, the identity.
 class Dropout : public Module {
  public:
   /// Masks from the default generator (see above).
@@ -43,15 +45,17 @@ class Dropout : public Module {
   /// by itself, but not part of the state checkpoints save.
   Dropout(double p, std::uint64_t seed) : Dropout(p) { gen = std::make_shared<Generator>(seed); }
 
+  /// functional::dropout(x, p, is_training()), with the layer's generator when it has one.
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
     return functional::dropout(x, p, is_training(), gen ? *gen : default_generator());
   }
+  /// forward(x).
   template <class T>
   Tensor<T> operator()(const Tensor<T>& x) const {
     return forward(x);
   }
-  double p;
+  double p;  ///< The probability of zeroing an element, in [0, 1].
   std::shared_ptr<Generator> gen;  ///< null: the default generator
 };
 

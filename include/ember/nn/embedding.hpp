@@ -16,26 +16,34 @@
 
 namespace ember::nn {
 
+/// torch.nn.Embedding under a precision policy (nn::Embedding is EmbeddingT<amp::fp32>): a lookup table of
+/// num_embeddings vectors of embedding_dim values, indexed by int64 tensors.
 template <amp::PrecisionPolicy P = amp::fp32>
 class EmbeddingT : public Module {
  public:
-  using param_t = typename P::param_t;
-  using compute_t = typename P::compute_t;
+  using param_t = typename P::param_t;      ///< The parameters' dtype (the precision policy's master weights).
+  using compute_t = typename P::compute_t;  ///< The input's and output's dtype.
 
+  /// nn.Embedding(num_embeddings, embedding_dim, padding_idx): weights from N(0, 1); the padding_idx row (negative
+  /// counts from the end) starts at zero and receives no gradient.
   EmbeddingT(std::int64_t num_embeddings, std::int64_t embedding_dim,
              std::optional<std::int64_t> padding_idx = std::nullopt);
 
   /// indices (any shape, each in [0, num_embeddings)) -> (*indices.shape, embedding_dim). An index outside the
   /// table, -1 included, is an error (as torch.nn.Embedding), never a wrap-around to the last rows.
   Tensor<compute_t> forward(const Tensor<std::int64_t>& indices) const;
+  /// forward(indices).
   Tensor<compute_t> operator()(const Tensor<std::int64_t>& indices) const { return forward(indices); }
 
   /// Throws unless every entry of indices lies in [0, num_embeddings), naming the first bad one.
   void check_indices(const Tensor<std::int64_t>& indices) const;
 
+  ///@{
+  /// The table's rows and the vectors' length.
   std::int64_t num_embeddings, embedding_dim;
-  std::optional<std::int64_t> padding_idx;
-  Tensor<param_t> weight;  // (num_embeddings, embedding_dim)
+  ///@}
+  std::optional<std::int64_t> padding_idx;  ///< The row that stays zero and gets no gradient (normalised to >= 0).
+  Tensor<param_t> weight;                   ///< (num_embeddings, embedding_dim).
 };
 
 template <amp::PrecisionPolicy P>

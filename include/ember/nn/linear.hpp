@@ -19,15 +19,18 @@ namespace ember::nn {
 template <amp::PrecisionPolicy P = amp::fp32>
 class LinearT : public Module {
  public:
-  using param_t = typename P::param_t;
-  using compute_t = typename P::compute_t;
+  using param_t = typename P::param_t;      ///< The parameters' dtype (the precision policy's master weights).
+  using compute_t = typename P::compute_t;  ///< The input's and output's dtype.
 
   // (The constructor and the forwards are defined below the class, not inline: with ember::precompiled a TU then
   // compiles none of them for the layers the library holds, not even to inline them.)
+  /// nn.Linear(in_features, out_features, bias): y = x weight^T + bias, both initialised as PyTorch's
+  /// (uniform in +-1/sqrt(in_features)).
   LinearT(std::int64_t in_features, std::int64_t out_features, bool with_bias = true);
 
   /// x (..., in_features) -> (..., out_features)
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
+  /// forward(x).
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
   /// act(forward(x)) for act none, relu, gelu, gelu_tanh or silu, with the activation applied in the GEMM's
@@ -38,9 +41,12 @@ class LinearT : public Module {
   /// pairs through it, so a Sequential of ReLUs pays for no other activation).
   Tensor<compute_t> forward_relu(const Tensor<compute_t>& x) const;
 
+  ///@{
+  /// The input's and output's features.
   std::int64_t in_features, out_features;
-  Tensor<param_t> weight;  // (out_features, in_features)
-  Tensor<param_t> bias;    // (out_features), undefined without bias
+  ///@}
+  Tensor<param_t> weight;  ///< (out_features, in_features).
+  Tensor<param_t> bias;    ///< (out_features); undefined without bias.
 };
 
 template <amp::PrecisionPolicy P>

@@ -60,29 +60,44 @@ namespace ember::nn {
 /// How a loss reduces its per-element values: keep them (None), average (Mean) or add (Sum).
 using Reduction = ops::Reduction;
 
-/// Options of cross_entropy (F.cross_entropy).
+/// The options of cross_entropy and nn::CrossEntropyLoss after (input, target), F.cross_entropy's with its defaults
+/// (in its order but for label_smoothing, which comes before reduction here; the deprecated size_average and reduce
+/// are not supported):
+///   auto l = nn::cross_entropy(logits, target, {.ignore_index = 0, .label_smoothing = 0.1});
 template <class T>
 struct CrossEntropyOptions {
-  Tensor<T> weight;                  // (C) class weights, or undefined
-  std::int64_t ignore_index = -100;  // targets equal to it contribute nothing
-  double label_smoothing = 0.0;      // in [0, 1]: mixes the one-hot target with the uniform distribution
+  /// (C) class weights, on the input's device, constants (no gradient); undefined: every class weighs 1.
+  Tensor<T> weight;
+  /// Targets equal to it contribute nothing (nor to Mean's divisor); any value, usually negative. With
+  /// class-probability targets it must stay negative (unused), as PyTorch.
+  std::int64_t ignore_index = -100;
+  double label_smoothing = 0.0;  ///< in [0, 1]: the target is (1 - ε) one_hot + ε / C; 0: none
+  /// None: the per-position losses, the target's shape; Mean: their sum over the sum of the non-ignored targets'
+  /// weights (PyTorch's reduction="mean"); Sum: their sum.
   Reduction reduction = Reduction::Mean;
 };
 
-/// Options of nll_loss (F.nll_loss).
+/// The options of nll_loss and nn::NLLLoss after (input, target), F.nll_loss's, in its order and with its defaults
+/// (the deprecated size_average and reduce are not supported):
+///   auto l = nn::nll_loss(log_softmax(logits, 1), target, {.reduction = nn::Reduction::Sum});
 template <class T>
 struct NllLossOptions {
-  Tensor<T> weight;  // (C) or undefined
-  std::int64_t ignore_index = -100;
+  Tensor<T> weight;  ///< (C) class weights, on the input's device, constants; undefined: every class weighs 1
+  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing (nor to Mean's divisor)
+  /// None: the per-position losses; Mean: their sum over the sum of the non-ignored targets' weights; Sum: their sum.
   Reduction reduction = Reduction::Mean;
 };
 
-/// Options of binary_cross_entropy_with_logits.
+/// The options of binary_cross_entropy_with_logits and nn::BCEWithLogitsLoss after (input, target), F's with its
+/// defaults (not in its order: pos_weight comes before reduction here; size_average and reduce are not supported):
+///   auto l = nn::binary_cross_entropy_with_logits(logits, target, {.pos_weight = pw});
 template <class T>
 struct BceWithLogitsOptions {
-  Tensor<T> weight;      // broadcast to the input: per-element rescaling, or undefined
-  Tensor<T> pos_weight;  // broadcast to the input (usually (C)): weight of the positive term, or undefined
-  Reduction reduction = Reduction::Mean;
+  Tensor<T> weight;  ///< broadcast to the input: each element's loss is multiplied by it; undefined: 1
+  /// Broadcast to the input (usually (C), one per class): the weight of the positive (y = 1) term, > 1 to favour
+  /// recall; undefined: 1.
+  Tensor<T> pos_weight;
+  Reduction reduction = Reduction::Mean;  ///< None: the per-element losses; Mean: their average; Sum: their sum
 };
 
 /// Turns the debug checks on or off at run time for every translation unit (they are also on wherever
@@ -319,9 +334,11 @@ Tensor<T> binary_cross_entropy_with_logits(const Tensor<T>& logits, const Tensor
 /// nn::CrossEntropyLoss: `nn::CrossEntropyLoss loss({.label_smoothing = 0.1}); auto l = loss(logits, target);`
 template <class T = float>
 struct CrossEntropyLoss {
-  CrossEntropyOptions<T> options;
+  CrossEntropyOptions<T> options;  ///< The weight, ignore_index, reduction and label_smoothing of every call.
   CrossEntropyLoss() = default;
+  /// nn.CrossEntropyLoss(weight=..., ignore_index=..., reduction=..., label_smoothing=...).
   explicit CrossEntropyLoss(CrossEntropyOptions<T> o) : options(std::move(o)) {}
+  /// cross_entropy(logits, target, options): logits (N, C) or (N, C, d1, ...), class indices (N) or (N, d1, ...).
   Tensor<T> operator()(const Tensor<T>& logits, const Tensor<std::int64_t>& target) const {
     return cross_entropy(logits, target, options);
   }
@@ -334,9 +351,12 @@ struct CrossEntropyLoss {
 /// nn::NLLLoss: use after log_softmax(x, 1).
 template <class T = float>
 struct NLLLoss {
-  NllLossOptions<T> options;
+  NllLossOptions<T> options;  ///< The weight, ignore_index and reduction of every call.
   NLLLoss() = default;
+  /// nn.NLLLoss(weight=..., ignore_index=..., reduction=...).
   explicit NLLLoss(NllLossOptions<T> o) : options(std::move(o)) {}
+  /// nll_loss(log_probs, target, options): log-probabilities (N, C) or (N, C, d1, ...), class indices (N) or
+  /// (N, d1, ...). DebugChecks also checks that the input is log-probabilities (on by default in debug builds).
   template <bool DebugChecks = (EMBER_DEBUG_CHECKS != 0)>
   Tensor<T> operator()(const Tensor<T>& log_probs, const Tensor<std::int64_t>& target) const {
     return nll_loss<T, DebugChecks>(log_probs, target, options);
@@ -346,9 +366,11 @@ struct NLLLoss {
 /// nn::BCEWithLogitsLoss: takes raw logits (no sigmoid before it).
 template <class T = float>
 struct BCEWithLogitsLoss {
-  BceWithLogitsOptions<T> options;
+  BceWithLogitsOptions<T> options;  ///< The weight, reduction and pos_weight of every call.
   BCEWithLogitsLoss() = default;
+  /// nn.BCEWithLogitsLoss(weight=..., reduction=..., pos_weight=...).
   explicit BCEWithLogitsLoss(BceWithLogitsOptions<T> o) : options(std::move(o)) {}
+  /// binary_cross_entropy_with_logits(logits, target, options): target has the logits' shape, values in [0, 1].
   Tensor<T> operator()(const Tensor<T>& logits, const Tensor<T>& target) const {
     return binary_cross_entropy_with_logits(logits, target, options);
   }
@@ -356,9 +378,11 @@ struct BCEWithLogitsLoss {
 
 /// nn::MSELoss.
 struct MSELoss {
-  Reduction reduction = Reduction::Mean;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
   MSELoss() = default;
+  /// nn.MSELoss(reduction=r).
   explicit MSELoss(Reduction r) : reduction(r) {}
+  /// mse_loss(input, target, reduction): the squared error, target of the input's shape.
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return mse_loss(input, target, reduction);
@@ -367,9 +391,11 @@ struct MSELoss {
 
 /// nn::L1Loss.
 struct L1Loss {
-  Reduction reduction = Reduction::Mean;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
   L1Loss() = default;
+  /// nn.L1Loss(reduction=r).
   explicit L1Loss(Reduction r) : reduction(r) {}
+  /// l1_loss(input, target, reduction): the absolute error, target of the input's shape.
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return l1_loss(input, target, reduction);
@@ -378,10 +404,12 @@ struct L1Loss {
 
 /// nn::SmoothL1Loss.
 struct SmoothL1Loss {
-  Reduction reduction = Reduction::Mean;
-  double beta = 1.0;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
+  double beta = 1.0;  ///< Where the loss turns from quadratic (0.5 x^2 / beta) to linear (|x| - 0.5 beta), >= 0.
   SmoothL1Loss() = default;
+  /// nn.SmoothL1Loss(reduction=r, beta=b).
   explicit SmoothL1Loss(Reduction r, double b = 1.0) : reduction(r), beta(b) {}
+  /// smooth_l1_loss(input, target, reduction, beta).
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return smooth_l1_loss(input, target, reduction, beta);
@@ -390,10 +418,12 @@ struct SmoothL1Loss {
 
 /// nn::HuberLoss.
 struct HuberLoss {
-  Reduction reduction = Reduction::Mean;
-  double delta = 1.0;
+  Reduction reduction = Reduction::Mean;  ///< Mean (the default), Sum or None, as PyTorch's reduction.
+  double delta = 1.0;  ///< Where the loss turns from quadratic (0.5 x^2) to linear (delta (|x| - 0.5 delta)), > 0.
   HuberLoss() = default;
+  /// nn.HuberLoss(reduction=r, delta=d).
   explicit HuberLoss(Reduction r, double d = 1.0) : reduction(r), delta(d) {}
+  /// huber_loss(input, target, reduction, delta).
   template <class T>
   Tensor<T> operator()(const Tensor<T>& input, const Tensor<T>& target) const {
     return huber_loss(input, target, reduction, delta);

@@ -203,14 +203,22 @@ void walk_unique(const ModuleState& s, bool params, bool recurse, F&& f) {
 
 }  // namespace detail
 
+/// The base of every layer and model (PyTorch's `nn.Module`): named parameters, buffers and child modules, the
+/// training/evaluation mode, moving between devices and a state dict with PyTorch's names. A Module is a handle:
+/// copies share the same parameters and registry, so a model can be a plain struct deriving from Module that
+/// registers its layers in its constructor (register_module, register_parameter, register_buffer).
 class Module {
  public:
+  /// A module named `type_name` in printing and in named_modules() (PyTorch's class name, e.g. "Linear"), with
+  /// no parameters, buffers or children yet, in training mode.
   explicit Module(std::string type_name = "Module") : s_(std::make_shared<detail::ModuleState>()) {
     s_->type_name = std::move(type_name);
   }
   virtual ~Module() = default;
   // Copies share the module (handle semantics, like tensors). Deriving structs get these for free.
+  /// A second handle to the same module: parameters, buffers, children and mode are shared, not copied.
   Module(const Module&) = default;
+  /// Makes this a handle to `other`'s module (shared, as the copy constructor).
   Module& operator=(const Module&) = default;
 
   // ---- parameters, buffers, children ---------------------------------------------------------------------
@@ -218,6 +226,8 @@ class Module {
   /// parameter shared by two submodules (weight tying) appears once, as in PyTorch (remove_duplicate=True).
   template <class T = float>
   std::vector<Tensor<T>> parameters(bool recurse = true) const;
+  /// The parameters of parameters() with their fully qualified names ("fc1.weight"), as PyTorch's
+  /// named_parameters().
   template <class T = float>
   std::vector<std::pair<std::string, Tensor<T>>> named_parameters(bool recurse = true) const;
   /// Every parameter whatever its dtype.
@@ -226,6 +236,8 @@ class Module {
   EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> named_buffers(bool recurse = true) const;
   /// Number of parameter elements (all dtypes), as sum(p.numel() for p in model.parameters()).
   EMBER_HEADER_INLINE std::int64_t num_parameters() const;
+  /// The name given to the constructor ("Linear", "Conv2d", "Sequential", ...): what printing shows and what
+  /// apply() callbacks test to pick layers (PyTorch's `type(m).__name__`).
   const std::string& type_name() const { return s_->type_name; }
   /// Whether nn::fuse_conv_bn folded this module into the layer before it (its forward is then the identity).
   bool folded() const { return s_->folded; }
@@ -254,6 +266,7 @@ class Module {
   EMBER_HEADER_INLINE std::vector<Module> modules() const;
   /// The direct children under their names, in registration order.
   EMBER_HEADER_INLINE std::vector<std::pair<std::string, Module>> named_children() const;
+  /// The modules of named_children() (PyTorch's children()).
   EMBER_HEADER_INLINE std::vector<Module> children() const;
   /// Calls fn(Module&) on every descendant, children before parents, then on this module (PyTorch's apply, for
   /// custom initialisation: `if (m.type_name() == "Linear") nn::init::normal_(...m.own_parameter<float>("weight"))`).
@@ -273,6 +286,7 @@ class Module {
   void train(bool on = true) { set_training(*s_, on); }
   /// Evaluation mode: train(false).
   void eval() { train(false); }
+  /// Whether the module is in training mode (PyTorch's `module.training`).
   bool is_training() const { return s_->training; }
 
   // requires_grad_, zero_grad, to and load_state_dict visit every dtype of the state variant; as member templates

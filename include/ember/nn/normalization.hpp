@@ -36,12 +36,18 @@ struct BatchNormOptions {
 template <int Rank, amp::PrecisionPolicy P = amp::fp32>
 class BatchNormT : public Module {
  public:
-  using param_t = typename P::param_t;
-  using compute_t = typename P::compute_t;
+  using param_t = typename P::param_t;      ///< The parameters' and running statistics' dtype.
+  using compute_t = typename P::compute_t;  ///< The input's and output's dtype.
 
+  /// nn.BatchNorm1d / BatchNorm2d(num_features, eps, momentum, affine, track_running_stats): num_features (C) > 0;
+  /// weight starts at 1, bias at 0, running_mean at 0 and running_var at 1.
   explicit BatchNormT(std::int64_t num_features, const BatchNormOptions& o = {});
 
+  /// Normalises each channel of x (N, C, ...) with the batch's statistics in training (updating the running ones)
+  /// and with the running statistics in eval (batch statistics when track_running_stats is off); the identity once
+  /// nn::fuse_conv_bn folded the layer into the convolution before it.
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
+  /// forward(x).
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
   /// What a forward pass does before normalising: in training with running statistics, counts the batch
@@ -49,10 +55,17 @@ class BatchNormT : public Module {
   /// for the cumulative average (momentum = None).
   double count_batch() const;
 
-  std::int64_t num_features;
-  BatchNormOptions options;
+  std::int64_t num_features;  ///< The channels C (dim 1 of the input).
+  BatchNormOptions options;   ///< The options the layer was built with.
+  ///@{
+  /// (C): the affine scale and shift (parameters); undefined unless affine.
   Tensor<param_t> weight, bias;                // (C), undefined unless affine
+  ///@}
+  ///@{
+  /// (C): the running statistics used in eval (buffers); undefined unless track_running_stats.
   Tensor<param_t> running_mean, running_var;   // (C), undefined unless track_running_stats
+  ///@}
+  /// (): the training batches counted so far (a buffer, for momentum = None); undefined unless track_running_stats.
   Tensor<std::int64_t> num_batches_tracked;    // ()
 };
 
@@ -144,20 +157,27 @@ using BatchNorm2d = BatchNorm2dT<>;
 template <amp::PrecisionPolicy P = amp::fp32>
 class LayerNormT : public Module {
  public:
-  using param_t = typename P::param_t;
-  using compute_t = typename P::compute_t;
+  using param_t = typename P::param_t;      ///< The parameters' dtype.
+  using compute_t = typename P::compute_t;  ///< The input's and output's dtype.
 
   /// bias = false: an affine weight without a bias (torch.nn.LayerNorm(bias=False)).
   explicit LayerNormT(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
+  /// Normalisation over the last dim, of size `features` (nn.LayerNorm(features)).
   explicit LayerNormT(std::int64_t features, double eps = 1e-5, bool elementwise_affine = true, bool bias = true)
       : LayerNormT(Shape{features}, eps, elementwise_affine, bias) {}
 
+  /// Normalises x over its trailing normalized_shape dims (which must match), then scales and shifts.
   Tensor<compute_t> forward(const Tensor<compute_t>& x) const;
+  /// forward(x).
   Tensor<compute_t> operator()(const Tensor<compute_t>& x) const { return forward(x); }
 
-  Shape normalized_shape;
-  double eps;
+  Shape normalized_shape;  ///< The trailing dims normalised over (PyTorch's normalized_shape).
+  double eps;              ///< Added to the variance before its square root.
+  ///@{
+  /// normalized_shape: the elementwise scale (init 1) and shift (init 0); undefined without elementwise_affine
+  /// (bias: also with bias = false).
   Tensor<param_t> weight, bias;  // normalized_shape; undefined without elementwise_affine (bias: or with bias = false)
+  ///@}
 };
 
 template <amp::PrecisionPolicy P>

@@ -24,6 +24,7 @@ namespace ember::nn {
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}
+  /// The modules in order (nn.Sequential(a, b, c)), named "0", "1", ...
   template <class... M>
     requires(sizeof...(M) > 0 && (std::is_base_of_v<Module, std::remove_cvref_t<M>> && ...))
   explicit Sequential(M&&... modules) : Module("Sequential") {
@@ -47,6 +48,7 @@ class Sequential : public Module {
     return *this;
   }
 
+  /// Runs x through every module in order (an error when a module has no forward for T).
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
     Tensor<T> h = x;
@@ -67,10 +69,12 @@ class Sequential : public Module {
     }
     return h;
   }
+  /// forward(x).
   template <class T>
   Tensor<T> operator()(const Tensor<T>& x) const {
     return forward(x);
   }
+  /// The number of modules (len(seq)).
   std::size_t size() const { return stages_.size(); }
 
  private:

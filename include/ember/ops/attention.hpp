@@ -23,24 +23,34 @@ namespace ember {
 /// -inf masks out). Either converts implicitly, so `.attn_mask = mask` takes both. Broadcastable to (..., L, S).
 template <class T>
 struct AttnMask {
-  Tensor<bool> keep;
-  Tensor<T> add;
-  AttnMask() = default;
+  Tensor<bool> keep;  ///< A boolean mask (true: attend), or undefined.
+  Tensor<T> add;      ///< An additive mask, or undefined.
+  AttnMask() = default;  ///< No mask (PyTorch's None).
+  /// A boolean mask.
   AttnMask(Tensor<bool> m) : keep(std::move(m)) {}  // NOLINT: implicit on purpose
+  /// An additive mask.
   AttnMask(Tensor<T> m) : add(std::move(m)) {}      // NOLINT
+  /// Whether there is a mask.
   bool defined() const { return keep.defined() || add.defined(); }
 };
 
+/// The options of scaled_dot_product_attention after (q, k, v), torch.nn.functional.scaled_dot_product_attention's
+/// keyword arguments (is_causal comes before dropout_p here; generator is ember's):
+///   auto out = scaled_dot_product_attention(q, k, v, {.is_causal = true, .dropout_p = 0.1});
 template <class T>
 struct SdpaOptions {
+  /// Broadcastable to (..., L, S): boolean (true: the key takes part) or additive (added to the scores, -inf masks
+  /// out); undefined: no mask. It gets no gradient.
   AttnMask<T> attn_mask{};
-  bool is_causal = false;       // key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
-  double dropout_p = 0;         // on the attention weights (always applied when > 0, as the functional form)
-  std::optional<double> scale{};  // default 1 / sqrt(E)
+  bool is_causal = false;  ///< key j takes part for query i when j <= i (no attn_mask with it, as PyTorch)
+  /// The probability of zeroing an attention weight, in [0, 1); always applied when > 0, as the functional form
+  /// (no training flag).
+  double dropout_p = 0;
+  std::optional<double> scale{};  ///< the scores' factor, finite; unset: 1 / sqrt(E) (PyTorch: scale=None)
   /// Grouped-query attention: k and v may have fewer heads (dim -3) than q, each dividing q's; key/value head h
   /// serves the q/kv consecutive query heads from h * (Hq / Hkv) on, as torch's repeat_interleave of k and v.
   bool enable_gqa = false;
-  Generator* generator = nullptr;  // the dropout's stream; the default generator unless given
+  Generator* generator = nullptr;  ///< the dropout's stream; nullptr: the default generator (not in PyTorch)
 };
 
 namespace ops {
@@ -123,8 +133,11 @@ Tensor<T> sdpa_bias(const AttnMask<T>& m, const Shape& target, std::int64_t& bat
 /// output (BH, L, Ev), the log-sum-exp of each query row (BH, L) and the mask's bias (or undefined).
 template <class T>
 struct SdpaForward {
-  AttentionGeom g;
+  AttentionGeom g;  ///< The geometry.
+  ///@{
+  /// The (BH, L, E) operands, the output, the row log-sum-exps and the mask's bias (see above).
   Tensor<T> q, k, v, out, lse, bias;
+  ///@}
 };
 
 /// The blocked forward (CPU; float or double): q (..., L, E), k (..., S, E) and v (..., S, Ev) checked by check_sdpa,
@@ -171,9 +184,13 @@ SdpaForward<T> sdpa_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor
   return f;
 }
 
+/// The gradients of the blocked attention's q, k and v.
 template <class T>
 struct SdpaGrads {
+  ///@{
+  /// The gradients of q, k and v, in the shapes of the forward's kernel operands.
   Tensor<T> q, k, v;  // the shapes of the forward's kernel operands
+  ///@}
 };
 
 /// The blocked backward from the forward's operands (q, k, v, out: (BH, L, E), (BH / G, S, E), (BH / G, S, Ev),

@@ -179,9 +179,9 @@ Tensor<T> conv2d(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
 /// The gradients of conv2d; each is undefined when not asked for.
 template <class T>
 struct Conv2dGrads {
-  Tensor<T> input;   // (N, C, H, W)
-  Tensor<T> weight;  // (O, C/groups, kh, kw)
-  Tensor<T> bias;    // (O)
+  Tensor<T> input;   ///< (N, C, H, W).
+  Tensor<T> weight;  ///< (O, C/groups, kh, kw).
+  Tensor<T> bias;    ///< (O).
 };
 
 /// Gradients of y = conv2d(x, w, b) given gy (N, O, oh, ow). x is read only for the weight gradient and w only

@@ -16,20 +16,27 @@
 
 namespace ember::ops {
 
-/// The options of the fused block after the convolution.
+/// The options of the fused block after the convolution (conv2d_batch_norm's last argument): the batch norm's, as
+/// F.batch_norm's momentum and eps with its defaults, then which of ReLU and a 2x2 max pool follow it (ember's own):
+///   auto y = conv2d_batch_norm(x, w, b, running_mean, running_var, gamma, beta, {.padding = 1}, {.relu = true});
 struct ConvBnOptions {
-  double momentum = 0.1;  // running statistics: r = (1 - momentum) r + momentum * batch_stat
-  double eps = 1e-5;
-  bool relu = false;      // a ReLU after the batch norm
-  bool pool2 = false;     // then a 2x2 max pool, stride 2, floor
+  /// The running statistics' update factor: r = (1 - momentum) r + momentum * batch_stat (with running_mean and
+  /// running_var defined); F.batch_norm's momentum.
+  double momentum = 0.1;
+  double eps = 1e-5;     ///< added to the batch variance before its square root; >= 0
+  bool relu = false;     ///< a ReLU after the batch norm
+  bool pool2 = false;    ///< then a 2x2 max pool, stride 2, floor (the output at least 2x2 before it)
 };
 
 /// What the fused forward returns and its backward needs.
 template <class T>
 struct ConvBnResult {
-  Tensor<T> y;                       // (N, O, oh, ow), or (N, O, oh/2, ow/2) with pool2
-  Tensor<T> z;                       // (N, O, oh, ow): the convolution's output (the batch norm's input)
+  Tensor<T> y;  ///< (N, O, oh, ow), or (N, O, oh/2, ow/2) with pool2.
+  Tensor<T> z;  ///< (N, O, oh, ow): the convolution's output (the batch norm's input).
+  ///@{
+  /// (O): the batch statistics, mean and 1 / sqrt(var + eps).
   std::vector<double> mean, invstd;  // (O): the batch statistics
+  ///@}
 };
 
 namespace detail {
@@ -86,8 +93,14 @@ ConvBnResult<T> conv2d_batch_norm_forward(const Tensor<T>& x, const Tensor<T>& w
 /// The gradients of the fused block; each is undefined when not asked for.
 template <class T>
 struct ConvBnGrads {
+  ///@{
+  /// The gradients of the convolution's input, weight and bias.
   Tensor<T> input, weight, bias;  // the convolution's
+  ///@}
+  ///@{
+  /// The gradients of the batch norm's weight and bias.
   Tensor<T> bn_weight, bn_bias;   // the batch norm's
+  ///@}
 };
 
 /// Gradients of conv2d_batch_norm given gy (the shape of its y), from what its forward returned (z, mean, invstd) and

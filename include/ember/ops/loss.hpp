@@ -40,39 +40,51 @@ inline const char* reduction_name(Reduction r) {
   return r == Reduction::None ? "none" : r == Reduction::Sum ? "sum" : "mean";
 }
 
-/// The scalar options of a class-index loss (the class weights are a tensor argument).
+/// The scalar options of a class-index loss kernel (the class weights are a tensor argument), the fields of
+/// nn::CrossEntropyOptions and nn::NllLossOptions that the kernels read, with PyTorch's defaults:
+///   auto r = ops::cross_entropy_forward(logits, target, weight, {.ignore_index = -1, .label_smoothing = 0.1});
 struct ClassLossOptions {
-  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing
-  double label_smoothing = 0.0;      ///< cross_entropy only: in [0, 1]
+  std::int64_t ignore_index = -100;  ///< targets equal to it contribute nothing (nor to Mean's divisor)
+  double label_smoothing = 0.0;      ///< cross_entropy only: in [0, 1]; 0: none (nll_loss takes 0)
+  /// None: the per-position losses; Mean: their sum over Σ w[t] of the non-ignored positions; Sum: their sum.
   Reduction reduction = Reduction::Mean;
 };
 
 /// input (N, C, d1, ...) or (C), target (N, d1, ...) or (): P = N * D positions, D = d1 * ...; the score of class
 /// c at position (n, k) is element (n * C + c) * D + k of the contiguous input.
 struct ClassGeom {
+  ///@{
+  /// The batch, the classes and the positions per sample (d1 * ...).
   std::int64_t N = 1, C = 1, D = 1;
+  ///@}
+  ///@{
+  /// The input's shape and the unreduced loss's (= the target's).
   Shape in, out;  // the input's shape; the unreduced loss's (= the target's)
+  ///@}
+  /// The positions P = N * D.
   std::int64_t positions() const { return N * D; }
 };
 
 /// What a forward keeps for its backward.
 template <class T>
 struct ClassLossSaved {
-  using C = compute_t<T>;
-  ClassGeom geom;
+  using C = compute_t<T>;  ///< The statistics' type (float for half and bfloat16).
+  ClassGeom geom;          ///< The geometry.
   Tensor<T> input;           ///< cross_entropy: the scores as the kernel read them ((P, C) rows on the CPU,
                              ///< the contiguous input on CUDA); undefined for nll_loss
   Tensor<std::int64_t> target;  ///< contiguous
   Tensor<T> weight;          ///< contiguous (C), or undefined
   Tensor<C> stats;           ///< cross_entropy: (P, 2) per position max and log Σ exp(x - max)
   Tensor<C> total_weight;    ///< 0-d: Σ w[t] over the non-ignored positions (the divisor of Mean)
+  /// Where the saved tensors are.
   Device device() const { return target.device(); }
 };
 
+/// What a class-indexed loss's forward returns: the loss and what its backward needs.
 template <class T>
 struct ClassLossResult {
   Tensor<T> loss;  ///< reduced (0-d) or per position (the target's shape)
-  ClassLossSaved<T> saved;
+  ClassLossSaved<T> saved;  ///< for the backward
 };
 
 namespace detail {

@@ -235,7 +235,10 @@ Tensor<T> linear(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b = Te
 /// The gradients linear_backward computes (undefined where not asked for).
 template <class T>
 struct LinearGrads {
+  ///@{
+  /// The gradients of the input, the weight and the bias.
   Tensor<T> input, weight, bias;
+  ///@}
 };
 
 /// The gradients of y = act(x @ w^T + b) (ops::linear) on the CPU, act none or relu, from gy (the shape of y): one

@@ -42,9 +42,15 @@ void check_channel_vec(const Tensor<T>& t, std::int64_t C, const char* what, con
 /// for CPU tensors, on the device (save_mean, save_invstd; training only) for CUDA tensors.
 template <class T>
 struct BatchNormResult {
-  Tensor<T> y;  // same shape as x
+  Tensor<T> y;  ///< The output, x's shape.
+  ///@{
+  /// (C) on the host: the mean and 1/sqrt(var + eps) used (CPU tensors).
   std::vector<double> mean, invstd;  // (C), CPU
+  ///@}
+  ///@{
+  /// (C) on the device: the same, for CUDA tensors in training.
   Tensor<bn_param_t<T>> save_mean, save_invstd;  // (C), CUDA
+  ///@}
 };
 
 namespace detail {
@@ -150,7 +156,10 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
 /// the eval one (they are constants). mean / invstd are what the forward returned.
 template <class T>
 struct BatchNormGrads {
+  ///@{
+  /// The gradients of x, the weight and the bias.
   Tensor<T> dx, dweight, dbias;
+  ///@}
 };
 
 namespace detail {
@@ -238,8 +247,11 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
 /// layer_norm's forward output and, per row, the mean and 1/sqrt(var + eps) (rows: x.numel() / D).
 template <class T>
 struct LayerNormResult {
-  Tensor<T> y;
+  Tensor<T> y;  ///< The output, x's shape.
+  ///@{
+  /// Per row, the mean and 1/sqrt(var + eps).
   std::vector<double> mean, rstd;
+  ///@}
 };
 
 namespace detail {
@@ -286,9 +298,13 @@ LayerNormResult<T> layer_norm_forward(const Tensor<T>& x, const Shape& normalize
   return r;
 }
 
+/// The gradients layer_norm_backward computes (undefined where not asked for).
 template <class T>
 struct LayerNormGrads {
+  ///@{
+  /// The gradients of x, the weight and the bias.
   Tensor<T> dx, dweight, dbias;
+  ///@}
 };
 
 /// Gradients of layer_norm (each only when its flag is set), from the forward's per-row mean and rstd.

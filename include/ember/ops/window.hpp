@@ -13,9 +13,14 @@ namespace ember {
 
 /// A (height, width) pair; one number means both, as PyTorch's `int or (int, int)` arguments.
 struct Size2 {
+  ///@{
+  /// The height and the width.
   std::int64_t h = 0, w = 0;
-  Size2() = default;
+  ///@}
+  Size2() = default;  ///< (0, 0).
+  /// (v, v): `kernel_size = 3`.
   Size2(std::int64_t v) : h(v), w(v) {}  // NOLINT: implicit on purpose (`.padding = 1`)
+  /// (h_, w_): `{3, 5}`.
   Size2(std::int64_t h_, std::int64_t w_) : h(h_), w(w_) {}
   /// "(3, 3)", as error messages print it.
   EMBER_COLD std::string str() const {
@@ -27,15 +32,19 @@ struct Size2 {
     s += ')';
     return s;
   }
+  /// The same height and width.
   friend bool operator==(const Size2& a, const Size2& b) { return a.h == b.h && a.w == b.w; }
 };
 
-/// torch.nn.functional.conv2d's options: `conv2d(x, w, b, {.stride = 2, .padding = 1})`.
+/// torch.nn.functional.conv2d's options after (input, weight, bias), in its order and with its defaults (padding is
+/// a number per side; its "same" / "valid" strings are not supported); a Size2 is one value for both dims, or {h, w}:
+///   auto y = conv2d(x, w, b, {.stride = 2, .padding = 1});
 struct Conv2dOptions {
-  Size2 stride = 1;
-  Size2 padding = 0;  ///< zeros added on both sides
-  Size2 dilation = 1;
-  std::int64_t groups = 1;  ///< in and out channels split into this many independent groups
+  Size2 stride = 1;    ///< the window's step, in input positions; >= 1
+  Size2 padding = 0;   ///< zeros added on both sides of each spatial dim; >= 0
+  Size2 dilation = 1;  ///< the spacing between the kernel's taps (1: adjacent); >= 1
+  /// In and out channels split into this many independent groups, >= 1; both channel counts must divide by it.
+  std::int64_t groups = 1;
 };
 
 /// Options of max_pool2d and avg_pool2d.

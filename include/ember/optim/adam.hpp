@@ -17,17 +17,22 @@
 
 namespace ember::optim {
 
-/// Options of Adam and AdamW, with torch.optim's defaults: `optim::AdamW(params, {.lr = 3e-4})`.
+/// The options of optim::Adam and optim::AdamW (one per parameter group), in torch.optim.Adam's order and with
+/// torch.optim's defaults (its foreach, capturable, differentiable and fused are not needed: every update is one
+/// fused pass):
+///   optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta2 = 0.95, .weight_decay = 0.1});
 struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
+  double lr = 1e-3;      ///< the learning rate, in [0, 1e4]
+  double beta1 = 0.9;    ///< the first moment's decay, in [0, 1 - 2^-24] (PyTorch: betas[0])
+  double beta2 = 0.999;  ///< the second moment's decay, in [0, 1 - 2^-24] (PyTorch: betas[1])
+  /// Added to the denominator's sqrt(v_hat), in [1e-20, 1e4]; PyTorch allows 0, which makes a parameter whose
+  /// gradients are all 0 NaN.
   double eps = 1e-8;
   /// Adam: added to the gradient (L2); AdamW: decoupled, p *= 1 - lr * weight_decay. Unset means the optimizer's
   /// PyTorch default: 0 for Adam, 0.01 for AdamW (the optimizer's param_groups() show the value it resolved to).
   std::optional<double> weight_decay = std::nullopt;
-  bool amsgrad = false;
-  bool maximize = false;
+  bool amsgrad = false;   ///< divide by the running maximum of the second moment (AMSGrad, Reddi et al., 2018)
+  bool maximize = false;  ///< ascend: the update uses -grad (maximises the objective)
 };
 
 /// Adam when Decoupled is false, AdamW when true.
@@ -41,24 +46,38 @@ class BasicAdam : public Optimizer {
   static double weight_decay(const AdamOptions& o) { return o.weight_decay.value_or(kDefaultWeightDecay); }
 
  public:
-  using Group = ParamGroup<T, AdamOptions>;
+  using Group = ParamGroup<T, AdamOptions>;  ///< One param group: its parameters and their AdamOptions.
 
+  /// One group of `params` (leaf tensors) with options `o`, as `torch.optim.Adam(params, lr=..., ...)`.
   BasicAdam(std::vector<Tensor<T>> params, const AdamOptions& o)
       : BasicAdam(std::vector<Group>{{std::move(params), o}}) {}
+  /// Several param groups, each with its own options (PyTorch's list of dicts): `{{decay, {.lr = 1e-3}},
+  /// {no_decay, {.lr = 1e-3, .weight_decay = 0.0}}}`. An unset weight_decay takes the optimizer's default.
   explicit BasicAdam(std::vector<Group> groups);
 
+  /// One Adam (AdamW) update of every parameter that has a gradient, in one fused pass each.
   void step() override;
 
+  /// Clears (set_to_none, the default) or zeroes the gradients of every group's parameters.
   void zero_grad(bool set_to_none = true) override {
     for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
   }
+  /// The number of param groups.
   std::size_t num_groups() const override { return groups_.size(); }
+  /// Group g's learning rate (what schedulers write).
   double& lr(std::size_t g) override { return groups_.at(g).options.lr; }
+  /// Group g's beta1, which one-cycle schedules cycle.
   double* momentum(std::size_t g) override { return &groups_.at(g).options.beta1; }
+  /// The groups and their options, to read or change between steps (PyTorch's `optimizer.param_groups`).
   std::vector<Group>& param_groups() { return groups_; }
 
+  /// Every parameter's step count and moments (copies) under PyTorch's names, `state.0.step`, `state.0.exp_avg`,
+  /// `state.0.exp_avg_sq` (and with amsgrad `state.0.max_exp_avg_sq`), `state.1.step`, ..., and the groups'
+  /// hyper-parameters.
   nn::StateDict state_dict() const override;
+  /// Loads a state_dict() (ember's or PyTorch's); everything is checked first, so a refused state changes nothing.
   void load_state_dict(const nn::StateDict& sd) override;
+  /// Throws what load_state_dict(sd) would throw, and changes nothing.
   void check_state_dict(const nn::StateDict& sd) const override { read_state(sd, nullptr); }
 
  private:

@@ -22,6 +22,8 @@ namespace ember::optim {
 /// Base of the schedules that compute each group's lr from a step counter.
 class LRScheduler {
  public:
+  /// Schedules `opt`, whose current per-group rates become the base rates (PyTorch's base_lrs); the step count
+  /// starts at 0. The optimizer must outlive the scheduler.
   EMBER_HEADER_INLINE explicit LRScheduler(Optimizer& opt);
   virtual ~LRScheduler() = default;
   /// Advances the schedule by one step and writes the new rates into the optimizer.
@@ -29,11 +31,10 @@ class LRScheduler {
     ++step_;
     apply();
   }
+  /// The number of step() calls so far (PyTorch's last_epoch).
   std::int64_t last_step() const { return step_; }
-  /// PyTorch's keys: last_epoch (the step count) and base_lrs.<group> (0-d float64). Loading one restores the step
-  /// count and writes that step's rates into the optimizer, so a resumed schedule continues where it stopped. A
-  /// state is refused (and nothing changes) unless its base rates and the rates it gives the optimizer are in the
-  /// optimizers' range ([0, kMaxLr]) and its step is one the schedule can reach.
+  /// The schedule's state under PyTorch's keys: `last_epoch` (the step count) and one `base_lrs.0`, `base_lrs.1`,
+  /// ... per param group (0-d float64 tensors).
   StateDict state_dict() const {
     StateDict sd;
     sd["last_epoch"] = full<double>(Shape{}, double(step_));
@@ -41,6 +42,10 @@ class LRScheduler {
       sd["base_lrs." + std::to_string(g)] = full<double>(Shape{}, base_lrs_[g]);
     return sd;
   }
+  /// Restores a state_dict(): the step count and base rates, and writes that step's rates into the optimizer, so
+  /// a resumed schedule continues where it stopped. A state is refused (and nothing changes) unless its base rates
+  /// and the rates it gives the optimizer are in the optimizers' range ([0, kMaxLr]) and its step is one the
+  /// schedule can reach.
   void load_state_dict(const StateDict& sd) {
     std::vector<double> base;
     const std::int64_t last = read_state(sd, base);
@@ -53,6 +58,7 @@ class LRScheduler {
     std::vector<double> base;
     read_state(sd, base);
   }
+  /// The rate of every param group now (PyTorch's get_last_lr()).
   std::vector<double> last_lr() const {
     std::vector<double> r;
     for (std::size_t g = 0; g < opt_.num_groups(); ++g) r.push_back(opt_.lr(g));
@@ -66,15 +72,16 @@ class LRScheduler {
   virtual std::optional<double> momentum_at(std::size_t, std::int64_t) const { return std::nullopt; }
   /// The largest step count a loaded state may have.
   virtual std::int64_t step_limit() const { return std::int64_t(9.0e15); }
+  /// Writes the rates (and momenta) of the current step into the optimizer.
   void apply() {
     for (std::size_t g = 0; g < opt_.num_groups(); ++g) {
       opt_.lr(g) = lr_at(g, step_, base_lrs_[g]);
       if (const std::optional<double> m = momentum_at(g, step_)) *opt_.momentum(g) = *m;
     }
   }
-  Optimizer& opt_;
-  std::vector<double> base_lrs_;
-  std::int64_t step_ = 0;
+  Optimizer& opt_;                ///< The optimizer whose rates the schedule sets.
+  std::vector<double> base_lrs_;  ///< Each group's base rate (PyTorch's base_lrs).
+  std::int64_t step_ = 0;         ///< The step count (PyTorch's last_epoch).
 
  private:
   // Checks every entry of `sd` and the rates it would set; returns last_epoch and fills `base`.
@@ -110,6 +117,8 @@ EMBER_HEADER_INLINE LRScheduler::LRScheduler(Optimizer& opt)
 /// lr = base_lr * gamma^floor(step / step_size).
 class StepLR final : public LRScheduler {
  public:
+  /// Multiplies the rates by gamma every step_size (> 0) steps, as torch.optim.lr_scheduler.StepLR; usually
+  /// stepped once per epoch.
   StepLR(Optimizer& opt, std::int64_t step_size, double gamma = 0.1) : LRScheduler(opt), size_(step_size), gamma_(gamma) {
     EMBER_CHECK(step_size > 0, "optim::StepLR: step_size must be positive, got ", step_size);
   }
@@ -127,6 +136,9 @@ class StepLR final : public LRScheduler {
 /// Linear warmup from 0 to base_lr over warmup_steps, then cosine annealing to min_lr at total_steps.
 class CosineWarmupLR final : public LRScheduler {
  public:
+  /// Warms up over `warmup_steps` steps, then anneals to `min_lr` at `total_steps` (PyTorch has no single class
+  /// for it: LinearLR then CosineAnnealingLR, or transformers' get_cosine_schedule_with_warmup). Stepped once per
+  /// optimizer step.
   EMBER_HEADER_INLINE CosineWarmupLR(Optimizer& opt, std::int64_t warmup_steps, std::int64_t total_steps,
                                      double min_lr = 0.0);
 
@@ -155,16 +167,23 @@ EMBER_HEADER_INLINE double CosineWarmupLR::lr_at(std::size_t, std::int64_t s, do
 }
 #endif
 
+/// The options of optim::OneCycleLR after (optimizer, max_lr), in torch.optim.lr_scheduler.OneCycleLR's order and
+/// with its defaults (total_steps is required: its epochs and steps_per_epoch are not supported):
+///   optim::OneCycleLR sched(opt, 0.1, {.total_steps = epochs * steps_per_epoch, .pct_start = 0.25});
 struct OneCycleOptions {
-  std::int64_t total_steps = 0;   // required: optimizer steps in the whole run
-  double pct_start = 0.3;         // fraction of the steps spent increasing the lr
-  bool cos_anneal = true;         // cosine annealing (else linear)
-  bool cycle_momentum = true;     // momentum (SGD) or beta1 (Adam) moves inversely to the lr
-  double base_momentum = 0.85;
-  double max_momentum = 0.95;
-  double div_factor = 25.0;       // initial_lr = max_lr / div_factor
-  double final_div_factor = 1e4;  // min_lr = initial_lr / final_div_factor
-  bool three_phase = false;       // up, back down to initial_lr, then annihilate (fast.ai's schedule)
+  std::int64_t total_steps = 0;  ///< required, > 0: the optimizer steps in the whole run (step() calls at most)
+  double pct_start = 0.3;        ///< the fraction of the steps spent increasing the lr, in [0, 1]
+  bool cos_anneal = true;  ///< cosine annealing; false: linear (PyTorch: anneal_strategy="cos" / "linear")
+  /// Momentum (SGD) or beta1 (Adam, AdamW) moves inversely to the lr, between max_momentum and base_momentum; needs
+  /// an optimizer with one.
+  bool cycle_momentum = true;
+  double base_momentum = 0.85;  ///< the momentum at the lr's peak, in [0, 1 - 2^-24] (with cycle_momentum)
+  double max_momentum = 0.95;   ///< the momentum at the start and end of the cycle, in [0, 1 - 2^-24]
+  double div_factor = 25.0;     ///< initial_lr = max_lr / div_factor (which must be a valid lr, in [0, 1e4])
+  double final_div_factor = 1e4;  ///< the final lr = initial_lr / final_div_factor (a valid lr too)
+  /// Three phases: up to max_lr, back down to initial_lr, then annealing to the final lr (fast.ai's schedule);
+  /// false: two, up to max_lr and then down to the final lr.
+  bool three_phase = false;
 };
 
 /// Leslie Smith's 1cycle policy as torch.optim.lr_scheduler.OneCycleLR: the lr rises from max_lr/div_factor to
@@ -173,8 +192,12 @@ struct OneCycleOptions {
 /// optimizer step, total_steps times at most.
 class OneCycleLR final : public LRScheduler {
  public:
+  /// The schedule with one peak rate `max_lr` for every param group.
   OneCycleLR(Optimizer& opt, double max_lr, const OneCycleOptions& o) : OneCycleLR(opt, std::vector<double>{max_lr}, o) {}
+  /// The schedule with a peak rate per param group (max_lrs has one value, or one per group), as PyTorch's
+  /// max_lr list. Sets the initial rates (and momenta) at once.
   EMBER_HEADER_INLINE OneCycleLR(Optimizer& opt, std::vector<double> max_lrs, const OneCycleOptions& o);
+  /// Advances the schedule by one step; an error beyond total_steps steps.
   void step() override {
     EMBER_CHECK(step_ + 1 <= o_.total_steps, "optim::OneCycleLR: tried to step ", step_ + 1,
                 " times; the schedule has total_steps=", o_.total_steps);
@@ -261,28 +284,37 @@ EMBER_HEADER_INLINE std::optional<double> OneCycleLR::momentum_at(std::size_t, s
 }
 #endif
 
+/// The options of optim::ReduceLROnPlateau after the optimizer, in torch.optim.lr_scheduler.ReduceLROnPlateau's
+/// order and with its defaults (mode and threshold_mode are booleans; min_lr is one value for every group):
+///   optim::ReduceLROnPlateau sched(opt, {.mode_max = true, .patience = 5});
 struct PlateauOptions {
-  bool mode_max = false;      // false: the metric should decrease (a loss); true: increase (an accuracy)
-  double factor = 0.1;        // new_lr = lr * factor
-  std::int64_t patience = 10; // epochs without improvement before reducing
-  double threshold = 1e-4;    // what counts as an improvement
-  bool threshold_rel = true;  // relative (best * (1 -/+ threshold)) or absolute (best -/+ threshold)
-  std::int64_t cooldown = 0;  // epochs to wait after a reduction
-  double min_lr = 0.0;
-  double eps = 1e-8;          // reductions smaller than this are skipped
+  /// false: the metric should decrease (a loss); true: increase (an accuracy). PyTorch: mode="min" / mode="max".
+  bool mode_max = false;
+  double factor = 0.1;  ///< new_lr = lr * factor, in [0, 1)
+  /// The epochs without improvement that are tolerated, >= 0: the lr is reduced on the (patience + 1)-th bad epoch.
+  std::int64_t patience = 10;
+  double threshold = 1e-4;  ///< what counts as an improvement: by more than this (relative or absolute)
+  /// Relative: better than best * (1 -/+ threshold); false: absolute, best -/+ threshold. PyTorch:
+  /// threshold_mode="rel" / "abs".
+  bool threshold_rel = true;
+  std::int64_t cooldown = 0;  ///< the epochs after a reduction during which bad epochs are not counted, >= 0
+  double min_lr = 0.0;        ///< the lr's lower bound, for every parameter group (PyTorch also takes one per group)
+  double eps = 1e-8;          ///< a reduction of the lr by eps or less is skipped
 };
 
 /// Reduces the lr by `factor` when a metric has stopped improving for `patience` epochs
 /// (torch.optim.lr_scheduler.ReduceLROnPlateau). Call step(metric) once per epoch.
 class ReduceLROnPlateau {
  public:
+  /// Watches a metric for `opt` (which must outlive the scheduler); `best` starts at +inf (-inf with mode_max).
   ReduceLROnPlateau(Optimizer& opt, const PlateauOptions& o = {}) : opt_(opt), o_(o) {
     EMBER_CHECK(o.factor < 1.0 && o.factor >= 0, "optim::ReduceLROnPlateau: factor must be in [0, 1), got ", o.factor);
     EMBER_CHECK(o.patience >= 0 && o.cooldown >= 0, "optim::ReduceLROnPlateau: patience and cooldown must be >= 0");
     best_ = o.mode_max ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   }
-  /// A NaN metric is never an improvement (every comparison with it is false), so it counts as a bad epoch, as in
-  /// PyTorch; `best` stays a number.
+  /// Records one epoch's metric and reduces every group's rate to max(lr * factor, min_lr) once more than
+  /// `patience` epochs passed without improvement (outside cooldown). A NaN metric is never an improvement (every
+  /// comparison with it is false), so it counts as a bad epoch, as in PyTorch; `best` stays a number.
   void step(double metric) {
     if (better(metric)) {
       best_ = metric;
@@ -303,7 +335,9 @@ class ReduceLROnPlateau {
       bad_ = 0;
     }
   }
+  /// The best metric seen so far (PyTorch's `best`).
   double best() const { return best_; }
+  /// The epochs since the last improvement, reset by a reduction and during cooldown (PyTorch's num_bad_epochs).
   std::int64_t num_bad_epochs() const { return bad_; }
   /// PyTorch's keys best, num_bad_epochs and cooldown_counter (0-d float64); the rates themselves are in the
   /// optimizer's state.
@@ -314,6 +348,8 @@ class ReduceLROnPlateau {
     sd["cooldown_counter"] = full<double>(Shape{}, double(cooldown_left_));
     return sd;
   }
+  /// Restores a state_dict() (best, num_bad_epochs and cooldown_counter); a malformed state is refused and nothing
+  /// changes.
   void load_state_dict(const StateDict& sd) {
     std::int64_t b = 0, c = 0;
     best_ = read_state(sd, b, c);

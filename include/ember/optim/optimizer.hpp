@@ -23,10 +23,12 @@ namespace ember::optim {
 /// A set of parameters sharing options (e.g. no weight decay for biases and norms).
 template <class T, class Options>
 struct ParamGroup {
-  std::vector<Tensor<T>> params;
-  Options options;
+  std::vector<Tensor<T>> params;  ///< The group's parameters (leaf tensors).
+  Options options;                ///< Their hyper-parameters (SGDOptions, AdamOptions).
 };
 
+/// The interface of every optimizer (PyTorch's `torch.optim.Optimizer`), what schedulers, the Trainer and
+/// checkpoints work through.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -34,6 +36,7 @@ class Optimizer {
   virtual void step() = 0;
   /// Clears the gradients (set_to_none, the default) or zeroes them in place.
   virtual void zero_grad(bool set_to_none = true) = 0;
+  /// The number of param groups.
   virtual std::size_t num_groups() const = 0;
   /// The learning rate of a group (schedulers write it).
   virtual double& lr(std::size_t group) = 0;

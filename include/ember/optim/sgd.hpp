@@ -17,24 +17,31 @@
 
 namespace ember::optim {
 
+/// The options of optim::SGD (one per parameter group), in torch.optim.SGD's order and with its defaults (its
+/// foreach, differentiable and fused are not needed: every update is one fused pass):
+///   optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9, .nesterov = true});
 struct SGDOptions {
-  double lr = 1e-3;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-  bool maximize = false;
+  double lr = 1e-3;           ///< the learning rate, in [0, 1e4]
+  double momentum = 0.0;      ///< the momentum factor, in [0, 1]; 0: no momentum buffer
+  double dampening = 0.0;     ///< scales the gradient added to the momentum buffer by 1 - dampening; in [0, 1]
+  double weight_decay = 0.0;  ///< L2 penalty, weight_decay * p added to the gradient; in [0, 1e4]
+  bool nesterov = false;      ///< Nesterov momentum; needs momentum > 0 and dampening 0
+  bool maximize = false;      ///< ascend: the update uses -grad (maximises the objective)
 };
 
+/// Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (torch.optim.SGD),
+/// one fused pass per parameter.
 template <class T = float>
 class SGD final : public Optimizer {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "optim::SGD: parameters are float or double (mixed precision keeps fp32 master weights)");
 
  public:
-  using Group = ParamGroup<T, SGDOptions>;
+  using Group = ParamGroup<T, SGDOptions>;  ///< One param group: its parameters and their SGDOptions.
 
+  /// One group of `params` (leaf tensors) with options `o`, as `torch.optim.SGD(params, lr=..., ...)`.
   SGD(std::vector<Tensor<T>> params, const SGDOptions& o) : SGD(std::vector<Group>{{std::move(params), o}}) {}
+  /// Several param groups, each with its own options (PyTorch's list of dicts).
   explicit SGD(std::vector<Group> groups);
 
   void step() override;
@@ -42,9 +49,11 @@ class SGD final : public Optimizer {
   void zero_grad(bool set_to_none = true) override {
     for (auto& g : groups_) detail::zero_grads(g.params, set_to_none);
   }
+  /// The number of param groups.
   std::size_t num_groups() const override { return groups_.size(); }
   double& lr(std::size_t g) override { return groups_.at(g).options.lr; }
   double* momentum(std::size_t g) override { return &groups_.at(g).options.momentum; }
+  /// The groups and their options, to read or change between steps (PyTorch's `optimizer.param_groups`).
   std::vector<Group>& param_groups() { return groups_; }
 
   nn::StateDict state_dict() const override;

@@ -38,8 +38,13 @@
 
 namespace ember::optim {
 
+/// The options of optim::ZeroRedundancyOptimizer after (params, the wrapped optimizer's options, process group), its
+/// own (torch.distributed.optim.ZeroRedundancyOptimizer has no such option; its parameters_as_bucket_view and
+/// overlap_with_ddp are not supported):
+///   optim::ZeroRedundancyOptimizer<optim::SGD<float>> opt(params, {.lr = 0.1}, nullptr, {.reduce_gradients = false});
 struct ZeroOptions {
-  /// Reduce-scatter the gradients (average over the ranks) before the step; false when they are averaged already.
+  /// Reduce-scatter the gradients (average over the ranks) before the step; false when they are averaged already
+  /// (PyTorch's behaviour: its ZeroRedundancyOptimizer never averages them, it expects DDP to have done so).
   /// Gradients that a DistributedDataParallel averaged are never averaged again, whatever this says.
   bool reduce_gradients = true;
 };
@@ -52,9 +57,12 @@ class ZeroRedundancyOptimizer final : public Optimizer {
   using T = typename decltype(Group::params)::value_type::value_type;
 
  public:
+  /// One group of `params` with options `o`, sharded over the ranks of `pg` (the default group when null), as
+  /// torch.distributed.optim.ZeroRedundancyOptimizer(params, optimizer_class, ...).
   ZeroRedundancyOptimizer(std::vector<Tensor<T>> params, const Options& o, dist::ProcessGroup* pg = nullptr,
                           ZeroOptions z = {})
       : ZeroRedundancyOptimizer(std::vector<Group>{{std::move(params), o}}, pg, z) {}
+  /// Several param groups, sharded over the ranks of `pg` (the default group when null).
   explicit ZeroRedundancyOptimizer(std::vector<Group> groups, dist::ProcessGroup* pg = nullptr, ZeroOptions z = {})
       : pg_(pg ? *pg : dist::default_group()), zopt_(z) {
     const std::int64_t w = pg_.size(), r = pg_.rank();
@@ -138,6 +146,7 @@ class ZeroRedundancyOptimizer final : public Optimizer {
   void zero_grad(bool set_to_none = true) override {
     for (Flat& f : flats_) detail::zero_grads(f.params, set_to_none);
   }
+  /// The number of param groups.
   std::size_t num_groups() const override { return inner_->num_groups(); }
   double& lr(std::size_t g) override { return inner_->lr(g); }
   double* momentum(std::size_t g) override { return inner_->momentum(g); }

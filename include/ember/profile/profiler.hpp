@@ -55,8 +55,11 @@ struct OpStats {
   double self_us = 0;      ///< microseconds inside it but not in a range nested in it on the same thread
 };
 
+/// Records ember's ops and your own profile::Range scopes over a schedule of steps (torch.profiler.profile with
+/// torch.profiler.schedule): per-op totals (key_averages) and a Chrome trace. One profiler runs at a time.
 class Profiler {
  public:
+  /// A profiler with schedule `o` (wait, warmup, active, repeat: each >= 0); nothing is recorded before start().
   explicit Profiler(ProfilerOptions o = {}) : o_(o) {
     EMBER_CHECK(o.wait >= 0 && o.warmup >= 0 && o.active >= 0 && o.repeat >= 0, "profile::Profiler: wait, warmup, "
                 "active and repeat must be non-negative, got ", o.wait, ", ", o.warmup, ", ", o.active, ", ", o.repeat);
@@ -67,6 +70,7 @@ class Profiler {
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
+  /// Starts the schedule at step 0 (PyTorch's prof.start()); an error when another profiler is running.
   void start() {
     EMBER_CHECK(!started_, "profile::Profiler::start: already started");
     EMBER_CHECK(!owner().exchange(true), "profile::Profiler::start: another profiler is running (one at a time)");
@@ -86,6 +90,7 @@ class Profiler {
     ++step_;
     set_phase();
   }
+  /// Stops recording (PyTorch's prof.stop()); the destructor stops a started profiler too.
   void stop() {
     if (!started_) return;
     if (recording_) drain(true);
@@ -94,11 +99,13 @@ class Profiler {
     started_ = false;
     owner().store(false);
   }
+  /// Whether start() was called and stop() not yet.
   bool started() const { return started_; }
   /// Whether the schedule is in an active step now.
   bool recording() const { return recording_; }
   /// The recorded ranges, in the order their threads recorded them.
   const std::vector<Event>& events() const { return events_; }
+  /// Drops the recorded ranges.
   void clear() { events_.clear(); }
 
   /// Per-op totals, by self time, largest first.

@@ -19,9 +19,12 @@ namespace ember::profile {
 /// One recorded range. `name` and `category` point to string literals (or other storage that outlives the
 /// profiler).
 struct Event {
-  const char* name;
-  const char* category;
+  const char* name;      ///< The range's name (an op's, or the one given to Range).
+  const char* category;  ///< "op", "step" or the category given to Range.
+  ///@{
+  /// The start and end, in nanoseconds of the steady clock.
   std::int64_t begin_ns, end_ns;  ///< steady clock
+  ///@}
   std::uint32_t thread;           ///< 0 for the first thread that recorded, 1 for the next, ...
 };
 
@@ -78,6 +81,8 @@ EMBER_HEADER_INLINE void record(const char* name, const char* category, std::int
 /// Records the time from its construction to its destruction, when a profiler is recording.
 class Range {
  public:
+  /// Starts a range named `name` (a string literal, or storage that outlives the profiler), as
+  /// torch.profiler.record_function(name).
   explicit Range(const char* name, const char* category = "op") noexcept {
     if (is_recording()) {
       name_ = name;

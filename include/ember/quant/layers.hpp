@@ -44,16 +44,17 @@ namespace detail {
 /// A Linear or Conv2d converted to int8. The kernels' operands (cpu::q::Int8Operands: out, depth, zp_u8, the
 /// per-channel constants, the packed weight) are derived by prepare().
 struct QuantizedLayer : cpu::q::Int8Operands {
-  bool conv = false;
-  std::string name;                  // for messages
-  Tensor<std::int8_t> weight;        // (O, I) or (O, C/groups, kh, kw): round(w / weight_scale[o]) in [-127, 127]
-  Tensor<float> weight_scale;        // (O)
-  Tensor<float> bias;                // (O), zeros for a layer without bias
-  QParams input;                     // the input's scale and zero point in input_dtype
-  QDtype input_dtype = QDtype::quint8;
-  Activation act = Activation::none;     // fused activation (nn::fuse_conv_bn)
-  bool pool = false;                 // conv only: a fused 2x2 max pool (stride 2, floor) after the activation
-  Conv2dOptions conv_options;        // conv only
+  bool conv = false;  ///< A Conv2d (else a Linear).
+  std::string name;   ///< The layer's name, for messages.
+  /// (O, I) or (O, C/groups, kh, kw): round(w / weight_scale[o]) in [-127, 127].
+  Tensor<std::int8_t> weight;
+  Tensor<float> weight_scale;           ///< (O): the per-output-channel weight scales.
+  Tensor<float> bias;                   ///< (O): float, zeros for a layer without bias.
+  QParams input;                        ///< The input's scale and zero point in input_dtype.
+  QDtype input_dtype = QDtype::quint8;  ///< How the input is quantized.
+  Activation act = Activation::none;    ///< The fused activation (nn::fuse_conv_bn).
+  bool pool = false;                    ///< Conv only: a fused 2x2 max pool (stride 2, floor) after the activation.
+  Conv2dOptions conv_options;           ///< Conv only: stride, padding, dilation, groups.
 
   /// Checks the tensors and derives the kernel operands; call after setting the fields above.
   void prepare() {

@@ -122,6 +122,8 @@ inline std::vector<float> symmetric_scales(const float* w, std::int64_t channels
 /// more bins.
 class Observer {
  public:
+  /// An observer of kind o.kind for dtype o.dtype (checked), as torch.ao.quantization's MinMaxObserver,
+  /// MovingAverageMinMaxObserver or HistogramObserver.
   explicit Observer(ObserverOptions o = {}) : o_(o) {
     EMBER_CHECK(o.kind == ObserverKind::min_max || o.kind == ObserverKind::moving_average_min_max ||
                     o.kind == ObserverKind::histogram,
@@ -160,12 +162,14 @@ class Observer {
     count_ += n;
   }
 
+  /// Whether any value was observed.
   bool has_data() const { return count_ > 0; }
   /// Values observed so far.
   std::int64_t count() const { return count_; }
 
   /// The recorded range: for histogram, the percentile-clipped one. Before any data: +inf and -inf (as PyTorch).
   float min() const { return o_.kind == ObserverKind::histogram && has_data() ? clipped().first : min_; }
+  /// The top of the recorded range (see min()).
   float max() const { return o_.kind == ObserverKind::histogram && has_data() ? clipped().second : max_; }
 
   /// affine_qparams of the recorded range for the observer's dtype.
@@ -176,6 +180,7 @@ class Observer {
     return affine_qparams(r.first, r.second, o_.dtype);
   }
 
+  /// The options the observer was made with.
   const ObserverOptions& options() const { return o_; }
 
  private:

@@ -62,6 +62,7 @@ struct EarlyStoppingOptions {
 /// train_loss_epoch).
 class EarlyStopping : public Callback {
  public:
+  /// Watches `o.monitor` (checked: a name, patience >= 0, a finite min_delta).
   explicit EarlyStopping(EarlyStoppingOptions o = {}) : o_(std::move(o)) {
     EMBER_CHECK(!o_.monitor.empty(), "train::EarlyStopping: monitor is empty");
     EMBER_CHECK(o_.patience >= 0, "train::EarlyStopping: patience must be non-negative, got ", o_.patience);
@@ -96,9 +97,13 @@ class EarlyStopping : public Callback {
     return {};
   }
 
+  /// The best monitored value so far (Lightning's best_score).
   double best_score() const { return best_; }
+  /// The checks since the last improvement (Lightning's wait_count).
   int wait_count() const { return wait_; }
+  /// The epoch in which it stopped training (-1 when it did not).
   std::int64_t stopped_epoch() const { return stopped_epoch_; }
+  /// Why it stopped training (empty when it did not).
   const std::string& reason() const { return reason_; }
 
   void on_validation_end(Trainer& t) override { run(t); }
@@ -168,6 +173,7 @@ struct LearningRateMonitorOptions {
 /// Logs each parameter group's learning rate: "lr" (one group) or "lr/pg<i>", and "momentum" likewise.
 class LearningRateMonitor : public Callback {
  public:
+  /// Logs the rates (and with log_momentum the momenta) after every optimizer step.
   explicit LearningRateMonitor(LearningRateMonitorOptions o = {}) : o_(o) {}
   void on_fit_start(Trainer& t) override {
     EMBER_CHECK(t.optimizer() != nullptr, "train::LearningRateMonitor: the optimizer is not an optim::Optimizer");

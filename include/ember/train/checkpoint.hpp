@@ -75,6 +75,7 @@ struct ModelCheckpointOptions {
 /// Saves checkpoints during fit and keeps the best save_top_k by `monitor` (Lightning's ModelCheckpoint).
 class ModelCheckpoint : public Callback {
  public:
+  /// Checkpoints as `o` says (checked: save_top_k >= -1, a non-empty filename template naming no folder).
   explicit ModelCheckpoint(ModelCheckpointOptions o = {}) : o_(std::move(o)) {
     EMBER_CHECK(o_.save_top_k >= -1, "train::ModelCheckpoint: save_top_k must be -1, 0 or positive, got ",
                 o_.save_top_k);
@@ -121,8 +122,11 @@ class ModelCheckpoint : public Callback {
     return out;
   }
 
+  /// The path of the best checkpoint so far (empty before the first; Lightning's best_model_path).
   const std::string& best_model_path() const { return best_path_; }
+  /// The monitored value of the best checkpoint (Lightning's best_model_score).
   double best_model_score() const { return best_score_; }
+  /// The path of the latest checkpoint written (Lightning's last_model_path).
   const std::string& last_model_path() const { return last_path_; }
   /// The kept checkpoints with their scores (the monitored value; the global step without a monitor).
   const std::vector<std::pair<double, std::string>>& best_k_models() const { return kept_; }

@@ -25,15 +25,22 @@ using TrainingState = io::Checkpoint;
 class Callback {
  public:
   virtual ~Callback() = default;
+  /// At the start of Trainer::fit, before the first epoch (after a resume has loaded its checkpoint).
   virtual void on_fit_start(Trainer&) {}
+  /// At the start of each training epoch.
   virtual void on_train_epoch_start(Trainer&) {}
   /// After each batch (after the optimizer step when this batch completed one).
   virtual void on_train_batch_end(Trainer&) {}
+  /// After each validation pass, when its metrics are available (early stopping and checkpointing decide here).
   virtual void on_validation_end(Trainer&) {}
+  /// At the end of each training epoch.
   virtual void on_train_epoch_end(Trainer&) {}
+  /// At the end of Trainer::fit, also when a callback stopped it early.
   virtual void on_fit_end(Trainer&) {}
   /// A name unique among the callbacks of a run that keep state (the key of their state in checkpoints).
   virtual std::string state_key() const { return {}; }
+  /// Writes the callback's state into `kv` (name -> text) for a checkpoint; only called when state_key() is
+  /// not empty.
   virtual void save_state(std::map<std::string, std::string>&) const {}
   /// Loads what save_state wrote (`kv` is empty when the checkpoint holds no state of this callback); it should write
   /// nothing unless all of kv is valid.
@@ -50,7 +57,9 @@ class Callback {
 class Logger {
  public:
   virtual ~Logger() = default;
+  /// Records the metrics `m` at global step `step` (the optimizer steps so far).
   virtual void log_metrics(const Metrics& m, std::int64_t step) = 0;
+  /// Flushes and closes the output at the end of the run.
   virtual void finalize() {}
 };
 

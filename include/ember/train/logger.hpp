@@ -47,8 +47,11 @@ struct CSVLoggerOptions {
   int version = -1;  ///< -1: the first version_N that does not exist yet (Lightning's None)
 };
 
+/// Writes metrics to save_dir/name/version_N/metrics.csv, one row per logged step and one column per metric
+/// (Lightning's CSVLogger).
 class CSVLogger : public Logger {
  public:
+  /// Creates the run's version_N folder (the next free N unless o.version is set).
   explicit CSVLogger(CSVLoggerOptions o = {}) {
     namespace fs = std::filesystem;
     version_ = detail::make_version_dir(o.save_dir, o.name, o.version, "train::CSVLogger", dir_);
@@ -58,9 +61,11 @@ class CSVLogger : public Logger {
   CSVLogger(const CSVLogger&) = delete;
   CSVLogger& operator=(const CSVLogger&) = delete;
 
+  /// The run's folder, save_dir/name/version_N (Lightning's log_dir).
   const std::string& log_dir() const { return dir_; }
   /// The N of version_N (give it to a second logger of the same run: {.version = first.version()}).
   int version() const { return version_; }
+  /// The CSV file's path.
   const std::string& path() const { return path_; }
 
   void log_metrics(const Metrics& m, std::int64_t step) override {

@@ -12,10 +12,13 @@
 
 namespace ember::train {
 
+/// Named scalars in first-set order: `Metrics{{"val_loss", 0.31}, {"val_acc", 0.92}}` (what Lightning's log()
+/// calls produce).
 class Metrics {
  public:
-  using value_type = std::pair<std::string, double>;
-  Metrics() = default;
+  using value_type = std::pair<std::string, double>;  ///< One (name, value) entry.
+  Metrics() = default;                                 ///< No metrics.
+  /// The entries listed, in order (a repeated name keeps its first place and its last value).
   Metrics(std::initializer_list<value_type> kv) {
     for (const auto& [k, v] : kv) set(k, v);
   }
@@ -33,16 +36,23 @@ class Metrics {
   void merge(const Metrics& other) {
     for (const auto& [k, v] : other) set(k, v);
   }
+  /// The value of `name`, or nothing.
   std::optional<double> get(const std::string& name) const {
     for (const auto& [k, x] : items_)
       if (k == name) return x;
     return std::nullopt;
   }
+  /// Whether `name` is set.
   bool contains(const std::string& name) const { return get(name).has_value(); }
+  /// Whether no metric is set.
   bool empty() const { return items_.empty(); }
+  /// The number of metrics.
   std::size_t size() const { return items_.size(); }
+  /// Iterates the (name, value) entries in order.
   std::vector<value_type>::const_iterator begin() const { return items_.begin(); }
+  /// The end of the entries.
   std::vector<value_type>::const_iterator end() const { return items_.end(); }
+  /// Removes every metric.
   void clear() { items_.clear(); }
   /// "a, b, c": the names, for messages.
   std::string names() const {

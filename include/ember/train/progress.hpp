@@ -49,8 +49,11 @@ inline std::string format_clock(double s) {
 }
 }  // namespace detail
 
+/// The Trainer's progress bar (Lightning's TQDMProgressBar): the epoch, batch, rate, ETA and latest metrics, redrawn
+/// in place on a terminal and printed as plain lines otherwise.
 class ProgressBar {
  public:
+  /// A bar writing to o.out (stdout by default); whether that is a terminal is detected unless o.tty says.
   explicit ProgressBar(ProgressOptions o = {}) : o_(std::move(o)) {
     if (!o_.out) o_.out = stdout;
     if (!o_.clock) o_.clock = [] {
@@ -58,7 +61,9 @@ class ProgressBar {
     };
     tty_ = o_.tty >= 0 ? o_.tty == 1 : ::isatty(::fileno(o_.out)) == 1;
   }
+  /// Whether the bar draws at all.
   bool enabled() const { return o_.enabled; }
+  /// Whether it redraws in place (a terminal) rather than printing lines.
   bool is_tty() const { return tty_; }
 
   /// `epoch` counts from 0; `max_epochs` and `total_batches` are -1 when unknown.

@@ -34,6 +34,7 @@ namespace ember::train {
 class StateRef {
  public:
   StateRef() = default;
+  /// A reference to obj's state_dict, load_state_dict and check_state_dict (obj must outlive it).
   template <class T>
     requires(!std::is_same_v<std::remove_cv_t<T>, StateRef>) && requires(T& t, const StateDict& sd) {
       { t.state_dict() } -> std::convertible_to<StateDict>;
@@ -44,9 +45,13 @@ class StateRef {
       : save_([&obj] { return StateDict(obj.state_dict()); }),
         load_([&obj](const StateDict& sd) { obj.load_state_dict(sd); }),
         check_([&obj](const StateDict& sd) { obj.check_state_dict(sd); }) {}
+  /// Whether it refers to an object (false when default-constructed: "none").
   explicit operator bool() const { return bool(save_); }
+  /// The object's state_dict().
   StateDict state_dict() const { return save_(); }
+  /// The object's load_state_dict(sd).
   void load_state_dict(const StateDict& sd) const { load_(sd); }
+  /// The object's check_state_dict(sd).
   void check_state_dict(const StateDict& sd) const { check_(sd); }
 
  private:

@@ -47,6 +47,7 @@ inline std::uint32_t masked_crc32c(const void* data, std::size_t n) {
 /// Protocol buffer wire encoding, the few forms the event messages use.
 class Proto {
  public:
+  /// Appends v as a base-128 varint.
   void varint(std::uint64_t v) {
     while (v >= 0x80) {
       s_ += char((v & 0x7F) | 0x80);
@@ -54,29 +55,36 @@ class Proto {
     }
     s_ += char(v);
   }
+  /// Appends a field's key: its number and wire type.
   void tag(int field, int wire) { varint(std::uint64_t(field) << 3 | std::uint64_t(wire)); }
+  /// Appends field `field` as a varint.
   void f_varint(int field, std::uint64_t v) {
     tag(field, 0);
     varint(v);
   }
+  /// Appends field `field` as a 64-bit double.
   void f_double(int field, double v) {
     tag(field, 1);
     raw(&v, 8);
   }
+  /// Appends field `field` as a 32-bit float.
   void f_float(int field, float v) {
     tag(field, 5);
     raw(&v, 4);
   }
+  /// Appends field `field` as length-delimited bytes (a string or a nested message).
   void f_bytes(int field, std::string_view b) {
     tag(field, 2);
     varint(b.size());
     s_.append(b.data(), b.size());
   }
+  /// Appends field `field` as a packed repeated double.
   void f_packed_doubles(int field, const std::vector<double>& v) {
     tag(field, 2);
     varint(v.size() * 8);
     for (double d : v) raw(&d, 8);
   }
+  /// The encoded message so far.
   const std::string& str() const { return s_; }
 
  private:
@@ -110,8 +118,11 @@ struct TensorBoardLoggerOptions {
   std::string file_suffix{};  ///< appended to the event file's name (torch.utils.tensorboard's filename_suffix)
 };
 
+/// Writes metrics as TensorBoard event files (torch.utils.tensorboard's SummaryWriter; Lightning's
+/// TensorBoardLogger): save_dir/name/version_N/events.out.tfevents.TIME.HOST, readable by `tensorboard --logdir`.
 class TensorBoardLogger : public Logger {
  public:
+  /// Creates the run's version_N folder and its event file.
   explicit TensorBoardLogger(TensorBoardLoggerOptions o = {}) : o_(std::move(o)) {
     namespace fs = std::filesystem;
     if (!o_.wall_clock) o_.wall_clock = [] {
@@ -136,9 +147,11 @@ class TensorBoardLogger : public Logger {
   TensorBoardLogger(const TensorBoardLogger&) = delete;
   TensorBoardLogger& operator=(const TensorBoardLogger&) = delete;
 
+  /// The run's folder, save_dir/name/version_N.
   const std::string& log_dir() const { return dir_; }
   /// The N of version_N (give it to a second logger of the same run: {.version = first.version()}).
   int version() const { return version_; }
+  /// The event file's path.
   const std::string& path() const { return path_; }
 
   /// Every metric as a scalar at `step` (one event).
@@ -153,6 +166,7 @@ class TensorBoardLogger : public Logger {
     }
     event(step, summary.str());
   }
+  /// One scalar `v` under `tag` at `step` (SummaryWriter.add_scalar).
   void add_scalar(const std::string& tag, double v, std::int64_t step) { log_metrics(Metrics{{tag, v}}, step); }
 
   /// A histogram of a tensor's finite values (a weight, a gradient) in `buckets` equal-width buckets between the

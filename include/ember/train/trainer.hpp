@@ -67,8 +67,12 @@ std::int64_t batch_size_of(const B& b) {
 }
 }  // namespace detail
 
+/// The training loop, as PyTorch Lightning's Trainer: fit() runs epochs of training steps (with gradient
+/// accumulation, clipping, mixed-precision loss scaling and scheduler steps as the options say), validation, the
+/// callbacks' hooks, logging and the progress bar, and resumes from checkpoints.
 class Trainer {
  public:
+  /// A trainer with options `o` (checked); neither max_epochs nor max_steps set means 1000 epochs at most.
   explicit Trainer(TrainerOptions o = {}) : o_(std::move(o)), bar_(o_.progress) {
     EMBER_CHECK(o_.accumulate_grad_batches >= 1, "train::Trainer: accumulate_grad_batches must be at least 1, got ",
                 o_.accumulate_grad_batches);
@@ -90,11 +94,13 @@ class Trainer {
     if (o_.max_epochs == -1 && o_.max_steps == -1) o_.max_epochs = 1000;
   }
 
+  /// Adds a callback (EarlyStopping, ModelCheckpoint, ... or your own); its hooks run in the order added.
   Trainer& add_callback(std::shared_ptr<Callback> c) {
     EMBER_CHECK(c != nullptr, "train::Trainer::add_callback: null callback");
     callbacks_.push_back(std::move(c));
     return *this;
   }
+  /// Adds a logger (CSVLogger, TensorBoardLogger, ...), which receives every logged metric.
   Trainer& add_logger(std::shared_ptr<Logger> l) {
     EMBER_CHECK(l != nullptr, "train::Trainer::add_logger: null logger");
     loggers_.push_back(std::move(l));
@@ -125,8 +131,11 @@ class Trainer {
   }
 
   // ---- what callbacks see ----------------------------------------------------------------------------------
+  /// The options the trainer was made with.
   const TrainerOptions& options() const { return o_; }
+  /// The epoch running (from 0), as Lightning's current_epoch.
   std::int64_t current_epoch() const { return epoch_; }
+  /// The optimizer steps taken so far, as Lightning's global_step.
   std::int64_t global_step() const { return global_step_; }
   /// Batches of the current epoch done.
   std::int64_t batch_idx() const { return batch_in_epoch_; }
@@ -142,7 +151,9 @@ class Trainer {
   const Metrics& callback_metrics() const { return metrics_; }
   /// The optimizer as the optim::Optimizer interface (null when it is not one).
   optim::Optimizer* optimizer() const { return optimizer_; }
+  /// Whether request_stop() was called (Lightning's should_stop).
   bool should_stop() const { return stop_; }
+  /// The reason given to request_stop() (empty when none).
   const std::string& stop_reason() const { return stop_reason_; }
   /// Asks the loop to stop after the current batch; `reason` is printed and returned in FitResult.
   void request_stop(std::string reason) {
@@ -160,7 +171,9 @@ class Trainer {
     if (bar_.enabled()) bar_.message(text);
     else std::printf("%s\n", text.c_str());
   }
+  /// The callbacks, in the order added.
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+  /// The first callback of type C (null when there is none): `t.callback<train::ModelCheckpoint>()`.
   template <class C>
   C* callback() const {
     for (const auto& c : callbacks_)
