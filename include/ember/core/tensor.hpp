@@ -117,7 +117,8 @@ class Tensor {
     return *this;
   }
   /// In place `*this += e` (a tensor, scalar or expression, broadcast to this shape), in one pass, as PyTorch's
-  /// add_; the write is recorded for autograd.
+  /// add_: recorded for autograd when an operand needs a gradient; on a leaf that requires grad, only under
+  /// NoGradGuard.
   template <class E>
   Tensor& operator+=(const E& e) {
     detail::TensorOps<T>::template assign<1>(*this, e);

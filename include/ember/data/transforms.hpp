@@ -147,7 +147,7 @@ EMBER_HEADER_INLINE Tensor<float> RandomCrop::operator()(const Tensor<float>& in
 struct RandomHorizontalFlip {
   float p = 0.5f;  ///< The probability of flipping (torchvision's p).
 
-  /// The (C, H, W) CPU image, mirrored left-right with probability p (a copy either way).
+  /// The (C, H, W) CPU image mirrored left-right (a new tensor) with probability p, else the image itself.
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
   /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
   EMBER_HEADER_INLINE void apply_(Tensor<float>& x, Rng& g) const;
@@ -195,7 +195,7 @@ struct RandomErasing {
   /// With options `o` (checked: p in [0, 1], ordered ranges within their bounds).
   EMBER_HEADER_INLINE explicit RandomErasing(RandomErasingOptions o);
 
-  /// The (C, H, W) CPU image, with one rectangle filled with probability p (a copy either way).
+  /// A copy of the (C, H, W) CPU image with one rectangle filled, with probability p; else the image itself.
   EMBER_HEADER_INLINE Tensor<float> operator()(const Tensor<float>& in, Rng& g) const;
   /// In place, on a contiguous image nobody else holds; draws the same random numbers as operator().
   EMBER_HEADER_INLINE void apply_(Tensor<float>& x, Rng& g) const;

@@ -13,6 +13,8 @@
 
 namespace ember::dist {
 
+/// How the ranks of a group exchange the little they need to connect (addresses, NCCL's unique id) before any
+/// collective runs: through the rendezvous store (StoreBootstrap) or through MPI.
 class Bootstrap {
  public:
   virtual ~Bootstrap() = default;
@@ -30,6 +32,7 @@ class Bootstrap {
 /// that never sets its key makes the others fail at the deadline with a message naming the missing ranks.
 class StoreBootstrap : public Bootstrap {
  public:
+  /// Exchanges through `store` under keys starting with `prefix`, as rank `rank` of `world`.
   StoreBootstrap(std::shared_ptr<Store> store, std::string prefix, int rank, int world)
       : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), world_(world) {}
 
@@ -73,7 +76,9 @@ class StoreBootstrap : public Bootstrap {
     }
   }
   std::string where() const override { return "the store at " + store_->address(); }
+  /// The store exchanged through.
   const std::shared_ptr<Store>& store() const { return store_; }
+  /// The keys' prefix.
   const std::string& prefix() const { return prefix_; }
 
  private:

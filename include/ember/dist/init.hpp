@@ -76,14 +76,18 @@ struct InitOptions {
 
 /// Who this process is in the job, as read from options and environment.
 struct LaunchInfo {
+  ///@{
+  /// The rank and the number of ranks, in the job and on this node (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+  /// LOCAL_WORLD_SIZE).
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
-  std::string master_addr;
-  int master_port = 29500;
+  ///@}
+  std::string master_addr;  ///< Rank 0's host (MASTER_ADDR).
+  int master_port = 29500;  ///< The store's port (MASTER_PORT).
   std::string token;       ///< the store's shared secret ("" for none)
   std::string store_bind;  ///< where rank 0's store listens
   bool agent_store = false;  ///< the launcher serves the store (rank 0 does not)
-  Backend backend = Backend::Auto;
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  Backend backend = Backend::Auto;                              ///< The CPU backend to use.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);  ///< How long a collective may take.
   std::string launcher;      ///< "torchrun", "mpirun", "slurm", "options" or "none", for messages
 };
 

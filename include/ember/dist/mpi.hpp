@@ -142,8 +142,10 @@ class MpiBootstrap : public Bootstrap {
 
 }  // namespace detail
 
+/// The MPI backend: the collectives of a group's CPU tensors through MPI calls on the group's communicator.
 class MpiCollectives final : public detail::Collectives {
  public:
+  /// Rank `rank` of `world` on communicator `comm`, which the backend then owns (and frees).
   MpiCollectives(MPI_Comm comm, int rank, int world, std::chrono::milliseconds timeout)
       : Collectives(rank, world, timeout), comm_(comm), watchdog_([this] { watch(); }) {}
   ~MpiCollectives() override {
@@ -159,9 +161,11 @@ class MpiCollectives final : public detail::Collectives {
       MPI_Comm_free(&comm_);
     }
   }
+  /// The backend's name, as ProcessGroup::backend() reports it.
   const char* name() const override { return "mpi"; }
 
  protected:
+  /// MPI_Allreduce in place, in chunks of at most 2^30 elements (MPI counts are int).
   void all_reduce(const Buffer& b, ReduceOp op, Deadline d, std::uint64_t) override {
     const std::int64_t step = std::int64_t(1) << 30;  // MPI counts are int
     for (std::int64_t off = 0; off < b.numel; off += step) {
@@ -173,6 +177,7 @@ class MpiCollectives final : public detail::Collectives {
     }
     if (op == ReduceOp::Avg) detail::scale_in_place(b.data, std::size_t(b.numel), b.dtype, 1.0 / world_);
   }
+  /// MPI_Bcast from `root`.
   void broadcast(const Buffer& b, int root, Deadline d, std::uint64_t) override {
     const std::int64_t step = std::int64_t(1) << 30;
     for (std::int64_t off = 0; off < b.numel; off += step) {
@@ -180,6 +185,7 @@ class MpiCollectives final : public detail::Collectives {
       run(CollectiveKind::Broadcast, d, [&] { return MPI_Bcast(at(b, off), n, detail::mpi_type(b.dtype), root, comm_); });
     }
   }
+  /// MPI_Allgather of `in` into `out`.
   void all_gather(const Buffer& out, const Buffer& in, Deadline d, std::uint64_t) override {
     check_int(in.numel, CollectiveKind::AllGather);
     run(CollectiveKind::AllGather, d, [&] {
@@ -187,6 +193,7 @@ class MpiCollectives final : public detail::Collectives {
                            detail::mpi_type(in.dtype), comm_);
     });
   }
+  /// MPI_Reduce_scatter_block of `in` into `out` (Avg: a sum, then scaled).
   void reduce_scatter(const Buffer& out, const Buffer& in, ReduceOp op, Deadline d, std::uint64_t) override {
     check_int(out.numel, CollectiveKind::ReduceScatter);
     run(CollectiveKind::ReduceScatter, d, [&] {
@@ -195,9 +202,11 @@ class MpiCollectives final : public detail::Collectives {
     });
     if (op == ReduceOp::Avg) detail::scale_in_place(out.data, std::size_t(out.numel), out.dtype, 1.0 / world_);
   }
+  /// MPI_Barrier.
   void barrier(Deadline d, std::uint64_t) override {
     run(CollectiveKind::Barrier, d, [&] { return MPI_Barrier(comm_); });
   }
+  /// Nothing: the watchdog aborts the MPI job when a call passes its deadline.
   void abort_peers(const std::string&) noexcept override {}
 
  private:

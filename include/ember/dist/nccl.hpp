@@ -65,8 +65,10 @@ inline ncclRedOp_t nccl_op(ReduceOp op, ScalarType t) {
 }
 }  // namespace detail
 
+/// The NCCL backend: the collectives of a group's CUDA tensors on one device, enqueued on a stream of its own.
 class NcclCollectives final : public detail::Collectives {
  public:
+  /// Rank `rank` of `world` on CUDA device `device`: rank 0's NCCL unique id goes to the others through `boot`.
   NcclCollectives(int rank, int world, Bootstrap& boot, int device, std::chrono::milliseconds timeout)
       : Collectives(rank, world, timeout), device_(device) {
     cuda::DeviceGuard g(device);
@@ -95,9 +97,12 @@ class NcclCollectives final : public detail::Collectives {
       else (void)ncclCommDestroy(comm_);
     }
   }
+  /// The backend's name, as ProcessGroup::backend() reports it.
   const char* name() const override { return "nccl"; }
+  /// Whether it runs the collectives of tensors on `d`: CUDA tensors of its device.
   bool handles(Device d) const override { return d.is_cuda() && d.index == device_; }
 
+  /// Enqueues the collective on the backend's stream, after the work queued so far on the tensor's current stream.
   Work submit(detail::Request r) override {
     const std::string ctx = context(r.kind);
     {
@@ -159,13 +164,15 @@ class NcclCollectives final : public detail::Collectives {
   }
 
  protected:
-  // (Unused: submit() enqueues on the stream directly.)
+  ///@{
+  /// Unused: submit() enqueues on the stream directly.
   void all_reduce(const Buffer&, ReduceOp, Deadline, std::uint64_t) override {}
   void broadcast(const Buffer&, int, Deadline, std::uint64_t) override {}
   void all_gather(const Buffer&, const Buffer&, Deadline, std::uint64_t) override {}
   void reduce_scatter(const Buffer&, const Buffer&, ReduceOp, Deadline, std::uint64_t) override {}
   void barrier(Deadline, std::uint64_t) override {}
   void abort_peers(const std::string&) noexcept override {}
+  ///@}
 
  private:
   struct Pending {

@@ -59,6 +59,8 @@ Buffer buffer_of(const Tensor<T>& t, const char* op, const char* what) {
 }
 }  // namespace detail
 
+/// A group of ranks and its collectives (torch.distributed's ProcessGroup): all_reduce, broadcast, all_gather,
+/// reduce_scatter and barrier on tensors, through a CPU backend (shm, tcp, mpi) and, for CUDA tensors, NCCL.
 class ProcessGroup {
  public:
   /// Assembles a group (dist::init and dist::new_process_group do this). `server`/`store` are kept alive with it.
@@ -73,16 +75,20 @@ class ProcessGroup {
     cpu_.reset();
   }
 
+  /// This process's rank in the group (dist.get_rank(group)).
   int rank() const { return rank_; }
+  /// The number of ranks (dist.get_world_size(group)).
   int size() const { return world_; }
   /// The CPU backend: "shm", "tcp", "mpi" or "self" (a world of one).
   const char* backend() const { return cpu_->name(); }
   /// The time any collective may take before it fails (default 5 minutes, or EMBER_DIST_TIMEOUT seconds).
   std::chrono::milliseconds timeout() const { return cpu_->timeout(); }
+  /// Changes the collectives' timeout, for the CPU and the CUDA backend.
   void set_timeout(std::chrono::milliseconds t) {
     cpu_->set_timeout(t);
     if (cuda_) cuda_->set_timeout(t);
   }
+  /// How the group's ranks exchange connection data.
   Bootstrap& bootstrap() const { return *boot_; }
   /// The rendezvous store (null under an MPI bootstrap or in a world of one).
   const std::shared_ptr<Store>& store() const { return store_; }

@@ -376,6 +376,8 @@ struct ShmOptions {
 /// The shared-memory backend (all ranks on one host).
 class ShmCollectives final : public detail::RingCollectives<ShmCollectives> {
  public:
+  /// Rank `rank` of `world` on one host: rank 0 creates the shared segment, the others attach to it (announced
+  /// through `boot`); at most kMaxShmRanks ranks.
   ShmCollectives(int rank, int world, Bootstrap& boot, std::chrono::milliseconds timeout, ShmOptions o = {})
       : RingCollectives(rank, world, timeout) {
     const std::string ctx = "dist: setting up the shm backend (rank " + std::to_string(rank) + " of " +
@@ -405,12 +407,15 @@ class ShmCollectives final : public detail::RingCollectives<ShmCollectives> {
     if (rank == 0) seg_->unlink();  // every rank has it mapped; nothing is left behind if a rank dies
   }
   ~ShmCollectives() override { stop(); }
+  /// The backend's name, as ProcessGroup::backend() reports it.
   const char* name() const override { return "shm"; }
+  /// The ring's link for one call (the ring algorithms send and receive through it).
   detail::ShmChannel channel(detail::CallContext ctx) const {
     return detail::ShmChannel(*seg_, rank_, ctx, oversubscribed_);
   }
 
  protected:
+  /// Tells the other ranks, through the segment, that this one gave up and why.
   void abort_peers(const std::string& why) noexcept override { seg_->abort(rank_, why); }
 
  private:

@@ -59,8 +59,11 @@ inline std::string errno_message(int e) { return std::error_code(e, std::generic
 class Socket {
  public:
   Socket() = default;
+  /// Takes ownership of descriptor fd.
   explicit Socket(int fd) : fd_(fd) {}
+  /// Takes o's descriptor, leaving o invalid.
   Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  /// Closes this socket's descriptor and takes o's.
   Socket& operator=(Socket&& o) noexcept {
     if (this != &o) {
       close();
@@ -73,8 +76,11 @@ class Socket {
   Socket& operator=(const Socket&) = delete;
   ~Socket() { close(); }
 
+  /// The descriptor (-1 when invalid).
   int fd() const { return fd_; }
+  /// Whether it holds a descriptor.
   bool valid() const { return fd_ >= 0; }
+  /// Closes the descriptor (nothing when invalid).
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -105,10 +111,12 @@ class Socket {
   /// Whether this end is bound to a loopback address (127.0.0.0/8, ::1), which only this host reaches.
   inline bool is_loopback() const;
 
+  /// Switches O_NONBLOCK on or off.
   void set_nonblocking(bool on) const {
     const int fl = ::fcntl(fd_, F_GETFL, 0);
     ::fcntl(fd_, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
   }
+  /// Turns off Nagle's algorithm (TCP_NODELAY): small messages go out at once.
   void set_nodelay() const {
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -121,9 +129,11 @@ class Socket {
   inline std::size_t recv_some(void* p, std::size_t n, const std::string& ctx) const;
   /// All n bytes, waiting (poll) until `deadline`; works on blocking and non-blocking sockets.
   inline void send_all(const void* p, std::size_t n, Deadline deadline, const std::string& ctx) const;
+  /// Receives exactly n bytes, waiting (poll) until `deadline`; the end of the stream first is an error.
   inline void recv_all(void* p, std::size_t n, Deadline deadline, const std::string& ctx) const;
   /// Waits until the socket is readable (or has an error pending): false when `deadline` passes first.
   bool wait_readable(Deadline deadline) const { return wait(POLLIN, deadline); }
+  /// Waits until one of `events` (POLLIN, POLLOUT) is ready, or an error is pending: false when `deadline` passes.
   bool wait(short events, Deadline deadline) const {
     for (;;) {
       pollfd p{fd_, events, 0};

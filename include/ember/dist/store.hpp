@@ -54,6 +54,7 @@ class StoreServer {
  public:
   /// Listens on 127.0.0.1:`port` without a token.
   explicit StoreServer(int port = 0) : StoreServer(StoreServerOptions{.port = port}) {}
+  /// Listens as `o` says (host, port, token, limits).
   explicit StoreServer(StoreServerOptions o)
       : listener_(Socket::listen(o.host, o.port, "dist::StoreServer")), core_(std::move(o.token), o.limits) {
     EMBER_CHECK(::pipe2(wake_, O_CLOEXEC) == 0, "dist::StoreServer: pipe: ", detail::errno_message(errno));
@@ -69,6 +70,7 @@ class StoreServer {
     ::close(wake_[0]);
     ::close(wake_[1]);
   }
+  /// The port it listens on (the one chosen when 0 was asked for).
   int port() const { return listener_.local_port(); }
   /// The numeric address it listens on ("127.0.0.1"; "::" or "0.0.0.0" for every interface).
   std::string address() const { return listener_.local_address(); }
@@ -77,9 +79,16 @@ class StoreServer {
 
   /// The server's counts, as of its last round (for tests and monitoring; see StoreCore).
   struct Stats {
+    ///@{
+    /// StoreCore's bytes_used, buffered_bytes, peak_buffered_bytes and buffered_bound.
     std::uint64_t bytes_used = 0, buffered_bytes = 0, peak_buffered_bytes = 0, buffered_bound = 0;
+    ///@}
+    ///@{
+    /// StoreCore's connections and handshakes.
     std::size_t connections = 0, handshakes = 0;
+    ///@}
   };
+  /// The counts as of the server's last round.
   Stats stats() const {
     std::lock_guard<std::mutex> lk(stats_mu_);
     return stats_;
@@ -202,6 +211,7 @@ class Store {
     connect_locked(deadline_in(timeout_));
   }
 
+  /// Sets `key` to `value` (TCPStore.set).
   void set(const std::string& key, const std::string& value) {
     std::string payload;
     detail::put_u64(payload, value.size());
@@ -210,6 +220,7 @@ class Store {
   }
   /// The value of `key`, waiting until some rank sets it (or the timeout passes: an error naming the key).
   std::string get(const std::string& key) { return get(key, timeout_); }
+  /// get(key) with its own timeout.
   std::string get(const std::string& key, std::chrono::milliseconds timeout) {
     return request(detail::kGet, key, {}, "get", timeout).second;
   }
@@ -224,10 +235,13 @@ class Store {
                 address(), ": the store answered ", ember::detail::quote_untrusted(v), ", not an integer");
     return sum;
   }
+  /// Whether `key` exists, without waiting (TCPStore.check).
   bool check(const std::string& key) { return request(detail::kCheck, key, {}, "check", timeout_).first; }
+  /// Deletes `key`; whether it existed (TCPStore.delete_key).
   bool remove(const std::string& key) { return request(detail::kDel, key, {}, "delete", timeout_).first; }
   /// Waits until every key exists.
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+  /// wait(keys) with its own timeout.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
     const Deadline d = deadline_in(timeout);
     for (const auto& k : keys)
@@ -240,6 +254,7 @@ class Store {
     std::lock_guard<std::mutex> lk(mu_);
     return s_.local_address();
   }
+  /// The default timeout of every request.
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:

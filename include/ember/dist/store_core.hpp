@@ -60,9 +60,9 @@ struct StoreLimits {
 /// take_dropped().
 class StoreCore {
  public:
-  using Id = std::uint64_t;
-  using TimePoint = std::chrono::steady_clock::time_point;
-  using RandomFn = void (*)(void*, std::size_t);
+  using Id = std::uint64_t;                                 ///< A connection's identity.
+  using TimePoint = std::chrono::steady_clock::time_point;  ///< When something happened (deadlines).
+  using RandomFn = void (*)(void*, std::size_t);            ///< Fills n bytes with randomness (the challenges).
 
   /// An empty `token` is open mode: any client that speaks the protocol is served.
   explicit StoreCore(std::string token = {}, StoreLimits limits = {}, RandomFn random = detail::random_bytes)
@@ -93,6 +93,7 @@ class StoreCore {
   inline TimePoint next_deadline() const;
   /// The connections dropped by the store since the last call (their sockets are to be closed).
   std::vector<Id> take_dropped() { return std::exchange(dropped_, {}); }
+  /// Whether connection `id` is still open.
   bool alive(Id id) const { return conns_.count(id) != 0; }
 
   /// Sum of the entries' key and value sizes.
@@ -106,9 +107,13 @@ class StoreCore {
     return std::uint64_t(limits_.max_clients + limits_.max_handshakes) * limits_.connection_buffer +
            limits_.shared_buffer;
   }
+  /// The open connections (authenticated or not).
   std::size_t connections() const { return conns_.size(); }
+  /// The connections still in their handshake.
   std::size_t handshakes() const { return handshakes_; }
+  /// The number of stored keys.
   std::size_t keys() const { return data_.size(); }
+  /// The limits the store holds to.
   const StoreLimits& limits() const { return limits_; }
   /// Recounts everything from scratch: an ember::Error naming the first count that disagrees.
   inline void check_invariants() const;

@@ -125,6 +125,7 @@ class TcpChannel {
 /// host), and greets its ring connections with the job's `token` (dist/detail/tcp_greeting.hpp; "" for none).
 class TcpCollectives final : public detail::RingCollectives<TcpCollectives> {
  public:
+  /// Rank `rank` of `world`: connects the ring (to the next rank, from the previous one), both ends greeted.
   TcpCollectives(int rank, int world, std::shared_ptr<Bootstrap> boot, std::string local_address,
                  std::chrono::milliseconds timeout, const std::string& token)
       : RingCollectives(rank, world, timeout), boot_(std::move(boot)) {
@@ -154,15 +155,18 @@ class TcpCollectives final : public detail::RingCollectives<TcpCollectives> {
     in_.set_nonblocking(true);
   }
   ~TcpCollectives() override { stop(); }
+  /// The backend's name, as ProcessGroup::backend() reports it.
   const char* name() const override { return "tcp"; }
   /// The numeric address the ring's listener was bound to ("127.0.0.1" in a job on one host).
   const std::string& listen_address() const { return listen_address_; }
+  /// The ring's link for one call (the ring algorithms send and receive through it).
   detail::TcpChannel channel(detail::CallContext ctx) {
     return detail::TcpChannel(out_, in_, stage_, (rank_ + 1) % world_, (rank_ + world_ - 1) % world_, boot_.get(),
                               ctx);
   }
 
  protected:
+  /// Posts why this rank gave up (through the bootstrap) and shuts the ring's connections down.
   void abort_peers(const std::string& why) noexcept override {
     boot_->post_abort(why);  // first, so a peer that sees the connection close can read why
     out_.shutdown();

@@ -57,12 +57,13 @@ inline bool is_floating(ScalarType t) {
 /// A contiguous run of elements as a backend sees it: a tensor's data without its type. `keep` holds the memory alive
 /// while an asynchronous collective runs.
 struct Buffer {
-  void* data = nullptr;
-  std::int64_t numel = 0;
-  ScalarType dtype = ScalarType::Float;
-  Device device = Device::cpu();
-  Storage keep;
+  void* data = nullptr;                  ///< The first element.
+  std::int64_t numel = 0;                ///< The number of elements.
+  ScalarType dtype = ScalarType::Float;  ///< Their type.
+  Device device = Device::cpu();         ///< Where they are.
+  Storage keep;                          ///< The tensor's storage, kept alive while the collective runs.
 
+  /// The size in bytes.
   std::size_t bytes() const { return std::size_t(numel) * element_size(dtype); }
 };
 
@@ -108,8 +109,10 @@ struct WorkState {
 class Work {
  public:
   Work() = default;
+  /// The handle of the collective whose state is `s` (the process group makes them).
   explicit Work(std::shared_ptr<detail::WorkState> s) : s_(std::move(s)) {}
 
+  /// Whether the handle refers to a collective (a default-constructed one does not).
   bool defined() const { return s_ != nullptr; }
   /// Whether the collective has finished, successfully or not; never blocks.
   bool is_completed() const {
