@@ -93,7 +93,7 @@ void rows(const float* in, const std::int64_t* pos, std::int64_t m, const std::i
     tile<MR, NV>(in, pos + i, int(std::min<std::int64_t>(MR, m - i)), koff, depth, w, wstride, c + i * ldc, ldc);
 }
 
-// C[p][o] = Σ_k in[pos[p] + koff[k]] · W[o][k] for p < m, o < W · nblocks (W packed as above, nblocks blocks).
+// C[p][o] = Σ_k in[pos[p] + koff[k]] · w[o][k] for p < m, o < W · nblocks (w packed as above, nblocks blocks of W).
 inline void product(const float* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
                     std::int64_t depth, const float* w, std::int64_t nblocks, float* c, std::int64_t ldc) {
   const std::int64_t wstride = depth * W;
