@@ -282,9 +282,9 @@ TEST_CASE("conv2d: batch-parallel and GEMM-parallel paths agree with one thread"
   CHECK(max_diff(yf, conv2d(xd, wd, TD(), {2, 1})) <= 1e-4);
 }
 
-// The direct float forward (cpu/conv_direct.hpp, AVX-512 builds) against im2col + GEMM and the double result, over
-// the index arithmetic (stride, padding, dilation, groups, output channels that fill 1 to 5 blocks of 16: each
-// register tile), the fused activations and 2x2 pool (odd sizes), NaN and -0; one input channel stays on im2col.
+// The direct float forward (cpu/conv_direct.hpp, AVX-512 and AVX2 builds; ember_tests_conv_avx2 is this file built
+// for x86-64-v3) against im2col + GEMM and the double result, over the index arithmetic (stride, padding, dilation,
+// groups, output channels that fill 1 to 5 blocks of 16, 2 to 9 of 8: each register tile of either width), the fused activations and 2x2 pool (odd sizes), NaN and -0; one input channel stays on im2col.
 // Switches the Winograd path off for a scope (tests of the kernels it would take over).
 struct NoWinograd {
   bool saved = cpu::conv_winograd_enabled().exchange(false);
@@ -393,8 +393,8 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
   }
 }
 
-// The Winograd F(4x4, 3x3) path (AVX-512 builds): the forward and both gradients against double, over
-// channel counts that are and are not multiples of 16, paddings 0-2 (the gradient's convolution is padded by
+// The Winograd F(4x4, 3x3) path (AVX-512 and AVX2 builds): the forward and both gradients against double, over
+// channel counts that are and are not multiples of 16 and of 8, paddings 0-2 (the gradient's convolution is padded by
 // 2 - padding), sizes that do and do not divide into 4x4 tiles, bands of several tile rows, and small images
 // grouped several to a task (differently at one and two threads; the last group short). The bound is the
 // direct kernel's, 2 (depth + 2) eps mag, mag the same convolution of absolute values; the transforms' rounding
@@ -406,6 +406,12 @@ TEST_CASE("conv2d float: the direct forward agrees with im2col + GEMM and with d
 TEST_CASE("conv2d float: the Winograd forward and both gradients agree with double") {
   ThreadsGuard guard;
   cpu::enable_act_epilogues<float>();  // cpu::conv2d_forward reads GELU's loop from the table
+  // The kernels are compiled wherever the tier has them, at the tier's width (no silent fallback to im2col + GEMM, nor
+  // to another width): 16 lanes in AVX-512 builds, 8 in AVX2 builds.
+  if (cpu::compiled_isa() != cpu::Isa::portable) {
+    REQUIRE(EMBER_CONV_DIRECT);
+    CHECK(cpu::detail::direct::W == (cpu::compiled_isa() == cpu::Isa::avx2 ? 8 : 16));
+  }
   if (!EMBER_CONV_DIRECT) return;
   constexpr double wino_bound = 2, gw_bound = 4;
   struct Case {
@@ -588,7 +594,7 @@ TEST_CASE("conv benchmark mode: each problem timed once among the algorithms tha
     return same > 0;
   };
   auto self = [](const TF& t) { return t; };
-  const std::size_t fast = EMBER_CONV_DIRECT ? 1 : 0;  // problems with more than one algorithm (AVX-512 builds)
+  const std::size_t fast = EMBER_CONV_DIRECT ? 1 : 0;  // problems with more than one algorithm (AVX-512, AVX2)
   ConvBenchmarkOn on;
   const TF y1 = forward();
   CHECK(cpu::conv_benchmark_cache_size() == fast);
@@ -1092,7 +1098,7 @@ TEST_CASE("conv2d_batch_norm gradcheck: every tail, with and without biases and 
 // four ops bit for bit: outputs, every gradient and the running statistics, at one and two threads.
 TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d bit for bit") {
   ThreadsGuard guard;
-  // 3 -> 6 channels (im2col + GEMM) and 16 -> 24 (the Winograd kernel in AVX-512 builds, with the statistics' callback)
+  // 3 -> 6 channels (im2col + GEMM) and 16 -> 24 (the Winograd kernel in AVX-512 and AVX2 builds, with the statistics' callback)
   // (plain variables, not structured bindings: clang 14 cannot capture those in INFO's lambda)
   for (const auto& channels : {std::pair<i64, i64>{3, 6}, std::pair<i64, i64>{16, 24}})
     for (int threads : {1, 2})

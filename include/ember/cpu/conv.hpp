@@ -1,14 +1,15 @@
 // ember — CPU 2-D convolution: im2col + GEMM (cpu::gemm) forward, backward-data (GEMM + col2im) and
 // backward-weight (im2col + GEMM), with stride, padding, dilation and groups, on contiguous NCHW buffers. In
-// AVX-512 builds the float forward without a per-image callback runs the direct kernel of cpu/conv_direct.hpp.
+// AVX-512 and AVX2 builds the float forward without a per-image callback runs the direct kernel of
+// cpu/conv_direct.hpp.
 //
 // Parallelism: with at least as many images as threads, the batch is cut into a few runs of images per thread;
 // each run does its own im2col and serial GEMMs on a column buffer of its own that stays in cache (GEMMs nested in
 // the parallel loop run serially); weight gradients are summed per run and reduced in a fixed order, so results
 // do not depend on scheduling. With fewer images than threads, images run one after another and each GEMM is
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
-// column matrix. In AVX-512 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out take the
-// Winograd kernels of cpu/conv_winograd.hpp for the forward and the gradients to the input and the weight.
+// column matrix. In AVX-512 and AVX2 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out
+// take the Winograd kernels of cpu/conv_winograd.hpp for the forward and the gradients to the input and the weight.
 //
 // Choosing the algorithm: by default each pass runs the first that applies of Winograd, the direct kernel (forward
 // only) and im2col + GEMM, an order measured on this project's shapes (bench_conv's *Algo benchmarks). In benchmark

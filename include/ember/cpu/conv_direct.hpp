@@ -1,9 +1,9 @@
-// ember — direct fp32 convolution forward (AVX-512): no column matrix. Each task copies the input rows of its few
-// output rows into a zero-padded window and reads it one broadcast per (output position, channel, tap), against the
-// weights packed in blocks of 16 output channels; each tile holds MR positions x NV blocks of 16 channels in
-// registers over the whole depth C/groups · kh · kw. The product comes out channels-last for a few output rows at a
-// time, so the bias, the activation and a fused 2x2 max pool are vector operations across channels while the
-// block is in cache, and the result is stored to the NCHW output once.
+// ember — direct fp32 convolution forward (AVX-512 or AVX2 + FMA: one source over simd::Vec<float>'s W lanes, 16 or
+// 8): no column matrix. Each task copies the input rows of its few output rows into a zero-padded window and reads it
+// one broadcast per (output position, channel, tap), against the weights packed in blocks of W output channels; each
+// tile holds MR positions x NV blocks of W channels in registers over the whole depth C/groups · kh · kw. The product
+// comes out channels-last for a few output rows at a time, so the bias, the activation and a fused 2x2 max pool are
+// vector operations across channels while the block is in cache, and the result is stored to the NCHW output once.
 //
 // Compared with im2col + GEMM it skips building and packing the columns (kh · kw copies of the input) and writing
 // the full-size output before a pool. The sums run over the depth in the same order (channel, tap row, tap
@@ -20,15 +20,12 @@
 #include <vector>
 
 #include "ember/config.hpp"
+#include "ember/cpu/detail/simd.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/thread_pool.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define EMBER_CONV_DIRECT 1
-#else
-#define EMBER_CONV_DIRECT 0
-#endif
+// The direct and Winograd kernels need simd::Vec<float>'s float extras (AVX-512 or AVX2 + FMA).
+#define EMBER_CONV_DIRECT EMBER_SIMD_FLOAT_EXTRAS
 
 // nvcc's front end does not know `#pragma GCC unroll` (warning 1675); the host compiler still gets the pragmas.
 #if defined(__NVCC__)
@@ -38,7 +35,7 @@
 
 namespace ember::cpu {
 
-/// Whether float convolutions may take the direct forward path (AVX-512 builds); on by default. Tests and
+/// Whether float convolutions may take the direct forward path (AVX-512 and AVX2 builds); on by default. Tests and
 /// benchmarks switch it off to compare with im2col + GEMM.
 inline std::atomic<bool>& conv_direct_enabled() {
   static std::atomic<bool> on{true};
@@ -48,47 +45,45 @@ inline std::atomic<bool>& conv_direct_enabled() {
 namespace detail::direct {
 
 #if EMBER_CONV_DIRECT
-// relu as relu computes it: x < 0 ? 0 : x (NaN and -0 stay).
-inline __m512 relu(__m512 x) {
-  const __m512 zero = _mm512_setzero_ps();
-  return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), zero);
-}
-// The next element v of a max-pool window against the maximum so far, with max_pool's rule: v wins when greater
-// or NaN (so the first of equal maxima stays, and a NaN wins).
-inline __m512 pool_pick(__m512 m, __m512 v) {
-  return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
-}
+using V = simd::Vec<float>;
+using R = V::type;
+inline constexpr int W = V::width;  // lanes: output channels per block
+#else
+inline constexpr int W = 16;  // (no kernel here: the layouts' block size only)
+#endif
 
-// MR positions (rows of A: in + pos[i] + koff[k]; rows past mr repeat the last) x NV blocks of 16 output channels
-// (block v's depth k at w + v · wstride + 16 k). C's rows are ldc apart and take NV · 16 values.
+#if EMBER_CONV_DIRECT
+
+// MR positions (rows of A: in + pos[i] + koff[k]; rows past mr repeat the last) x NV blocks of W output channels
+// (block v's depth k at w + v · wstride + W k). C's rows are ldc apart and take NV · W values.
 template <int MR, int NV>
 void tile(const float* in, const std::int64_t* pos, int mr, const std::int64_t* koff, std::int64_t depth,
           const float* w, std::int64_t wstride, float* c, std::int64_t ldc) {
-  __m512 acc[MR][NV];
+  R acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
   const float* ar[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) ar[i] = in + pos[std::min(i, mr - 1)];
   for (std::int64_t k = 0; k < depth; ++k) {
     const std::int64_t o = koff[k];
-    __m512 bv[NV];
+    R bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(w + v * wstride + k * 16);
+    for (int v = 0; v < NV; ++v) bv[v] = V::loadu(w + v * wstride + k * W);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const __m512 av = _mm512_set1_ps(ar[i][o]);  // an embedded broadcast of the FMA
+      const R av = V::bcast(ar[i] + o);  // AVX-512: an embedded broadcast of the FMA
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::fma(av, bv[v], acc[i][v]);
     }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
     if (i < mr)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + i * ldc + v * 16, acc[i][v]);
+      for (int v = 0; v < NV; ++v) V::storeu(c + i * ldc + v * W, acc[i][v]);
 }
 
 template <int MR, int NV>
@@ -98,29 +93,41 @@ void rows(const float* in, const std::int64_t* pos, std::int64_t m, const std::i
     tile<MR, NV>(in, pos + i, int(std::min<std::int64_t>(MR, m - i)), koff, depth, w, wstride, c + i * ldc, ldc);
 }
 
-// C[p][o] = Σ_k in[pos[p] + koff[k]] · W[o][k] for p < m, o < 16 · nblocks (W packed as above, nblocks blocks).
+// C[p][o] = Σ_k in[pos[p] + koff[k]] · w[o][k] for p < m, o < W · nblocks (w packed as above, nblocks blocks of W).
 inline void product(const float* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
                     std::int64_t depth, const float* w, std::int64_t nblocks, float* c, std::int64_t ldc) {
-  const std::int64_t wstride = depth * 16;
+  const std::int64_t wstride = depth * W;
+#if EMBER_SIMD_AVX512
   // 4 blocks against 6 positions: 24 accumulators and 4 weight vectors of the 32 registers (the broadcasts are
   // memory operands); fewer blocks take more positions.
-  for (std::int64_t b = 0; b < nblocks; b += 4) {
-    const std::int64_t nb = std::min<std::int64_t>(4, nblocks - b);
+  constexpr std::int64_t pass = 4;
+#else
+  // AVX2, 16 registers and no embedded broadcast: 2 blocks against 6 positions, 12 accumulators, 2 weight vectors
+  // and the broadcast; one block takes 12 positions.
+  constexpr std::int64_t pass = 2;
+#endif
+  for (std::int64_t b = 0; b < nblocks; b += pass) {
+    const std::int64_t nb = std::min<std::int64_t>(pass, nblocks - b);
     const float* wb = w + b * wstride;
-    float* cb = c + b * 16;
+    float* cb = c + b * W;
+#if EMBER_SIMD_AVX512
     switch (nb) {
       case 4: rows<6, 4>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
       case 3: rows<8, 3>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
       case 2: rows<12, 2>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
       default: rows<16, 1>(in, pos, m, koff, depth, wb, wstride, cb, ldc); break;
     }
+#else
+    if (nb == 2) rows<6, 2>(in, pos, m, koff, depth, wb, wstride, cb, ldc);
+    else rows<12, 1>(in, pos, m, koff, depth, wb, wstride, cb, ldc);
+#endif
   }
 }
 #endif
 
 }  // namespace detail::direct
 
-/// Whether conv2d_forward takes the direct path for this call (float, AVX-512, not a 1x1 convolution that reads
+/// Whether conv2d_forward takes the direct path for this call (float, AVX-512 or AVX2, not a 1x1 convolution that reads
 /// its input as the column matrix already, and a depth C/groups · kh · kw of at least 32: with less, the
 /// channels-last store dominates; measured at depth 9, the CNN's first layer, the direct forward took 1.6x the time
 /// of im2col + GEMM, BM_Conv2dForwardAlgo/0).
@@ -140,19 +147,20 @@ template <class Geometry>
 void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, const float* b, float* y, Activation act,
                            bool pool2) {
 #if EMBER_CONV_DIRECT
+  using detail::direct::R, detail::direct::V, detail::direct::W;
   if (g.n <= 0 || g.oh <= 0 || g.ow <= 0 || g.o <= 0) return;  // nothing to write
-  const std::int64_t G = g.groups, og = g.og(), cg = g.cg(), blocks = (og + 15) / 16, ogp = blocks * 16;
+  const std::int64_t G = g.groups, og = g.og(), cg = g.cg(), blocks = (og + W - 1) / W, ogp = blocks * W;
   const std::int64_t taps = g.kh * g.kw, depth = cg * taps;
   const std::int64_t wp = g.w + 2 * g.pw;  // a padded input row
-  // Weights per group: blocks of 16 output channels, 16 values per depth index (zeros past the group's outputs),
+  // Weights per group: blocks of W output channels, W values per depth index (zeros past the group's outputs),
   // each written once (no zero fill first: at a batch of one the packing is a visible part of the call).
-  const std::unique_ptr<float[]> wk(new float[std::size_t(G * blocks * depth * 16)]);
+  const std::unique_ptr<float[]> wk(new float[std::size_t(G * blocks * depth * W)]);
   for (std::int64_t grp = 0; grp < G; ++grp)
     for (std::int64_t blk = 0; blk < blocks; ++blk)
       for (std::int64_t k = 0; k < depth; ++k) {
-        float* dst = wk.get() + ((grp * blocks + blk) * depth + k) * 16;
-        for (std::int64_t l = 0; l < 16; ++l) {
-          const std::int64_t o = blk * 16 + l;
+        float* dst = wk.get() + ((grp * blocks + blk) * depth + k) * W;
+        for (std::int64_t l = 0; l < W; ++l) {
+          const std::int64_t o = blk * W + l;
           dst[l] = o < og ? w[(grp * og + o) * depth + k] : 0.0f;
         }
       }
@@ -204,14 +212,14 @@ void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, co
       for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
         for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[p] = (oy - oy0) * g.sh * wp + ox * g.sw;
       detail::direct::product(win.get(), pos.get(), P, koff.data(), depth,
-                              wk.get() + grp * blocks * depth * 16, blocks, c.get(), ogp);
+                              wk.get() + grp * blocks * depth * W, blocks, c.get(), ogp);
       // + bias, then the activation (ReLU in registers)
-      for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
-        const __m512 vb = _mm512_loadu_ps(bias.data() + grp * ogp + o0);
+      for (std::int64_t o0 = 0; o0 < ogp; o0 += W) {
+        const R vb = V::loadu(bias.data() + grp * ogp + o0);
         for (std::int64_t p = 0; p < P; ++p) {
-          __m512 r = _mm512_add_ps(_mm512_loadu_ps(c.get() + p * ogp + o0), vb);
-          if (relu) r = detail::direct::relu(r);
-          _mm512_storeu_ps(c.get() + p * ogp + o0, r);
+          R r = V::add(V::loadu(c.get() + p * ogp + o0), vb);
+          if (relu) r = V::relu(r);
+          V::storeu(c.get() + p * ogp + o0, r);
         }
       }
       if (!relu && act != Activation::none)
@@ -222,14 +230,12 @@ void conv2d_forward_direct(const Geometry& g, const float* x, const float* w, co
         const std::int64_t prow = (oy1 - oy0) / 2;
         for (std::int64_t py = 0; py < prow; ++py)
           for (std::int64_t px = 0; px < yw; ++px)
-            for (std::int64_t o0 = 0; o0 < ogp; o0 += 16) {
+            for (std::int64_t o0 = 0; o0 < ogp; o0 += W) {
               const float* r0 = c.get() + (2 * py * g.ow + 2 * px) * ogp + o0;
               const float* r1 = r0 + g.ow * ogp;
-              using detail::direct::pool_pick;
-              const __m512 mx = pool_pick(pool_pick(pool_pick(_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + ogp)),
-                                                    _mm512_loadu_ps(r1)),
-                                          _mm512_loadu_ps(r1 + ogp));
-              _mm512_storeu_ps(pooled.get() + (py * yw + px) * ogp + o0, mx);
+              const R mx = V::pool_pick(
+                  V::pool_pick(V::pool_pick(V::loadu(r0), V::loadu(r0 + ogp)), V::loadu(r1)), V::loadu(r1 + ogp));
+              V::storeu(pooled.get() + (py * yw + px) * ogp + o0, mx);
             }
         src = pooled.get();
         n_out = prow * yw;

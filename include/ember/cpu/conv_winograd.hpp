@@ -1,15 +1,16 @@
-// ember — Winograd F(4x4, 3x3) fp32 convolution (AVX-512) for 3x3 kernels with stride 1, no dilation and one group:
-// the forward, the gradient to the input (the same convolution of the output gradient with the kernels flipped and
-// their channels swapped) and the gradient to the weight (the transformed kernels' gradient, summed over the tiles,
-// transformed back). Each 4x4 block of outputs comes from a 6x6 block of the input with 36 products per
+// ember — Winograd F(4x4, 3x3) fp32 convolution (AVX-512 or AVX2 + FMA) for 3x3 kernels with stride 1, no dilation
+// and one group: the forward, the gradient to the input (the same convolution of the output gradient with the kernels
+// flipped and their channels swapped) and the gradient to the weight (the transformed kernels' gradient, summed over
+// the tiles, transformed back). Each 4x4 block of outputs comes from a 6x6 block of the input with 36 products per
 // (output, input channel) pair instead of 144: the input block is transformed (Bᵀ d B), multiplied by the
 // transformed kernels (G g Gᵀ, once per call) in 36 independent GEMMs over the channels, and transformed back
 // (Aᵀ m A). The GEMMs are the direct kernel's tiles (cpu/conv_direct.hpp).
 //
 // Layout: each task takes one image and a band of tile rows (or, for small images, a few whole images). It copies
-// the band's input rows channels-last into a zero-padded window, so every transform is a vector operation across 16
-// channels; the GEMMs run on the transformed band while it is in cache; the output is transformed channels-last,
-// the bias and activation are applied there, and it is stored to the NCHW output once.
+// the band's input rows channels-last into a zero-padded window, so every transform is a vector operation across W
+// channels (simd::Vec<float>'s lanes: 16 with AVX-512, 8 with AVX2; one source for both); the GEMMs run on the
+// transformed band while it is in cache; the output is transformed channels-last, the bias and activation are applied
+// there, and it is stored to the NCHW output once.
 //
 // Numerics: the transforms are exact in real arithmetic; in fp32 their rounding makes the result differ from a
 // direct sum by a few units in the last place of the largest terms (the kernel transform is computed in double and
@@ -36,13 +37,13 @@
 
 namespace ember::cpu {
 
-/// Whether 3x3 stride-1 float convolutions may take the Winograd path (AVX-512 builds); on by default.
+/// Whether 3x3 stride-1 float convolutions may take the Winograd path (AVX-512 and AVX2 builds); on by default.
 inline std::atomic<bool>& conv_winograd_enabled() {
   static std::atomic<bool> on{true};
   return on;
 }
 
-/// Whether the Winograd kernel computes conv2d with geometry g (float, AVX-512, 3x3, stride 1, no dilation, one
+/// Whether the Winograd kernel computes conv2d with geometry g (float, AVX-512 or AVX2, 3x3, stride 1, no dilation, one
 /// group, padding at most 2, and at least 16 input and 16 output channels: the fewest measured, where the forward
 /// still takes about half the direct kernel's time; bench_conv's BM_Conv2dForwardAlgo).
 template <class T, class Geometry>
@@ -60,77 +61,49 @@ bool conv_winograd_applies(const Geometry& g) {
 namespace detail::winograd {
 
 #if EMBER_CONV_DIRECT
-// v = Bᵀ d for one 6-vector of 16 lanes (in place may not alias): the interpolation points 0, ±1, ±2 and ∞.
-inline void input_1d(const __m512 d[6], __m512 v[6]) {
-  const __m512 four = _mm512_set1_ps(4.0f), five = _mm512_set1_ps(5.0f), two = _mm512_set1_ps(2.0f);
-  const __m512 t0 = _mm512_fnmadd_ps(four, d[2], d[4]);  // d4 - 4 d2
-  const __m512 t1 = _mm512_fnmadd_ps(four, d[1], d[3]);  // d3 - 4 d1
-  const __m512 t2 = _mm512_sub_ps(d[4], d[2]);
-  const __m512 t3 = _mm512_mul_ps(two, _mm512_sub_ps(d[3], d[1]));
-  v[0] = _mm512_fmadd_ps(four, d[0], _mm512_fnmadd_ps(five, d[2], d[4]));
-  v[1] = _mm512_add_ps(t1, t0);
-  v[2] = _mm512_sub_ps(t0, t1);
-  v[3] = _mm512_add_ps(t2, t3);
-  v[4] = _mm512_sub_ps(t2, t3);
-  v[5] = _mm512_fmadd_ps(four, d[1], _mm512_fnmadd_ps(five, d[3], d[5]));
+using detail::direct::R, detail::direct::V, detail::direct::W;
+
+// v = Bᵀ d for one 6-vector of W lanes (in place may not alias): the interpolation points 0, ±1, ±2 and ∞.
+inline void input_1d(const R d[6], R v[6]) {
+  const R four = V::set1(4.0f), five = V::set1(5.0f), two = V::set1(2.0f);
+  const R t0 = V::fnma(four, d[2], d[4]);  // d4 - 4 d2
+  const R t1 = V::fnma(four, d[1], d[3]);  // d3 - 4 d1
+  const R t2 = V::sub(d[4], d[2]);
+  const R t3 = V::mul(two, V::sub(d[3], d[1]));
+  v[0] = V::fma(four, d[0], V::fnma(five, d[2], d[4]));
+  v[1] = V::add(t1, t0);
+  v[2] = V::sub(t0, t1);
+  v[3] = V::add(t2, t3);
+  v[4] = V::sub(t2, t3);
+  v[5] = V::fma(four, d[1], V::fnma(five, d[3], d[5]));
 }
 
 // y = Aᵀ m for one 6-vector: 4 outputs.
-inline void output_1d(const __m512 m[6], __m512 y[4]) {
-  const __m512 two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f), eight = _mm512_set1_ps(8.0f);
-  const __m512 s1 = _mm512_add_ps(m[1], m[2]), d1 = _mm512_sub_ps(m[1], m[2]);
-  const __m512 s2 = _mm512_add_ps(m[3], m[4]), d2 = _mm512_sub_ps(m[3], m[4]);
-  y[0] = _mm512_add_ps(_mm512_add_ps(m[0], s1), s2);
-  y[1] = _mm512_fmadd_ps(two, d2, d1);
-  y[2] = _mm512_fmadd_ps(four, s2, s1);
-  y[3] = _mm512_add_ps(_mm512_fmadd_ps(eight, d2, d1), m[5]);
+inline void output_1d(const R m[6], R y[4]) {
+  const R two = V::set1(2.0f), four = V::set1(4.0f), eight = V::set1(8.0f);
+  const R s1 = V::add(m[1], m[2]), d1 = V::sub(m[1], m[2]);
+  const R s2 = V::add(m[3], m[4]), d2 = V::sub(m[3], m[4]);
+  y[0] = V::add(V::add(m[0], s1), s2);
+  y[1] = V::fma(two, d2, d1);
+  y[2] = V::fma(four, s2, s1);
+  y[3] = V::add(V::fma(eight, d2, d1), m[5]);
 }
 
-// r[0..16) as the rows of a 16x16 block -> its columns (r[j][i] = old r[i][j]), in registers.
-// (The zero-masked forms with a full mask are the same instructions; the plain intrinsics start from an undefined
-// vector, which g++ 12 at -O1 reports as uninitialised.)
-inline void transpose16(__m512 r[16]) {
-  constexpr __mmask16 all = 0xFFFF;
-  __m512 t[16], u[16];
-  for (int k = 0; k < 8; ++k) {  // lane L of t[2k]: r[2k][4L], r[2k+1][4L], r[2k][4L+1], r[2k+1][4L+1]
-    t[2 * k] = _mm512_maskz_unpacklo_ps(all, r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * k], r[2 * k + 1]);
-  }
-  for (int q = 0; q < 4; ++q) {  // lane L of u[4q + e]: r[4q .. 4q+3][4L + e]
-    u[4 * q + 0] = _mm512_maskz_shuffle_ps(all, t[4 * q], t[4 * q + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * q + 1] = _mm512_maskz_shuffle_ps(all, t[4 * q], t[4 * q + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * q + 2] = _mm512_maskz_shuffle_ps(all, t[4 * q + 1], t[4 * q + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * q + 3] = _mm512_maskz_shuffle_ps(all, t[4 * q + 1], t[4 * q + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int e = 0; e < 4; ++e) {  // row 4L + e gathers lane L of u[e], u[4 + e], u[8 + e], u[12 + e]
-    const __m512 v0 = _mm512_maskz_shuffle_f32x4(all, u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 v1 = _mm512_maskz_shuffle_f32x4(all, u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512 w0 = _mm512_maskz_shuffle_f32x4(all, u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 w1 = _mm512_maskz_shuffle_f32x4(all, u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    r[e] = _mm512_maskz_shuffle_f32x4(all, v0, w0, _MM_SHUFFLE(2, 0, 2, 0));
-    r[8 + e] = _mm512_maskz_shuffle_f32x4(all, v0, w0, _MM_SHUFFLE(3, 1, 3, 1));
-    r[4 + e] = _mm512_maskz_shuffle_f32x4(all, v1, w1, _MM_SHUFFLE(2, 0, 2, 0));
-    r[12 + e] = _mm512_maskz_shuffle_f32x4(all, v1, w1, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
-// dst[col · ld + c] = src[c · cstride + col] for c < nc, col < ncol (both at most 16), and 0 for nc <= c < 16: a
-// 16x16 block of planes to channels-last.
+// dst[col · ld + c] = src[c · cstride + col] for c < nc, col < ncol (both at most W), and 0 for nc <= c < W: a
+// W x W block of planes to channels-last.
 inline void to_channels_last(const float* src, std::int64_t cstride, int nc, int ncol, float* dst, std::int64_t ld) {
-  const __mmask16 cm = __mmask16((1u << ncol) - 1);
-  __m512 r[16];
-  for (int c = 0; c < 16; ++c) r[c] = c < nc ? _mm512_maskz_loadu_ps(cm, src + c * cstride) : _mm512_setzero_ps();
-  transpose16(r);
-  for (int col = 0; col < ncol; ++col) _mm512_storeu_ps(dst + col * ld, r[col]);
+  R r[W];
+  for (int c = 0; c < W; ++c) r[c] = c < nc ? V::loadu_n(src + c * cstride, ncol) : V::zero();
+  V::transpose(r);
+  for (int col = 0; col < ncol; ++col) V::storeu(dst + col * ld, r[col]);
 }
 
-// dst[o · ostride + col] = src[col · ld + o] for o < no, col < ncol (both at most 16): channels-last to planes.
+// dst[o · ostride + col] = src[col · ld + o] for o < no, col < ncol (both at most W): channels-last to planes.
 inline void to_planes(const float* src, std::int64_t ld, int ncol, float* dst, std::int64_t ostride, int no) {
-  const __mmask16 cm = __mmask16((1u << ncol) - 1);
-  __m512 r[16];
-  for (int col = 0; col < 16; ++col) r[col] = col < ncol ? _mm512_loadu_ps(src + col * ld) : _mm512_setzero_ps();
-  transpose16(r);
-  for (int o = 0; o < no; ++o) _mm512_mask_storeu_ps(dst + o * ostride, cm, r[o]);
+  R r[W];
+  for (int col = 0; col < W; ++col) r[col] = col < ncol ? V::loadu(src + col * ld) : V::zero();
+  V::transpose(r);
+  for (int o = 0; o < no; ++o) V::storeu_n(dst + o * ostride, r[o], ncol);
 }
 #endif
 
@@ -152,17 +125,18 @@ inline void kernel_6x6(const double k[3][3], float u[36]) {
 }
 
 /// The transformed kernels for out_ch outputs from in_ch inputs, laid out for the direct kernel's tiles: for each
-/// of the 36 points, blocks of 16 outputs, each in_ch x 16 (zeros past out_ch). The kernel of (output o, input c)
+/// of the 36 points, blocks of W outputs, each in_ch x W (zeros past out_ch). The kernel of (output o, input c)
 /// is w[o][c] (w: (out_ch, in_ch, 3, 3)), or, with `flip`, w[c][o] rotated by 180 degrees (w: (in_ch, out_ch, 3,
 /// 3)): the convolution that gives the gradient to the input.
 inline std::unique_ptr<float[]> transform_kernels(const float* w, std::int64_t out_ch, std::int64_t in_ch, bool flip) {
-  const std::int64_t blocks = (out_ch + 15) / 16, point = blocks * in_ch * 16;
+  constexpr int W = detail::direct::W;
+  const std::int64_t blocks = (out_ch + W - 1) / W, point = blocks * in_ch * W;
   std::unique_ptr<float[]> u(new float[std::size_t(36 * point)]);
   parallel_for(0, blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t blk = b0; blk < b1; ++blk)
       for (std::int64_t c = 0; c < in_ch; ++c)
-        for (std::int64_t l = 0; l < 16; ++l) {
-          const std::int64_t o = blk * 16 + l;
+        for (std::int64_t l = 0; l < W; ++l) {
+          const std::int64_t o = blk * W + l;
           float t[36] = {};
           if (o < out_ch) {
             double k[3][3];
@@ -172,7 +146,7 @@ inline std::unique_ptr<float[]> transform_kernels(const float* w, std::int64_t o
                                : double(w[((o * in_ch + c) * 3 + i) * 3 + j]);
             kernel_6x6(k, t);
           }
-          for (int p = 0; p < 36; ++p) u[std::size_t(p * point + (blk * in_ch + c) * 16 + l)] = t[p];
+          for (int p = 0; p < 36; ++p) u[std::size_t(p * point + (blk * in_ch + c) * W + l)] = t[p];
         }
   });
   return u;
@@ -212,40 +186,40 @@ inline void window(const float* x, std::int64_t C, std::int64_t Cp, std::int64_t
     }
     std::fill(dst, dst + pw * Cp, 0.0f);
     std::fill(dst + (pw + w) * Cp, dst + ww * Cp, 0.0f);  // (ww >= w + pw)
-    for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)  // 16 channels x 16 columns at a time
-      for (std::int64_t ix = 0; ix < w; ix += 16)
-        to_channels_last(x + c0 * h * w + iy * w + ix, h * w, int(std::min<std::int64_t>(16, C - c0)),
-                         int(std::min<std::int64_t>(16, w - ix)), dst + (pw + ix) * Cp + c0, Cp);
+    for (std::int64_t c0 = 0; c0 < Cp; c0 += W)  // W channels x W columns at a time
+      for (std::int64_t ix = 0; ix < w; ix += W)
+        to_channels_last(x + c0 * h * w + iy * w + ix, h * w, int(std::min<std::int64_t>(W, C - c0)),
+                         int(std::min<std::int64_t>(W, w - ix)), dst + (pw + ix) * Cp + c0, Cp);
   }
 }
 
-// Bᵀ d B of the 6x6 block at `base` of a window (rows ww · Cp apart), 16 channels from c0: point p = 6 i + j goes to
+// Bᵀ d B of the 6x6 block at `base` of a window (rows ww · Cp apart), W channels from c0: point p = 6 i + j goes to
 // out + p · pstride.
 inline void input_tile(const float* base, std::int64_t ww, std::int64_t Cp, float* out, std::int64_t pstride) {
-  __m512 tmp[6][6];
+  R tmp[6][6];
   for (int j = 0; j < 6; ++j) {  // columns: Bᵀ over the rows
-    __m512 d[6], r[6];
-    for (int i = 0; i < 6; ++i) d[i] = _mm512_loadu_ps(base + (i * ww + j) * Cp);
+    R d[6], r[6];
+    for (int i = 0; i < 6; ++i) d[i] = V::loadu(base + (i * ww + j) * Cp);
     input_1d(d, r);
     for (int i = 0; i < 6; ++i) tmp[i][j] = r[i];
   }
   for (int i = 0; i < 6; ++i) {  // rows: B on the right
-    __m512 r[6];
+    R r[6];
     input_1d(tmp[i], r);
-    for (int j = 0; j < 6; ++j) _mm512_storeu_ps(out + (i * 6 + j) * pstride, r[j]);
+    for (int j = 0; j < 6; ++j) V::storeu(out + (i * 6 + j) * pstride, r[j]);
   }
 }
 
-// m = A y for one 4-vector of 16 lanes: 6 values (the transpose of output_1d, for the weight gradient).
-inline void grad_1d(const __m512 y[4], __m512 m[6]) {
-  const __m512 two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f), eight = _mm512_set1_ps(8.0f);
-  const __m512 e = _mm512_add_ps(y[0], y[2]), o = _mm512_add_ps(y[1], y[3]);
-  const __m512 e2 = _mm512_fmadd_ps(four, y[2], y[0]), o2 = _mm512_fmadd_ps(eight, y[3], _mm512_mul_ps(two, y[1]));
+// m = A y for one 4-vector of W lanes: 6 values (the transpose of output_1d, for the weight gradient).
+inline void grad_1d(const R y[4], R m[6]) {
+  const R two = V::set1(2.0f), four = V::set1(4.0f), eight = V::set1(8.0f);
+  const R e = V::add(y[0], y[2]), o = V::add(y[1], y[3]);
+  const R e2 = V::fma(four, y[2], y[0]), o2 = V::fma(eight, y[3], V::mul(two, y[1]));
   m[0] = y[0];
-  m[1] = _mm512_add_ps(e, o);
-  m[2] = _mm512_sub_ps(e, o);
-  m[3] = _mm512_add_ps(e2, o2);
-  m[4] = _mm512_sub_ps(e2, o2);
+  m[1] = V::add(e, o);
+  m[2] = V::sub(e, o);
+  m[3] = V::add(e2, o2);
+  m[4] = V::sub(e2, o2);
   m[5] = y[3];
 }
 #endif
@@ -261,12 +235,13 @@ template <class Geometry, class ImageDone = std::nullptr_t>
 void conv2d_winograd(const Geometry& g, const float* x, const float* u, const float* b, float* y, Activation act,
                      bool pool2 = false, const ImageDone& image_done = nullptr) {
 #if EMBER_CONV_DIRECT
-  const std::int64_t C = g.c, O = g.o, Cp = (C + 15) / 16 * 16, blocks = (O + 15) / 16, Op = blocks * 16;
+  using detail::direct::R, detail::direct::V, detail::direct::W;
+  const std::int64_t C = g.c, O = g.o, Cp = (C + W - 1) / W * W, blocks = (O + W - 1) / W, Op = blocks * W;
   const detail::winograd::Plan plan(g);
   const std::int64_t tx = plan.tx, ty = plan.ty, ww = plan.ww, band = plan.band, bands = plan.bands;
   const std::int64_t group = plan.group, tmax = plan.tmax;
   constexpr bool has_done = !std::is_same_v<ImageDone, std::nullptr_t>;
-  const std::int64_t point = blocks * C * 16;  // one point's transformed kernels
+  const std::int64_t point = blocks * C * W;  // one point's transformed kernels
   std::vector<std::int64_t> koff(static_cast<std::size_t>(C));
   for (std::int64_t c = 0; c < C; ++c) koff[std::size_t(c)] = c;
   std::vector<float> bias(static_cast<std::size_t>(Op), 0.0f);
@@ -289,13 +264,13 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
       for (std::int64_t k = 0; k < nimg; ++k) {
         // 1. The band's input rows, channels-last, zero-padded (channels past C too).
         detail::winograd::window(x + (img0 + k) * C * HW, C, Cp, g.h, g.w, g.pw, ww, iy0, rows, win.get());
-        // 2. V[point][tile][channel] = Bᵀ d B for each tile's 6x6 block, 16 channels at a time.
+        // 2. V[point][tile][channel] = Bᵀ d B for each tile's 6x6 block, W channels at a time.
         for (std::int64_t t = 0; t < Ti; ++t)
-          for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)
+          for (std::int64_t c0 = 0; c0 < Cp; c0 += W)
             detail::winograd::input_tile(win.get() + ((t / tx) * 4 * ww + (t % tx) * 4) * Cp + c0, ww, Cp,
                                          v.get() + (k * Ti + t) * Cp + c0, tmax * Cp);
       }
-      // 3. M[point] = V[point] · U[point]: the direct kernel's tiles, tiles as rows, outputs as 16-lane blocks.
+      // 3. M[point] = V[point] · U[point]: the direct kernel's tiles, tiles as rows, outputs as W-lane blocks.
       for (int p = 0; p < 36; ++p)
         detail::direct::product(v.get() + p * tmax * Cp, pos.get(), T, koff.data(), C, u + p * point, blocks,
                                 m.get() + p * tmax * Op, Op);
@@ -303,22 +278,22 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
       for (std::int64_t t = 0; t < T; ++t) {
         const std::int64_t k = t / Ti, tl = t % Ti;
         float* yt = yb.get() + k * ybimg + ((tl / tx) * 4 * ybw + (tl % tx) * 4) * Op;
-        for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
-          const __m512 vb = _mm512_loadu_ps(bias.data() + o0);
-          __m512 tmp[4][6];
+        for (std::int64_t o0 = 0; o0 < Op; o0 += W) {
+          const R vb = V::loadu(bias.data() + o0);
+          R tmp[4][6];
           for (int j = 0; j < 6; ++j) {
-            __m512 mm[6], r[4];
-            for (int i = 0; i < 6; ++i) mm[i] = _mm512_loadu_ps(m.get() + ((i * 6 + j) * tmax + t) * Op + o0);
+            R mm[6], r[4];
+            for (int i = 0; i < 6; ++i) mm[i] = V::loadu(m.get() + ((i * 6 + j) * tmax + t) * Op + o0);
             detail::winograd::output_1d(mm, r);
             for (int i = 0; i < 4; ++i) tmp[i][j] = r[i];
           }
           for (int i = 0; i < 4; ++i) {
-            __m512 r[4];
+            R r[4];
             detail::winograd::output_1d(tmp[i], r);
             for (int j = 0; j < 4; ++j) {
-              __m512 s = _mm512_add_ps(r[j], vb);
-              if (relu) s = detail::direct::relu(s);
-              _mm512_storeu_ps(yt + (i * ybw + j) * Op + o0, s);
+              R s = V::add(r[j], vb);
+              if (relu) s = V::relu(s);
+              V::storeu(yt + (i * ybw + j) * Op + o0, s);
             }
           }
         }
@@ -334,31 +309,29 @@ void conv2d_winograd(const Geometry& g, const float* x, const float* u, const fl
           const std::int64_t prows = (std::min(oy1, g.oh / 2 * 2) - oy0) / 2;
           for (std::int64_t py = 0; py < prows; ++py)
             for (std::int64_t px = 0; px < pw2; ++px)
-              for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
+              for (std::int64_t o0 = 0; o0 < Op; o0 += W) {
                 const float* r0 = ybk + (2 * py * ybw + 2 * px) * Op + o0;
                 const float* r1 = r0 + ybw * Op;
-                using detail::direct::pool_pick;
-                const __m512 mx = pool_pick(
-                    pool_pick(pool_pick(_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + Op)), _mm512_loadu_ps(r1)),
-                    _mm512_loadu_ps(r1 + Op));
-                _mm512_storeu_ps(pooled.get() + (py * pw2 + px) * Op + o0, mx);
+                const R mx = V::pool_pick(V::pool_pick(V::pool_pick(V::loadu(r0), V::loadu(r0 + Op)), V::loadu(r1)),
+                                          V::loadu(r1 + Op));
+                V::storeu(pooled.get() + (py * pw2 + px) * Op + o0, mx);
               }
           for (std::int64_t py = 0; py < prows; ++py)
-            for (std::int64_t o0 = 0; o0 < O; o0 += 16)
-              for (std::int64_t px = 0; px < pw2; px += 16)
+            for (std::int64_t o0 = 0; o0 < O; o0 += W)
+              for (std::int64_t px = 0; px < pw2; px += W)
                 detail::winograd::to_planes(pooled.get() + (py * pw2 + px) * Op + o0, Op,
-                                            int(std::min<std::int64_t>(16, pw2 - px)),
+                                            int(std::min<std::int64_t>(W, pw2 - px)),
                                             y + (img * O + o0) * pl + (oy0 / 2 + py) * pw2 + px, pl,
-                                            int(std::min<std::int64_t>(16, O - o0)));
+                                            int(std::min<std::int64_t>(W, O - o0)));
           continue;
         }
         for (std::int64_t oy = oy0; oy < oy1; ++oy)
-          for (std::int64_t o0 = 0; o0 < O; o0 += 16)
-            for (std::int64_t ox = 0; ox < g.ow; ox += 16)
+          for (std::int64_t o0 = 0; o0 < O; o0 += W)
+            for (std::int64_t ox = 0; ox < g.ow; ox += W)
               detail::winograd::to_planes(ybk + ((oy - oy0) * ybw + ox) * Op + o0, Op,
-                                          int(std::min<std::int64_t>(16, g.ow - ox)),
+                                          int(std::min<std::int64_t>(W, g.ow - ox)),
                                           y + (img * O + o0) * L + oy * g.ow + ox, L,
-                                          int(std::min<std::int64_t>(16, O - o0)));
+                                          int(std::min<std::int64_t>(W, O - o0)));
         if constexpr (has_done) {
           if (bands == 1) image_done(img, static_cast<const float*>(y + img * O * L));
         }
@@ -417,7 +390,8 @@ void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const fl
     return;
   }
 #if EMBER_CONV_DIRECT
-  const std::int64_t C = g.c, O = g.o, Cp = (C + 15) / 16 * 16, cblocks = Cp / 16, Op = (O + 15) / 16 * 16;
+  using detail::direct::R, detail::direct::V, detail::direct::W;
+  const std::int64_t C = g.c, O = g.o, Cp = (C + W - 1) / W * W, cblocks = Cp / W, Op = (O + W - 1) / W * W;
   const detail::winograd::Plan plan(g);
   const std::int64_t tx = plan.tx, ww = plan.ww, band = plan.band, bands = plan.bands, group = plan.group;
   const std::int64_t tmax = plan.tmax, HW = g.h * g.w, L = g.oh * g.ow, ybw = tx * 4, du_n = 36 * O * Cp;
@@ -440,12 +414,12 @@ void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const fl
         const std::int64_t oy0 = ty0 * 4, oy1 = std::min(g.oh, oy0 + nty * 4);
         for (std::int64_t k = 0; k < nimg; ++k) {
           const std::int64_t img = img0 + k;
-          // V in blocks of 16 channels, each T x 16 (the layout of the direct kernel's weights).
+          // V in blocks of W channels, each T x W (the layout of the direct kernel's weights).
           detail::winograd::window(x + img * C * HW, C, Cp, g.h, g.w, g.pw, ww, oy0 - g.ph, nty * 4 + 2, win.get());
           for (std::int64_t t = 0; t < Ti; ++t)
-            for (std::int64_t c0 = 0; c0 < Cp; c0 += 16)
+            for (std::int64_t c0 = 0; c0 < Cp; c0 += W)
               detail::winograd::input_tile(win.get() + ((t / tx) * 4 * ww + (t % tx) * 4) * Cp + c0, ww, Cp,
-                                           v.get() + ((c0 / 16) * T + k * Ti + t) * 16, cblocks * T * 16);
+                                           v.get() + ((c0 / W) * T + k * Ti + t) * W, cblocks * T * W);
           // gy's rows of the band, channels-last (zeros past the output), and Mg = A gy_tile Aᵀ per tile.
           for (std::int64_t r = 0; r < nty * 4; ++r) {
             float* dst = gwin.get() + r * ybw * Op;
@@ -455,38 +429,37 @@ void conv2d_backward_weight_winograd(const Geometry& g, const float* x, const fl
               continue;
             }
             std::fill(dst + g.ow * Op, dst + ybw * Op, 0.0f);
-            for (std::int64_t o0 = 0; o0 < Op; o0 += 16)
-              for (std::int64_t ox = 0; ox < g.ow; ox += 16)
+            for (std::int64_t o0 = 0; o0 < Op; o0 += W)
+              for (std::int64_t ox = 0; ox < g.ow; ox += W)
                 detail::winograd::to_channels_last(gy + (img * O + o0) * L + oy * g.ow + ox, L,
-                                                   int(std::min<std::int64_t>(16, O - o0)),
-                                                   int(std::min<std::int64_t>(16, g.ow - ox)), dst + ox * Op + o0, Op);
+                                                   int(std::min<std::int64_t>(W, O - o0)),
+                                                   int(std::min<std::int64_t>(W, g.ow - ox)), dst + ox * Op + o0, Op);
           }
           for (std::int64_t t = 0; t < Ti; ++t) {
             const float* base = gwin.get() + ((t / tx) * 4 * ybw + (t % tx) * 4) * Op;
-            for (std::int64_t o0 = 0; o0 < Op; o0 += 16) {
-              __m512 tmp[6][4];
+            for (std::int64_t o0 = 0; o0 < Op; o0 += W) {
+              R tmp[6][4];
               for (int j = 0; j < 4; ++j) {
-                __m512 d[4], r[6];
-                for (int i = 0; i < 4; ++i) d[i] = _mm512_loadu_ps(base + (i * ybw + j) * Op + o0);
+                R d[4], r[6];
+                for (int i = 0; i < 4; ++i) d[i] = V::loadu(base + (i * ybw + j) * Op + o0);
                 detail::winograd::grad_1d(d, r);
                 for (int i = 0; i < 6; ++i) tmp[i][j] = r[i];
               }
               for (int i = 0; i < 6; ++i) {
-                __m512 r[6];
+                R r[6];
                 detail::winograd::grad_1d(tmp[i], r);
-                for (int j = 0; j < 6; ++j)
-                  _mm512_storeu_ps(mg.get() + ((i * 6 + j) * tmax + k * Ti + t) * Op + o0, r[j]);
+                for (int j = 0; j < 6; ++j) V::storeu(mg.get() + ((i * 6 + j) * tmax + k * Ti + t) * Op + o0, r[j]);
               }
             }
           }
         }
-        // dU[point][o][c] += Σ_t Mg[point][t][o] V[point][t][c]: rows o, depth t, 16-channel blocks.
+        // dU[point][o][c] += Σ_t Mg[point][t][o] V[point][t][c]: rows o, depth t, W-channel blocks.
         for (int p = 0; p < 36; ++p) {
           detail::direct::product(mg.get() + p * tmax * Op, rows_o.data(), O, koff.data(), T,
-                                  v.get() + p * cblocks * T * 16, cblocks, prod.get(), Cp);
+                                  v.get() + p * cblocks * T * W, cblocks, prod.get(), Cp);
           float* dp = dur + p * O * Cp;
-          for (std::int64_t i = 0; i < O * Cp; i += 16)
-            _mm512_storeu_ps(dp + i, _mm512_add_ps(_mm512_loadu_ps(dp + i), _mm512_loadu_ps(prod.get() + i)));
+          for (std::int64_t i = 0; i < O * Cp; i += W)
+            V::storeu(dp + i, V::add(V::loadu(dp + i), V::loadu(prod.get() + i)));
         }
       }
     }

@@ -141,7 +141,7 @@ EMBER_AMX_TARGET inline void pack_b(std::int64_t kc, std::int64_t nc, const std:
         for (int j = 0; j < 16; ++j)
           r[j] = j < cols ? _mm512_maskz_loadu_ps(lm, reinterpret_cast<const float*>(bs + j * cs + 2 * q0))
                           : _mm512_setzero_ps();
-        transpose16x16(r);
+        simd::avx512::F32::transpose(r);
         for (int q = 0; q < 16 && q0 + q < pairs; ++q)
           _mm512_storeu_ps(reinterpret_cast<float*>(strip + (q0 + q) * 32), r[q]);
       }

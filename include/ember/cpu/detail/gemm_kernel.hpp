@@ -24,26 +24,16 @@
 
 #include "ember/config.hpp"
 #include "ember/core/float16.hpp"
+#include "ember/cpu/detail/simd.hpp"
 
-// EMBER_GEMM_EIGEN selects the Eigen fallback, EMBER_GEMM_NO_AVX512 the AVX2 kernel on an AVX-512 target.
-#if defined(EMBER_GEMM_EIGEN)
+// EMBER_GEMM_EIGEN selects the Eigen fallback; the kernel's tier is simd::Vec's (EMBER_SIMD_NO_AVX512: the AVX2
+// kernel on an AVX-512 target).
+#if defined(EMBER_GEMM_EIGEN) || !EMBER_SIMD_VEC
 #define EMBER_GEMM_PACKED 0
-#elif defined(__AVX512F__) && !defined(EMBER_GEMM_NO_AVX512)
-#include <immintrin.h>
-#define EMBER_GEMM_PACKED 1
-#define EMBER_GEMM_AVX512 1
-#define EMBER_GEMM_AVX2 0
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define EMBER_GEMM_PACKED 1
-#define EMBER_GEMM_AVX512 0
-#define EMBER_GEMM_AVX2 1
-#elif (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define EMBER_GEMM_PACKED 1
-#define EMBER_GEMM_AVX512 0
-#define EMBER_GEMM_AVX2 0
 #else
-#define EMBER_GEMM_PACKED 0
+#define EMBER_GEMM_PACKED 1
+#define EMBER_GEMM_AVX512 EMBER_SIMD_AVX512
+#define EMBER_GEMM_AVX2 EMBER_SIMD_AVX2
 #endif
 
 #if EMBER_GEMM_PACKED
@@ -56,89 +46,19 @@
 
 namespace ember::cpu::detail::gemm {
 
-// One SIMD register of T and the four operations the kernel needs.
+// One SIMD register of T and the operations the kernel needs (cpu/detail/simd.hpp).
 template <class T>
-struct Vec;
+using Vec = simd::Vec<T>;
 
 #if EMBER_GEMM_AVX512
-template <>
-struct Vec<float> {
-  using type = __m512;
-  static constexpr int width = 16;
-  static type zero() { return _mm512_setzero_ps(); }
-  static type load(const float* p) { return _mm512_load_ps(p); }
-  static type loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static void storeu(float* p, type v) { _mm512_storeu_ps(p, v); }
-  static type bcast(const float* p) { return _mm512_set1_ps(*p); }
-  static type fma(type a, type b, type c) { return _mm512_fmadd_ps(a, b, c); }
-  static type add(type a, type b) { return _mm512_add_ps(a, b); }
-};
-template <>
-struct Vec<double> {
-  using type = __m512d;
-  static constexpr int width = 8;
-  static type zero() { return _mm512_setzero_pd(); }
-  static type load(const double* p) { return _mm512_load_pd(p); }
-  static type loadu(const double* p) { return _mm512_loadu_pd(p); }
-  static void storeu(double* p, type v) { _mm512_storeu_pd(p, v); }
-  static type bcast(const double* p) { return _mm512_set1_pd(*p); }
-  static type fma(type a, type b, type c) { return _mm512_fmadd_pd(a, b, c); }
-  static type add(type a, type b) { return _mm512_add_pd(a, b); }
-};
 // 12 x 2 vectors: 24 accumulators, 2 B loads and 12 broadcasts per k (32 registers).
 inline constexpr int kMR = 12;
 inline constexpr int kNV = 2;
 #elif EMBER_GEMM_AVX2
-template <>
-struct Vec<float> {
-  using type = __m256;
-  static constexpr int width = 8;
-  static type zero() { return _mm256_setzero_ps(); }
-  static type load(const float* p) { return _mm256_load_ps(p); }
-  static type loadu(const float* p) { return _mm256_loadu_ps(p); }
-  static void storeu(float* p, type v) { _mm256_storeu_ps(p, v); }
-  static type bcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static type fma(type a, type b, type c) { return _mm256_fmadd_ps(a, b, c); }
-  static type add(type a, type b) { return _mm256_add_ps(a, b); }
-};
-template <>
-struct Vec<double> {
-  using type = __m256d;
-  static constexpr int width = 4;
-  static type zero() { return _mm256_setzero_pd(); }
-  static type load(const double* p) { return _mm256_load_pd(p); }
-  static type loadu(const double* p) { return _mm256_loadu_pd(p); }
-  static void storeu(double* p, type v) { _mm256_storeu_pd(p, v); }
-  static type bcast(const double* p) { return _mm256_broadcast_sd(p); }
-  static type fma(type a, type b, type c) { return _mm256_fmadd_pd(a, b, c); }
-  static type add(type a, type b) { return _mm256_add_pd(a, b); }
-};
 // 6 x 2 vectors: 12 accumulators, 2 B loads and 6 broadcasts per k (16 registers).
 inline constexpr int kMR = 6;
 inline constexpr int kNV = 2;
 #else
-// Portable: 16-byte vectors through the compiler's vector extensions (SSE2, NEON, ...); multiply then add, which
-// the compiler contracts into an FMA where the target has one and contraction is allowed.
-template <class T>
-struct GenericVec {
-  typedef T type __attribute__((vector_size(16)));
-  static constexpr int width = int(16 / sizeof(T));
-  static type zero() { return type{}; }
-  static type load(const T* p) { return *reinterpret_cast<const type*>(p); }
-  static type loadu(const T* p) {
-    type v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void storeu(T* p, type v) { std::memcpy(p, &v, sizeof v); }
-  static type bcast(const T* p) { return type{} + *p; }
-  static type fma(type a, type b, type c) { return a * b + c; }
-  static type add(type a, type b) { return a + b; }
-};
-template <>
-struct Vec<float> : GenericVec<float> {};
-template <>
-struct Vec<double> : GenericVec<double> {};
 // 3 x 3 vectors: 9 accumulators, 3 B loads and 3 broadcasts per k (fits 16 registers with temporaries; on SSE2
 // a broadcast costs a shuffle, so the kernel is kept square).
 inline constexpr int kMR = 3;
@@ -270,35 +190,7 @@ template <class T>
 }
 
 #if EMBER_GEMM_AVX512
-/// r[0..16) (16 rows of 16 floats) transposed in registers: afterwards r[j] holds column j. 64 shuffles (the
-/// zero-masked forms with an all-ones mask, for GCC 12 as above).
-inline void transpose16x16(__m512 (&r)[16]) {
-  constexpr __mmask16 all = 0xffff;
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_maskz_unpacklo_ps(all, r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * i], r[2 * i + 1]);
-  }
-  // u[4g + c]: 128-bit lane L holds column 4L + c of rows 4g .. 4g + 3.
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g] = _mm512_maskz_shuffle_ps(all, t[4 * g], t[4 * g + 2], 0x44);
-    u[4 * g + 1] = _mm512_maskz_shuffle_ps(all, t[4 * g], t[4 * g + 2], 0xEE);
-    u[4 * g + 2] = _mm512_maskz_shuffle_ps(all, t[4 * g + 1], t[4 * g + 3], 0x44);
-    u[4 * g + 3] = _mm512_maskz_shuffle_ps(all, t[4 * g + 1], t[4 * g + 3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 v1 = _mm512_maskz_shuffle_f32x4(all, u[c], u[4 + c], 0x88);
-    const __m512 v2 = _mm512_maskz_shuffle_f32x4(all, u[c], u[4 + c], 0xDD);
-    const __m512 w1 = _mm512_maskz_shuffle_f32x4(all, u[8 + c], u[12 + c], 0x88);
-    const __m512 w2 = _mm512_maskz_shuffle_f32x4(all, u[8 + c], u[12 + c], 0xDD);
-    r[c] = _mm512_maskz_shuffle_f32x4(all, v1, w1, 0x88);
-    r[8 + c] = _mm512_maskz_shuffle_f32x4(all, v1, w1, 0xDD);
-    r[4 + c] = _mm512_maskz_shuffle_f32x4(all, v2, w2, 0x88);
-    r[12 + c] = _mm512_maskz_shuffle_f32x4(all, v2, w2, 0xDD);
-  }
-}
-
-/// Transposing packs of float operands, 16 values of k at a time through transpose16x16: `lines` runs of src
+/// Transposing packs of float operands, 16 values of k at a time through Vec<float>::transpose: `lines` runs of src
 /// (run i at src + i * ld, contiguous along k; missing runs read as zeros) become kc groups of `width` values at
 /// dst (group p at dst + p * ld_dst + off). A row-major A's micro-panel is 12 runs packed 12 wide; a column-major
 /// B's is 32 runs packed as two halves of 16.
@@ -309,7 +201,7 @@ inline void pack_transposed_f32(int lines, std::int64_t kc, const float* src, st
     const int n = int(std::min<std::int64_t>(16, kc - p));
     const __mmask16 lm = __mmask16((1u << n) - 1u);
     for (int i = 0; i < 16; ++i) r[i] = i < lines ? _mm512_maskz_loadu_ps(lm, src + i * ld + p) : _mm512_setzero_ps();
-    transpose16x16(r);
+    Vec<float>::transpose(r);
     for (int j = 0; j < n; ++j) _mm512_mask_storeu_ps(dst + (p + j) * ld_dst, keep, r[j]);
   }
 }
