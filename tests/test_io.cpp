@@ -455,7 +455,7 @@ TEST_CASE("safetensors: ember's JSON reader accepts exactly what nlohmann::json'
     }
     if (trial < int(seeds.size())) h = seeds[std::size_t(trial)];
     const std::string ours = header_outcome([&](io::detail::SafetensorsHeaderParser& p) {
-      io::detail::JsonSax<io::detail::SafetensorsHeaderParser>(h.data(), h.data() + h.size(), p, "f").run();
+      ember::detail::JsonSax<io::detail::SafetensorsHeaderParser>(h.data(), h.data() + h.size(), p, "f").run();
     });
     const std::string theirs = header_outcome([&](io::detail::SafetensorsHeaderParser& p) {
       NlohmannToHeader a{p};

@@ -255,6 +255,8 @@ template <class... Args>
 /// Text read from a file (tensor names, keys, metadata), made safe to quote in an error message: in double
 /// quotes, with `"`, `\` and every byte that is not printable ASCII escaped (`\n`, `\t`, `\xNN`), so no terminal
 /// escape sequence reaches the user's terminal; longer than `max_chars`, it is cut and says how long it was.
+/// (Quoting for a human reader, not an encoding: JSON that a program reads is written by append_json_string,
+/// core/json.hpp.)
 [[gnu::cold, gnu::noinline]] inline std::string quote_untrusted(std::string_view s, std::size_t max_chars = 80) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out = "\"";
