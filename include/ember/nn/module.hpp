@@ -36,7 +36,8 @@
 
 namespace ember::nn {
 
-/// A tensor of any of the dtypes a module's state can hold (core/state_dict.hpp).
+/// A tensor of any dtype (ember::AnyTensor, core/state_dict.hpp). A module's own parameters and buffers are floating
+/// or int64 (detail::TensorSlot); a state dict may carry any (load_state_dict names an entry of another dtype).
 using AnyTensor = ember::StateTensor;
 /// A module's (or optimizer's) state: fully qualified name -> tensor, ordered by name.
 using StateDict = ember::StateDict;
