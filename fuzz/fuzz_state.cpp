@@ -121,20 +121,37 @@ double pick_value(FuzzedDataProvider& in) {
   return in.PickValueInArray(kValues);
 }
 
+// v as a T: an integer type gets v's integer part clamped to its range (0 for NaN), a floating type v itself.
 template <class T>
-Tensor<T> filled(const Shape& s, double v) {
-  return full<T>(s, static_cast<T>(v));
+T element(double v) {
+  if constexpr (std::is_integral_v<T>) {
+    if (std::isnan(v)) return T(0);
+    const double lo = std::fmax(-1e15, double(std::numeric_limits<T>::lowest()));
+    const double hi = std::fmin(1e15, double(std::numeric_limits<T>::max()));
+    return T(std::fmax(lo, std::fmin(hi, v)));
+  } else {
+    return static_cast<T>(v);
+  }
 }
 
-// A tensor of the given dtype code and shape, every element v (int64 gets v's integer part, clamped).
-StateTensor make_tensor(int dtype, const Shape& s, double v) {
+template <class T>
+Tensor<T> filled(const Shape& s, double v) {
+  return full<T>(s, element<T>(v));
+}
+
+// A tensor of the given dtype code and shape, every element v (element<T>). Codes 0-2 are the dtypes training state
+// holds (float32, float64, int64); 3-6 (int32, uint8, int8, bool) are ones a state dict may carry but no optimizer,
+// schedule or scaler expects.
+constexpr int kDtypes = 7;
+AnyTensor make_tensor(int dtype, const Shape& s, double v) {
   switch (dtype) {
     case 0: return filled<float>(s, v);
     case 1: return filled<double>(s, v);
-    default: {
-      const double c = std::isnan(v) ? 0.0 : std::fmax(-1e15, std::fmin(1e15, v));
-      return filled<std::int64_t>(s, c);
-    }
+    case 3: return filled<std::int32_t>(s, v);
+    case 4: return filled<std::uint8_t>(s, v);
+    case 5: return filled<std::int8_t>(s, v);
+    case 6: return filled<bool>(s, v);
+    default: return filled<std::int64_t>(s, v);
   }
 }
 
@@ -144,7 +161,7 @@ void edit(nn::StateDict& sd, FuzzedDataProvider& in) {
   if (action == 6 || sd.empty()) {  // a new entry
     const std::string key = in.ConsumeRandomLengthString(24);
     g_edits += " new key]";
-    sd[key] = make_tensor(in.ConsumeIntegralInRange<int>(0, 2), Shape{}, pick_value(in));
+    sd[key] = make_tensor(in.ConsumeIntegralInRange<int>(0, kDtypes - 1), Shape{}, pick_value(in));
     return;
   }
   auto it = sd.begin();
@@ -154,7 +171,7 @@ void edit(nn::StateDict& sd, FuzzedDataProvider& in) {
   switch (action) {
     case 0: sd.erase(it); break;
     case 1: it->second = make_tensor(1, Shape{}, pick_value(in)); break;  // a 0-d float64 (a hyper-parameter)
-    case 2: it->second = make_tensor(in.ConsumeIntegralInRange<int>(0, 2), shape, pick_value(in)); break;
+    case 2: it->second = make_tensor(in.ConsumeIntegralInRange<int>(0, kDtypes - 1), shape, pick_value(in)); break;
     case 3: {  // another shape
       std::vector<std::int64_t> dims(in.ConsumeIntegralInRange<std::size_t>(0, 3));
       for (auto& d : dims) d = in.ConsumeIntegralInRange<std::int64_t>(0, 5);
@@ -162,7 +179,7 @@ void edit(nn::StateDict& sd, FuzzedDataProvider& in) {
       break;
     }
     case 4: {  // renamed
-      StateTensor t = it->second;
+      AnyTensor t = it->second;
       std::string key = it->first;
       sd.erase(it);
       key += in.ConsumeRandomLengthString(4);
@@ -177,7 +194,7 @@ void edit(nn::StateDict& sd, FuzzedDataProvider& in) {
             if (t.numel() == 0) return;
             Tensor<T> c = t.clone();
             c.data()[in.ConsumeIntegralInRange<std::int64_t>(0, c.numel() - 1)] =
-                std::is_integral_v<T> ? T(std::isfinite(v) ? std::fmax(-1e15, std::fmin(1e15, v)) : 0) : T(v);
+                element<T>(std::is_integral_v<T> && !std::isfinite(v) ? 0.0 : v);
             t = c;
           },
           it->second);

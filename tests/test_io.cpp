@@ -455,7 +455,7 @@ TEST_CASE("safetensors: ember's JSON reader accepts exactly what nlohmann::json'
     }
     if (trial < int(seeds.size())) h = seeds[std::size_t(trial)];
     const std::string ours = header_outcome([&](io::detail::SafetensorsHeaderParser& p) {
-      io::detail::JsonSax<io::detail::SafetensorsHeaderParser>(h.data(), h.data() + h.size(), p, "f").run();
+      ember::detail::JsonSax<io::detail::SafetensorsHeaderParser>(h.data(), h.data() + h.size(), p, "f").run();
     });
     const std::string theirs = header_outcome([&](io::detail::SafetensorsHeaderParser& p) {
       NlohmannToHeader a{p};
@@ -903,11 +903,17 @@ TEST_CASE("checkpoints: a model, its AdamW and its scheduler through one state t
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.to_vector() == b[i].second.to_vector());
 
-  // A tensor of a dtype no state dict holds is named in the error.
-  io::save_safetensors(d / "u8.ckpt", {{"model/mask", ones<std::uint8_t>(Shape{2})}},
+  // A checkpoint's state dicts carry every dtype; the module that does not hold one says so at load_state_dict.
+  io::save_safetensors(d / "u8.ckpt", {{"model/weight", ones<std::uint8_t>(Shape{2, 2})},
+                                       {"model/bias", zeros<float>(Shape{2})}},
                        {{"format", "ember-checkpoint-1"}, {"epoch", "0"}, {"step", "0"}, {"rng_seed", "1"},
                         {"rng_offset", "0"}});
-  EXPECT_ERROR([&] { io::load_checkpoint(d / "u8.ckpt"); }, {"load_checkpoint", "\"model/mask\"", "uint8"});
+  const io::Checkpoint u8 = io::load_checkpoint(d / "u8.ckpt");
+  REQUIRE(u8.model.count("weight") == 1);
+  CHECK(std::get<Tensor<std::uint8_t>>(u8.model.at("weight")).to_vector() == std::vector<std::uint8_t>{1, 1, 1, 1});
+  nn::Linear lin(2, 2);
+  EXPECT_ERROR([&] { lin.load_state_dict(u8.model); },
+               {"load_state_dict", "dtype mismatch for 'weight': the checkpoint has uint8, the module has float32"});
 }
 
 TEST_CASE("checkpoints: the one format holds the scaler, the position in the epoch and named generators") {

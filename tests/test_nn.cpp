@@ -117,6 +117,21 @@ TEST_CASE("Module: state_dict round trip, strictness and shape/dtype errors") {
     CHECK(msg.find(part) != std::string::npos);
   }
   CHECK(b.fc2.weight.to_vector() == before);
+  // A state dict carries every dtype; one the module does not hold is a dtype mismatch naming the key and both
+  // dtypes, and nothing is written.
+  const std::vector<float> bias_before = b.fc1.bias.to_vector();
+  const std::vector<std::pair<AnyTensor, const char*>> others = {
+      {zeros<std::int32_t>({8}), "int32"}, {zeros<std::uint8_t>({8}), "uint8"},
+      {zeros<std::int8_t>({8}), "int8"},   {zeros<bool>({8}), "bool"}};
+  for (const auto& [t, name] : others) {
+    nn::StateDict odd = sd;
+    odd["fc1.bias"] = t;
+    CHECK(scalar_type(odd.at("fc1.bias")) != ScalarType::Float);
+    const std::string want = std::string("dtype mismatch for 'fc1.bias': the checkpoint has ") + name +
+                             ", the module has float32";
+    CHECK_THROWS_WITH_AS(b.load_state_dict(odd), doctest::Contains(want.c_str()), Error);
+    CHECK(b.fc1.bias.to_vector() == bias_before);
+  }
   // Floating dtypes convert, as copy_ does in PyTorch.
   nn::StateDict dbl = sd;
   dbl["fc1.bias"] = full<double>({8}, 0.25);
@@ -596,7 +611,7 @@ TEST_CASE("BatchNorm2d with corrupt running statistics from a state dict: an err
   nn::Sequential model(nn::Conv2d(2, 3, 1), nn::BatchNorm2d(3));
   const nn::StateDict good = model.state_dict();
   const Tensor<float> x = randn<float>({2, 2, 3, 3});
-  auto loaded = [&](const std::string& key, const StateTensor& t) {
+  auto loaded = [&](const std::string& key, const AnyTensor& t) {
     nn::StateDict sd = good;
     sd[key] = t;
     model.load_state_dict(sd);

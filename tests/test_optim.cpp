@@ -179,6 +179,17 @@ TEST_CASE("Optimizer state_dict: 3 steps, save, load into a fresh optimizer, 3 m
   bad = sd;
   bad.erase("param_groups.0.lr");
   CHECK_THROWS_WITH_AS(second.load_state_dict(bad), doctest::Contains("missing key 'param_groups.0.lr'"), Error);
+  // A state dict may carry any dtype; one the optimizer does not keep is an error naming the key and the dtype.
+  bad = sd;
+  bad["state.0.exp_avg"] = zeros<std::uint8_t>({3, 4});
+  CHECK_THROWS_WITH_AS(second.load_state_dict(bad), doctest::Contains("'state.0.exp_avg' is uint8 [3, 4], expected "
+                                                                      "float64 [3, 4]"),
+                       Error);
+  bad = sd;
+  bad["param_groups.0.lr"] = full<bool>(Shape{}, true);
+  CHECK_THROWS_WITH_AS(second.load_state_dict(bad), doctest::Contains("'param_groups.0.lr' must be a one-element "
+                                                                      "float64 tensor, got bool []"),
+                       Error);
 }
 
 // A state dict comes from a file: what its constructor refuses, a load refuses too, and so are NaN or infinite
@@ -860,7 +871,7 @@ TEST_CASE("GradScaler: state_dict round-trips mid-run and the resumed run matche
   // Copies, as a checkpoint file would hold (state dicts share the live tensors, as PyTorch's do).
   auto copy = [](const StateDict& sd) {
     StateDict c;
-    for (const auto& [k, v] : sd) c[k] = std::visit([](const auto& t) { return StateTensor(t.clone()); }, v);
+    for (const auto& [k, v] : sd) c[k] = std::visit([](const auto& t) { return AnyTensor(t.clone()); }, v);
     return c;
   };
   const StateDict ssd = copy(sa.state_dict()), osd = copy(oa.state_dict()), msd = copy(a.lin.state_dict());

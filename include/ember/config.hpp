@@ -11,6 +11,57 @@
 #include <type_traits>
 #include <utility>
 
+// Build-mode macros: every EMBER_* macro that selects what is compiled, in one list. "Who" says who defines it.
+//
+// Defined by the user or a CMake target (the default applies when nobody does):
+//   EMBER_WITH_CUDA       1: CUDA code paths compiled in. Default: 1 under nvcc, else 0 (below). Who: the
+//                         ember::cuda target (=1), or the user.
+//   EMBER_WITH_CUDNN      1: CUDA conv, pooling, batch norm and softmax run through cuDNN (with EMBER_WITH_CUDA
+//                         and cudnn.h found). Default: undefined (those ops on CUDA tensors are errors that say so).
+//                         Who: the ember::cudnn target, or the user (then link -lcudnn).
+//   EMBER_WITH_NCCL       1 in TUs that link ember::nccl, for user code to test; ember's headers do not read it
+//                         (dist/nccl.hpp needs only nccl.h, EMBER_HAVE_NCCL below). Who: the ember::nccl target.
+//   EMBER_WITH_MPI        1 in TUs that link ember::mpi, for user code to test (example 08 does); ember's headers
+//                         do not read it. Who: the ember::mpi target.
+//   EMBER_WITH_IMAGE      1: <ember/data.hpp> includes the image decoding (libjpeg-turbo, libspng). Default:
+//                         undefined. Who: the ember::image target, or the user (then link -ljpeg -lspng).
+//   EMBER_HOST_ONLY       1: every tensor of the TU is on the CPU (Tensor::device() is a constant; CUDA branches
+//                         drop out). Default: 1 without EMBER_WITH_CUDA and ember::precompiled, else 0 (below).
+//                         Who: the user; ember's tests set 0. One value for every TU of a program.
+//   EMBER_PRECOMPILED     the TU links ember::precompiled: the listed instantiations and the EMBER_HEADER_INLINE
+//                         bodies are extern (below). Default: undefined (header-only). Who: the ember::precompiled
+//                         target (INTERFACE).
+//   EMBER_PRECOMPILED_IO  with EMBER_PRECOMPILED: <ember/io.hpp>'s file code is in the library too. Who: the
+//                         ember::precompiled target (always).
+//   EMBER_PRECOMPILED_BUILD, EMBER_PRECOMPILED_PART (0, 1)
+//                         the library's own TUs, src/precompiled_<part>.cpp (through src/precompiled.inc); never a
+//                         user's. They derive EMBER_PRECOMPILED_EXTERN(_0, _1), EMBER_HEADER_INLINE,
+//                         EMBER_HEADER_BODIES, EMBER_IO_INLINE and EMBER_IO_BODIES (below).
+//   EMBER_DEBUG_CHECKS    1: the losses' debug checks (nll_loss's log-probability check). Default: 0 with NDEBUG,
+//                         else 1 (nn/loss.hpp). Who: the user.
+//   EMBER_GEMM_EIGEN      defined: the CPU GEMM uses Eigen instead of ember's packed kernels. Default: undefined
+//                         (cpu/detail/gemm_kernel.hpp). Who: the user; tests/check_headers.sh compiles with it.
+//   EMBER_GEMM_NO_AVX512  defined: the AVX2 GEMM kernel on an AVX-512 target. Default: undefined. Who: the user;
+//                         the tests' ember_tests_gemm_avx2 binary.
+//
+// Derived by ember's headers from the compiler's target and the headers found (read them; never define them):
+//   EMBER_HAVE_CUDNN, EMBER_HAVE_NCCL   cudnn.h / nccl.h found (cuda/check.hpp, __has_include).
+//   EMBER_USE_CUDNN       EMBER_WITH_CUDA && EMBER_HAVE_CUDNN && EMBER_WITH_CUDNN: CUDA tensors go through cuDNN
+//                         (cuda/cudnn.hpp).
+//   EMBER_CUDA_EXECUTOR   EMBER_WITH_CUDA under nvcc: the CUDA element-wise executor and reductions are compiled in
+//                         (ops/elementwise.hpp); without it, element-wise ops on CUDA tensors are errors.
+//   EMBER_CUDA_LOSS       the same for the CUDA loss kernels (ops/loss.hpp).
+//   EMBER_HAS_ZLIB        zlib.h found: gzip'd IDX files are read (data/idx.hpp).
+//   EMBER_HAS_F16C, EMBER_F16_BUILTIN_BIT_CAST   F16C conversions; __builtin_bit_cast available (core/float16.hpp).
+//   EMBER_CPU_X86         an x86 host compiler: cpuid (cpu/isa.hpp).
+//   EMBER_GEMM_PACKED, EMBER_GEMM_AVX512, EMBER_GEMM_AVX2, EMBER_GEMM_AMX   which CPU GEMM kernel the target
+//                         allows (cpu/detail/gemm_kernel.hpp, gemm_amx.hpp).
+//   EMBER_QGEMM_VNNI512, EMBER_QGEMM_VNNI256, EMBER_QGEMM_AVX2   the int8 GEMM's kernels (cpu/qgemm.hpp).
+//   EMBER_CONV_DIRECT, EMBER_POOL_AVX512   AVX-512 direct convolution and pooling (cpu/conv_direct.hpp,
+//                         cpu/pool.hpp).
+// Tests and benchmarks have a few of their own (EMBER_TEST_*, EMBER_SOURCE_DIR, EMBER_BENCH_DIR), set by their
+// CMakeLists.txt.
+
 #define EMBER_VERSION_MAJOR 0
 #define EMBER_VERSION_MINOR 1
 #define EMBER_VERSION_PATCH 0
@@ -256,6 +307,8 @@ template <class... Args>
 /// Text read from a file (tensor names, keys, metadata), made safe to quote in an error message: in double
 /// quotes, with `"`, `\` and every byte that is not printable ASCII escaped (`\n`, `\t`, `\xNN`), so no terminal
 /// escape sequence reaches the user's terminal; longer than `max_chars`, it is cut and says how long it was.
+/// (Quoting for a human reader, not an encoding: JSON that a program reads is written by append_json_string,
+/// core/json.hpp.)
 [[gnu::cold, gnu::noinline]] inline std::string quote_untrusted(std::string_view s, std::size_t max_chars = 80) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out = "\"";

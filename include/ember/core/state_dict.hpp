@@ -1,5 +1,6 @@
-// ember — the state dict: name -> tensor of any state dtype, the form modules, optimizers, schedulers and the loss
-// scaler save and load (nn::StateDict names the same type).
+// ember — AnyTensor, a tensor of any ember dtype chosen at run time, and the state dict: name -> AnyTensor, the form
+// modules, optimizers, schedulers and the loss scaler save and load, and what files hold (io::TensorMap, safetensors,
+// checkpoints, nn::StateDict all name these types).
 #pragma once
 
 #include <cmath>
@@ -14,17 +15,42 @@
 
 namespace ember {
 
-/// A tensor of any of the dtypes a state dict can hold.
-using StateTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
-/// Fully qualified name -> tensor, ordered by name.
-using StateDict = std::map<std::string, StateTensor>;
+/// A tensor of one of ember's dtypes, chosen at run time: the value of a state dict and of a file's tensor map.
+/// A module holds floating tensors and int64 ones (nn::Module's parameters and buffers); a state dict may carry
+/// any dtype, and Module::load_state_dict names the key and both dtypes of an entry it cannot take.
+using AnyTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int32_t>,
+                               Tensor<std::int64_t>, Tensor<std::uint8_t>, Tensor<std::int8_t>, Tensor<bool>>;
+/// The former name of AnyTensor (state dicts once held fewer dtypes than files).
+using StateTensor = AnyTensor;
+/// Fully qualified name -> tensor, ordered by name (so files written from it are reproducible).
+using StateDict = std::map<std::string, AnyTensor>;
 
-/// The dtype and shape of a StateTensor, for messages.
-inline std::string describe(const StateTensor& t) {
+/// The dtype of an AnyTensor.
+inline ScalarType scalar_type(const AnyTensor& t) {
+  return std::visit([](const auto& x) { return dtype_traits<typename std::decay_t<decltype(x)>::value_type>::tag; },
+                    t);
+}
+/// The shape of an AnyTensor.
+inline Shape shape_of(const AnyTensor& t) {
+  return std::visit([](const auto& x) { return x.shape(); }, t);
+}
+
+/// The tensor of dtype T stored in `t`; an error names `what` and both dtypes when it holds another one.
+template <class T>
+Tensor<T> get_as(const AnyTensor& t, const std::string& what) {
+  const Tensor<T>* p = std::get_if<Tensor<T>>(&t);
+  EMBER_CHECK(p != nullptr, what, " has dtype ", dtype_name(scalar_type(t)), ", not the ", dtype_name<T>(),
+              " requested");
+  return *p;
+}
+
+/// The dtype and shape of a tensor held in a variant (an AnyTensor, or a module's slot), for messages.
+template <class... T>
+std::string describe(const std::variant<Tensor<T>...>& t) {
   return std::visit(
       [](const auto& x) {
-        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
-        return std::string(dtype_name<T>()) + (x.defined() ? " " + x.shape().str() : std::string(" (undefined)"));
+        using V = typename std::remove_cvref_t<decltype(x)>::value_type;
+        return std::string(dtype_name<V>()) + (x.defined() ? " " + x.shape().str() : std::string(" (undefined)"));
       },
       t);
 }

@@ -1,5 +1,6 @@
-// ember — AnyTensor: a tensor of any ember dtype, for files that hold tensors of several dtypes (safetensors,
-// checkpoints), and TensorMap, a name -> tensor map such as a state_dict.
+// ember — the tensors of files (safetensors, checkpoints): io::AnyTensor and io::TensorMap, which are
+// ember::AnyTensor and ember::StateDict (core/state_dict.hpp), the metadata beside them, and the copy of a tensor's
+// elements into a file's bytes.
 #pragma once
 
 #include <bit>
@@ -12,6 +13,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/core/state_dict.hpp"
 #include "ember/core/tensor.hpp"
 
 namespace ember::io {
@@ -19,31 +21,16 @@ namespace ember::io {
 static_assert(std::endian::native == std::endian::little,
               "ember::io writes little-endian files by copying memory; big-endian hosts are not supported");
 
-/// A tensor of one of ember's dtypes, chosen at run time.
-using AnyTensor = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int32_t>,
-                               Tensor<std::int64_t>, Tensor<std::uint8_t>, Tensor<std::int8_t>, Tensor<bool>>;
-/// Tensors by name, sorted by name (so files written from it are reproducible).
-using TensorMap = std::map<std::string, AnyTensor>;
+/// A tensor of one of ember's dtypes, chosen at run time (ember::AnyTensor, core/state_dict.hpp).
+using ember::AnyTensor;
+/// Tensors by name, sorted by name (so files written from it are reproducible): a state dict.
+using TensorMap = ember::StateDict;
 /// String key/value pairs stored beside the tensors.
 using Metadata = std::map<std::string, std::string>;
 
-/// The dtype of an AnyTensor.
-inline ScalarType scalar_type(const AnyTensor& t) {
-  return std::visit([](const auto& x) { return dtype_traits<typename std::decay_t<decltype(x)>::value_type>::tag; },
-                    t);
-}
-inline Shape shape_of(const AnyTensor& t) {
-  return std::visit([](const auto& x) { return x.shape(); }, t);
-}
-
-/// The tensor of dtype T stored in `t`; an error names `what` and both dtypes when it holds another one.
-template <class T>
-Tensor<T> get_as(const AnyTensor& t, const std::string& what) {
-  const Tensor<T>* p = std::get_if<Tensor<T>>(&t);
-  EMBER_CHECK(p != nullptr, what, " has dtype ", dtype_name(scalar_type(t)), ", not the ", dtype_name<T>(),
-              " requested");
-  return *p;
-}
+using ember::get_as;
+using ember::scalar_type;
+using ember::shape_of;
 
 namespace detail {
 /// Copies the elements of `src` (any strides, CPU) in row-major order to `dst` as raw bytes.

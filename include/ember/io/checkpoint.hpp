@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <type_traits>
 #include <variant>
 
 #include "ember/config.hpp"
@@ -52,21 +51,6 @@ inline bool valid_generator_name(const std::string& name) {
           c == '.'))
       return false;
   return true;
-}
-
-/// A file's tensor as a state tensor (the dtypes state dicts hold); another dtype is an error naming it.
-EMBER_COLD inline StateTensor to_state_tensor(const AnyTensor& t, const std::string& key, const std::string& file) {
-  return std::visit(
-      [&](const auto& x) -> StateTensor {
-        if constexpr (std::is_constructible_v<StateTensor, decltype(x)>) {
-          return x;
-        } else {
-          using T = typename std::remove_cvref_t<decltype(x)>::value_type;
-          throw Error("load_checkpoint: '" + file + "': tensor " + quote_untrusted(key) + " is " + dtype_name<T>() +
-                      ", a dtype no state dict holds (float32, float64, float16, bfloat16, int64)");
-        }
-      },
-      t);
 }
 }  // namespace detail
 
@@ -132,7 +116,7 @@ EMBER_COLD EMBER_IO_INLINE Checkpoint load_checkpoint(const std::string& path) {
                                                        : nullptr;
     EMBER_CHECK(sd != nullptr, "load_checkpoint: '", path, "': tensor ", detail::quote_untrusted(k),
                 " belongs to none of model/, optimizer/, ", io_v1 ? "" : "scaler/, ", "scheduler/");
-    sd->emplace(k.substr(slash + 1), detail::to_state_tensor(t, k, path));
+    sd->emplace(k.substr(slash + 1), t);  // any dtype: load_state_dict checks what each part expects
   }
   const std::uint64_t any = std::numeric_limits<std::uint64_t>::max();
   for (auto& [k, v] : f.metadata) {

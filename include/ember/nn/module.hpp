@@ -36,7 +36,8 @@
 
 namespace ember::nn {
 
-/// A tensor of any of the dtypes a module's state can hold (core/state_dict.hpp).
+/// A tensor of any dtype (ember::AnyTensor, core/state_dict.hpp). A module's own parameters and buffers are floating
+/// or int64 (detail::TensorSlot); a state dict may carry any (load_state_dict names an entry of another dtype).
 using AnyTensor = ember::StateTensor;
 /// A module's (or optimizer's) state: fully qualified name -> tensor, ordered by name.
 using StateDict = ember::StateDict;
@@ -94,7 +95,8 @@ struct SlotInfo {
   const char* dtype = "";
   bool floating = false;
 };
-inline SlotInfo slot_info(const TensorSlot& t) {
+template <class V>  // a TensorSlot, or a state dict's AnyTensor
+SlotInfo slot_info(const V& t) {
   return std::visit(
       [](const auto& x) {
         using T = typename std::remove_cvref_t<decltype(x)>::value_type;
@@ -123,9 +125,10 @@ std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
 }
 
 /// The elements of a state tensor (on any device) in row-major order, as doubles (exact for every floating dtype).
-/// A template only so that it is compiled where it is called (load_state_dict, nn::fuse_conv_bn, quant).
-template <class Deferred = void>
-EMBER_COLD std::vector<double> values_as_double(const TensorSlot& t) {
+/// A template (over a TensorSlot or an AnyTensor) so that it is compiled where it is called (load_state_dict,
+/// nn::fuse_conv_bn, quant).
+template <class V>
+EMBER_COLD std::vector<double> values_as_double(const V& t) {
   return std::visit(
       [](const auto& x) {
         const auto h = x.device().is_cpu() ? x : ember::detail::copy_to_device(x, Device::cpu(), false);
@@ -562,14 +565,17 @@ EMBER_COLD void Module::load_state_dict(const StateDict& sd, bool strict) {
 EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> Module::named_parameters_any(bool recurse) const {
   std::vector<std::pair<std::string, AnyTensor>> out;
   detail::walk_unique(*s_, true, recurse,
-                      [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+                      [&](const std::string& n, const detail::TensorSlot& t) {
+                        std::visit([&](const auto& x) { out.emplace_back(n, x); }, t);
+                      });
   return out;
 }
 
 EMBER_HEADER_INLINE std::vector<std::pair<std::string, AnyTensor>> Module::named_buffers(bool recurse) const {
   std::vector<std::pair<std::string, AnyTensor>> out;
-  detail::walk_unique(*s_, false, recurse,
-                      [&](const std::string& n, const detail::TensorSlot& t) { out.emplace_back(n, t); });
+  detail::walk_unique(*s_, false, recurse, [&](const std::string& n, const detail::TensorSlot& t) {
+    std::visit([&](const auto& x) { out.emplace_back(n, x); }, t);
+  });
   return out;
 }
 

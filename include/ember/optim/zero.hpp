@@ -264,7 +264,7 @@ class ZeroRedundancyOptimizer final : public Optimizer {
     Tensor<T> shard_param, shard_grad;  // (shard): this rank's part
   };
 
-  static const Tensor<T>* per_element(const StateTensor& t, std::int64_t shard, const std::string& name) {
+  static const Tensor<T>* per_element(const AnyTensor& t, std::int64_t shard, const std::string& name) {
     const auto* x = std::get_if<Tensor<T>>(&t);
     return x && name != "step" && x->dim() == 1 && x->numel() == shard ? x : nullptr;
   }

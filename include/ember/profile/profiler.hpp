@@ -26,6 +26,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/atomic_file.hpp"
+#include "ember/core/json.hpp"
 #include "ember/profile/range.hpp"
 
 namespace ember::profile {
@@ -156,7 +157,9 @@ class Profiler {
     return t + buf;
   }
 
-  /// The ranges as Chrome trace events (complete events, microseconds), written atomically.
+  /// The ranges as Chrome trace events (complete events, microseconds), written atomically. Names are JSON strings
+  /// with every control character as \u00xx; their other bytes are written as they are (so a name that is not
+  /// UTF-8 gives a trace that strict JSON readers refuse).
   void export_chrome_trace(const std::string& path) const {
     std::string j = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
     const int pid = int(::getpid());
@@ -165,7 +168,11 @@ class Profiler {
     char buf[160];
     for (std::size_t i = 0; i < events_.size(); ++i) {
       const Event& e = events_[i];
-      j += "{\"name\": \"" + escape(e.name) + "\", \"cat\": \"" + escape(e.category) + "\", \"ph\": \"X\"";
+      j += "{\"name\": ";
+      ember::detail::append_json_string(j, e.name, /*short_escapes=*/false);
+      j += ", \"cat\": ";
+      ember::detail::append_json_string(j, e.category, /*short_escapes=*/false);
+      j += ", \"ph\": \"X\"";
       std::snprintf(buf, sizeof buf, ", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": %u}",
                     double(e.begin_ns - t0) * 1e-3, double(e.end_ns - e.begin_ns) * 1e-3, pid, e.thread);
       j += buf;
@@ -180,20 +187,6 @@ class Profiler {
     static std::atomic<bool> o{false};
     return o;
   }
-  static std::string escape(const char* s) {
-    std::string r;
-    for (; *s; ++s) {
-      const unsigned char c = static_cast<unsigned char>(*s);
-      if (c == '"' || c == '\\') r += '\\', r += char(c);
-      else if (c < 0x20) {
-        char u[8];
-        std::snprintf(u, sizeof u, "\\u%04x", c);
-        r += u;
-      } else r += char(c);
-    }
-    return r;
-  }
-
   /// Recording in the current step? wait, warmup, active, then again (repeat times).
   void set_phase() {
     bool on = true;

@@ -265,10 +265,7 @@ inline const QuantizedLayer* quantized_layer(nn::Module& model, const std::strin
 /// "<name>", <name>.weight (int8), <name>.weight_scale, <name>.bias, <name>.input_scale (float32 [1]) and
 /// <name>.input_zero_point (int64 [1]).
 inline io::TensorMap state_dict(nn::Module& model) {
-  io::TensorMap out;
-  // (no structured binding: lambdas capture them only from clang 16 on)
-  for (const auto& entry : model.state_dict())
-    std::visit([&](const auto& x) { out.emplace(entry.first, io::AnyTensor(x)); }, entry.second);
+  io::TensorMap out = model.state_dict();
   for (const auto& s : detail::layers(model)) {
     const auto* l = detail::int8_of(*s.s);
     if (!l) continue;
