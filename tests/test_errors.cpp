@@ -530,6 +530,10 @@ TEST_CASE("errors: CUDA tensors in a translation unit that nvcc did not compile"
   const Tensor<std::int64_t> tc = from_blob(labels, {4}, {}, cu), th = zeros<std::int64_t>({4});
   EXPECT_ERROR([&] { (void)nn::cross_entropy(x, tc); }, {"cross_entropy", "cuda:0", "nvcc"});
   EXPECT_ERROR([&] { (void)nn::nll_loss<float, false>(x, tc); }, {"nll_loss", "cuda:0", "nvcc"});
+  // layer_norm's kernels for CUDA tensors are nvcc-only too.
+  EXPECT_ERROR([&] { (void)layer_norm(x, Shape{4}); }, {"layer_norm", "cuda:0", "nvcc", "layer norm kernels"});
+  EXPECT_ERROR([&] { (void)ops::layer_norm_backward(y, x, Shape{4}, TF(), {}, {}, true, false, false); },
+               {"layer_norm_backward", "cuda:0", "nvcc"});
   // Targets on another device than the input: named, before any kernel runs.
   EXPECT_ERROR([&] { (void)nn::cross_entropy(x, th); }, {"cross_entropy", "target", "cpu", "cuda:0"});
   EXPECT_ERROR([&] { (void)nn::nll_loss<float, false>(c, tc); }, {"nll_loss", "target", "cpu", "cuda:0"});
