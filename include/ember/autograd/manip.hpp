@@ -346,7 +346,7 @@ template <class T>
 Tensor<T> cumulative(const Tensor<T>& x, std::int64_t dim, bool prod, const char* op) {
   if (x.dim() == 0) return x.clone();
   const int d = wrap_dim(dim, x.dim(), op);
-  const Tensor<T> c = ops::detail::host_input(x, op);
+  const Tensor<T> c = ops::detail::scan_input(x);
   Tensor<T> r = ops::cumulative(c, d, prod);
   if constexpr (is_floating_v<T>) {
     if (x.requires_grad() && is_grad_enabled()) {

@@ -25,6 +25,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ember/core/creation.hpp"
 #include "ember/core/dtype.hpp"
@@ -135,17 +136,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /// For each run of equal sorted keys (started at p): x[key] += Σ src at the run's positions, in position order, in
-/// double, rounded once.
+/// double for floating types (in T for integers, as the CPU), rounded once.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     scatter_add_sorted_kernel(const std::int64_t* __restrict__ keys, const std::int64_t* __restrict__ perm,
                               std::int64_t count, const T* __restrict__ src, IndexWalk w, T* __restrict__ x) {
+  using Acc = std::conditional_t<is_floating_v<T>, double, T>;
   EMBER_INDEX_LOOP(p, count) {
     const std::int64_t key = keys[p];
     if (p > 0 && keys[p - 1] == key) continue;
-    double acc = convert<double>(x[key]);
+    Acc acc = convert<Acc>(x[key]);
     for (std::int64_t q = p; q < count && keys[q] == key; ++q)
-      acc += convert<double>(src[offset_at(perm[q], w.shape, w.src_strides)]);
+      acc = Acc(acc + convert<Acc>(src[offset_at(perm[q], w.shape, w.src_strides)]));
     x[key] = convert<T>(acc);
   }
 }
