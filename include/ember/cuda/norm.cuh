@@ -42,7 +42,8 @@ inline constexpr std::int64_t kWarpRowMax = 1024;  // rows up to this long get o
 inline constexpr unsigned kMask = 0xffffffffu;
 
 __device__ EMBER_INLINE double warp_sum(double v) {
-  EMBER_UNROLL for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kMask, v, o);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kMask, v, o);
   return v;
 }
 

@@ -183,7 +183,8 @@ inline void radix_sort_pairs(Tensor<std::int64_t>& keys, Tensor<std::int64_t>& v
   auto* ki = reinterpret_cast<const unsigned long long*>(keys.data());
   auto* kout = reinterpret_cast<unsigned long long*>(ko.data());
   std::size_t bytes = 0;
-  EMBER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, ki, kout, vals.data(), vo.data(), count, 0, bits, s));
+  EMBER_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, bytes, ki, kout, vals.data(), vo.data(), count, 0, bits, s));
   Tensor<std::uint8_t> tmp = empty<std::uint8_t>(Shape{std::int64_t(bytes > 0 ? bytes : 1)}, dev);
   EMBER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp.data(), bytes, ki, kout, vals.data(), vo.data(), count, 0, bits,
                                                    s));

@@ -288,7 +288,8 @@ void layer_norm_forward_cuda(const Tensor<T>& x, const Tensor<T>& weight, const 
   r.save_mean = empty<double>(Shape{R}, x.device());
   r.save_rstd = empty<double>(Shape{R}, x.device());
   if (x.numel() == 0) return;
-  const Tensor<T> xc = dense(x), wc = weight.defined() ? dense(weight) : weight, bc = bias.defined() ? dense(bias) : bias;
+  const Tensor<T> xc = dense(x), wc = weight.defined() ? dense(weight) : weight;
+  const Tensor<T> bc = bias.defined() ? dense(bias) : bias;
   cuda::layer_norm_forward(xc.data(), wc.defined() ? wc.data() : nullptr, bc.defined() ? bc.data() : nullptr,
                            r.y.data(), r.save_mean.data(), r.save_rstd.data(), R, D, eps, x.device().index);
 }
