@@ -3,75 +3,24 @@
 // dtype: odd row lengths on both sides of the warp-per-row / block-per-row switch, with and without weight and bias,
 // data far from zero, non-contiguous inputs, empty inputs, and enough rows for many weight-gradient blocks. Every
 // device case skips itself when no CUDA device is present.
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "ember/ember.hpp"
-#include "helpers.hpp"
-
-using namespace ember;
-using i64 = std::int64_t;
+#include "cuda_compare.hpp"
 
 namespace {
-
-#define SKIP_WITHOUT_DEVICE()           \
-  if (!ember::cuda::is_available()) {   \
-    MESSAGE("skipped: no CUDA device"); \
-    return;                             \
-  }
-
-const Device kDev = Device::cuda(0);
-
-template <class T>
-Tensor<T> to_dev(const Tensor<T>& h) {
-  return h.to(kDev);
-}
-
-/// Normal values (times scale, plus shift) rounded to T, on the host.
-template <class T>
-Tensor<T> rnd(const Shape& s, std::uint64_t seed, double scale = 1.0, double shift = 0.0) {
-  Generator g(seed);
-  Tensor<double> x = randn<double>(s, g);
-  Tensor<T> r = cast<T>(x * scale + shift);
-  return r;
-}
 
 /// The tolerance of one CPU-vs-CUDA comparison relative to the reference's largest magnitude: each side rounds
 /// once into T from sums taken in different orders (fp32 or fp64 accumulation on both).
 template <class T>
-double tol() {
+double ln_tol() {
   if constexpr (std::is_same_v<T, double>) return 1e-11;
   else if constexpr (std::is_same_v<T, float>) return 2e-5;
   else if constexpr (std::is_same_v<T, ember::half>) return 4e-3;
   else return 3e-2;
-}
-
-/// |cuda - cpu| <= tol * max(1, max |cpu|) element by element (cuda on the device, cpu on the host; same dtype).
-template <class T>
-void expect_close(const Tensor<T>& dev, const Tensor<T>& ref, double tl, const std::string& what) {
-  INFO(what);
-  REQUIRE(dev.defined());
-  REQUIRE(ref.defined());
-  REQUIRE(dev.device() == kDev);
-  REQUIRE_MESSAGE(dev.shape() == ref.shape(), what, ": shape ", dev.shape().str(), " vs ", ref.shape().str());
-  const Tensor<double> g = cast<double>(dev.to(Device::cpu())), r = cast<double>(ref.contiguous());
-  double scale = 1, worst = 0;
-  i64 at = -1;
-  for (i64 i = 0; i < r.numel(); ++i) scale = std::max(scale, std::abs(r.data()[i]));
-  for (i64 i = 0; i < r.numel(); ++i) {
-    const double e = std::abs(g.data()[i] - r.data()[i]);
-    if (!(e <= worst)) {  // NaN counts as worst
-      worst = e;
-      at = i;
-    }
-  }
-  CHECK_MESSAGE(worst <= tl * scale, what, ": max error ", worst, " at ", at, " (tolerance ", tl * scale, ", dtype ",
-                std::string(dtype_name<T>()), ")");
 }
 
 struct LnCase {
@@ -102,18 +51,18 @@ void check_ln_case(const LnCase& c, std::uint64_t seed) {
   CAPTURE(c.bias);
   // bfloat16 keeps 8 bits: data around 1000 would keep none of its spread.
   const double shift = std::is_same_v<T, ember::bfloat16> || std::is_same_v<T, ember::half> ? 0.0 : c.shift;
-  const Tensor<T> x = rnd<T>(c.x, seed, 1.0, shift), g = rnd<T>(c.x, seed + 3);
-  const Tensor<T> w = c.weight ? rnd<T>(c.ns, seed + 1, 0.5, 1.0) : Tensor<T>();
-  const Tensor<T> b = c.bias ? rnd<T>(c.ns, seed + 2) : Tensor<T>();
+  const Tensor<T> x = seeded_randn<T>(c.x, seed, 1.0, shift), g = seeded_randn<T>(c.x, seed + 3);
+  const Tensor<T> w = c.weight ? seeded_randn<T>(c.ns, seed + 1, 0.5, 1.0) : Tensor<T>();
+  const Tensor<T> b = c.bias ? seeded_randn<T>(c.ns, seed + 2) : Tensor<T>();
   const auto ref = ops::layer_norm_forward(x, c.ns, w, b, 1e-5);
   const Tensor<T> X = to_dev(x), W = c.weight ? to_dev(w) : Tensor<T>(), B = c.bias ? to_dev(b) : Tensor<T>();
   const auto got = ops::layer_norm_forward(X, c.ns, W, B, 1e-5);
-  expect_close(got.y, ref.y, tol<T>(), "layer_norm forward");
+  expect_close_scaled(ref.y, got.y, ln_tol<T>(), "layer_norm forward");
   const i64 R = x.numel() / c.ns.numel();
   REQUIRE(got.save_mean.numel() == R);
   REQUIRE(got.save_rstd.numel() == R);
-  expect_close(got.save_mean, from_vector<double>(ref.mean, {R}), 1e-6, "layer_norm per-row mean");
-  expect_close(got.save_rstd, from_vector<double>(ref.rstd, {R}), 1e-5, "layer_norm per-row rstd");
+  expect_close_scaled(from_vector<double>(ref.mean, {R}), got.save_mean, 1e-6, "layer_norm per-row mean");
+  expect_close_scaled(from_vector<double>(ref.rstd, {R}), got.save_rstd, 1e-5, "layer_norm per-row rstd");
   for (int need = 1; need < 8; ++need) {  // every subset of (dx, dweight, dbias)
     const bool ndx = need & 1, ndw = (need & 2) && c.weight, ndb = (need & 4) && c.bias;
     CAPTURE(need);
@@ -123,9 +72,9 @@ void check_ln_case(const LnCase& c, std::uint64_t seed) {
     CHECK(gd.dx.defined() == ndx);
     CHECK(gd.dweight.defined() == ndw);
     CHECK(gd.dbias.defined() == ndb);
-    if (ndx) expect_close(gd.dx, gr.dx, tol<T>(), "layer_norm backward (input)");
-    if (ndw) expect_close(gd.dweight, gr.dweight, tol<T>(), "layer_norm backward (weight)");
-    if (ndb) expect_close(gd.dbias, gr.dbias, tol<T>(), "layer_norm backward (bias)");
+    if (ndx) expect_close_scaled(gr.dx, gd.dx, ln_tol<T>(), "layer_norm backward (input)");
+    if (ndw) expect_close_scaled(gr.dweight, gd.dweight, ln_tol<T>(), "layer_norm backward (weight)");
+    if (ndb) expect_close_scaled(gr.dbias, gd.dbias, ln_tol<T>(), "layer_norm backward (bias)");
   }
 }
 
@@ -133,58 +82,61 @@ void check_ln_case(const LnCase& c, std::uint64_t seed) {
 
 TEST_CASE_TEMPLATE("cuda layer_norm forward and backward equal the CPU", T, float, double, ember::half,
                    ember::bfloat16) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDA();
   std::uint64_t seed = 700;
   for (const LnCase& c : ln_cases()) check_ln_case<T>(c, seed += 10);
 }
 
 TEST_CASE_TEMPLATE("cuda layer_norm through autograd: gradients of input, weight and bias equal the CPU", T, float,
                    double, ember::half, ember::bfloat16) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDA();
   const Shape xs{6, 5, 40}, ns{40};
-  const Tensor<T> x = rnd<T>(xs, 81), w = rnd<T>(ns, 82, 0.5, 1.0), b = rnd<T>(ns, 83), g = rnd<T>(xs, 84);
+  const Tensor<T> x = seeded_randn<T>(xs, 81), w = seeded_randn<T>(ns, 82, 0.5, 1.0), b = seeded_randn<T>(ns, 83);
+  const Tensor<T> g = seeded_randn<T>(xs, 84);
   Tensor<T> xc = x.clone(), wc = w.clone(), bc = b.clone();
   Tensor<T> xd = to_dev(x), wd = to_dev(w), bd = to_dev(b);
   for (Tensor<T>* t : {&xc, &wc, &bc, &xd, &wd, &bd}) t->requires_grad_();
   Tensor<T> yc = ember::layer_norm(xc, ns, wc, bc, 1e-5), yd = ember::layer_norm(xd, ns, wd, bd, 1e-5);
-  expect_close(yd, yc, tol<T>(), "layer_norm forward");
+  expect_close_scaled(yc, yd, ln_tol<T>(), "layer_norm forward");
   yc.backward(g);
   yd.backward(to_dev(g));
-  expect_close(xd.grad(), xc.grad(), tol<T>(), "x.grad");
-  expect_close(wd.grad(), wc.grad(), tol<T>(), "weight.grad");
-  expect_close(bd.grad(), bc.grad(), tol<T>(), "bias.grad");
+  expect_close_scaled(xc.grad(), xd.grad(), ln_tol<T>(), "x.grad");
+  expect_close_scaled(wc.grad(), wd.grad(), ln_tol<T>(), "weight.grad");
+  expect_close_scaled(bc.grad(), bd.grad(), ln_tol<T>(), "bias.grad");
 
   // nn::LayerNorm moved to the device trains there too.
   if constexpr (std::is_same_v<T, float>) {
     nn::LayerNorm lc(ns), ld(ns);
     ld.to(kDev);
-    Tensor<float> xin = rnd<float>(xs, 85);
+    Tensor<float> xin = seeded_randn<float>(xs, 85);
     Tensor<float> oc = lc(xin), od = ld(to_dev(xin));
-    expect_close(od, oc, tol<float>(), "nn::LayerNorm forward");
+    expect_close_scaled(oc, od, ln_tol<float>(), "nn::LayerNorm forward");
     oc.backward(g);
     od.backward(to_dev(g));
-    expect_close(ld.weight.grad(), lc.weight.grad(), tol<float>(), "nn::LayerNorm weight.grad");
-    expect_close(ld.bias.grad(), lc.bias.grad(), tol<float>(), "nn::LayerNorm bias.grad");
+    expect_close_scaled(lc.weight.grad(), ld.weight.grad(), ln_tol<float>(), "nn::LayerNorm weight.grad");
+    expect_close_scaled(lc.bias.grad(), ld.bias.grad(), ln_tol<float>(), "nn::LayerNorm bias.grad");
   }
 }
 
 TEST_CASE("cuda layer_norm: non-contiguous inputs, empty inputs, and the errors") {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDA();
   // A transposed view: the rows are not contiguous in memory.
-  const Tensor<float> base = rnd<float>({24, 10}, 91), w = rnd<float>({24}, 92), b = rnd<float>({24}, 93);
+  const Tensor<float> base = seeded_randn<float>({24, 10}, 91), w = seeded_randn<float>({24}, 92);
+  const Tensor<float> b = seeded_randn<float>({24}, 93);
   const Tensor<float> xt = base.transpose(0, 1);  // (10, 24), strided
   const auto ref = ops::layer_norm_forward(xt, Shape{24}, w, b, 1e-5);
   const Tensor<float> Xt = to_dev(base).transpose(0, 1);
   REQUIRE_FALSE(Xt.is_contiguous());
   const auto got = ops::layer_norm_forward(Xt, Shape{24}, to_dev(w), to_dev(b), 1e-5);
-  expect_close(got.y, ref.y, tol<float>(), "layer_norm of a transposed view");
-  const Tensor<float> g = rnd<float>({24, 10}, 94).transpose(0, 1);
+  expect_close_scaled(ref.y, got.y, ln_tol<float>(), "layer_norm of a transposed view");
+  const Tensor<float> g = seeded_randn<float>({24, 10}, 94).transpose(0, 1);
   const auto gr = ops::layer_norm_backward(g, xt, Shape{24}, w, ref.mean, ref.rstd, true, true, true);
-  const auto gd = ops::layer_norm_backward(to_dev(rnd<float>({24, 10}, 94)).transpose(0, 1), Xt, Shape{24}, to_dev(w),
+  const auto gd = ops::layer_norm_backward(to_dev(seeded_randn<float>({24, 10}, 94)).transpose(0, 1), Xt, Shape{24},
+                                           to_dev(w),
                                            {}, {}, true, true, true, got.save_mean, got.save_rstd);
-  expect_close(gd.dx, gr.dx, tol<float>(), "layer_norm backward of a transposed view (input)");
-  expect_close(gd.dweight, gr.dweight, tol<float>(), "layer_norm backward of a transposed view (weight)");
-  expect_close(gd.dbias, gr.dbias, tol<float>(), "layer_norm backward of a transposed view (bias)");
+  expect_close_scaled(gr.dx, gd.dx, ln_tol<float>(), "layer_norm backward of a transposed view (input)");
+  expect_close_scaled(gr.dweight, gd.dweight, ln_tol<float>(), "layer_norm backward of a transposed view (weight)");
+  expect_close_scaled(gr.dbias, gd.dbias, ln_tol<float>(), "layer_norm backward of a transposed view (bias)");
 
   // No rows: an empty output, zero weight and bias gradients.
   const Tensor<float> e = empty<float>({0, 6}, kDev), we = to_dev(ones<float>({6}));
@@ -193,17 +145,18 @@ TEST_CASE("cuda layer_norm: non-contiguous inputs, empty inputs, and the errors"
   CHECK(ye.y.device() == kDev);
   const auto ge = ops::layer_norm_backward(e, e, Shape{6}, we, {}, {}, true, true, true, ye.save_mean, ye.save_rstd);
   CHECK(ge.dx.shape() == Shape{0, 6});
-  expect_close(ge.dweight, zeros<float>({6}), 0.0, "dweight of no rows");
-  expect_close(ge.dbias, zeros<float>({6}), 0.0, "dbias of no rows");
+  expect_close_scaled(zeros<float>({6}), ge.dweight, 0.0, "dweight of no rows");
+  expect_close_scaled(zeros<float>({6}), ge.dbias, 0.0, "dbias of no rows");
 
   // The backward on CUDA needs the device statistics of the forward.
-  const Tensor<float> X = to_dev(rnd<float>({3, 8}, 95));
+  const Tensor<float> X = to_dev(seeded_randn<float>({3, 8}, 95));
   CHECK_THROWS_WITH_AS((void)ops::layer_norm_backward(X, X, Shape{8}, Tensor<float>(), {}, {}, true, false, false),
                        doctest::Contains("layer_norm_backward: on CUDA the forward's per-row statistics are needed"),
                        Error);
   // A gradient on another device than the input is named.
   CHECK_THROWS_WITH_AS(
-      (void)ops::layer_norm_backward(rnd<float>({3, 8}, 96), X, Shape{8}, Tensor<float>(), {}, {}, true, false, false),
+      (void)ops::layer_norm_backward(seeded_randn<float>({3, 8}, 96), X, Shape{8}, Tensor<float>(), {}, {}, true, false,
+                                     false),
       doctest::Contains("layer_norm_backward: the gradient is on cpu but the input of shape [3, 8] is on cuda:0"),
       Error);
 }

@@ -2,36 +2,16 @@
 // CPU's stable sort, position for position (ties in position order, NaN above every number, -0 equal to +0), in both
 // directions and along every dim, for float, double, half, bfloat16 and int64; the scans and their gradients (cumprod
 // through zeros) equal the CPU's. Every device case skips itself when no CUDA device is present.
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
-#include "ember/ember.hpp"
-#include "helpers.hpp"
-
-using namespace ember;
-using i64 = std::int64_t;
+#include "cuda_compare.hpp"
 
 namespace {
-
-#define SKIP_WITHOUT_DEVICE()           \
-  if (!ember::cuda::is_available()) {   \
-    MESSAGE("skipped: no CUDA device"); \
-    return;                             \
-  }
-
-const Device kDev = Device::cuda(0);
-
-template <class T>
-Tensor<T> to_dev(const Tensor<T>& h) {
-  return h.to(kDev);
-}
 
 /// Values with many ties (a few levels), a NaN, infinities and both zeros in every dim's rows.
 template <class T>
@@ -50,39 +30,6 @@ Tensor<T> tie_data(const Shape& s, std::uint64_t seed) {
   return r;
 }
 
-template <class T>
-Tensor<T> rnd(const Shape& s, std::uint64_t seed) {
-  Generator g(seed);
-  Tensor<double> x = randn<double>(s, g);
-  Tensor<T> r = cast<T>(x);
-  return r;
-}
-
-template <class T>
-double tol() {
-  if constexpr (std::is_same_v<T, double>) return 1e-12;
-  else if constexpr (std::is_same_v<T, float>) return 2e-6;
-  else if constexpr (std::is_same_v<T, ember::half>) return 1e-3;
-  else if constexpr (std::is_same_v<T, ember::bfloat16>) return 8e-3;
-  else return 0;
-}
-
-/// Element by element within tl * max(1, |ref|); NaN matches NaN.
-template <class T>
-void expect_close(const Tensor<T>& dev, const Tensor<T>& ref, double tl, const std::string& what) {
-  INFO(what);
-  REQUIRE(dev.device() == kDev);
-  REQUIRE_MESSAGE(dev.shape() == ref.shape(), what, ": shape ", dev.shape().str(), " vs ", ref.shape().str());
-  const Tensor<double> g = cast<double>(dev.to(Device::cpu())), r = cast<double>(ref.contiguous());
-  i64 bad = 0;
-  for (i64 i = 0; i < r.numel(); ++i) {
-    const double a = r.data()[i], b = g.data()[i];
-    const bool ok = (std::isnan(a) && std::isnan(b)) || a == b || std::abs(a - b) <= tl * std::max(1.0, std::abs(a));
-    if (!ok && bad++ < 5) FAIL_CHECK(what << ": element " << i << " cpu " << a << " cuda " << b);
-  }
-  CHECK(bad == 0);
-}
-
 void expect_same_indices(const Tensor<i64>& dev, const Tensor<i64>& ref, const std::string& what) {
   INFO(what);
   REQUIRE(dev.device() == kDev);
@@ -99,7 +46,7 @@ void expect_same_indices(const Tensor<i64>& dev, const Tensor<i64>& ref, const s
 
 TEST_CASE_TEMPLATE("cuda sort, argsort and topk give the CPU's stable order along every dim", T, float, double,
                    ember::half, ember::bfloat16, std::int64_t) {
-  SKIP_WITHOUT_DEVICE();
+  SKIP_WITHOUT_CUDA();
   const Tensor<T> x = tie_data<T>({5, 37, 6}, 201), X = to_dev(x);
   for (int d = 0; d < 3; ++d)
     for (bool desc : {false, true}) {
@@ -108,14 +55,14 @@ TEST_CASE_TEMPLATE("cuda sort, argsort and topk give the CPU's stable order alon
       const auto rc = sort(x, d, desc);
       const auto rd = sort(X, d, desc);
       expect_same_indices(rd.indices, rc.indices, "sort indices");
-      expect_close(rd.values, rc.values, 0.0, "sort values");
+      expect_match(rc.values, rd.values, 0.0, 0.0, "sort values");
       expect_same_indices(argsort(X, d, desc), argsort(x, d, desc), "argsort");
       for (i64 k : {i64(0), i64(1), i64(3), x.size(d)}) {
         CAPTURE(k);
         const auto tc = topk(x, k, d, desc);
         const auto td = topk(X, k, d, desc);
         expect_same_indices(td.indices, tc.indices, "topk indices");
-        expect_close(td.values, tc.values, 0.0, "topk values");
+        expect_match(tc.values, td.values, 0.0, 0.0, "topk values");
       }
     }
   // A strided input, one long row, and an empty tensor.
@@ -126,25 +73,25 @@ TEST_CASE_TEMPLATE("cuda sort, argsort and topk give the CPU's stable order alon
 }
 
 TEST_CASE_TEMPLATE("cuda sort and topk values pass the CPU's gradient", T, float, double) {
-  SKIP_WITHOUT_DEVICE();
-  Tensor<T> xc = rnd<T>({4, 9}, 211), xd = to_dev(xc);
+  SKIP_WITHOUT_CUDA();
+  Tensor<T> xc = seeded_randn<T>({4, 9}, 211), xd = to_dev(xc);
   xc.requires_grad_();
   xd.requires_grad_();
-  const Tensor<T> g = rnd<T>({4, 9}, 212), gk = rnd<T>({4, 3}, 213);
+  const Tensor<T> g = seeded_randn<T>({4, 9}, 212), gk = seeded_randn<T>({4, 3}, 213);
   sort(xc, 1, true).values.backward(g);
   sort(xd, 1, true).values.backward(to_dev(g));
-  expect_close(xd.grad(), xc.grad(), 0.0, "sort: x.grad");
+  expect_match(xc.grad(), xd.grad(), 0.0, 0.0, "sort: x.grad");
   xc.grad() = Tensor<T>();
   xd.grad() = Tensor<T>();
   topk(xc, 3, 1).values.backward(gk);
   topk(xd, 3, 1).values.backward(to_dev(gk));
-  expect_close(xd.grad(), xc.grad(), 0.0, "topk: x.grad");
+  expect_match(xc.grad(), xd.grad(), 0.0, 0.0, "topk: x.grad");
 }
 
 TEST_CASE_TEMPLATE("cuda cumsum and cumprod equal the CPU along every dim, values and gradients", T, float, double,
                    ember::half, ember::bfloat16) {
-  SKIP_WITHOUT_DEVICE();
-  Tensor<T> x = rnd<T>({4, 7, 5}, 221);
+  SKIP_WITHOUT_CUDA();
+  Tensor<T> x = seeded_randn<T>({4, 7, 5}, 221);
   {
     Tensor<T> c = x.contiguous();  // zeros in some rows: cumprod's backward around the first zero
     c.data()[3] = T(0);
@@ -160,17 +107,18 @@ TEST_CASE_TEMPLATE("cuda cumsum and cumprod equal the CPU along every dim, value
       xc.requires_grad_();
       xd.requires_grad_();
       Tensor<T> yc = prod ? cumprod(xc, d) : cumsum(xc, d), yd = prod ? cumprod(xd, d) : cumsum(xd, d);
-      expect_close(yd, yc, tol<T>(), "values");
-      const Tensor<T> g = rnd<T>(x.shape(), 230 + d);
+      expect_match(yc, yd, tol<T>(), tol<T>(), "values");
+      const Tensor<T> g = seeded_randn<T>(x.shape(), 230 + d);
       yc.backward(g);
       yd.backward(to_dev(g));
-      expect_close(xd.grad(), xc.grad(), tol<T>(), "x.grad");
+      expect_match(xc.grad(), xd.grad(), tol<T>(), tol<T>(), "x.grad");
     }
   // One long row (a single thread walks it, as the CPU does), a strided input, and integers.
-  const Tensor<T> r = rnd<T>({100000}, 240);
-  expect_close(cumsum(to_dev(r), 0), cumsum(r, 0), tol<T>(), "cumsum of 100000 values");
-  expect_close(cumsum(to_dev(x).transpose(0, 2), 1), cumsum(x.transpose(0, 2), 1), tol<T>(), "cumsum of a view");
+  const Tensor<T> r = seeded_randn<T>({100000}, 240);
+  expect_match(cumsum(r, 0), cumsum(to_dev(r), 0), tol<T>(), tol<T>(), "cumsum of 100000 values");
+  expect_match(cumsum(x.transpose(0, 2), 1), cumsum(to_dev(x).transpose(0, 2), 1), tol<T>(), tol<T>(),
+               "cumsum of a view");
   Generator gi(241);
   const Tensor<i64> xi = randint(-50, 50, {6, 33}, gi);
-  expect_close(cumsum(to_dev(xi), 1), cumsum(xi, 1), 0.0, "cumsum of int64");
+  expect_match(cumsum(xi, 1), cumsum(to_dev(xi), 1), 0.0, 0.0, "cumsum of int64");
 }

@@ -4,7 +4,7 @@
 //
 // Deterministic by default: no result depends on the order atomics land in. The reductions (index_add, scatter_add,
 // and so the backward passes of index_select, nn::Embedding and gather) sort the positions by their target with
-// CUB's radix sort, which is stable, so each target's contributions sit side by side in increasing position order
+// cuda/sort.cuh's radix sort, which is stable, so each target's contributions sit side by side in increasing position order
 // (the CPU loop's order); one thread per target and column then sums them in double and rounds once into T. scatter
 // writes, for each target, the last position that names it (the CPU's "last write wins"), found the same way. The
 // range check records the smallest bad position with atomicMin (a minimum does not depend on the order) and reads
@@ -22,8 +22,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include <cstdint>
 #include <type_traits>
 
@@ -34,6 +32,7 @@
 #include "ember/cuda/allocator.hpp"
 #include "ember/cuda/check.hpp"
 #include "ember/cuda/device.hpp"
+#include "ember/cuda/sort.cuh"
 #include "ember/cuda/stream.hpp"
 
 namespace ember::cuda {
@@ -184,27 +183,11 @@ __global__ void __launch_bounds__(kThreads)
 
 #undef EMBER_INDEX_LOOP
 
-/// The number of low bits that hold every key below `bound` (at least 1).
-inline int key_bits(std::int64_t bound) {
-  int b = 1;
-  while (b < 63 && (std::int64_t(1) << b) < bound) ++b;
-  return b;
-}
-
 /// Sorts keys[0, m) (each in [0, bound)) with perm[0, m) as values, stably: keys and perm are replaced by the sorted
 /// keys and the positions in key order (equal keys keep position order).
 inline void sort_by_key(Tensor<std::int64_t>& keys, Tensor<std::int64_t>& perm, std::int64_t m, std::int64_t bound,
                         Device dev, cudaStream_t s) {
-  Tensor<std::int64_t> ko = empty<std::int64_t>(Shape{m}, dev), po = empty<std::int64_t>(Shape{m}, dev);
-  std::size_t bytes = 0;
-  const int bits = key_bits(bound);
-  EMBER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys.data(), ko.data(), perm.data(), po.data(), m,
-                                                   0, bits, s));
-  Tensor<std::uint8_t> tmp = empty<std::uint8_t>(Shape{std::int64_t(bytes > 0 ? bytes : 1)}, dev);
-  EMBER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp.data(), bytes, keys.data(), ko.data(), perm.data(), po.data(),
-                                                   m, 0, bits, s));
-  keys = ko;
-  perm = po;
+  stable_radix_sort_pairs(keys, perm, m, sort_detail::bits_for(bound), dev, s);
 }
 
 }  // namespace index_detail

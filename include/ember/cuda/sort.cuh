@@ -2,10 +2,14 @@
 // (and its first k positions, for topk) and cumsum / cumprod with their backward; the CUDA twin of cpu/sort.hpp
 // (ops/sort.hpp checks the arguments and dispatches).
 //
-// The sort is two stable passes of CUB's radix sort over every element at once: first by the value's order-preserving
-// unsigned key (NaN above every number and every NaN equal, -0 equal to +0, as the CPU's comparison; descending
-// sorts the complemented key), then by row. Radix sorts are stable, so each row ends up in value order with ties in
-// position order: the CPU's stable sort, position for position.
+// The sort is two stable radix sorts over every element at once: first by the value's order-preserving unsigned key
+// (NaN above every number and every NaN equal, -0 equal to +0, as the CPU's comparison; descending sorts the
+// complemented key), then by row. Radix sorts are stable, so each row ends up in value order with ties in position
+// order: the CPU's stable sort, position for position. The radix sort is ember's own (stable_radix_sort_pairs, also
+// the grouping step of cuda/index.cuh's reductions), LSD with 4-bit digits: per digit, each thread counts and then
+// places one tile of consecutive elements in order, and one block scans the tiles' counts, so the placement is
+// stable and deterministic without atomics. (CUB's sort would be faster, but its headers declare a namespace `cuda`
+// that makes `cuda::` ambiguous in every user file with `using namespace ember;`.)
 // The scans give one thread to each row and walk it in order, accumulating in double for floating types and int64
 // for integers, exactly as the CPU loop does (the same operations in the same order: the same results).
 // This header needs nvcc; ops/sort.hpp includes it only when __CUDACC__ is defined.
@@ -21,10 +25,9 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "ember/core/creation.hpp"
 #include "ember/core/dtype.hpp"
@@ -167,32 +170,97 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-#undef EMBER_SORT_LOOP
-
 inline int bits_for(std::int64_t bound) {
   int b = 1;
   while (b < 63 && (std::int64_t(1) << b) < bound) ++b;
   return b;
 }
 
-/// One stable radix sort of (keys, vals) over `count` pairs by the keys' low `bits` bits (keys hold unsigned 64-bit
-/// keys in int64 storage); the outputs replace the inputs.
-inline void radix_sort_pairs(Tensor<std::int64_t>& keys, Tensor<std::int64_t>& vals, std::int64_t count, int bits,
-                             Device dev, cudaStream_t s) {
-  Tensor<std::int64_t> ko = empty<std::int64_t>(Shape{count}, dev), vo = empty<std::int64_t>(Shape{count}, dev);
-  auto* ki = reinterpret_cast<const unsigned long long*>(keys.data());
-  auto* kout = reinterpret_cast<unsigned long long*>(ko.data());
-  std::size_t bytes = 0;
-  EMBER_CUDA_CHECK(
-      cub::DeviceRadixSort::SortPairs(nullptr, bytes, ki, kout, vals.data(), vo.data(), count, 0, bits, s));
-  Tensor<std::uint8_t> tmp = empty<std::uint8_t>(Shape{std::int64_t(bytes > 0 ? bytes : 1)}, dev);
-  EMBER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp.data(), bytes, ki, kout, vals.data(), vo.data(), count, 0, bits,
-                                                   s));
-  keys = ko;
-  vals = vo;
+inline constexpr int kTile = 256;        // consecutive elements one thread counts and places
+inline constexpr int kDigitBits = 4, kDigits = 1 << kDigitBits;
+inline constexpr int kScanThreads = 1024;
+
+/// counts[d * ntiles + t] = how many keys of tile t have digit d at `shift`.
+__global__ void __launch_bounds__(kThreads)
+    digit_count_kernel(const unsigned long long* __restrict__ keys, std::int64_t count, int shift, std::int64_t ntiles,
+                       std::int64_t* __restrict__ counts) {
+  EMBER_SORT_LOOP(t, ntiles) {
+    std::int64_t c[kDigits] = {};
+    const std::int64_t e = t * kTile + kTile < count ? t * kTile + kTile : count;
+    for (std::int64_t i = t * kTile; i < e; ++i) ++c[(keys[i] >> shift) & (kDigits - 1)];
+    for (int d = 0; d < kDigits; ++d) counts[d * ntiles + t] = c[d];
+  }
+}
+
+/// The exclusive prefix sum of a[0, n) in place, by one block: each thread sums a contiguous chunk, thread 0 scans
+/// the chunks' sums in order, each thread then writes its chunk's prefixes.
+__global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(std::int64_t* __restrict__ a, std::int64_t n) {
+  __shared__ std::int64_t part[kScanThreads];
+  const std::int64_t chunk = (n + kScanThreads - 1) / kScanThreads;
+  const std::int64_t b = threadIdx.x * chunk, e = b + chunk < n ? b + chunk : n;
+  std::int64_t sum = 0;
+  for (std::int64_t i = b; i < e; ++i) sum += a[i];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::int64_t run = 0;
+    for (int k = 0; k < kScanThreads; ++k) {
+      const std::int64_t v = part[k];
+      part[k] = run;
+      run += v;
+    }
+  }
+  __syncthreads();
+  std::int64_t run = part[threadIdx.x];
+  for (std::int64_t i = b; i < e; ++i) {
+    const std::int64_t v = a[i];
+    a[i] = run;
+    run += v;
+  }
+}
+
+/// Places tile t's (key, value) pairs, in order, at the offsets the scanned counts give their digits.
+__global__ void __launch_bounds__(kThreads)
+    digit_place_kernel(const unsigned long long* __restrict__ keys, const std::int64_t* __restrict__ vals,
+                       std::int64_t count, int shift, std::int64_t ntiles, const std::int64_t* __restrict__ offsets,
+                       unsigned long long* __restrict__ keys_out, std::int64_t* __restrict__ vals_out) {
+  EMBER_SORT_LOOP(t, ntiles) {
+    std::int64_t at[kDigits];
+    for (int d = 0; d < kDigits; ++d) at[d] = offsets[d * ntiles + t];
+    const std::int64_t e = t * kTile + kTile < count ? t * kTile + kTile : count;
+    for (std::int64_t i = t * kTile; i < e; ++i) {
+      const std::int64_t o = at[(keys[i] >> shift) & (kDigits - 1)]++;
+      keys_out[o] = keys[i];
+      vals_out[o] = vals[i];
+    }
+  }
 }
 
 }  // namespace sort_detail
+
+/// Sorts `count` (key, value) pairs by the keys' low `bits` bits, stably (equal keys keep their order); keys hold
+/// unsigned 64-bit keys in int64 storage. The sorted pairs replace the inputs. On dev's stream s.
+inline void stable_radix_sort_pairs(Tensor<std::int64_t>& keys, Tensor<std::int64_t>& vals, std::int64_t count,
+                                    int bits, Device dev, cudaStream_t s) {
+  using namespace sort_detail;
+  if (count <= 1) return;
+  const std::int64_t ntiles = (count + kTile - 1) / kTile;
+  Tensor<std::int64_t> ko = empty<std::int64_t>(Shape{count}, dev), vo = empty<std::int64_t>(Shape{count}, dev);
+  Tensor<std::int64_t> counts = empty<std::int64_t>(Shape{kDigits * ntiles}, dev);
+  for (int shift = 0; shift < bits; shift += kDigitBits) {
+    auto* ki = reinterpret_cast<const unsigned long long*>(keys.data());
+    digit_count_kernel<<<grid_for(ntiles), kThreads, 0, s>>>(ki, count, shift, ntiles, counts.data());
+    EMBER_CUDA_CHECK(cudaGetLastError());
+    exclusive_scan_kernel<<<1, kScanThreads, 0, s>>>(counts.data(), kDigits * ntiles);
+    EMBER_CUDA_CHECK(cudaGetLastError());
+    digit_place_kernel<<<grid_for(ntiles), kThreads, 0, s>>>(ki, vals.data(), count, shift, ntiles, counts.data(),
+                                                             reinterpret_cast<unsigned long long*>(ko.data()),
+                                                             vo.data());
+    EMBER_CUDA_CHECK(cudaGetLastError());
+    std::swap(keys, ko);
+    std::swap(vals, vo);
+  }
+}
 
 /// The first k positions along the dim of each row of x (contiguous (outer, n, inner)) in sorted order, stable,
 /// NaN above every number, into out (contiguous (outer, k, inner)), on device dev's current stream.
@@ -209,12 +277,12 @@ void sort_indices(const T* x, std::int64_t outer, std::int64_t n, std::int64_t i
                                                            reinterpret_cast<unsigned long long*>(keys.data()),
                                                            pos.data());
   EMBER_CUDA_CHECK(cudaGetLastError());
-  radix_sort_pairs(keys, pos, count, key_bits_of<T>, d, s);  // by value
+  stable_radix_sort_pairs(keys, pos, count, key_bits_of<T>, d, s);  // by value
   if (rows > 1) {
     Tensor<std::int64_t> row = empty<std::int64_t>(Shape{count}, d);
     row_of_kernel<<<grid_for(count), kThreads, 0, s>>>(pos.data(), n, count, row.data());
     EMBER_CUDA_CHECK(cudaGetLastError());
-    radix_sort_pairs(row, pos, count, bits_for(rows), d, s);  // by row, keeping the value order within each
+    stable_radix_sort_pairs(row, pos, count, bits_for(rows), d, s);  // by row, keeping the value order within each
   }
   take_first_kernel<<<grid_for(rows * k), kThreads, 0, s>>>(pos.data(), n, inner, k, rows, out);
   EMBER_CUDA_CHECK(cudaGetLastError());
@@ -241,6 +309,8 @@ void cumulative_backward(const T* g, const T* x, const T* y, T* gx, std::int64_t
   cumulative_backward_kernel<T><<<grid_for(outer * inner), kThreads, 0, s>>>(g, x, y, gx, outer, n, inner, prod);
   EMBER_CUDA_CHECK(cudaGetLastError());
 }
+
+#undef EMBER_SORT_LOOP
 
 }  // namespace ember::cuda
 
