@@ -1,12 +1,14 @@
 // Shared by the CUDA twins of the element-wise, reduction and fused-backward tests (test_expr_cuda.cu,
-// test_binary_cuda.cu, test_reduce_cuda.cu, test_autograd_cuda.cu; split so no one nvcc TU holds the build up):
-// device copies, CPU-vs-CUDA comparison within one rounding of the dtype, and the skip when no device is present.
+// test_binary_cuda.cu, test_reduce_cuda.cu, test_autograd_cuda.cu; split so no one nvcc TU holds the build up) and of
+// the kernel families (test_norm_cuda.cu, test_index_cuda.cu, test_sort_cuda.cu): device copies, CPU-vs-CUDA
+// comparison within one rounding of the dtype, seeded random inputs, and the skip when no device is present.
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -95,6 +97,39 @@ void expect_match(const Tensor<T>& cpu, const Tensor<T>& dev, double rtol, doubl
 template <class T>
 void expect_match(const Tensor<T>& cpu, const Tensor<T>& dev, const std::string& what) {
   expect_match(cpu, dev, tol<T>(), tol<T>(), what);
+}
+
+/// |cuda - cpu| <= tl * max(1, max |cpu|) everywhere (NaN matches NaN): for results that are sums, whose error scales
+/// with the terms' size rather than with each result's.
+template <class T>
+void expect_close_scaled(const Tensor<T>& cpu, const Tensor<T>& dev, double tl, const std::string& what) {
+  INFO(what);
+  REQUIRE(dev.device() == kDev);
+  REQUIRE_MESSAGE(cpu.shape() == dev.shape(), what, ": shape ", cpu.shape().str(), " vs ", dev.shape().str());
+  const Tensor<T> h = to_host(dev);
+  double scale = 1, worst = 0;
+  i64 at = -1;
+  for (i64 i = 0; i < cpu.numel(); ++i)
+    if (!std::isnan(val(cpu, i))) scale = std::max(scale, std::fabs(val(cpu, i)));
+  for (i64 i = 0; i < cpu.numel(); ++i) {
+    const double a = val(cpu, i), b = val(h, i);
+    const double e = std::isnan(a) && std::isnan(b) ? 0.0 : std::fabs(a - b);
+    if (!(e <= worst)) {  // NaN counts as worst
+      worst = e;
+      at = i;
+    }
+  }
+  CHECK_MESSAGE(worst <= tl * scale, what, ": max error ", worst, " at ", at, " (tolerance ", tl * scale, ", dtype ",
+                std::string(dtype_name<T>()), ")");
+}
+
+/// Normal values times scale plus shift from a generator seeded with `seed`, rounded to T (on the host).
+template <class T>
+Tensor<T> seeded_randn(const Shape& s, std::uint64_t seed, double scale = 1.0, double shift = 0.0) {
+  Generator g(seed);
+  Tensor<double> x = randn<double>(s, g);
+  Tensor<T> r = cast<T>(x * scale + shift);
+  return r;
 }
 
 /// Evaluates an expression into a new tensor on its operands' device, without recording it for autograd (so this

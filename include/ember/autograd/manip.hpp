@@ -280,19 +280,13 @@ template <class T>
 Tensor<T> index_add(const Tensor<T>& x, std::int64_t dim, const Tensor<std::int64_t>& index, const Tensor<T>& src,
                     double alpha = 1) {
   const int d = wrap_dim(dim, x.dim(), "index_add");
-  x.check_cpu("index_add");
-  src.check_cpu("index_add");
-  const auto ix = ops::read_index(index, x.shape()[d], "index_add", x.shape(), d);
-  Shape want = x.shape();
-  want[d] = std::int64_t(ix.size());
-  EMBER_CHECK(src.shape() == want, "index_add: src has shape ", src.shape().str(), ", expected ", want.str(),
-              " (the input's shape ", x.shape().str(), " with dim ", d, " the index's length ", ix.size(), ")");
+  const auto ix = ops::check_index_add(x, d, index, src);  // the rows, on the host for CPU tensors
   Tensor<T> r;
   {
     NoGradGuard ng;
     r = x.detach().clone();
   }
-  ops::index_add_(r, d, ix, src, alpha);
+  ops::index_add_(r, d, ix, index, src, alpha);
   if constexpr (is_floating_v<T>) {
     if ((x.requires_grad() || src.requires_grad()) && is_grad_enabled()) {
       auto node = std::make_shared<autograd::IndexAddNode<T>>();
@@ -352,7 +346,7 @@ template <class T>
 Tensor<T> cumulative(const Tensor<T>& x, std::int64_t dim, bool prod, const char* op) {
   if (x.dim() == 0) return x.clone();
   const int d = wrap_dim(dim, x.dim(), op);
-  const Tensor<T> c = ops::detail::host_input(x, op);
+  const Tensor<T> c = ops::detail::scan_input(x);
   Tensor<T> r = ops::cumulative(c, d, prod);
   if constexpr (is_floating_v<T>) {
     if (x.requires_grad() && is_grad_enabled()) {

@@ -44,18 +44,20 @@ template <class T>
 struct LayerNormNode final : TypedNode<T> {
   Saved<T> x, weight;
   Shape normalized_shape;
-  std::vector<double> mean, rstd;  // per row
+  std::vector<double> mean, rstd;  // per row (CPU)
+  Tensor<double> save_mean, save_rstd;  // (R) the same on the device (CUDA)
   const char* name() const override { return "LayerNormBackward"; }
   void release() override {
     x = weight = Saved<T>();
     mean.clear();
     rstd.clear();
+    save_mean = save_rstd = Tensor<double>();
   }
   void backward() override {
     const Tensor<T>& xv = x.get(name());
     const Tensor<T>& wv = weight.get(name());
     auto g = ops::layer_norm_backward(this->grad, xv, normalized_shape, wv, mean, rstd, this->next[0] != nullptr,
-                                      this->next[1] != nullptr, this->next[2] != nullptr);
+                                      this->next[1] != nullptr, this->next[2] != nullptr, save_mean, save_rstd);
     if (this->next[0]) this->template deliver<T>(0, std::move(g.dx));
     if (this->next[1]) this->template deliver<T>(1, std::move(g.dweight));
     if (this->next[2]) this->template deliver<T>(2, std::move(g.dbias));
@@ -120,6 +122,8 @@ Tensor<T> layer_norm(const Tensor<T>& x, const Shape& normalized_shape, const Te
     node->normalized_shape = normalized_shape;
     node->mean = std::move(r.mean);
     node->rstd = std::move(r.rstd);
+    node->save_mean = std::move(r.save_mean);
+    node->save_rstd = std::move(r.save_rstd);
     node->output = y.impl_ptr();
     autograd::set_history<T>(y, node);
   }

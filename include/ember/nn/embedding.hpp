@@ -9,10 +9,10 @@
 #include "ember/amp/policy.hpp"
 #include "ember/autograd/shape_ops.hpp"
 #include "ember/core/creation.hpp"
-#include "ember/cpu/index.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
+#include "ember/ops/indexing.hpp"
 
 namespace ember::nn {
 
@@ -88,10 +88,10 @@ auto EmbeddingT<P>::forward(const Tensor<std::int64_t>& indices) const -> Tensor
 template <amp::PrecisionPolicy P>
 void EmbeddingT<P>::check_indices(const Tensor<std::int64_t>& indices) const {
   EMBER_CHECK(indices.defined(), "nn::Embedding: the indices are undefined");
-  indices.check_cpu("nn::Embedding");
-  const Tensor<std::int64_t> ic = indices.contiguous();
-  const std::int64_t i = cpu::first_out_of_range(ic.data(), ic.numel(), 1, 0, num_embeddings);
-  EMBER_CHECK(i < 0, "nn::Embedding: index ", ic.data()[i], " at position ", i,
+  EMBER_CHECK(indices.device() == weight.device(), "nn::Embedding: the indices are on ", indices.device().str(),
+              " but the table is on ", weight.device().str());
+  const auto [i, v] = ops::first_out_of_range(indices, num_embeddings, "nn::Embedding");
+  EMBER_CHECK(i < 0, "nn::Embedding: index ", v, " at position ", i,
               " (row-major, indices of shape ", indices.shape().str(), ") is out of range [0, ", num_embeddings,
               ") for a table of ", num_embeddings, " embeddings");
 }

@@ -12,9 +12,7 @@
 #include "ember/cpu/executor.hpp"
 #include "ember/expr/activation.hpp"
 #include "ember/expr/nodes.hpp"
-#if defined(__CUDACC__)
 #include "ember/ops/elementwise.hpp"
-#endif
 #include "ember/ops/window.hpp"
 
 #include "ember/cuda/cudnn.hpp"
@@ -24,16 +22,6 @@
 namespace ember::ops {
 
 namespace detail {
-
-/// t itself when contiguous, else a contiguous copy (not recorded by autograd).
-template <class T>
-Tensor<T> dense(const Tensor<T>& t) {
-  if (t.is_contiguous()) return t;
-  if (t.device().is_cuda()) return t.detach().contiguous();  // the device's element-wise copy
-  Tensor<T> c = empty<T>(t.shape(), t.device());
-  cpu::assign(c, expr::TensorLeaf<T, false>{&t}, "contiguous");
-  return c;
-}
 
 inline void check_window_arg(const char* op, const char* what, Size2 v, std::int64_t min) {
   EMBER_CHECK(v.h >= min && v.w >= min, op, ": ", what, " must be ", min == 0 ? "non-negative" : "positive",

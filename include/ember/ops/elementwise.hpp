@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "ember/config.hpp"
+#include "ember/core/creation.hpp"
 #include "ember/core/device.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/executor.hpp"
@@ -33,6 +34,24 @@ namespace detail {
       op, ": got tensors on ", d.str(), ", but this translation unit was not compiled by nvcc; element-wise code on "
       "CUDA tensors is instantiated in the user's own translation unit, so compile it with nvcc (a .cu file) and "
       "link ember::cuda"));
+}
+/// The error of an op with its own CUDA kernels (`kernels`, e.g. "the layer norm kernels") reached with CUDA
+/// tensors in a translation unit that nvcc did not compile.
+[[noreturn, gnu::cold, gnu::noinline]] inline void no_cuda_kernel(const char* op, Device d, const char* kernels) {
+  throw Error(::ember::detail::concat(
+      op, ": got tensors on ", d.str(), ", but this translation unit was not compiled by nvcc; ", kernels,
+      " for CUDA tensors are instantiated in the user's own translation unit, so compile it with nvcc (a .cu file) "
+      "and link ember::cuda"));
+}
+
+/// t itself when contiguous, else a contiguous copy on its device (not recorded by autograd).
+template <class T>
+Tensor<T> dense(const Tensor<T>& t) {
+  if (t.is_contiguous()) return t;
+  if (t.device().is_cuda()) return t.detach().contiguous();  // the device's element-wise copy
+  Tensor<T> c = empty<T>(t.shape(), t.device());
+  cpu::assign(c, expr::TensorLeaf<T, false>{&t}, "contiguous");
+  return c;
 }
 }  // namespace detail
 

@@ -1,5 +1,6 @@
 // ember — batch norm and layer norm, forward and backward, without autograd: the argument checks and the dispatch
-// to the CPU kernels of cpu/norm.hpp (their numerics are described there) or to cuDNN (cuda/cudnn.hpp).
+// to the CPU kernels of cpu/norm.hpp (their numerics are described there), to cuDNN (cuda/cudnn.hpp, batch norm) or
+// to cuda/norm.cuh (layer norm, when the translation unit is compiled by nvcc, like the element-wise executor).
 #pragma once
 
 #include <algorithm>
@@ -16,7 +17,15 @@
 
 #include "ember/cuda/cudnn.hpp"
 #include "ember/cuda/device.hpp"
+#include "ember/ops/elementwise.hpp"
 #include "ember/profile/range.hpp"
+
+#if EMBER_WITH_CUDA && defined(__CUDACC__)
+#include "ember/cuda/norm.cuh"
+#define EMBER_CUDA_NORM 1
+#else
+#define EMBER_CUDA_NORM 0
+#endif
 
 namespace ember::ops {
 
@@ -244,13 +253,27 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
 
 // ---- layer norm -------------------------------------------------------------------------------------------------
 
-/// layer_norm's forward output and, per row, the mean and 1/sqrt(var + eps) (rows: x.numel() / D).
+/// layer_norm's forward output and, per row, the mean and 1/sqrt(var + eps) (rows: x.numel() / D): on the host for
+/// CPU tensors, on the device (save_mean, save_rstd) for CUDA tensors.
 template <class T>
 struct LayerNormResult {
   Tensor<T> y;  ///< The output, x's shape.
   ///@{
-  /// Per row, the mean and 1/sqrt(var + eps).
+  /// Per row (R rows), the mean and 1/sqrt(var + eps): on the host for CPU tensors.
   std::vector<double> mean, rstd;
+  ///@}
+  ///@{
+  /// Per row, the mean and 1/sqrt(var + eps) on the device, for CUDA tensors.
+  Tensor<double> save_mean, save_rstd;
+  ///@}
+};
+
+/// The gradients layer_norm_backward computes (undefined where not asked for).
+template <class T>
+struct LayerNormGrads {
+  ///@{
+  /// The gradients of x, the weight and the bias.
+  Tensor<T> dx, dweight, dbias;
   ///@}
 };
 
@@ -267,13 +290,50 @@ std::int64_t check_layer_norm(const Tensor<T>& x, const Shape& ns, const Tensor<
               " but normalized_shape is ", ns.str());
   EMBER_CHECK(!b.defined() || b.shape() == ns, "layer_norm: bias has shape ", b.shape().str(),
               " but normalized_shape is ", ns.str());
-  x.check_cpu("layer_norm");
   EMBER_CHECK(!w.defined() || w.device() == x.device(), "layer_norm: weight is on ", w.device().str(),
               " but the input of shape ", x.shape().str(), " is on ", x.device().str());
   EMBER_CHECK(!b.defined() || b.device() == x.device(), "layer_norm: bias is on ", b.device().str(),
               " but the input of shape ", x.shape().str(), " is on ", x.device().str());
   return ns.numel();
 }
+
+#if EMBER_CUDA_NORM
+template <class T>
+void layer_norm_forward_cuda(const Tensor<T>& x, const Tensor<T>& weight, const Tensor<T>& bias, double eps,
+                             std::int64_t R, std::int64_t D, LayerNormResult<T>& r) {
+  cuda::check_device(x.device(), "layer_norm");
+  cuda::DeviceGuard guard(x.device());
+  r.save_mean = empty<double>(Shape{R}, x.device());
+  r.save_rstd = empty<double>(Shape{R}, x.device());
+  if (x.numel() == 0) return;
+  const Tensor<T> xc = dense(x), wc = weight.defined() ? dense(weight) : weight;
+  const Tensor<T> bc = bias.defined() ? dense(bias) : bias;
+  cuda::layer_norm_forward(xc.data(), wc.defined() ? wc.data() : nullptr, bc.defined() ? bc.data() : nullptr,
+                           r.y.data(), r.save_mean.data(), r.save_rstd.data(), R, D, eps, x.device().index);
+}
+
+template <class T>
+void layer_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<T>& weight,
+                              const Tensor<double>& save_mean, const Tensor<double>& save_rstd, std::int64_t R,
+                              std::int64_t D, LayerNormGrads<T>& r) {
+  cuda::check_device(x.device(), "layer_norm_backward");
+  cuda::DeviceGuard guard(x.device());
+  if (x.numel() == 0) {
+    if (r.dweight.defined()) r.dweight = zeros<T>(r.dweight.shape(), x.device());
+    if (r.dbias.defined()) r.dbias = zeros<T>(r.dbias.shape(), x.device());
+    return;
+  }
+  const Tensor<T> xc = dense(x), gc = dense(grad), wc = weight.defined() ? dense(weight) : weight;
+  Tensor<double> part;
+  if (r.dweight.defined() || r.dbias.defined())
+    part = empty<double>(Shape{2 * cuda::layer_norm_param_blocks(R) * D}, x.device());
+  cuda::layer_norm_backward(gc.data(), xc.data(), wc.defined() ? wc.data() : nullptr, save_mean.data(),
+                            save_rstd.data(), r.dx.defined() ? r.dx.data() : nullptr,
+                            r.dweight.defined() ? r.dweight.data() : nullptr,
+                            r.dbias.defined() ? r.dbias.data() : nullptr, part.defined() ? part.data() : nullptr, R, D,
+                            x.device().index);
+}
+#endif
 }  // namespace detail
 
 /// F.layer_norm's forward: each row of the last D = numel(normalized_shape) elements is normalised with its own
@@ -286,8 +346,18 @@ LayerNormResult<T> layer_norm_forward(const Tensor<T>& x, const Shape& normalize
   const std::int64_t D = detail::check_layer_norm(x, normalized_shape, weight, bias);
   EMBER_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
   LayerNormResult<T> r;
-  r.y = empty<T>(x.shape(), x.device());
   const std::int64_t R = D > 0 ? x.numel() / D : 0;
+  if (x.device().is_cuda()) {
+#if EMBER_CUDA_NORM
+    r.y = empty<T>(x.shape(), x.device());
+    detail::layer_norm_forward_cuda(x, weight, bias, eps, R, D, r);
+    return r;
+#else
+    detail::no_cuda_kernel("layer_norm", x.device(), "the layer norm kernels");
+#endif
+  }
+  x.check_cpu("layer_norm");
+  r.y = empty<T>(x.shape(), x.device());
   r.mean.assign(std::size_t(R), 0.0);
   r.rstd.assign(std::size_t(R), 0.0);
   if (x.numel() == 0) return r;
@@ -298,35 +368,48 @@ LayerNormResult<T> layer_norm_forward(const Tensor<T>& x, const Shape& normalize
   return r;
 }
 
-/// The gradients layer_norm_backward computes (undefined where not asked for).
-template <class T>
-struct LayerNormGrads {
-  ///@{
-  /// The gradients of x, the weight and the bias.
-  Tensor<T> dx, dweight, dbias;
-  ///@}
-};
-
-/// Gradients of layer_norm (each only when its flag is set), from the forward's per-row mean and rstd.
+/// Gradients of layer_norm (each only when its flag is set), from the forward's per-row statistics: mean and rstd on
+/// the CPU, save_mean and save_rstd (the forward's LayerNormResult) on CUDA.
 template <class T>
 LayerNormGrads<T> layer_norm_backward(const Tensor<T>& grad, const Tensor<T>& x, const Shape& normalized_shape,
                                       const Tensor<T>& weight, const std::vector<double>& mean,
                                       const std::vector<double>& rstd, bool need_dx, bool need_dweight,
-                                      bool need_dbias) {
+                                      bool need_dbias, const Tensor<double>& save_mean = Tensor<double>(),
+                                      const Tensor<double>& save_rstd = Tensor<double>()) {
   EMBER_PROFILE_RANGE("layer_norm_backward");
   EMBER_CHECK(grad.shape() == x.shape(), "layer_norm_backward: the gradient has shape ", grad.shape().str(),
               " but the input has ", x.shape().str());
-  x.check_cpu("layer_norm_backward");
-  grad.check_cpu("layer_norm_backward");
+  EMBER_CHECK(grad.device() == x.device(), "layer_norm_backward: the gradient is on ", grad.device().str(),
+              " but the input of shape ", x.shape().str(), " is on ", x.device().str());
   EMBER_CHECK(!weight.defined() || weight.device() == x.device(), "layer_norm_backward: weight is on ",
               weight.device().str(), " but the input of shape ", x.shape().str(), " is on ", x.device().str());
   const std::int64_t D = normalized_shape.numel();
   const std::int64_t R = D > 0 ? x.numel() / D : 0;
   LayerNormGrads<T> r;
-  if (need_dx) r.dx = empty<T>(x.shape(), x.device());
+  auto allocate = [&] {
+    if (need_dx) r.dx = empty<T>(x.shape(), x.device());
+    if (need_dweight) r.dweight = empty<T>(normalized_shape, x.device());
+    if (need_dbias) r.dbias = empty<T>(normalized_shape, x.device());
+  };
+  if (x.device().is_cuda()) {
+#if EMBER_CUDA_NORM
+    EMBER_CHECK(save_mean.defined() && save_rstd.defined() && save_mean.numel() == R && save_rstd.numel() == R &&
+                    save_mean.device() == x.device() && save_rstd.device() == x.device(),
+                "layer_norm_backward: on CUDA the forward's per-row statistics are needed (LayerNormResult::"
+                "save_mean / save_rstd: ", R, " values on ", x.device().str(), "), input shape ", x.shape().str());
+    allocate();
+    detail::layer_norm_backward_cuda(grad, x, weight, save_mean, save_rstd, R, D, r);
+    return r;
+#else
+    (void)save_mean, (void)save_rstd;
+    detail::no_cuda_kernel("layer_norm_backward", x.device(), "the layer norm kernels");
+#endif
+  }
+  x.check_cpu("layer_norm_backward");
+  allocate();
+  EMBER_CHECK(std::int64_t(mean.size()) == R && std::int64_t(rstd.size()) == R, "layer_norm_backward: expected the "
+              "forward's ", R, " per-row statistics, got ", mean.size(), " means and ", rstd.size(), " rstds");
   const Tensor<T> xc = x.contiguous(), gc = grad.contiguous(), wc = weight.defined() ? weight.contiguous() : Tensor<T>();
-  if (need_dweight) r.dweight = empty<T>(normalized_shape, x.device());
-  if (need_dbias) r.dbias = empty<T>(normalized_shape, x.device());
   cpu::layer_norm_backward(gc.data(), xc.data(), wc.defined() ? wc.data() : nullptr, need_dx ? r.dx.data() : nullptr,
                            need_dweight ? r.dweight.data() : nullptr, need_dbias ? r.dbias.data() : nullptr, R, D, mean,
                            rstd);

@@ -1,5 +1,6 @@
-// ember — sorting, cumulative and sampling ops without autograd, on the CPU: the argument checks and the dispatch to
-// the loops of cpu/sort.hpp (a CUDA tensor is an error that says so).
+// ember — sorting, cumulative and sampling ops without autograd: the argument checks and the dispatch to the loops of
+// cpu/sort.hpp or, for CUDA tensors in a translation unit compiled by nvcc, to cuda/sort.cuh (sort and the scans;
+// multinomial runs on the CPU only, and a CUDA tensor there is an error that says so).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,15 @@
 #include "ember/core/random.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cpu/sort.hpp"
+#include "ember/cuda/device.hpp"
+#include "ember/ops/elementwise.hpp"
+
+#if EMBER_WITH_CUDA && defined(__CUDACC__)
+#include "ember/cuda/sort.cuh"
+#define EMBER_CUDA_SORT 1
+#else
+#define EMBER_CUDA_SORT 0
+#endif
 
 namespace ember::ops {
 
@@ -19,18 +29,51 @@ Tensor<T> host_input(const Tensor<T>& x, const char* op) {
   x.check_cpu(op);
   return x.detach().contiguous();
 }
+/// x as a contiguous tensor on its device without autograd.
+template <class T>
+Tensor<T> scan_input(const Tensor<T>& x) {
+  return dense(x.detach());
+}
 }  // namespace detail
 
 /// The first k positions (along d) of each row of x in sorted order, stable (ties keep their order); NaN counts as
 /// the largest value.
 template <class T>
 Tensor<std::int64_t> sort_indices(const Tensor<T>& x, int d, std::int64_t k, bool descending, const char* op) {
+  if (x.device().is_cuda()) {
+#if EMBER_CUDA_SORT
+    cuda::check_device(x.device(), op);
+    cuda::DeviceGuard guard(x.device());
+    const Tensor<T> c = detail::scan_input(x);
+    const auto s = cpu::dim_split(c.shape(), d);
+    Shape os = x.shape();
+    os[d] = k;
+    Tensor<std::int64_t> r = empty<std::int64_t>(os, x.device());
+    cuda::sort_indices(c.data(), s.outer, s.n, s.inner, k, descending, r.data(), x.device().index);
+    return r;
+#else
+    detail::no_cuda_kernel(op, x.device(), "the sort kernels");
+#endif
+  }
   return cpu::sort_indices(detail::host_input(x, op), d, k, descending);
 }
 
-/// Running sums (prod: products) along d of the contiguous host tensor c (detail::host_input).
+/// Running sums (prod: products) along d of the contiguous tensor c (detail::scan_input), on its device.
 template <class T>
 Tensor<T> cumulative(const Tensor<T>& c, int d, bool prod) {
+  if (c.device().is_cuda()) {
+#if EMBER_CUDA_SORT
+    cuda::check_device(c.device(), prod ? "cumprod" : "cumsum");
+    cuda::DeviceGuard guard(c.device());
+    const auto s = cpu::dim_split(c.shape(), d);
+    Tensor<T> r = empty<T>(c.shape(), c.device());
+    cuda::cumulative(c.data(), r.data(), s.outer, s.n, s.inner, prod, c.device().index);
+    return r;
+#else
+    detail::no_cuda_kernel(prod ? "cumprod" : "cumsum", c.device(), "the scan kernels");
+#endif
+  }
+  c.check_cpu(prod ? "cumprod" : "cumsum");
   return cpu::cumulative(c, d, prod);
 }
 
@@ -38,6 +81,20 @@ Tensor<T> cumulative(const Tensor<T>& c, int d, bool prod) {
 /// output (unused for cumsum).
 template <class T>
 Tensor<T> cumulative_backward(const Tensor<T>& g, const Tensor<T>& x, const Tensor<T>& y, int d, bool prod) {
+  if (g.device().is_cuda()) {
+#if EMBER_CUDA_SORT
+    cuda::DeviceGuard guard(g.device());
+    const Tensor<T> gc = detail::scan_input(g);
+    const auto s = cpu::dim_split(gc.shape(), d);
+    Tensor<T> gx = empty<T>(gc.shape(), gc.device());
+    cuda::cumulative_backward(gc.data(), prod ? x.data() : nullptr, prod ? y.data() : nullptr, gx.data(), s.outer,
+                              s.n, s.inner, prod, g.device().index);
+    return gx;
+#else
+    (void)x, (void)y;
+    detail::no_cuda_kernel(prod ? "cumprod_backward" : "cumsum_backward", g.device(), "the scan kernels");
+#endif
+  }
   return cpu::cumulative_backward(g.contiguous(), x, y, d, prod);
 }
 
