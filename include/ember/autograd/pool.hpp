@@ -92,7 +92,7 @@ Tensor<T> max_pool2d(const Tensor<T>& x, Size2 kernel, const Pool2dOptions& o = 
     autograd::record_pool(y, x, node);
     if (cuda) {
       node->x = autograd::Saved<T>(x);
-      node->y = autograd::Saved<T>(y);
+      node->y = autograd::Saved<T>(y.detach());  // detached: no cycle through y's own node
     }
   }
   return y;

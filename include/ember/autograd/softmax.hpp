@@ -34,7 +34,7 @@ Tensor<T> record_softmax(Tensor<T> y, const Tensor<T>& x, std::int64_t dim) {
     node->dim = wrap_dim(dim, x.shape(), Log ? "log_softmax" : "softmax");
     node->output = y.impl_ptr();
     set_history<T>(y, node);
-    node->y = Saved<T>(y);
+    node->y = Saved<T>(y.detach());  // detached: a saved output holding its own node would be a reference cycle
   }
   return y;
 }
