@@ -43,7 +43,7 @@ namespace detail {
 /// the end (one device-to-host read per device, none per gradient).
 struct FoundInf {
   std::vector<Tensor<std::int64_t>> flags;
-  const Tensor<std::int64_t>& flag_for(Device d, const char* op) {
+  const Tensor<std::int64_t>& flag_for(Device d, [[maybe_unused]] const char* op) {
     for (const auto& f : flags)
       if (f.device() == d) return f;
 #if !EMBER_CUDA_EXECUTOR

@@ -76,7 +76,8 @@ __device__ EMBER_INLINE std::int64_t offset_at(std::int64_t p, const Shape& shap
        i += std::int64_t(gridDim.x) * blockDim.x)
 
 /// bad[0] = the smallest position whose index value lies outside [lo, hi).
-__global__ void __launch_bounds__(kThreads)
+// (The kernels that are not templates are static: defined in a header, each translation unit keeps its own copy.)
+static __global__ void __launch_bounds__(kThreads)
     bad_index_kernel(const std::int64_t* __restrict__ idx, Shape shape, Shape strides, std::int64_t count,
                      std::int64_t lo, std::int64_t hi, unsigned long long* bad) {
   EMBER_INDEX_LOOP(p, count) {
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /// bad[1] = the index value at position bad[0] (when there is one).
-__global__ void bad_value_kernel(const std::int64_t* __restrict__ idx, Shape shape, Shape strides,
+static __global__ void bad_value_kernel(const std::int64_t* __restrict__ idx, Shape shape, Shape strides,
                                  unsigned long long* bad) {
   if (bad[0] != ~0ull) bad[1] = static_cast<unsigned long long>(idx[offset_at(std::int64_t(bad[0]), shape, strides)]);
 }
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /// keys[p] = the offset in x that position p targets; perm[p] = p.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     scatter_keys_kernel(const std::int64_t* __restrict__ idx, IndexWalk w, std::int64_t count,
                         std::int64_t* __restrict__ keys, std::int64_t* __restrict__ perm) {
   EMBER_INDEX_LOOP(p, count) {
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /// keys[i] = ix[i] (any stride); perm[i] = i.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     row_keys_kernel(const std::int64_t* __restrict__ ix, std::int64_t stride, std::int64_t m,
                     std::int64_t* __restrict__ keys, std::int64_t* __restrict__ perm) {
   EMBER_INDEX_LOOP(i, m) {

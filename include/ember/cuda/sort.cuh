@@ -93,14 +93,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /// rows[t] = the row of the element at sorted position t.
-__global__ void __launch_bounds__(kThreads)
+// (The kernels that are not templates are static: defined in a header, each translation unit keeps its own copy.)
+static __global__ void __launch_bounds__(kThreads)
     row_of_kernel(const std::int64_t* __restrict__ pos, std::int64_t n, std::int64_t count,
                   std::int64_t* __restrict__ rows) {
   EMBER_SORT_LOOP(t, count) rows[t] = pos[t] / n;
 }
 
 /// out[(o * k + j) * inner + i] = the position along the dim of the j-th element of row (o, i), for j < k.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     take_first_kernel(const std::int64_t* __restrict__ pos, std::int64_t n, std::int64_t inner, std::int64_t k,
                       std::int64_t rows, std::int64_t* __restrict__ out) {
   EMBER_SORT_LOOP(t, rows * k) {
@@ -181,7 +182,7 @@ inline constexpr int kDigitBits = 4, kDigits = 1 << kDigitBits;
 inline constexpr int kScanThreads = 1024;
 
 /// counts[d * ntiles + t] = how many keys of tile t have digit d at `shift`.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     digit_count_kernel(const unsigned long long* __restrict__ keys, std::int64_t count, int shift, std::int64_t ntiles,
                        std::int64_t* __restrict__ counts) {
   EMBER_SORT_LOOP(t, ntiles) {
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
 
 /// The exclusive prefix sum of a[0, n) in place, by one block: each thread sums a contiguous chunk, thread 0 scans
 /// the chunks' sums in order, each thread then writes its chunk's prefixes.
-__global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(std::int64_t* __restrict__ a, std::int64_t n) {
+static __global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(std::int64_t* __restrict__ a, std::int64_t n) {
   __shared__ std::int64_t part[kScanThreads];
   const std::int64_t chunk = (n + kScanThreads - 1) / kScanThreads;
   const std::int64_t b = threadIdx.x * chunk, e = b + chunk < n ? b + chunk : n;
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(std::int64
 }
 
 /// Places tile t's (key, value) pairs, in order, at the offsets the scanned counts give their digits.
-__global__ void __launch_bounds__(kThreads)
+static __global__ void __launch_bounds__(kThreads)
     digit_place_kernel(const unsigned long long* __restrict__ keys, const std::int64_t* __restrict__ vals,
                        std::int64_t count, int shift, std::int64_t ntiles, const std::int64_t* __restrict__ offsets,
                        unsigned long long* __restrict__ keys_out, std::int64_t* __restrict__ vals_out) {
