@@ -56,7 +56,7 @@ inline std::size_t invalid_utf8_at(std::string_view s) {
 /// Appends s to out as a JSON string: in double quotes, with `"`, `\` and the control characters below U+0020
 /// escaped and every other byte as it is (DEL and bytes >= 0x80 included), as JSON libraries write it. With
 /// short_escapes the control characters \b, \t, \n, \f and \r take their two-byte forms, the others (and, without
-/// it, all of them) \u00xx. JSON text is UTF-8: a caller that may hold other bytes checks s with invalid_utf8_at
+/// it, all of them) `\u00xx`. JSON text is UTF-8: a caller that may hold other bytes checks s with invalid_utf8_at
 /// first (copied as they are, such bytes make the text invalid JSON; a strict reader, JsonSax included, refuses it).
 EMBER_COLD inline void append_json_string(std::string& out, std::string_view s, bool short_escapes = true) {
   static constexpr char hex[] = "0123456789abcdef";
@@ -83,7 +83,7 @@ EMBER_COLD inline void append_json_string(std::string& out, std::string_view s, 
 /// A strict JSON reader (RFC 8259) that hands each value to a handler as it reads it, building no document: the
 /// handler checks its grammar at each call and throws at the first value out of place, so what a hostile text nests
 /// never costs more than the handler's grammar allows; the reader itself stops at 64 levels of nesting. Strings are
-/// checked to be UTF-8 and unescaped (\uXXXX surrogate pairs into one code point; a lone surrogate is an error).
+/// checked to be UTF-8 and unescaped (`\uXXXX` surrogate pairs into one code point; a lone surrogate is an error).
 /// Numbers follow JSON's grammar; an integer reaches the handler as unsigned or signed 64-bit when it fits, any other
 /// number as its text. Errors name the byte offset and quote what was read (escaped, bounded). Time is linear in the
 /// text's length; memory is the last string read.

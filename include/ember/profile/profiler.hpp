@@ -158,7 +158,7 @@ class Profiler {
   }
 
   /// The ranges as Chrome trace events (complete events, microseconds), written atomically. Names are JSON strings
-  /// with every control character as \u00xx; their other bytes are written as they are (so a name that is not
+  /// with every control character as `\u00xx`; their other bytes are written as they are (so a name that is not
   /// UTF-8 gives a trace that strict JSON readers refuse).
   void export_chrome_trace(const std::string& path) const {
     std::string j = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
