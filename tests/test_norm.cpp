@@ -539,7 +539,7 @@ TEST_CASE("fuse_modules with named pairs: Conv2d + BatchNorm2d and Linear + Batc
                        Error);
   CHECK(rel_diff(net.conv1.weight, w1) == 0);
   CHECK(rel_diff(net.fc.weight, wfc) == 0);
-  CHECK(!net.bn3.folded());
+  CHECK(!nn::folded(net.bn3));
   CHECK(rel_diff(net(x), ref) == 0);
   CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "bn1"}}),
                        doctest::Contains("expected a Conv2d followed by a BatchNorm2d, or a Linear followed by a "
@@ -552,7 +552,7 @@ TEST_CASE("fuse_modules with named pairs: Conv2d + BatchNorm2d and Linear + Batc
   CHECK(rel_diff(net(x), ref) == 0);
 
   nn::fuse_modules(net, {{"conv1", "bn1"}, {"conv2", "bn2"}, {"fc", "bn3"}});
-  CHECK(net.bn1.folded());
+  CHECK(nn::folded(net.bn1));
   CHECK(rel_diff(net(x), ref) < 1e-5);
   // Every handle of the conv sees the folded weight and the gained bias.
   nn::Conv2d handle = net.conv1;
@@ -725,10 +725,10 @@ TEST_CASE("fused activations: Conv2d/Linear epilogues equal the unfused ops bit 
     CHECK(rel_diff(b(xs), a(xs)) == 0);
   }
   nn::fuse_modules(net, {{"conv", "bn", "relu"}, {"fc", "silu"}});
-  CHECK(net.relu.folded());
-  CHECK(net.silu.folded());
-  CHECK(Activation(net.conv.fused_activation()) == Activation::relu);
-  CHECK(Activation(net.fc.fused_activation()) == Activation::silu);
+  CHECK(nn::folded(net.relu));
+  CHECK(nn::folded(net.silu));
+  CHECK(nn::fused_activation(net.conv) == Activation::relu);
+  CHECK(nn::fused_activation(net.fc) == Activation::silu);
   CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"fc", "silu"}}),
                        doctest::Contains("cannot fuse 'fc', 'silu': 'silu' was already fused into the layer before it"), Error);
 }
@@ -804,9 +804,9 @@ TEST_CASE("fused 2x2 max pools: the conv epilogue pools bit for bit, training th
                        doctest::Contains("only a Conv2d takes a max pool in its epilogue"), Error);
   CHECK_THROWS_WITH_AS(nn::fuse_modules(net, {{"conv", "pool", "relu"}}), doctest::Contains("cannot fold 'pool'"),
                        Error);
-  CHECK(!net.conv.fused_pool());
+  CHECK(!nn::fused_pool(net.conv));
   nn::fuse_modules(net, {{"conv", "bn", "relu", "pool"}});
-  CHECK(net.conv.fused_pool());
-  CHECK(net.conv.fused_activation() == static_cast<unsigned char>(Activation::relu));
-  CHECK(net.pool.folded());
+  CHECK(nn::fused_pool(net.conv));
+  CHECK(nn::fused_activation(net.conv) == Activation::relu);
+  CHECK(nn::folded(net.pool));
 }

@@ -20,7 +20,7 @@ namespace ember::nn {
     /** The activation of x, element-wise, in one fused pass. */           \
     template <class T>                                                     \
     Tensor<T> forward(const Tensor<T>& x) const {                          \
-      if (folded() && detail::applied_by_layer(x)) return x; /* fused */   \
+      if (nn::folded(*this) && detail::applied_by_layer(x)) return x; /* fused */   \
       return expr_of_x;                                                    \
     }                                                                      \
     /** forward(x). */                                                     \
@@ -53,7 +53,7 @@ class GELU : public Module {
   /// gelu(x) or gelu_tanh(x), element-wise.
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
-    if (folded() && detail::applied_by_layer(x)) return x;  // applied by the layer it was fused into
+    if (nn::folded(*this) && detail::applied_by_layer(x)) return x;  // applied by the layer it was fused into
     return approximate ? Tensor<T>(gelu_tanh(x)) : Tensor<T>(gelu(x));
   }
   /// forward(x).

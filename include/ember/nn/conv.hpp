@@ -10,6 +10,7 @@
 #include "ember/core/creation.hpp"
 #include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/detail/quant_hook.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/ops/conv.hpp"
@@ -95,15 +96,15 @@ EMBER_COLD Conv2dT<P>::Conv2dT(std::int64_t in_channels, std::int64_t out_channe
 
 template <amp::PrecisionPolicy P>
 auto Conv2dT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
-  if (Tensor<compute_t> q; quant_forward(x, q)) return q;  // int8 after quant::convert
+  if (Tensor<compute_t> q; detail::quant_forward(*this, x, q)) return q;  // int8 after quant::convert
   // A conv built without bias has one after nn::fuse_conv_bn folded a BatchNorm into it.
   const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
   const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
   const ember::Conv2dOptions co{options.stride, options.padding, options.dilation, options.groups};
   // An activation moved into this layer runs in the convolution's epilogue when nothing needs a gradient (see
   // nn/detail/fused_act.hpp for the other case).
-  const auto act = Activation(fused_activation());
-  const bool pool = fused_pool();
+  const auto act = nn::fused_activation(*this);
+  const bool pool = nn::fused_pool(*this);
   if ((act != Activation::none || pool) && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc)) {
     auto run = [&](const Tensor<compute_t>& x4) -> Tensor<compute_t> {
       if (!pool || x4.device().is_cpu()) return ops::detail::conv2d_enabled(x4, wc, bc, co, act, pool);

@@ -24,7 +24,8 @@ struct ConvBnTail {
 /// Whether conv -> bn [-> relu] [-> pool] can run fused on x: bn in training mode, neither module folded or
 /// quantized, a 4-D input and parameters on the CPU, and a convolution output of at least 2x2 for the pool.
 inline bool conv_bn_fusable(const Conv2d& conv, const BatchNorm2d& bn, const Tensor<float>& x, bool pool2) {
-  if (!bn.is_training() || bn.folded() || conv.quantized() || conv.fused_activation() != 0 || conv.fused_pool() ||
+  if (!bn.is_training() || nn::folded(bn) || nn::quantized(conv) || nn::fused_activation(conv) != Activation::none ||
+      nn::fused_pool(conv) ||
       x.dim() != 4 || !x.device().is_cpu() || !conv.weight.device().is_cpu() || x.size(1) != conv.in_channels ||
       bn.num_features != conv.out_channels)
     return false;

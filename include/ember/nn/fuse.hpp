@@ -39,6 +39,7 @@
 #include "ember/core/dtype.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/autograd/grad_mode.hpp"
+#include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/module.hpp"
 
 namespace ember::nn {
@@ -85,7 +86,7 @@ struct FoldSite {
 
 /// The Activation of an activation module's state, or none when it is not one ember can fuse.
 inline Activation act_of(const ModuleState& s) {
-  if (s.folded) return Activation::none;
+  if (fused_of(s).folded) return Activation::none;
   if (s.type_name == "ReLU") return Activation::relu;
   if (s.type_name == "SiLU") return Activation::silu;
   if (s.type_name == "GELU") {
@@ -96,7 +97,7 @@ inline Activation act_of(const ModuleState& s) {
 }
 /// A MaxPool2d that a Conv2d's epilogue can take: 2x2, stride 2, no padding or dilation, floor.
 inline bool is_pool2x2(const ModuleState& s) {
-  if (s.folded || s.type_name != "MaxPool2d") return false;
+  if (fused_of(s).folded || s.type_name != "MaxPool2d") return false;
   for (const auto& [n, v] : s.settings)
     if (n == "pool2x2") return v != 0;
   return false;
@@ -152,25 +153,27 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const 
                              ") into '" + f.layer_name + "' (" + l.type_name + ")";
     EMBER_CHECK(l.type_name == "Conv2d", what, ": only a Conv2d takes a max pool in its epilogue");
     EMBER_CHECK(is_pool2x2(*f.pool), what, ": expected a MaxPool2d with kernel 2, stride 2, no padding or dilation "
-                "and floor mode", f.pool->folded ? " (this one was already fused)" : "");
-    EMBER_CHECK(!l.pool, what, ": the layer already takes a max pool");
+                "and floor mode", fused_of(*f.pool).folded ? " (this one was already fused)" : "");
+    EMBER_CHECK(!fused_of(l).pool, what, ": the layer already takes a max pool");
   }
   if (f.act) {
     const std::string what = std::string(op) + ": cannot move '" + f.act_name + "' (" + f.act->type_name + ") into '" +
                              f.layer_name + "' (" + l.type_name + ")";
     EMBER_CHECK(is_fusable_layer(l), what, ": expected a Conv2d or a Linear");
     EMBER_CHECK(act_of(*f.act) != Activation::none, what, ": expected a ReLU, GELU or SiLU module",
-                f.act->folded ? " (this one was already fused)" : "");
-    EMBER_CHECK(l.activation == 0, what, ": the layer already applies ", activation_name(Activation(l.activation)));
+                fused_of(*f.act).folded ? " (this one was already fused)" : "");
+    EMBER_CHECK(fused_of(l).activation == Activation::none, what, ": the layer already applies ",
+                activation_name(fused_of(l).activation));
   }
   if (!f.bn) return;
   const ModuleState& b = *f.bn;
   const std::string what = std::string(op) + ": cannot fold '" + f.bn_name + "' (" + b.type_name + ") into '" +
                            f.layer_name + "' (" + l.type_name + ")";
-  EMBER_CHECK(!b.folded, what, ": the BatchNorm was already folded");
+  EMBER_CHECK(!fused_of(b).folded, what, ": the BatchNorm was already folded");
   EMBER_CHECK(is_bn_for(l, b), what, ": expected a Conv2d followed by a BatchNorm2d, or a Linear followed by a "
               "BatchNorm1d");
-  EMBER_CHECK(l.activation == 0, what, ": the layer already applies an activation, which the BatchNorm follows");
+  EMBER_CHECK(fused_of(l).activation == Activation::none, what,
+              ": the layer already applies an activation, which the BatchNorm follows");
   const bool conv = l.type_name == "Conv2d";
   EMBER_CHECK(!l.training && !b.training, what, ": the model is in training mode; call eval() first (folding uses "
               "the running statistics, which only evaluation mode uses)");
@@ -195,7 +198,7 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void check_fold(const FoldSite& f, const 
 
 /// Turns a fused module into a stateless identity.
 inline void make_identity(ModuleState& s) {
-  s.folded = true;
+  extension<Fused>(s).folded = true;
   s.type_name = "Identity";
   s.extra_repr = nullptr;
   s.params.clear();
@@ -205,11 +208,11 @@ inline void make_identity(ModuleState& s) {
 EMBER_DEFERRED_DEF EMBER_HEADER_INLINE void fold(const FoldSite& f) {
   ModuleState& l = *f.layer;
   if (f.pool) {
-    l.pool = true;
+    extension<Fused>(l).pool = true;
     make_identity(*f.pool);
   }
   if (f.act) {
-    l.activation = static_cast<unsigned char>(f.act_kind);
+    extension<Fused>(l).activation = f.act_kind;
     if (cpu::is_heavy_act(f.act_kind)) {  // the layer's forward reads GELU's or SiLU's loops from a table
       cpu::enable_act_epilogues<float>();
       cpu::enable_act_epilogues<double>();
@@ -283,19 +286,20 @@ EMBER_DEFERRED_DEF EMBER_HEADER_INLINE int fuse_conv_bn(Module& model, const Fus
         if (!detail::is_fusable_layer(l)) continue;
         detail::FoldSite f{&l, nullptr, nullptr, prefix + ch[i].first, "", "", Activation::none, nullptr, ""};
         std::size_t j = i + 1;
-        if (j < ch.size() && detail::is_bn_for(l, *ch[j].second) && !ch[j].second->folded) {
+        if (j < ch.size() && detail::is_bn_for(l, *ch[j].second) && !detail::fused_of(*ch[j].second).folded) {
           f.bn = ch[j].second.get();
           f.bn_name = prefix + ch[j].first;
           ++j;
         }
-        if (o.activations && l.activation == 0 && j < ch.size() && detail::act_of(*ch[j].second) != Activation::none) {
+        if (o.activations && detail::fused_of(l).activation == Activation::none && j < ch.size() &&
+            detail::act_of(*ch[j].second) != Activation::none) {
           f.act = ch[j].second.get();
           f.act_name = prefix + ch[j].first;
           f.act_kind = detail::act_of(*f.act);
           ++j;
         }
         // A pool right after the layer's last folded module (an activation left in place stays between them).
-        if (o.pools && l.type_name == "Conv2d" && !l.pool && j < ch.size() &&
+        if (o.pools && l.type_name == "Conv2d" && !detail::fused_of(l).pool && j < ch.size() &&
             detail::is_pool2x2(*ch[j].second)) {
           f.pool = ch[j].second.get();
           f.pool_name = prefix + ch[j].first;
@@ -346,7 +350,7 @@ EMBER_HEADER_INLINE void fuse_modules(Module& model, const std::vector<std::vect
     std::vector<Found> m;
     for (const auto& n : g) m.push_back(find(n));
     for (std::size_t i = 1; i < m.size(); ++i)
-      EMBER_CHECK(!m[i].s->folded, "fuse_modules: cannot fuse ", listed, ": '", g[i],
+      EMBER_CHECK(!detail::fused_of(*m[i].s).folded, "fuse_modules: cannot fuse ", listed, ": '", g[i],
                   "' was already fused into the layer before it");
     for (std::size_t i = 1; i < m.size(); ++i) {
       const bool in_seq = (m[i - 1].parent && m[i - 1].parent->type_name == "Sequential") ||

@@ -10,6 +10,7 @@
 #include "ember/ops/matmul.hpp"
 #include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
+#include "ember/nn/detail/quant_hook.hpp"
 #include "ember/nn/init.hpp"
 #include "ember/nn/module.hpp"
 
@@ -67,13 +68,13 @@ EMBER_COLD LinearT<P>::LinearT(std::int64_t in_features, std::int64_t out_featur
 
 template <amp::PrecisionPolicy P>
 auto LinearT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
-  if (Tensor<compute_t> q; quant_forward(x, q)) return q;  // int8 after quant::convert
+  if (Tensor<compute_t> q; detail::quant_forward(*this, x, q)) return q;  // int8 after quant::convert
   // A layer built without bias has one after nn::fuse_conv_bn folded a BatchNorm1d into it.
   const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
   const Tensor<compute_t> wc = detail::to_compute<compute_t>(weight), bc = detail::to_compute<compute_t>(b);
   // An activation moved into this layer runs in the GEMM's epilogue when nothing needs a gradient (see
   // nn/detail/fused_act.hpp for the other case).
-  const auto act = Activation(fused_activation());
+  const auto act = nn::fused_activation(*this);
   if (act != Activation::none && detail::epilogue_on_device(x) && !detail::records_grad(x, wc, bc))
     return ops::detail::linear_enabled(x, wc, bc, act);
   return ember::linear(x, wc, bc);
@@ -81,7 +82,7 @@ auto LinearT<P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> 
 
 template <amp::PrecisionPolicy P>
 auto LinearT<P>::forward(const Tensor<compute_t>& x, Activation act) const -> Tensor<compute_t> {
-  if (act == Activation::none || quantized() || Activation(fused_activation()) != Activation::none)
+  if (act == Activation::none || nn::quantized(*this) || nn::fused_activation(*this) != Activation::none)
     return ember::detail::apply_linear_act(forward(x), act);
   const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
   return ember::linear(x, detail::to_compute<compute_t>(weight), detail::to_compute<compute_t>(b), act);
@@ -89,7 +90,8 @@ auto LinearT<P>::forward(const Tensor<compute_t>& x, Activation act) const -> Te
 
 template <amp::PrecisionPolicy P>
 auto LinearT<P>::forward_relu(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
-  if (quantized() || Activation(fused_activation()) != Activation::none) return Tensor<compute_t>(relu(forward(x)));
+  if (nn::quantized(*this) || nn::fused_activation(*this) != Activation::none)
+    return Tensor<compute_t>(relu(forward(x)));
   const Tensor<param_t> b = bias.defined() ? bias : own_parameter<param_t>("bias");
   return ember::detail::linear_none_or_relu(x, detail::to_compute<compute_t>(weight),
                                             detail::to_compute<compute_t>(b), Activation::relu);

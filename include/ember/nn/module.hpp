@@ -33,6 +33,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/autograd/grad_mode.hpp"
 #include "ember/autograd/tensor_ops.hpp"
+#include "ember/nn/detail/module_state.hpp"
 
 namespace ember::nn {
 
@@ -42,169 +43,6 @@ using AnyTensor = ember::StateTensor;
 /// A module's (or optimizer's) state: fully qualified name -> tensor, ordered by name.
 using StateDict = ember::StateDict;
 using ember::describe;
-
-class Module;
-
-namespace detail {
-struct ModuleAccess;
-
-/// What quant/ attaches to a Linear or Conv2d: while calibrating it observes the layer's inputs; once converted it
-/// runs the layer in int8 (float input and output) instead of the float forward. Defined here so nn/ needs no part
-/// of quant/.
-struct QuantHook {
-  virtual ~QuantHook() = default;
-  virtual bool converted() const = 0;
-  virtual void observe(const Tensor<float>& x) = 0;
-  virtual Tensor<float> forward(const Tensor<float>& x) const = 0;
-};
-
-using TensorSlot = std::variant<Tensor<float>, Tensor<double>, Tensor<half>, Tensor<bfloat16>, Tensor<std::int64_t>>;
-
-struct ModuleState {
-  std::string type_name;
-  std::vector<std::pair<std::string, TensorSlot>> params, buffers;
-  std::vector<std::pair<std::string, std::shared_ptr<ModuleState>>> children;
-  std::function<std::string()> extra_repr;  // "784, 256, bias=True" for printing
-  bool training = true;
-  /// Numeric settings that code working on the module tree reads by name (BatchNorm's "eps", for folding).
-  std::vector<std::pair<std::string, double>> settings;
-  /// Folded into the layer before it (nn::fuse_conv_bn): the module passes its input through, as nn.Identity.
-  bool folded = false;
-  /// An activation (an Activation) that nn::fuse_conv_bn moved into this layer's output: applied in the GEMM's
-  /// epilogue when nothing needs a gradient, as a separate fused op otherwise.
-  unsigned char activation = 0;
-  /// A 2x2 max pool (stride 2) after the activation that nn::fuse_conv_bn moved into this Conv2d: taken in the
-  /// convolution's epilogue when nothing needs a gradient, by the folded MaxPool2d module otherwise.
-  bool pool = false;
-  /// Set by quant::prepare (an observer) and quant::convert (the int8 layer).
-  std::shared_ptr<QuantHook> quant;
-
-  ModuleState() = default;
-  ModuleState(const ModuleState&) = delete;  // shared through shared_ptr, never copied
-  ModuleState& operator=(const ModuleState&) = delete;
-  EMBER_HEADER_INLINE ~ModuleState();  // (not inline: compiled once with ember::precompiled)
-};
-#if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE ModuleState::~ModuleState() = default;
-#endif
-
-/// What load_state_dict checks of one state tensor: whether it is defined, its shape and its dtype.
-struct SlotInfo {
-  bool defined = false;
-  Shape shape;
-  const char* dtype = "";
-  bool floating = false;
-};
-template <class V>  // a TensorSlot, or a state dict's AnyTensor
-SlotInfo slot_info(const V& t) {
-  return std::visit(
-      [](const auto& x) {
-        using T = typename std::remove_cvref_t<decltype(x)>::value_type;
-        return SlotInfo{x.defined(), x.defined() ? x.shape() : Shape{}, dtype_name<T>(), is_floating_v<T>};
-      },
-      t);
-}
-
-/// Storage offsets of t's elements in row-major order. Module state is copied element by element through these
-/// (plain loops, not the fused executor), so including this header instantiates no kernels per dtype.
-template <class T>
-std::vector<std::int64_t> element_offsets(const Tensor<T>& t) {
-  std::vector<std::int64_t> offs(static_cast<std::size_t>(t.numel()));
-  std::int64_t idx[kMaxDims] = {};
-  std::int64_t off = 0;
-  for (auto& o : offs) {
-    o = off;
-    for (int d = t.dim() - 1; d >= 0; --d) {
-      off += t.strides()[d];
-      if (++idx[d] < t.shape()[d]) break;
-      off -= t.strides()[d] * t.shape()[d];
-      idx[d] = 0;
-    }
-  }
-  return offs;
-}
-
-/// The elements of a state tensor (on any device) in row-major order, as doubles (exact for every floating dtype).
-/// A template (over a TensorSlot or an AnyTensor) so that it is compiled where it is called (load_state_dict,
-/// nn::fuse_conv_bn, quant).
-template <class V>
-EMBER_COLD std::vector<double> values_as_double(const V& t) {
-  return std::visit(
-      [](const auto& x) {
-        const auto h = x.device().is_cpu() ? x : ember::detail::copy_to_device(x, Device::cpu(), false);
-        std::vector<double> out;
-        out.reserve(std::size_t(h.numel()));
-        for (std::int64_t o : element_offsets(h)) out.push_back(convert<double>(h.data()[o]));
-        return out;
-      },
-      t);
-}
-
-/// Where to write dst's new elements on the host: dst itself on the CPU, else a host tensor of its shape.
-template <class T>
-Tensor<T> host_target(const Tensor<T>& dst) {
-  return dst.device().is_cpu() ? dst : ember::empty<T>(dst.shape());
-}
-/// After writing h (host_target(dst)): dst's version moves on (on the CPU h is dst), or h is copied to dst's device.
-template <class T>
-void commit_host_target(const Tensor<T>& dst, const Tensor<T>& h) {
-  if (dst.device().is_cpu()) {
-    dst.bump_version();
-  } else {
-    NoGradGuard ng;
-    Tensor<T> d = dst;
-    d.copy_(h);
-  }
-}
-
-/// The walks below are one non-template function each; a caller's lambda adds only a trampoline.
-using SlotFn = void (*)(void* ctx, const std::string& name, const TensorSlot& t);
-template <class F>
-void call_slot_fn(void* ctx, const std::string& name, const TensorSlot& t) {
-  (*static_cast<F*>(ctx))(name, t);
-}
-
-EMBER_HEADER_INLINE void walk_erased(const ModuleState& s, const std::string& prefix, bool params, bool recurse,
-                                     SlotFn fn, void* ctx);
-#if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE void walk_erased(const ModuleState& s, const std::string& prefix, bool params, bool recurse,
-                                     SlotFn fn, void* ctx) {
-  for (const auto& [n, t] : params ? s.params : s.buffers) fn(ctx, prefix + n, t);
-  if (!recurse) return;
-  for (const auto& [n, c] : s.children) walk_erased(*c, prefix + n + ".", params, true, fn, ctx);
-}
-#endif
-
-EMBER_HEADER_INLINE void walk_unique_erased(const ModuleState& s, bool params, bool recurse, SlotFn fn, void* ctx);
-#if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE void walk_unique_erased(const ModuleState& s, bool params, bool recurse, SlotFn fn, void* ctx) {
-  std::unordered_set<const void*> seen;
-  auto once = [&](const std::string& n, const TensorSlot& t) {
-    const void* id = std::visit([](const auto& x) -> const void* { return x.impl_ptr().get(); }, t);
-    if (id && !seen.insert(id).second) return;
-    fn(ctx, n, t);
-  };
-  walk_erased(s, "", params, recurse, call_slot_fn<decltype(once)>, &once);
-}
-#endif
-
-/// Calls f(name, tensor) for every registered tensor of `which` (params or buffers) in s and its descendants.
-template <class F>
-void walk(const ModuleState& s, const std::string& prefix, bool params, bool recurse, F&& f) {
-  using Fn = std::remove_reference_t<F>;
-  walk_erased(s, prefix, params, recurse, call_slot_fn<Fn>, const_cast<void*>(static_cast<const void*>(&f)));
-}
-
-/// walk, calling f once per distinct tensor (under the first name it has), as PyTorch's named_parameters /
-/// named_buffers with their default remove_duplicate=True: a tensor or submodule registered under two names
-/// (weight tying) is listed once, so an optimizer updates it once per step. Undefined tensors are all kept.
-template <class F>
-void walk_unique(const ModuleState& s, bool params, bool recurse, F&& f) {
-  using Fn = std::remove_reference_t<F>;
-  walk_unique_erased(s, params, recurse, call_slot_fn<Fn>, const_cast<void*>(static_cast<const void*>(&f)));
-}
-
-}  // namespace detail
 
 /// The base of every layer and model (PyTorch's `nn.Module`): named parameters, buffers and child modules, the
 /// training/evaluation mode, moving between devices and a state dict with PyTorch's names. A Module is a handle:
@@ -242,14 +80,12 @@ class Module {
   /// The name given to the constructor ("Linear", "Conv2d", "Sequential", ...): what printing shows and what
   /// apply() callbacks test to pick layers (PyTorch's `type(m).__name__`).
   const std::string& type_name() const { return s_->type_name; }
-  /// Whether nn::fuse_conv_bn folded this module into the layer before it (its forward is then the identity).
-  bool folded() const { return s_->folded; }
-  /// The activation nn::fuse_conv_bn moved into this layer (an Activation; 0 for none).
-  unsigned char fused_activation() const { return s_->activation; }
-  /// Whether nn::fuse_conv_bn moved a 2x2 max pool into this Conv2d.
-  bool fused_pool() const { return s_->pool; }
-  /// Whether quant::prepare or quant::convert attached itself to this layer.
-  bool quantized() const { return bool(s_->quant); }
+  /// This module's extension of kind E (detail::Extension: what nn::fuse_conv_bn or quant:: attached to it, see
+  /// nn/detail/fused_act.hpp and nn/detail/quant_hook.hpp), or null. Shared by every handle of the module.
+  template <class E>
+  E* extension() const {
+    return detail::find_extension<E>(*s_);
+  }
   /// This module's own parameter `name` of dtype T (undefined when there is none): a layer built without a bias
   /// finds here the one nn::fuse_conv_bn gave it, in every handle of the module.
   template <class T>
@@ -326,24 +162,6 @@ class Module {
   }
 
  protected:
-  /// For a layer quant/ prepared or converted: observes x (calibration) and returns false, or writes the int8
-  /// layer's output to `out` and returns true. Returns false at once for every other module.
-  template <class T>
-  bool quant_forward(const Tensor<T>& x, Tensor<T>& out) const {
-    if (!s_->quant) return false;
-    if constexpr (std::is_same_v<T, float>) {
-      if (s_->quant->converted()) {
-        out = s_->quant->forward(x);
-        return true;
-      }
-      s_->quant->observe(x);
-      return false;
-    } else {
-      (void)out;
-      throw Error(type_name() + ": a layer prepared or converted by quant:: takes float32 input, got " +
-                  dtype_name<T>() + " " + x.shape().str());
-    }
-  }
   /// Registers a parameter (a leaf that requires grad) under `name`; returns it.
   template <class T>
   Tensor<T>& register_parameter(const std::string& name, Tensor<T>& t, bool requires_grad = true) {
@@ -471,8 +289,8 @@ void Module::to(Device device) {
         [&](const auto& t) {
           using T = typename std::remove_cvref_t<decltype(t)>::value_type;
           if (!t.defined()) return;
-          EMBER_CHECK(device.is_cpu() || ember::detail::cuda_allocator != nullptr, "Module::to: cannot move '", n,
-                      "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(), ": ",
+          EMBER_CHECK(device.is_cpu() || ember::detail::part<ember::detail::CudaAllocatorPart>() != nullptr,
+                      "Module::to: cannot move '", n, "' (", describe(slot), " on ", t.device().str(), ") to ", device.str(), ": ",
                       ember::detail::no_cuda_backend());
           if (t.device() != device) move_in_place(t, device);
           if constexpr (is_floating_v<T>) {

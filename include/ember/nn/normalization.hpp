@@ -11,6 +11,7 @@
 #include "ember/amp/policy.hpp"
 #include "ember/autograd/normalization.hpp"
 #include "ember/core/creation.hpp"
+#include "ember/nn/detail/fused_act.hpp"
 #include "ember/nn/detail/policy_cast.hpp"
 #include "ember/nn/module.hpp"
 
@@ -98,7 +99,7 @@ EMBER_COLD BatchNormT<Rank, P>::BatchNormT(std::int64_t num_features, const Batc
 
 template <int Rank, amp::PrecisionPolicy P>
 auto BatchNormT<Rank, P>::forward(const Tensor<compute_t>& x) const -> Tensor<compute_t> {
-  if (folded()) return x;  // nn::fuse_conv_bn moved this normalisation into the layer before it
+  if (nn::folded(*this)) return x;  // nn::fuse_conv_bn moved this normalisation into the layer before it
   if constexpr (Rank == 2) {
     EMBER_CHECK(x.dim() == 4, "BatchNorm2d: expected a 4-D input (N, C, H, W), got shape ", x.shape().str());
   } else {

@@ -35,7 +35,7 @@ class MaxPool2d : public Module {
   /// before it and that convolution already pooled x.
   template <class T>
   Tensor<T> forward(const Tensor<T>& x) const {
-    if (folded() && detail::applied_by_layer(x)) return x;  // taken by the convolution it was fused into
+    if (nn::folded(*this) && detail::applied_by_layer(x)) return x;  // taken by the convolution it was fused into
     return max_pool2d(x, kernel_size, options);
   }
   /// forward(x).

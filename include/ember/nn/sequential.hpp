@@ -85,7 +85,7 @@ class Sequential : public Module {
     if (i + 1 >= stages_.size()) return false;
     const auto* fc = dynamic_cast<const Linear*>(stages_[i].keep.get());
     const auto* r = fc ? dynamic_cast<const ReLU*>(stages_[i + 1].keep.get()) : nullptr;
-    if (!r || r->folded()) return false;
+    if (!r || nn::folded(*r)) return false;
     h = fc->forward_relu(h);
     return true;
   }
@@ -101,13 +101,13 @@ class Sequential : public Module {
     ConvBnTail tail;
     if (used + i < stages_.size()) {
       const auto* r = dynamic_cast<const ReLU*>(stages_[i + used].keep.get());
-      if (r && !r->folded()) tail.relu = true, ++used;
+      if (r && !nn::folded(*r)) tail.relu = true, ++used;
     }
     if (used + i < stages_.size()) {
       const auto* p = dynamic_cast<const MaxPool2d*>(stages_[i + used].keep.get());
       const Size2 st = p ? (p->options.stride.h == 0 && p->options.stride.w == 0 ? p->kernel_size : p->options.stride)
                          : Size2(0);
-      if (p && !p->folded() && p->kernel_size.h == 2 && p->kernel_size.w == 2 && st.h == 2 && st.w == 2 &&
+      if (p && !nn::folded(*p) && p->kernel_size.h == 2 && p->kernel_size.w == 2 && st.h == 2 && st.w == 2 &&
           p->options.padding.h == 0 && p->options.padding.w == 0 && p->options.dilation.h == 1 &&
           p->options.dilation.w == 1 && !p->options.ceil_mode)
         tail.pool2 = true, ++used;

@@ -34,6 +34,8 @@
 #include "ember/cpu/qlinear.hpp"
 #include "ember/io/any_tensor.hpp"
 #include "ember/nn/fuse.hpp"
+#include "ember/nn/detail/fused_act.hpp"
+#include "ember/nn/detail/quant_hook.hpp"
 #include "ember/nn/module.hpp"
 #include "ember/quant/layers.hpp"
 #include "ember/quant/observer.hpp"
@@ -126,7 +128,9 @@ class Int8Layer final : public nn::detail::QuantHook {
   QuantizedLayer q_;
 };
 
-inline const Int8Layer* int8_of(const ModuleState& s) { return dynamic_cast<const Int8Layer*>(s.quant.get()); }
+inline const Int8Layer* int8_of(const ModuleState& s) {
+  return dynamic_cast<const Int8Layer*>(nn::detail::find_extension<nn::detail::QuantHook>(s));
+}
 
 inline double setting(const ModuleState& s, const char* name, double fallback) {
   for (const auto& [n, v] : s.settings)
@@ -150,7 +154,7 @@ inline void erase_param(ModuleState& s, const std::string& name) {
 /// Installs q in the layer: the int8 forward runs from now on and the float weight and bias leave the registry.
 inline void install(ModuleState& s, QuantizedLayer q) {
   const bool conv = q.conv;
-  s.quant = std::make_shared<Int8Layer>(std::move(q));
+  nn::detail::set_extension<nn::detail::QuantHook>(s, std::make_shared<Int8Layer>(std::move(q)));
   erase_param(s, "weight");
   erase_param(s, "bias");
   s.type_name = conv ? "QuantizedConv2d" : "QuantizedLinear";
@@ -196,10 +200,11 @@ inline int prepare(nn::Module& model, const QConfig& c = {}) {
     bool keep = (c.keep_first && i == 0) || (c.keep_last && i + 1 == sites.size());
     for (const auto& name : c.keep_float) keep = keep || name == s.name;
     if (keep) {
-      s.s->quant.reset();
+      nn::detail::set_extension<nn::detail::QuantHook>(*s.s, std::shared_ptr<nn::detail::QuantHook>());
       continue;
     }
-    s.s->quant = std::make_shared<detail::Calibrator>(detail::label(s), c.activation);
+    nn::detail::set_extension<nn::detail::QuantHook>(*s.s,
+                                                     std::make_shared<detail::Calibrator>(detail::label(s), c.activation));
     ++n;
   }
   return n;
@@ -214,7 +219,7 @@ inline int convert(nn::Module& model) {
   };
   std::vector<Job> jobs;
   for (const auto& s : detail::layers(model)) {
-    const auto* cal = dynamic_cast<const detail::Calibrator*>(s.s->quant.get());
+    const auto* cal = dynamic_cast<const detail::Calibrator*>(nn::detail::find_extension<nn::detail::QuantHook>(*s.s));
     if (!cal) continue;
     const Observer& obs = cal->observer();
     EMBER_CHECK(obs.has_data(), "quant::convert: layer '", detail::label(s),
@@ -243,8 +248,8 @@ inline int convert(nn::Module& model) {
     }
     q.input_dtype = obs.options().dtype;
     q.input = obs.qparams();
-    q.act = Activation(s.s->activation);
-    q.pool = s.s->pool;
+    q.act = nn::detail::fused_of(*s.s).activation;
+    q.pool = nn::detail::fused_of(*s.s).pool;
     if (q.conv) q.conv_options = detail::conv_options(*s.s);
     q.prepare();
     jobs.push_back({s, std::move(q)});

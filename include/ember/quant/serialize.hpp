@@ -84,8 +84,8 @@ inline void load(nn::Module& model, const std::string& path) {
                 "': input zero point ", iz.data()[0], " of '", detail::label(s), "' is outside ",
                 detail::qdtype_name(q.input_dtype));
     q.input.zero_point = std::int32_t(iz.data()[0]);
-    q.act = Activation(s.s->activation);
-    q.pool = s.s->pool;
+    q.act = nn::detail::fused_of(*s.s).activation;
+    q.pool = nn::detail::fused_of(*s.s).pool;
     if (q.conv) q.conv_options = detail::conv_options(*s.s);
     q.prepare();  // validates the sizes and values
     for (const char* field : {"weight", "weight_scale", "bias", "input_scale", "input_zero_point"})
