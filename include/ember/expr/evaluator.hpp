@@ -4,6 +4,9 @@
 //   LinearIdx{i}: every operand is dense over the whole space, element i;
 //   RowIdx{j}:    element j of the current row (after set_row with the outer coordinates).
 // Broadcasting is stride 0; strided views are their strides; half/bfloat16 load as float.
+//
+// The plan the evaluators read is expr/plan.hpp, the leaf traits of the executors' set-up expr/leaf_traits.hpp;
+// this header includes both.
 #pragma once
 
 #include <algorithm>
@@ -14,12 +17,11 @@
 #include "ember/config.hpp"
 #include "ember/core/dtype.hpp"
 #include "ember/core/shape.hpp"
+#include "ember/expr/leaf_traits.hpp"
 #include "ember/expr/nodes.hpp"
+#include "ember/expr/plan.hpp"
 
 namespace ember::expr {
-
-/// Most operands (leaves plus outputs) one plan holds.
-inline constexpr int kMaxOperands = 2 * kMaxLeaves + 8;
 
 /// Operands shared by every LeafRef<T, K> (and scalars by every ParamRef<T, K>) of a multi-output pass: slot K is
 /// read through one pointer, so the compiler sees repeated reads of a leaf as the same value and computes shared
@@ -66,99 +68,6 @@ struct alignas(sizeof(T) * N) RawPack {
 #define EMBER_UNROLL _Pragma("unroll")
 #else
 #define EMBER_UNROLL
-#endif
-
-/// An iteration space after merging dims that every operand walks contiguously, with each operand's strides.
-/// Outer dims come first; the last dim is the inner (row) loop.
-struct Plan {
-  Shape shape;  // collapsed extents; 0-d spaces become {1}
-  int nops = 0;
-  Shape st[kMaxOperands];
-  bool linear = false;  // every operand is dense with unit stride over the whole space: use LinearIdx
-
-  std::int64_t numel() const { return shape.numel(); }
-  std::int64_t row_len() const { return shape.back(); }
-  int outer_dims() const { return shape.n - 1; }
-};
-
-/// The plan of a dense 1-d space where every operand has unit stride (the executors' fast path).
-inline const Plan& linear_plan() {
-  static const Plan p = [] {
-    Plan q;
-    q.shape = Shape{1};
-    q.nops = kMaxOperands;
-    for (auto& st : q.st) st = Shape{1};
-    q.linear = true;
-    return q;
-  }();
-  return p;
-}
-
-/// Collects operands (broadcast to `space`), then collapse() merges dims.
-class PlanBuilder {
- public:
-  explicit PlanBuilder(const Shape& space) : space_(space) {}
-  int add(const Shape& shape, const Shape& strides) {
-    EMBER_CHECK(nops_ < kMaxOperands, "expression has too many operands (at most ", kMaxOperands, ")");
-    st_[nops_] = broadcast_strides(shape, strides, space_);
-    return nops_++;
-  }
-  /// An operand with explicit strides over the space (e.g. a reduction output with stride 0 on reduced dims).
-  int add_raw(const Shape& strides) {
-    EMBER_CHECK(nops_ < kMaxOperands, "expression has too many operands (at most ", kMaxOperands, ")");
-    st_[nops_] = strides;
-    return nops_++;
-  }
-  const Shape& strides(int k) const { return st_[k]; }
-
-  Plan collapse() const {
-    Plan p;
-    collapse_into(p);
-    return p;
-  }
-  /// collapse() into a plan the caller holds (a plan is a few KB: no copy).
-  EMBER_HEADER_INLINE void collapse_into(Plan& p) const;
-
- private:
-  Shape space_;
-  Shape st_[kMaxOperands];
-  int nops_ = 0;
-};
-#if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE void PlanBuilder::collapse_into(Plan& p) const {
-  p.nops = nops_;
-  // Walk dims inner to outer, skipping size-1 dims and merging a dim into the one inside it when every
-  // operand steps over the inner dim exactly once per step of the outer dim.
-  std::int64_t ext[kMaxDims];
-  std::int64_t st[kMaxOperands][kMaxDims];
-  int nd = 0;
-  for (int d = space_.n - 1; d >= 0; --d) {
-    const std::int64_t n = space_[d];
-    if (n == 1) continue;
-    bool merge = nd > 0;
-    for (int k = 0; merge && k < nops_; ++k) merge = st_[k][d] == st[k][nd - 1] * ext[nd - 1];
-    if (merge) {
-      ext[nd - 1] *= n;
-      continue;
-    }
-    ext[nd] = n;
-    for (int k = 0; k < nops_; ++k) st[k][nd] = st_[k][d];
-    ++nd;
-  }
-  if (nd == 0) {  // a single element (or a 0-d space)
-    ext[0] = space_.numel();
-    for (int k = 0; k < nops_; ++k) st[k][0] = 1;
-    nd = 1;
-  }
-  p.shape.n = nd;
-  for (int i = 0; i < nd; ++i) p.shape[i] = ext[nd - 1 - i];
-  p.linear = nd == 1;
-  for (int k = 0; k < nops_; ++k) {
-    p.st[k].n = nd;
-    for (int i = 0; i < nd; ++i) p.st[k][i] = st[k][nd - 1 - i];
-    p.linear = p.linear && p.st[k][0] == 1;
-  }
-}
 #endif
 
 /// Reads (or writes) one operand: base pointer, strides over the plan, and the current row.
@@ -412,137 +321,5 @@ template <class U, class A>
 Eval<CastExpr<U, A>> make_eval(const CastExpr<U, A>& e, const Plan& p, int& k) {
   return {make_eval(e.a, p, k)};
 }
-
-/// A tensor operand as the executors' set-up code sees it, without its dtype: planning, the device checks and the
-/// aliasing checks then run in ordinary functions compiled once per program, not once per expression.
-struct OperandRef {
-  const Shape* shape = nullptr;
-  const Shape* strides = nullptr;
-  const void* data = nullptr;
-  const StorageImpl* storage = nullptr;
-  Device device = Device::cpu();
-  bool defined = false;
-};
-
-template <class T>
-OperandRef operand_ref(const Tensor<T>& t) {
-  if (!t.defined()) return {};
-  return {&t.shape(), &t.strides(), static_cast<const void*>(t.data()), t.storage().get(), t.device(), true};
-}
-
-/// The number of tensor leaves of an expression type.
-template <class E>
-struct leaf_count : std::integral_constant<int, 0> {};
-template <class T, bool O>
-struct leaf_count<TensorLeaf<T, O>> : std::integral_constant<int, 1> {};
-template <class Op, class A>
-struct leaf_count<UnaryExpr<Op, A>> : leaf_count<A> {};
-template <class U, class A>
-struct leaf_count<CastExpr<U, A>> : leaf_count<A> {};
-template <class Op, class A, class B>
-struct leaf_count<BinaryExpr<Op, A, B>> : std::integral_constant<int, leaf_count<A>::value + leaf_count<B>::value> {};
-template <class C, class A, class B>
-struct leaf_count<WhereExpr<C, A, B>>
-    : std::integral_constant<int, leaf_count<C>::value + leaf_count<A>::value + leaf_count<B>::value> {};
-
-template <class... T>
-struct leaf_count<std::tuple<Tensor<T>...>> : std::integral_constant<int, int(sizeof...(T))> {};
-template <class... T>
-struct leaf_count<Slots<T...>> : std::integral_constant<int, int(sizeof...(T))> {};
-
-/// Whether an expression reads slots (LeafRef nodes): only a multi-output pass with a slot source evaluates it.
-template <class E>
-struct has_slots : std::false_type {};
-template <class T, int K>
-struct has_slots<LeafRef<T, K>> : std::true_type {};
-template <class T, int K>
-struct has_slots<ParamRef<T, K>> : std::true_type {};
-template <class Op, class A>
-struct has_slots<UnaryExpr<Op, A>> : has_slots<A> {};
-template <class U, class A>
-struct has_slots<CastExpr<U, A>> : has_slots<A> {};
-template <class Op, class A, class B>
-struct has_slots<BinaryExpr<Op, A, B>> : std::bool_constant<has_slots<A>::value || has_slots<B>::value> {};
-template <class C, class A, class B>
-struct has_slots<WhereExpr<C, A, B>>
-    : std::bool_constant<has_slots<C>::value || has_slots<A>::value || has_slots<B>::value> {};
-template <class E>
-inline constexpr bool no_slots_v = !has_slots<E>::value;
-
-/// The tensor leaves of e, in position order: an array with room for one more (never empty).
-template <class E>
-struct LeafRefs {
-  OperandRef at[leaf_count<E>::value + 1];
-  int n = 0;
-  explicit LeafRefs(const E& e) {
-    visit_leaves(e, [&](const auto& leaf) { at[n++] = operand_ref(leaf.tensor()); });
-  }
-  bool all_defined() const {
-    for (int k = 0; k < n; ++k)
-      if (!at[k].defined) return false;
-    return true;
-  }
-};
-
-/// Adds operands to the plan builder, in order, checking each is defined and all are on one device.
-EMBER_HEADER_INLINE void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& dev, bool& have_dev,
-                                      const char* op);
-#if EMBER_HEADER_BODIES
-EMBER_HEADER_INLINE void add_operands(PlanBuilder& b, const OperandRef* ops, int n, Device& dev, bool& have_dev,
-                                      const char* op) {
-  for (int k = 0; k < n; ++k) {
-    const OperandRef& t = ops[k];
-    EMBER_CHECK(t.defined, op, ": an operand is an undefined tensor");
-    if (!have_dev) {
-      dev = t.device;
-      have_dev = true;
-    }
-    EMBER_CHECK(t.device == dev, op, ": operands are on different devices (", dev.str(), " and ", t.device.str(), ")");
-    b.add(*t.shape, *t.strides);
-  }
-}
-#endif
-
-/// Adds every tensor leaf of `e` to the plan builder, in position order, checking devices agree.
-template <class E>
-void add_leaves(const E& e, PlanBuilder& b, Device& dev, bool& have_dev, const char* op) {
-  const LeafRefs<E> refs(e);
-  add_operands(b, refs.at, refs.n, dev, have_dev, op);
-}
-
-/// The device of an expression's first tensor leaf (the CPU for an expression of scalars only).
-template <class E>
-Device device_of(const E& e) {
-  Device d = Device::cpu();
-  bool have = false;
-  visit_leaves(e, [&](const auto& leaf) {
-    if (!have) d = leaf.tensor().device();
-    have = true;
-  });
-  return d;
-}
-
-/// The widest element type (in bytes) among an expression's tensor leaves; 0 when it has none.
-template <class E>
-struct max_leaf_bytes : std::integral_constant<std::size_t, 0> {};
-template <class T, bool O>
-struct max_leaf_bytes<TensorLeaf<T, O>> : std::integral_constant<std::size_t, sizeof(T)> {};
-template <class T, int K>
-struct max_leaf_bytes<LeafRef<T, K>> : std::integral_constant<std::size_t, sizeof(T)> {};
-template <class Op, class A>
-struct max_leaf_bytes<UnaryExpr<Op, A>> : max_leaf_bytes<A> {};
-template <class U, class A>
-struct max_leaf_bytes<CastExpr<U, A>> : max_leaf_bytes<A> {};
-template <class Op, class A, class B>
-struct max_leaf_bytes<BinaryExpr<Op, A, B>>
-    : std::integral_constant<std::size_t, std::max(max_leaf_bytes<A>::value, max_leaf_bytes<B>::value)> {};
-template <class C, class A, class B>
-struct max_leaf_bytes<WhereExpr<C, A, B>>
-    : std::integral_constant<std::size_t, std::max({max_leaf_bytes<C>::value, max_leaf_bytes<A>::value,
-                                                    max_leaf_bytes<B>::value})> {};
-template <class... T>
-struct max_leaf_bytes<std::tuple<Tensor<T>...>> : std::integral_constant<std::size_t, std::max({std::size_t(0), sizeof(T)...})> {};
-template <class... T>
-struct max_leaf_bytes<Slots<T...>> : max_leaf_bytes<std::tuple<Tensor<T>...>> {};
 
 }  // namespace ember::expr
