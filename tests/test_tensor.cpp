@@ -1193,23 +1193,23 @@ struct FakeCudaBackend {
   static inline FakeCudaBackend* self = nullptr;
   FakeCudaBackend() {
     self = this;
-    ember::detail::cuda_allocator = [](int i) -> Allocator* {
+    ember::detail::provide<ember::detail::CudaAllocatorPart>([](int i) -> Allocator* {
       EMBER_CHECK(i == 0, "fake backend: cuda:", i, " does not exist");
       return &self->gpu;
-    };
-    ember::detail::pinned_allocator = []() -> Allocator* { return &self->pinned; };
-    ember::detail::cuda_copy = [](const Storage& dst, std::size_t doff, const Storage& src, std::size_t soff,
-                                  std::size_t n, bool nb) {
+    });
+    ember::detail::provide<ember::detail::PinnedAllocatorPart>([]() -> Allocator* { return &self->pinned; });
+    ember::detail::provide<ember::detail::CudaCopyPart>([](const Storage& dst, std::size_t doff, const Storage& src,
+                                                           std::size_t soff, std::size_t n, bool nb) {
       REQUIRE((dst->device.is_cuda() || src->device.is_cuda()));
       self->copies++;
       self->non_blocking_copies += nb;
       std::memcpy(static_cast<char*>(dst->data) + doff, static_cast<const char*>(src->data) + soff, n);
-    };
+    });
   }
   ~FakeCudaBackend() {
-    ember::detail::cuda_allocator = nullptr;
-    ember::detail::pinned_allocator = nullptr;
-    ember::detail::cuda_copy = nullptr;
+    ember::detail::provide<ember::detail::CudaAllocatorPart>(nullptr);
+    ember::detail::provide<ember::detail::PinnedAllocatorPart>(nullptr);
+    ember::detail::provide<ember::detail::CudaCopyPart>(nullptr);
     self = nullptr;
   }
 };

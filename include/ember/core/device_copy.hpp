@@ -75,8 +75,8 @@ template <class T>
 Tensor<T> copy_to_device(const Tensor<T>& t, Device d, bool non_blocking) {
   EMBER_CHECK(t.defined(), "to: the tensor is undefined");
   if (t.device() == d && t.is_contiguous()) return t;
-  EMBER_CHECK((t.device().is_cpu() && d.is_cpu()) || cuda_copy != nullptr, "to: cannot copy a tensor of shape ",
-              t.shape().str(), " (", dtype_name<T>(), ") from ", t.device().str(), " to ", d.str(), ": ",
+  EMBER_CHECK((t.device().is_cpu() && d.is_cpu()) || part<CudaCopyPart>() != nullptr,
+              "to: cannot copy a tensor of shape ", t.shape().str(), " (", dtype_name<T>(), ") from ", t.device().str(), " to ", d.str(), ": ",
               no_cuda_backend());
   Tensor<T> src = t;
   if (!src.is_contiguous()) {
@@ -89,7 +89,8 @@ Tensor<T> copy_to_device(const Tensor<T>& t, Device d, bool non_blocking) {
     }
     if (src.device() == d) return src;
   }
-  const bool pinned_out = d.is_cpu() && non_blocking && src.device().is_cuda() && pinned_allocator != nullptr;
+  const bool pinned_out =
+      d.is_cpu() && non_blocking && src.device().is_cuda() && part<PinnedAllocatorPart>() != nullptr;
   Tensor<T> out = pinned_out ? empty_pinned<T>(src.shape()) : empty<T>(src.shape(), d);
   copy_bytes(out.storage(), 0, src.storage(), std::size_t(src.storage_offset()) * sizeof(T),
              std::size_t(src.numel()) * sizeof(T), non_blocking);

@@ -12,6 +12,7 @@
 #include "ember/config.hpp"
 #include "ember/core/allocator.hpp"
 #include "ember/core/device.hpp"
+#include "ember/core/optional_part.hpp"
 
 namespace ember {
 
@@ -50,21 +51,30 @@ struct StorageImpl {
 
 using Storage = std::shared_ptr<StorageImpl>;
 
-// Hooks that cuda/ sets when one of its headers is included (core never includes CUDA headers). Null in a build
-// without ember's CUDA backend, where the functions below give an error that says so.
+// The optional parts (core/optional_part.hpp) that cuda/ installs when one of its headers is included (core never
+// includes CUDA headers). Absent in a build without ember's CUDA backend, where the functions below give an error
+// that says so.
 namespace detail {
 /// The caching allocator of CUDA device i (cuda/allocator.hpp).
-inline Allocator* (*cuda_allocator)(int device_index) = nullptr;
+struct CudaAllocatorPart {
+  using Entry = Allocator* (*)(int device_index);
+};
 /// The caching allocator of page-locked (pinned) host memory, for Tensor::pin_memory (cuda/pinned.hpp).
-inline Allocator* (*pinned_allocator)() = nullptr;
+struct PinnedAllocatorPart {
+  using Entry = Allocator* (*)();
+};
 /// Whether host memory at p is page-locked, also when ember did not allocate it (cuda/pinned.hpp).
-inline bool (*is_pinned_ptr)(const void* p) = nullptr;
+struct PinnedQueryPart {
+  using Entry = bool (*)(const void* p);
+};
 /// Copies `nbytes` from src's bytes at `src_offset` to dst's at `dst_offset` when either storage is on a CUDA
 /// device (cuda/copy.hpp). The copy runs on the current stream of the CUDA device involved. It has finished when the
-/// hook returns unless `non_blocking` and the host side is pinned memory (or both sides are on CUDA devices): then it
-/// is asynchronous, and the hook keeps the host storage alive until the copy is done.
-inline void (*cuda_copy)(const Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
-                         std::size_t nbytes, bool non_blocking) = nullptr;
+/// entry returns unless `non_blocking` and the host side is pinned memory (or both sides are on CUDA devices): then
+/// it is asynchronous, and the entry keeps the host storage alive until the copy is done.
+struct CudaCopyPart {
+  using Entry = void (*)(const Storage& dst, std::size_t dst_offset, const Storage& src, std::size_t src_offset,
+                         std::size_t nbytes, bool non_blocking);
+};
 
 inline const char* no_cuda_backend() {
   return "this program was built without ember's CUDA backend (compile with nvcc, or define EMBER_WITH_CUDA=1, "
@@ -82,8 +92,9 @@ inline const char* no_cuda_backend() {
 /// The allocator for a device.
 inline Allocator& allocator_for(Device d) {
   if (d.is_cpu()) return CpuCachingAllocator::instance();
-  EMBER_CHECK(detail::cuda_allocator != nullptr, "allocate on ", d.str(), ": ", detail::no_cuda_backend());
-  return *detail::cuda_allocator(d.index);
+  EMBER_CHECK(detail::part<detail::CudaAllocatorPart>() != nullptr, "allocate on ", d.str(), ": ",
+              detail::no_cuda_backend());
+  return *detail::part<detail::CudaAllocatorPart>()(d.index);
 }
 
 EMBER_HEADER_INLINE Storage make_storage(std::size_t nbytes, Device d);
@@ -97,20 +108,21 @@ EMBER_HEADER_INLINE Storage make_storage(std::size_t nbytes, Device d) {
 EMBER_HEADER_INLINE Storage make_pinned_storage(std::size_t nbytes);
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE Storage make_pinned_storage(std::size_t nbytes) {
-  EMBER_CHECK(detail::pinned_allocator != nullptr, "pin_memory: ", detail::no_cuda_backend());
-  return std::make_shared<StorageImpl>(nbytes, *detail::pinned_allocator());
+  EMBER_CHECK(detail::part<detail::PinnedAllocatorPart>() != nullptr, "pin_memory: ", detail::no_cuda_backend());
+  return std::make_shared<StorageImpl>(nbytes, *detail::part<detail::PinnedAllocatorPart>()());
 }
 #endif
 
 /// True for host storage in page-locked memory (from the pinned allocator, or foreign memory CUDA reports as such).
 inline bool is_pinned(const StorageImpl& s) {
   if (!s.device.is_cpu() || s.data == nullptr) return false;
-  if (detail::pinned_allocator && s.allocator == detail::pinned_allocator()) return true;
+  if (const auto pinned = detail::part<detail::PinnedAllocatorPart>(); pinned && s.allocator == pinned()) return true;
   if (s.allocator) return false;  // ember's own pageable memory
-  return detail::is_pinned_ptr && detail::is_pinned_ptr(s.data);
+  const auto query = detail::part<detail::PinnedQueryPart>();
+  return query && query(s.data);
 }
 
-/// Copies `nbytes` bytes between two storages on any devices (see detail::cuda_copy for the CUDA cases).
+/// Copies `nbytes` bytes between two storages on any devices (see detail::CudaCopyPart for the CUDA cases).
 EMBER_HEADER_INLINE void copy_bytes(const Storage& dst, std::size_t dst_offset, const Storage& src,
                                     std::size_t src_offset, std::size_t nbytes, bool non_blocking = false);
 #if EMBER_HEADER_BODIES
@@ -127,9 +139,9 @@ EMBER_HEADER_INLINE void copy_bytes(const Storage& dst, std::size_t dst_offset, 
     std::memcpy(static_cast<char*>(dst->data) + dst_offset, static_cast<const char*>(src->data) + src_offset, nbytes);
     return;
   }
-  EMBER_CHECK(detail::cuda_copy != nullptr, "copy from ", src->device.str(), " to ", dst->device.str(), ": ",
-              detail::no_cuda_backend());
-  detail::cuda_copy(dst, dst_offset, src, src_offset, nbytes, non_blocking);
+  EMBER_CHECK(detail::part<detail::CudaCopyPart>() != nullptr, "copy from ", src->device.str(), " to ",
+              dst->device.str(), ": ", detail::no_cuda_backend());
+  detail::part<detail::CudaCopyPart>()(dst, dst_offset, src, src_offset, nbytes, non_blocking);
 }
 #endif
 

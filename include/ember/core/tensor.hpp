@@ -369,8 +369,8 @@ class Tensor {
 
   /// Errors unless a CUDA tensor can be copied to the host in this build.
   void check_host_copy(const char* op) const {
-    EMBER_CHECK(device().is_cpu() || detail::cuda_copy != nullptr, op, ": the tensor is on ", device().str(),
-                " and ", detail::no_cuda_backend());
+    EMBER_CHECK(device().is_cpu() || detail::part<detail::CudaCopyPart>() != nullptr, op, ": the tensor is on ",
+                device().str(), " and ", detail::no_cuda_backend());
   }
   /// Errors (naming `op`) unless this is a CPU tensor.
   void check_cpu(const char* op) const {

@@ -209,7 +209,8 @@ void record_stream(const Tensor<T>& t, const Stream& stream) {
 namespace detail {
 inline Allocator* device_allocator(int index) { return &CudaCachingAllocator::get(index); }
 /// Registers the allocator with core when this header is included (before main runs).
-inline const bool device_allocator_registered = (::ember::detail::cuda_allocator = &device_allocator, true);
+inline const bool device_allocator_registered =
+    ::ember::detail::provide<::ember::detail::CudaAllocatorPart>(&device_allocator);
 }  // namespace detail
 
 }  // namespace ember::cuda

@@ -85,7 +85,7 @@ inline void copy_storage(const Storage& dst, std::size_t dst_offset, const Stora
   }
 }
 
-inline const bool copy_registered = (::ember::detail::cuda_copy = &copy_storage, true);
+inline const bool copy_registered = ::ember::detail::provide<::ember::detail::CudaCopyPart>(&copy_storage);
 
 }  // namespace detail
 

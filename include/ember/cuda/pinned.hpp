@@ -221,8 +221,9 @@ inline bool pointer_is_pinned(const void* p) {
   }
   return a.type == cudaMemoryTypeHost;
 }
-inline const bool pinned_allocator_registered = (::ember::detail::pinned_allocator = &pinned_allocator,
-                                                 ::ember::detail::is_pinned_ptr = &pointer_is_pinned, true);
+inline const bool pinned_allocator_registered =
+    ::ember::detail::provide<::ember::detail::PinnedAllocatorPart>(&pinned_allocator) &&
+    ::ember::detail::provide<::ember::detail::PinnedQueryPart>(&pointer_is_pinned);
 }  // namespace detail
 
 }  // namespace ember::cuda

@@ -210,12 +210,10 @@ inline LaunchInfo launch_info(const InitOptions& o = {}) {
 }
 
 namespace detail {
-/// Creates the MPI backend (set by <ember/dist/mpi.hpp>).
-using MpiBackendFactory = std::shared_ptr<ProcessGroup> (*)(const LaunchInfo& li);
-inline MpiBackendFactory& mpi_backend_factory() {
-  static MpiBackendFactory f = nullptr;
-  return f;
-}
+/// The optional part (core/optional_part.hpp) that creates the MPI backend; installed by <ember/dist/mpi.hpp>.
+struct MpiBackendPart {
+  using Entry = std::shared_ptr<ProcessGroup> (*)(const LaunchInfo& li);
+};
 }  // namespace detail
 
 /// A new process group of every rank of the job (all ranks must create their groups in the same order).
@@ -223,10 +221,10 @@ inline std::shared_ptr<ProcessGroup> new_process_group(const InitOptions& o = {}
   const LaunchInfo li = launch_info(o);
   const int instance = detail::group_counter().fetch_add(1);
   if (li.backend == Backend::Mpi) {
-    EMBER_CHECK(detail::mpi_backend_factory() != nullptr, "dist::init: the mpi backend was asked for, but this "
-                "program was built without it: include <ember/dist/mpi.hpp> and link ember::mpi (CMake finds MPI, "
-                "e.g. Debian's libopenmpi-dev)");
-    return detail::mpi_backend_factory()(li);
+    EMBER_CHECK(ember::detail::part<detail::MpiBackendPart>() != nullptr,
+                "dist::init: the mpi backend was asked for, but this program was built without it: include "
+                "<ember/dist/mpi.hpp> and link ember::mpi (CMake finds MPI, e.g. Debian's libopenmpi-dev)");
+    return ember::detail::part<detail::MpiBackendPart>()(li);
   }
   if (li.world_size == 1 && li.backend == Backend::Auto)
     return std::make_shared<ProcessGroup>(0, 1, std::make_shared<detail::SelfCollectives>(li.timeout), nullptr);

@@ -276,7 +276,7 @@ inline std::shared_ptr<ProcessGroup> make_mpi_group(const LaunchInfo& li) {
   return std::make_shared<ProcessGroup>(rank, world, std::make_shared<MpiCollectives>(comm, rank, world, li.timeout),
                                         std::make_shared<MpiBootstrap>(comm));
 }
-inline const bool mpi_backend_registered = (mpi_backend_factory() = &make_mpi_group, true);
+inline const bool mpi_backend_registered = ember::detail::provide<MpiBackendPart>(&make_mpi_group);
 }  // namespace detail
 
 }  // namespace ember::dist

@@ -243,7 +243,7 @@ inline std::shared_ptr<Collectives> make_nccl(int rank, int world, Bootstrap& bo
                                               std::chrono::milliseconds timeout) {
   return std::make_shared<NcclCollectives>(rank, world, boot, device, timeout);
 }
-inline const bool nccl_backend_registered = (cuda_backend_factory() = &make_nccl, true);
+inline const bool nccl_backend_registered = ember::detail::provide<CudaBackendPart>(&make_nccl);
 }  // namespace detail
 
 }  // namespace ember::dist

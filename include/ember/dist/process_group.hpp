@@ -16,6 +16,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/core/optional_part.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/dist/backend.hpp"
 #include "ember/dist/bootstrap.hpp"
@@ -42,13 +43,12 @@ class SelfCollectives final : public Collectives {
   void abort_peers(const std::string&) noexcept override {}
 };
 
-/// Creates the CUDA-tensor backend of a group on first use; set by <ember/dist/nccl.hpp>.
-using CudaBackendFactory = std::shared_ptr<Collectives> (*)(int rank, int world, Bootstrap& boot, int device,
-                                                            std::chrono::milliseconds timeout);
-inline CudaBackendFactory& cuda_backend_factory() {
-  static CudaBackendFactory f = nullptr;
-  return f;
-}
+/// The optional part (core/optional_part.hpp) that creates the CUDA-tensor backend of a group on first use;
+/// installed by <ember/dist/nccl.hpp>.
+struct CudaBackendPart {
+  using Entry = std::shared_ptr<Collectives> (*)(int rank, int world, Bootstrap& boot, int device,
+                                                 std::chrono::milliseconds timeout);
+};
 
 template <class T>
 Buffer buffer_of(const Tensor<T>& t, const char* op, const char* what) {
@@ -180,11 +180,11 @@ inline detail::Collectives& ProcessGroup::backend_for(Device d, CollectiveKind k
   EMBER_CHECK(d.is_cuda(), ctx, ": the ", cpu_->name(), " backend does not take tensors on ", d.str());
   std::lock_guard<std::mutex> lk(cuda_mu_);
   if (!cuda_) {
-    EMBER_CHECK(detail::cuda_backend_factory() != nullptr, ctx, ": the tensor is on ", d.str(),
+    EMBER_CHECK(ember::detail::part<detail::CudaBackendPart>() != nullptr, ctx, ": the tensor is on ", d.str(),
                 ", and collectives on CUDA tensors need ember's NCCL backend: include <ember/dist/nccl.hpp> in a "
                 "translation unit of the program and link ember::nccl (the ", cpu_->name(),
                 " backend takes CPU tensors)");
-    cuda_ = detail::cuda_backend_factory()(rank_, world_, *boot_, d.index, cpu_->timeout());
+    cuda_ = ember::detail::part<detail::CudaBackendPart>()(rank_, world_, *boot_, d.index, cpu_->timeout());
   }
   EMBER_CHECK(cuda_->handles(d), ctx, ": this group's NCCL communicator is on another device than ", d.str(),
               " (one device per rank)");
