@@ -2,8 +2,9 @@
 // buffers and waits, as a state machine that takes the bytes a connection sent and gives the bytes to send back.
 // StoreServer (dist/store.hpp) runs it over TCP; tests and the fuzzer drive it directly.
 //
-// The wire format is in dist/detail/store_wire.hpp, the handshake in dist/detail/auth.hpp. Every peer is untrusted,
-// and every resource has a bound that holds:
+// The wire format is in dist/detail/store_wire.hpp, the handshake in dist/detail/auth.hpp, the server's answers to a
+// greeting and to requests (StoreCore::hello and serve) in dist/detail/store_protocol.hpp and the bounds' values in
+// dist/store_limits.hpp; this header includes them. Every peer is untrusted, and every resource has a bound that holds:
 // - a connection that has not proven the token within `handshake_timeout` is dropped, as is the oldest such
 //   connection when `max_handshakes` are pending; only proven connections count against `max_clients`, so
 //   connections that never authenticate cannot lock the job's ranks out;
@@ -33,27 +34,9 @@
 #include "ember/config.hpp"
 #include "ember/dist/detail/auth.hpp"
 #include "ember/dist/detail/store_wire.hpp"
+#include "ember/dist/store_limits.hpp"
 
 namespace ember::dist {
-
-/// What the store's server allows its clients (StoreServerOptions::limits). The defaults suit a job of up to
-/// thousands of ranks. PyTorch's TCPStore has no such limits.
-struct StoreLimits {
-  /// Bytes of keys and values held, together (the default, kMaxStoreBytes, is 1 GiB).
-  std::uint64_t max_store_bytes = detail::kMaxStoreBytes;
-  /// Connections that proved the token (the job's ranks, launchers, tools); the default, kMaxStoreClients, is 4096.
-  std::size_t max_clients = detail::kMaxStoreClients;
-  /// Connections still in their handshake; a new one beyond this drops the oldest.
-  std::size_t max_handshakes = 64;
-  /// How long a new connection has to prove the token.
-  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
-  /// How long a connection may hold part of a request without completing one.
-  std::chrono::milliseconds request_timeout = std::chrono::seconds(60);
-  /// Bytes of requests and replies each connection may buffer of its own.
-  std::size_t connection_buffer = std::size_t(64) << 10;
-  /// Bytes buffered beyond the connections' own shares (large values on their way), all connections together.
-  std::uint64_t shared_buffer = std::uint64_t(128) << 20;
-};
 
 /// The store's server side as a state machine (see the top of this header). Not thread-safe: one thread drives it.
 /// Every call leaves it settled: requests that can be answered are answered, connections it drops are listed by
@@ -297,143 +280,6 @@ inline void StoreCore::sent(Id id, std::size_t n) {
   settle();
 }
 
-// The client's greeting is complete: its proof decides whether it is served.
-inline void StoreCore::hello(Id id, Conn& c) {
-  const char* p = c.in.data();
-  if (std::string_view(p, 4) != detail::kClientMagic) {  // not an ember client (or another protocol version)
-    drop(id, true);
-    return;
-  }
-  const auto* nonce_c = reinterpret_cast<const unsigned char*>(p + 4);
-  const auto* proof = reinterpret_cast<const unsigned char*>(p + 4 + detail::kNonceBytes);
-  if (!token_.empty()) {
-    const detail::Digest want = detail::client_proof(token_, c.nonce, nonce_c);
-    if (!detail::equal_constant_time(want.data(), proof, want.size())) {
-      refuse_and_close(c, "the client did not prove it knows the job's token (EMBER_DIST_TOKEN)");
-      return;
-    }
-  }
-  if (ready_count_ >= limits_.max_clients) {
-    refuse_and_close(c, "the store already serves " + std::to_string(ready_count_) + " connections");
-    return;
-  }
-  detail::Digest mine{};
-  if (!token_.empty()) mine = detail::server_proof(token_, c.nonce, nonce_c);
-  c.in.clear();
-  c.stage = Stage::Ready;
-  c.since = now_;
-  --handshakes_;
-  ++ready_count_;
-  reply(c, detail::kOk, std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size()));
-}
-
-// Answers the complete requests at the front of c.in, stopping at one that must wait (for a key, for its replies
-// to be read, or for room in the shared buffer).
-inline void StoreCore::serve(Id id, Conn& c) {
-  if (c.stage != Stage::Ready) return;
-  std::size_t pos = 0;
-  bool served = false;
-  while (!c.waits && !c.starved && !c.dead && c.pending_out() < limits_.connection_buffer) {
-    const std::size_t avail = c.in.size() - pos;
-    const char* p = c.in.data() + pos;
-    if (avail < 5) break;
-    const auto cmd = std::uint8_t(p[0]);
-    const std::uint64_t klen = detail::get_le(p + 1, 4);
-    if (cmd < detail::kSet || cmd > detail::kWait || klen > detail::kMaxKey) {
-      c.dead = true;
-      break;
-    }
-    std::uint64_t need = 5 + klen, vlen = 0;
-    if (cmd == detail::kSet) {
-      if (avail < need + 8) break;
-      vlen = detail::get_le(p + need, 8);
-      if (vlen > detail::kMaxValue) {
-        c.dead = true;
-        break;
-      }
-      need += 8 + vlen;
-    } else if (cmd == detail::kAdd) {
-      need += 8;
-    }
-    if (need > limits_.connection_buffer + limits_.shared_buffer) {  // could never be held
-      c.dead = true;
-      break;
-    }
-    if (avail < need) break;
-    const std::string_view key(p + 5, klen);
-    auto it = data_.find(key);
-    if ((cmd == detail::kGet || cmd == detail::kWait) && it == data_.end()) {
-      c.waits = true;
-      c.waiting = std::string(key);
-      waiters_[c.waiting].push_back(id);
-      break;
-    }
-    // What this connection will hold once the request is answered (replies other than a GET's value are at most
-    // 64 bytes); a reply that does not fit waits for room. A value that could never fit is refused.
-    const bool too_large = cmd == detail::kGet && detail::kReplyHead + it->second.size() >
-                                                      limits_.connection_buffer + limits_.shared_buffer;
-    const std::uint64_t answer = cmd == detail::kGet && !too_large ? it->second.size() : 64;
-    if (!room_for(c, c.in.size() - pos - need + c.pending_out() + detail::kReplyHead + answer)) {
-      c.starved = true;
-      starved_.push_back(id);
-      break;
-    }
-    pos += need;
-    served = true;
-    switch (cmd) {
-      case detail::kSet:
-      case detail::kAdd: {
-        std::string value;
-        if (cmd == detail::kSet) {
-          value.assign(p + 5 + klen + 8, vlen);
-        } else {
-          long long cur = 0;
-          if (it != data_.end() && !it->second.empty() && !ember::detail::parse_int(it->second, cur)) {
-            reply(c, detail::kRefused, "the value is not an integer");
-            break;
-          }
-          const auto delta = detail::get_le(p + 5 + klen, 8);  // added in two's complement
-          value = std::to_string(static_cast<long long>(static_cast<std::uint64_t>(cur) + delta));
-        }
-        const std::uint64_t old = it == data_.end() ? 0 : key.size() + it->second.size();
-        const std::uint64_t after = bytes_ - old + key.size() + value.size();
-        if (after > limits_.max_store_bytes) {
-          reply(c, detail::kRefused, "the store is full");
-          break;
-        }
-        bytes_ = after;
-        if (it == data_.end()) it = data_.emplace(std::string(key), std::move(value)).first;
-        else it->second = std::move(value);
-        reply(c, detail::kOk, cmd == detail::kAdd ? std::string_view(it->second) : std::string_view());
-        wake_waiters(it->first);
-        break;
-      }
-      case detail::kCheck: reply(c, it != data_.end() ? detail::kOk : detail::kMissing, {}); break;
-      case detail::kDel:
-        if (it == data_.end()) {
-          reply(c, detail::kMissing, {});
-        } else {
-          bytes_ -= key.size() + it->second.size();
-          data_.erase(it);
-          reply(c, detail::kOk, {});
-        }
-        break;
-      case detail::kGet:
-        if (too_large) reply(c, detail::kRefused, "the value is larger than the server's reply buffers");
-        else reply(c, detail::kOk, it->second);
-        break;
-      case detail::kWait: reply(c, detail::kOk, {}); break;
-    }
-  }
-  if (c.dead) {
-    drop(id, true);
-    return;
-  }
-  c.in.erase(0, pos);
-  if (served) c.since = now_;
-  recount(c);
-}
-
 inline void StoreCore::drop(Id id, bool tell) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
@@ -518,3 +364,6 @@ inline void StoreCore::check_invariants() const {
 }
 
 }  // namespace ember::dist
+
+// The protocol (StoreCore::hello and StoreCore::serve), after the class it belongs to.
+#include "ember/dist/detail/store_protocol.hpp"
