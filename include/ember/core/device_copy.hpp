@@ -1,6 +1,6 @@
 // ember — copying tensors between devices without autograd: a contiguous copy of a tensor on another device,
 // gathering strided views on the way. Host <-> CUDA and CUDA <-> CUDA copies go through the hook that cuda/copy.hpp
-// sets (core/storage.hpp, detail::cuda_copy); Tensor::to, cpu(), cuda(), copy_, item(), to_vector() and printing
+// sets (core/storage.hpp, detail::CudaCopyPart); Tensor::to, cpu(), cuda(), copy_, item(), to_vector() and printing
 // build on this (autograd/tensor_ops.hpp adds the gradient of to()).
 #pragma once
 

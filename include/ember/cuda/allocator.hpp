@@ -1,6 +1,6 @@
 // ember — the caching CUDA device allocator: one per device, so a training loop's repeated allocations are served
 // from cached blocks and stop reaching cudaMalloc after the first iteration. Including this header registers it with
-// core/storage.hpp (detail::cuda_allocator), which makes `empty<float>(shape, Device::cuda(0))` work.
+// core/storage.hpp (detail::CudaAllocatorPart), which makes `empty<float>(shape, Device::cuda(0))` work.
 //
 // The bookkeeping (512-byte rounding, small/large pools, per-stream free lists, splitting and merging) is
 // cuda/detail/block_pool.hpp. A block is allocated for the current stream of its device and, once freed, serves only

@@ -1,5 +1,5 @@
 // ember — copies between host and CUDA memory and between CUDA devices: the implementation of core's
-// detail::cuda_copy hook (core/storage.hpp), which Tensor::to, cuda(), cpu(), copy_, item(), to_vector() and printing
+// detail::CudaCopyPart (core/storage.hpp), which Tensor::to, cuda(), cpu(), copy_, item(), to_vector() and printing
 // use. Including this header registers it.
 //
 // Ordering: a copy runs on the current stream of the CUDA device involved (the destination's for copies between

@@ -1,6 +1,6 @@
 // ember — pinned (page-locked) host memory: a caching allocator over cudaHostAlloc, behind Tensor::pin_memory(),
 // and the list of asynchronous copies still in flight. Including this header registers the allocator with core
-// (core/storage.hpp: detail::pinned_allocator, detail::is_pinned_ptr).
+// (core/storage.hpp: detail::PinnedAllocatorPart, detail::PinnedQueryPart).
 //
 // Copies from (or into) pinned memory with non_blocking = true return before the data has moved. cuda/copy.hpp then
 // records an event on the copy's stream and hands the host storage to detail::PendingCopies, which holds a reference

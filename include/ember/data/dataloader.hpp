@@ -93,7 +93,9 @@ template <class B>
 void pin_batch(B&) {}
 
 /// Whether pin_memory can take effect: the pinned allocator is compiled in and a CUDA device is present.
-inline bool can_pin_memory() { return ember::detail::pinned_allocator != nullptr && cuda::is_available(); }
+inline bool can_pin_memory() {
+  return ember::detail::part<ember::detail::PinnedAllocatorPart>() != nullptr && cuda::is_available();
+}
 
 }  // namespace detail
 

@@ -42,10 +42,8 @@ inline void save_training_state(const std::string& path, const TrainingState& s)
 }
 
 /// Including this header gives the Trainer its checkpoint files.
-inline const bool checkpoint_io_registered = [] {
-  checkpoint_io() = {&save_training_state, &io::load_checkpoint};
-  return true;
-}();
+inline const bool checkpoint_io_registered = ember::detail::provide<CheckpointSavePart>(&save_training_state) &&
+                                            ember::detail::provide<CheckpointLoadPart>(&io::load_checkpoint);
 }  // namespace detail
 
 /// Reads a checkpoint the Trainer wrote (to inspect it, or to take the model's weights out of it).

@@ -1,6 +1,7 @@
 // ember — what train::Trainer calls out to: Callback (hooks into the loop, with state saved in checkpoints), Logger
 // (receives metrics), and TrainingState, everything a resumable checkpoint holds; the checkpoint files themselves are
-// read and written by <ember/train/checkpoint.hpp>, which registers itself in detail::checkpoint_io().
+// read and written by <ember/train/checkpoint.hpp>, which installs itself as two optional parts
+// (detail::CheckpointSavePart, CheckpointLoadPart).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "ember/core/optional_part.hpp"
 #include "ember/core/random.hpp"
 #include "ember/core/state_dict.hpp"
 #include "ember/io/checkpoint_state.hpp"
@@ -64,16 +66,14 @@ class Logger {
 };
 
 namespace detail {
-/// Writing and reading checkpoints lives in <ember/train/checkpoint.hpp> (it needs ember::io); including that
-/// header fills these in.
-struct CheckpointIO {
-  void (*save)(const std::string& path, const TrainingState& s) = nullptr;
-  TrainingState (*load)(const std::string& path) = nullptr;
+/// Writing and reading checkpoints lives in <ember/train/checkpoint.hpp> (it needs ember::io): two optional parts
+/// (core/optional_part.hpp) that including that header installs.
+struct CheckpointSavePart {
+  using Entry = void (*)(const std::string& path, const TrainingState& s);
 };
-inline CheckpointIO& checkpoint_io() {
-  static CheckpointIO io;
-  return io;
-}
+struct CheckpointLoadPart {
+  using Entry = TrainingState (*)(const std::string& path);
+};
 
 /// Text saved in a checkpoint read back as a double: the whole text must be one number (strtod's syntax, so "inf"
 /// and "nan" too); returns false otherwise. Callers check the range they need.

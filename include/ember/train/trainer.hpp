@@ -199,9 +199,10 @@ class Trainer {
   }
   /// Writes state() to `path` atomically. Needs <ember/train/checkpoint.hpp>.
   void save_checkpoint(const std::string& path) const {
-    EMBER_CHECK(detail::checkpoint_io().save != nullptr, "train::Trainer::save_checkpoint: checkpoints need "
-                "#include <ember/train/checkpoint.hpp> (and the CMake target ember::io)");
-    detail::checkpoint_io().save(path, state());
+    EMBER_CHECK(ember::detail::part<detail::CheckpointSavePart>() != nullptr,
+                "train::Trainer::save_checkpoint: checkpoints need #include <ember/train/checkpoint.hpp> (and the CMake "
+                "target ember::io)");
+    ember::detail::part<detail::CheckpointSavePart>()(path, state());
   }
 
  private:
@@ -228,7 +229,8 @@ class Trainer {
   }
 
   void resume(const std::string& which, std::int64_t epoch_batches) {
-    EMBER_CHECK(detail::checkpoint_io().load != nullptr, "train::Trainer::fit: resuming (ckpt_path = '", which,
+    EMBER_CHECK(ember::detail::part<detail::CheckpointLoadPart>() != nullptr,
+                "train::Trainer::fit: resuming (ckpt_path = '", which,
                 "') needs #include <ember/train/checkpoint.hpp> (and the CMake target ember::io)");
     std::string path = which;
     if (which == "last") {
@@ -238,7 +240,8 @@ class Trainer {
       EMBER_CHECK(!path.empty(), "train::Trainer::fit: ckpt_path = \"last\" but no callback has written a checkpoint "
                   "(add a ModelCheckpoint with save_last = true, or pass a path)");
     }
-    const TrainingState s = detail::checkpoint_io().load(path);  // the file: its format, counts, generator state
+    // The file: its format, counts, generator state.
+    const TrainingState s = ember::detail::part<detail::CheckpointLoadPart>()(path);
     // All or nothing (<ember/train/resume.hpp>): every part is checked before any is loaded.
     const detail::EpochTotals totals = detail::check_position(s, path, epoch_batches);
     detail::check_callback_states(callbacks_, s);
