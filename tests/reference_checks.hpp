@@ -1,6 +1,7 @@
 // Checks shared by the tests that compare ops with PyTorch fixtures and gradcheck them in double (test_loss,
-// test_norm): element-wise closeness to a double reference, a gradcheck that reports its message, and seeded
-// normal inputs.
+// test_norm, test_softmax, test_fuse, test_index, test_sort, test_manip, test_functional, test_transformer,
+// test_quant): element-wise closeness to a double reference, a gradcheck that reports its message, seeded normal
+// inputs, and one fixture case's value, gradients and gradcheck.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "ember/ember.hpp"
+#include "helpers.hpp"
 
 namespace ember_test {
 
@@ -44,6 +46,31 @@ inline ember::Tensor<double> normal(const ember::Shape& s, std::uint64_t seed, d
   ember::Tensor<double> t = ember::randn<double>(s, g);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = t.data()[i] * scale + shift;
   return t;
+}
+
+/// Runs `f` on the inputs of fixture case `name` in `src` (name.in0, ...): the value against name.y, the gradients
+/// for upstream name.g against name.d0, ..., then gradcheck on the same inputs (without the gradients when `grad` is
+/// false). The records are those of tests/fixtures/gen_manip.py and gen_parity.py.
+inline void check_fixture_case(const Fixtures& src, const std::string& name, std::size_t n_inputs, const GradFn& f,
+                               bool grad = true) {
+  using TD = ember::Tensor<double>;
+  using Inputs = std::vector<TD>;
+  INFO("case " << name);
+  Inputs in;
+  for (std::size_t i = 0; i < n_inputs; ++i) in.push_back(src[name + ".in" + std::to_string(i)].requires_grad_(true));
+  TD y = f(in);
+  ember_test::check_close(y, src[name + ".y"], 1e-12, 1e-12);
+  if (!grad) return;
+  y.backward(src[name + ".g"]);
+  for (std::size_t i = 0; i < n_inputs; ++i) {
+    INFO("gradient of input " << i);
+    REQUIRE(in[i].grad().defined());
+    ember_test::check_close(in[i].grad(), src[name + ".d" + std::to_string(i)], 1e-12, 1e-12);
+  }
+  Inputs fresh;
+  for (std::size_t i = 0; i < n_inputs; ++i)
+    fresh.push_back(src[name + ".in" + std::to_string(i)].requires_grad_(true));
+  ember_test::check_grad(name, f, fresh);
 }
 
 }  // namespace ember_test

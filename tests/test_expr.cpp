@@ -1,6 +1,7 @@
-// Fused element-wise expressions, checked element by element against references computed independently in double
-// precision with <cmath> and plain loops. (Reductions over expressions are in test_reduce.cpp: one translation unit
-// for both took over two minutes to compile at -O2.)
+// Fused element-wise expressions (expr/, evaluated by ops/elementwise.hpp and cpu/executor.hpp), checked element by
+// element against references computed independently in double precision with <cmath> and plain loops, and the
+// multi-output pass the optimizers and the scaler run (ops::assign_multi). (Reductions over expressions are in
+// test_reduce.cpp: one translation unit for both took over two minutes to compile at -O2.)
 //
 // Tolerances. Results are float; the reference is the exact function value in double.
 //  * + - * / and sqrt of floats must be correctly rounded: float(double op) is exact for them (double rounding
@@ -785,4 +786,117 @@ TEST_CASE("half and bfloat16 expressions compute in float and round once") {
     Tensor<float> r = run_expr(cast<float>(a) * fb + 1.f);
     for (i64 i = 0; i < 200; ++i) CHECK(r.data()[i] == doctest::Approx(float(a.data()[i]) * fb.data()[i] + 1.f).epsilon(1e-6));
   }
+}
+
+// ---- the multi-output pass the optimizers and the scaler run (ops::assign_multi) --------------------------------
+
+using ember_test::bitwise_equal;
+using ember_test::expect_error;
+using ember_test::fvec;
+
+TEST_CASE("ops::assign_multi updates outputs in place from their old values, through slots, leaves and params") {
+  Tensor<float> a = fvec({1, 2, 3, 4}), b = fvec({10, 20, 30, 40});
+  const auto A = expr::slot<0>(a);
+  const auto B = expr::slot<1>(a);
+  ops::assign_multi(std::make_tuple(a, b), std::make_tuple(A + B, A * B), a.shape(), std::make_tuple(a, b), "test");
+  CHECK(a.to_vector() == std::vector<float>{11, 22, 33, 44});  // a + b, old values
+  CHECK(b.to_vector() == std::vector<float>{10, 40, 90, 160});  // a * b with the old a
+  // Tensor leaves that are outputs read their old values too; params are the pass's scalars.
+  const auto two = expr::param<0, float>();
+  ops::assign_multi(std::make_tuple(a, b), std::make_tuple(b * two, a - b), a.shape(),
+                    expr::Slots(std::tuple<>{}, {2.0}), "test");
+  CHECK(a.to_vector() == std::vector<float>{20, 80, 180, 320});
+  CHECK(b.to_vector() == std::vector<float>{1, -18, -57, -116});
+  // A strided output (a transposed view) walks rows; a broadcast operand reads one row for all.
+  Tensor<float> m = arange<float>(0, 6).reshape({2, 3}).clone();
+  Tensor<float> mt = m.t();  // (3, 2) view of m
+  Tensor<float> row = fvec({100, 200});
+  ops::assign_multi(std::make_tuple(mt), std::make_tuple(expr::slot<0>(mt) + row), mt.shape(), std::make_tuple(mt),
+                    "test");
+  CHECK(m.to_vector() == std::vector<float>{100, 101, 102, 203, 204, 205});
+  // Large enough for several threads' chunks: the same as the element-wise formula.
+  Tensor<float> x = arange<float>(0, 200000), y = full<float>({200000}, 0.5f);
+  const Tensor<float> want_x = x + y, want_y = x * y;
+  ops::assign_multi(std::make_tuple(x, y), std::make_tuple(expr::slot<0>(x) + expr::slot<1>(x),
+                                                            expr::slot<0>(x) * expr::slot<1>(x)),
+                    x.shape(), std::make_tuple(x, y), "test");
+  CHECK(bitwise_equal(x, want_x));
+  CHECK(bitwise_equal(y, want_y));
+}
+
+TEST_CASE("ops::assign_multi: an operand reading an output's memory shifted goes through temporaries; overlapping "
+          "outputs and bad shapes are errors") {
+  // out = x[1:] from x[:-1]: every value is read before any is written, as if into a temporary first.
+  for (std::int64_t n : {8, 100000}) {
+    CAPTURE(n);
+    Tensor<float> x = arange<float>(0, double(n));
+    Tensor<float> out = x.slice(0, 1, n), in = x.slice(0, 0, n - 1);
+    ops::assign_multi(std::make_tuple(out), std::make_tuple(expr::slot<0>(out) * 0.f + in + 10.f), out.shape(),
+                      std::make_tuple(out), "test");
+    CHECK(x.data()[0] == 0.f);
+    bool ok = true;
+    for (std::int64_t i = 1; i < n; ++i) ok = ok && x.data()[i] == float(i - 1) + 10.f;
+    CHECK(ok);
+  }
+  Tensor<float> a = zeros<float>({4}), b = zeros<float>({3});
+  expect_error(__LINE__, [&] {
+    ops::assign_multi(std::make_tuple(a, a.view(Shape{4})), std::make_tuple(a + 1.f, a + 2.f), a.shape(),
+                      std::tuple<>{}, "test.op");
+  }, {"test.op: outputs 0 and 1 of one pass share memory"});
+  expect_error(__LINE__, [&] {
+    ops::assign_multi(std::make_tuple(a, b), std::make_tuple(a + 1.f, b + 1.f), a.shape(), std::tuple<>{}, "test.op");
+  }, {"test.op: output 1 has shape [3] but the pass runs over [4]"});
+  expect_error(__LINE__, [&] {
+    ops::assign_multi(std::make_tuple(a), std::make_tuple(b + 1.f), a.shape(), std::tuple<>{}, "test.op");
+  }, {"test.op"});
+  expect_error(__LINE__, [&] {
+    ops::assign_multi(std::make_tuple(a), std::make_tuple(a + 1.f), a.shape(), std::make_tuple(Tensor<float>()),
+                      "test.op");
+  }, {"test.op: an operand is an undefined tensor"});
+}
+
+TEST_CASE("ops::assign_multi_flag: the check of the same pass sets the flag where it holds anywhere, never clears it") {
+  for (std::int64_t n : {5, 300001}) {
+    for (std::int64_t at : {std::int64_t(0), n / 2, n - 1}) {
+      CAPTURE(n);
+      CAPTURE(at);
+      Tensor<float> g = full<float>({n}, 4.f);
+      g.data()[at] = std::numeric_limits<float>::infinity();
+      Tensor<std::int64_t> flag = zeros<std::int64_t>({1});
+      const auto v = expr::slot<0>(g) * 0.25;
+      ops::assign_multi_flag(std::make_tuple(g), std::make_tuple(v), g.shape(), std::make_tuple(g),
+                             !(abs(v) <= std::numeric_limits<float>::max()), flag, "test");
+      CHECK(flag.item() == 1);
+      CHECK(g.data()[at == 0 ? n - 1 : 0] == 1.f);
+      CHECK(std::isinf(g.data()[at]));
+      // A clean pass leaves the flag set.
+      Tensor<float> h = full<float>({n}, 2.f);
+      ops::assign_multi_flag(std::make_tuple(h), std::make_tuple(expr::slot<0>(h) * 0.5), h.shape(),
+                             std::make_tuple(h), expr::slot<0>(h) != expr::slot<0>(h), flag, "test");
+      CHECK(flag.item() == 1);
+      CHECK(h.data()[n - 1] == 1.f);
+    }
+  }
+  // A NaN in a strided gradient (a column of a matrix), and a clean one that leaves a fresh flag at 0.
+  Tensor<float> m = ones<float>({300, 400});
+  m.data()[299 * 400 + 7] = std::numeric_limits<float>::quiet_NaN();
+  Tensor<float> col = m.slice(1, 7, 8);
+  Tensor<std::int64_t> flag = zeros<std::int64_t>({1});
+  const auto c = expr::slot<0>(col) * 2.0;
+  ops::assign_multi_flag(std::make_tuple(col), std::make_tuple(c), col.shape(), std::make_tuple(col),
+                         !(abs(c) <= std::numeric_limits<float>::max()), flag, "test");
+  CHECK(flag.item() == 1);
+  CHECK(m.data()[7] == 2.f);
+  CHECK(m.data()[8] == 1.f);  // only the column was written
+  Tensor<std::int64_t> clean = zeros<std::int64_t>({1});
+  Tensor<float> col2 = m.slice(1, 8, 9);
+  const auto c2 = expr::slot<0>(col2) * 2.0;
+  ops::assign_multi_flag(std::make_tuple(col2), std::make_tuple(c2), col2.shape(), std::make_tuple(col2),
+                         !(abs(c2) <= std::numeric_limits<float>::max()), clean, "test");
+  CHECK(clean.item() == 0);
+  CHECK(m.data()[8] == 2.f);
+  expect_error(__LINE__, [&] {
+    ops::assign_multi_flag(std::make_tuple(col2), std::make_tuple(c2), col2.shape(), std::make_tuple(col2),
+                           c2 != c2, zeros<std::int64_t>({2}), "test.flag");
+  }, {"test.flag: the flag is one int64 element"});
 }

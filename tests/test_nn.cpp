@@ -678,16 +678,6 @@ TEST_CASE("Embedding: an index outside [0, num_embeddings) is an error naming th
   EXPECT_ERROR([&] { (void)e(strided); }, {"Embedding", "index -2"});
 }
 
-TEST_CASE("index_select and its backward: negative indices are an error, as torch.index_select") {
-  const TD x = randn<double>({4, 3});
-  EXPECT_ERROR([&] { (void)index_select(x, 0, tensor<std::int64_t>({0, -1})); },
-               {"index_select", "index -1", "position 1", "[0, 4)", "[4, 3]"});
-  EXPECT_ERROR([&] { (void)index_select(x, 1, tensor<std::int64_t>({3})); }, {"index_select", "index 3", "[0, 3)"});
-  EXPECT_ERROR([&] { (void)ops::index_add(Shape{4, 3}, 0, tensor<std::int64_t>({-1}), randn<double>({1, 3})); },
-               {"index_add", "index -1", "[0, 4)"});
-  CHECK(index_select(x, 0, tensor<std::int64_t>({3})).to_vector() == x[3].contiguous().to_vector());
-}
-
 namespace {
 // max |got - ref| / max |ref| over all elements (a norm-wise relative error).
 double rel_err(const Tensor<float>& got, const Tensor<float>& ref) {

@@ -1,6 +1,7 @@
-// The profiler's Chrome trace (profile/profiler.hpp) read back with ember's JSON reader (core/json.hpp): every
-// event's fields, names with quotes, backslashes and control characters byte for byte. (The schedule, the summary
-// table and the Trainer's ranges: test_train.cpp.)
+// The profiler (profile/profiler.hpp, profile/range.hpp): the schedule's steps, the ops' ranges by name and their
+// nesting, the summary table, the Chrome trace (read with nlohmann::json where its header is found, and with ember's
+// JSON reader, core/json.hpp: every event's fields, names with quotes, backslashes and control characters byte for
+// byte). (The Trainer's ranges in the trace: test_train.cpp.)
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -15,8 +16,17 @@
 
 #include "ember/core/json.hpp"
 #include "ember/profile/profiler.hpp"
+#include "ember/data.hpp"
+#include "ember/ember.hpp"
+#include "helpers.hpp"
+#include "toy_training.hpp"
+#if __has_include(<nlohmann/json.hpp>)  // an independent JSON parser that reads the trace as any tool would
+#include <nlohmann/json.hpp>
+#define EMBER_TEST_NLOHMANN 1
+#endif
 
 using namespace ember;
+using namespace ember_test;
 namespace fs = std::filesystem;
 
 namespace {
@@ -131,3 +141,77 @@ TEST_CASE("Profiler: a range name that is not UTF-8 is written as it is; strict 
     CHECK(std::string(e.what()).find("invalid UTF-8 in a string") != std::string::npos);
   }
 }
+
+#ifdef EMBER_TEST_NLOHMANN
+TEST_CASE("Profiler: the schedule's active steps hold the ops by name, well nested, as valid Chrome trace JSON") {
+  manual_seed(6);
+  Net m;
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  data::DataLoader tl(Toy{24}, {.batch_size = 4});
+  profile::Profiler prof({.wait = 1, .warmup = 1, .active = 2});
+  prof.start();
+  int step = 0;
+  for (auto& b : tl) {
+    CHECK(prof.recording() == (step == 2 || step == 3));
+    Tensor<float> loss = nn::cross_entropy(m(flat(b.data)), b.target);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    prof.step();
+    ++step;
+  }
+  prof.stop();
+  CHECK_FALSE(profile::is_recording());
+  std::map<std::string, int> calls;
+  for (const auto& e : prof.events()) ++calls[e.name];
+  CHECK(calls["ProfilerStep"] == 2);
+  CHECK(calls["linear"] == 4);  // two layers, two steps
+  CHECK(calls["LinearBackward"] + calls["LinearReluBackward"] == 4);
+  CHECK(calls["cross_entropy"] == 2);
+  CHECK(calls["CrossEntropyBackward"] == 2);
+  CHECK(calls["SGD.step"] == 2);
+  CHECK(calls["DataLoader.wait"] == 2);
+  // Per thread, ranges are nested or disjoint, and begin <= end.
+  for (const auto& a : prof.events()) {
+    CHECK(a.begin_ns <= a.end_ns);
+    for (const auto& b : prof.events()) {
+      if (a.thread != b.thread || &a == &b) continue;
+      const bool disjoint = a.end_ns <= b.begin_ns || b.end_ns <= a.begin_ns;
+      const bool nested = (a.begin_ns <= b.begin_ns && b.end_ns <= a.end_ns) ||
+                          (b.begin_ns <= a.begin_ns && a.end_ns <= b.end_ns);
+      CHECK((disjoint || nested));
+    }
+  }
+  // Self time: a step's ops are inside it, so the step's self time is less than its total.
+  const auto stats = prof.key_averages();
+  for (const auto& s : stats) {
+    CHECK(s.self_us <= s.total_us + 1e-9);
+    CHECK(s.self_us >= -1e-6);
+    if (s.name == "ProfilerStep") CHECK(s.self_us < s.total_us);
+  }
+  const std::string table = prof.table(5);
+  CHECK(table.find("self ms") != std::string::npos);
+  CHECK(table.find("profiled steps") != std::string::npos);
+  TempDir dir;
+  prof.export_chrome_trace(dir / "trace.json");
+  const nlohmann::json j = nlohmann::json::parse(read_file(dir / "trace.json"));
+  REQUIRE(j["traceEvents"].is_array());
+  CHECK(j["traceEvents"].size() == prof.events().size());
+  for (const auto& e : j["traceEvents"]) {
+    CHECK(e["ph"] == "X");
+    CHECK(e["dur"].get<double>() >= 0);
+    CHECK(e["ts"].get<double>() >= 0);
+    CHECK(e["name"].is_string());
+  }
+  // Off: nothing is recorded, and a second profiler cannot run beside a first.
+  Tensor<float> loss =
+      nn::cross_entropy(m(flat(full<float>(Shape{2, 1, 2, 2}, 0.5f))), from_vector(std::vector<std::int64_t>{0, 1}));
+  loss.backward();
+  CHECK(prof.events().size() == j["traceEvents"].size());
+  profile::Profiler a, b;
+  a.start();
+  expect_error(__LINE__, [&] { b.start(); }, {"another profiler is running"});
+  a.stop();
+  CHECK(a.events().empty());
+}
+#endif

@@ -17,7 +17,6 @@
 #include <tuple>
 #include <variant>
 
-#include <nlohmann/json.hpp>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,48 +30,18 @@
 #include "ember/train/run.hpp"
 #include "ember/train/tensorboard.hpp"
 #include "helpers.hpp"
+#include "toy_training.hpp"
 
 using namespace ember;
 using namespace ember_test;
 
 namespace {
 
-struct Net : nn::Module {
-  nn::Linear fc1{4, 8}, fc2{8, 3};
-  Net() : nn::Module("Net") {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  Tensor<float> forward(const Tensor<float>& x) const { return fc2(Tensor<float>(relu(fc1(x)))); }
-  Tensor<float> operator()(const Tensor<float>& x) const { return forward(x); }
-};
-
-/// n samples of shape (1, 2, 2) with values from their index; target i % 3.
-struct Toy {
-  std::size_t n = 40;
-  std::size_t size() const { return n; }
-  data::Example get(std::size_t i) const {
-    Tensor<float> x = empty<float>(Shape{1, 2, 2});
-    for (int k = 0; k < 4; ++k)
-      x.data()[k] = std::sin(float(i) * 0.7f + float(k)) + (i % 3 == std::size_t(k % 3) ? 1.f : 0.f);
-    return {x, std::int64_t(i % 3)};
-  }
-};
-
-Tensor<float> flat(const Tensor<float>& x) { return x.reshape({x.size(0), 4}); }
-
 double max_abs_diff(const Tensor<float>& a, const Tensor<float>& b) {
   REQUIRE(a.shape() == b.shape());
   double m = 0;
   for (i64 i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(double(rd(a, i)) - double(rd(b, i))));
   return m;
-}
-
-std::string read_file(const std::string& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 train::TrainerOptions quiet(train::TrainerOptions o = {}) {
@@ -1108,78 +1077,6 @@ TEST_CASE("TensorBoardLogger: TFRecord framing with masked CRC-32C, events that 
   CHECK(read_back == scalars);
   CHECK(histograms == 1);
   CHECK(texts == 1);
-}
-
-TEST_CASE("Profiler: the schedule's active steps hold the ops by name, well nested, as valid Chrome trace JSON") {
-  manual_seed(6);
-  Net m;
-  optim::SGD opt(m.parameters(), {.lr = 0.1});
-  data::DataLoader tl(Toy{24}, {.batch_size = 4});
-  profile::Profiler prof({.wait = 1, .warmup = 1, .active = 2});
-  prof.start();
-  int step = 0;
-  for (auto& b : tl) {
-    CHECK(prof.recording() == (step == 2 || step == 3));
-    Tensor<float> loss = nn::cross_entropy(m(flat(b.data)), b.target);
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    prof.step();
-    ++step;
-  }
-  prof.stop();
-  CHECK_FALSE(profile::is_recording());
-  std::map<std::string, int> calls;
-  for (const auto& e : prof.events()) ++calls[e.name];
-  CHECK(calls["ProfilerStep"] == 2);
-  CHECK(calls["linear"] == 4);  // two layers, two steps
-  CHECK(calls["LinearBackward"] + calls["LinearReluBackward"] == 4);
-  CHECK(calls["cross_entropy"] == 2);
-  CHECK(calls["CrossEntropyBackward"] == 2);
-  CHECK(calls["SGD.step"] == 2);
-  CHECK(calls["DataLoader.wait"] == 2);
-  // Per thread, ranges are nested or disjoint, and begin <= end.
-  for (const auto& a : prof.events()) {
-    CHECK(a.begin_ns <= a.end_ns);
-    for (const auto& b : prof.events()) {
-      if (a.thread != b.thread || &a == &b) continue;
-      const bool disjoint = a.end_ns <= b.begin_ns || b.end_ns <= a.begin_ns;
-      const bool nested = (a.begin_ns <= b.begin_ns && b.end_ns <= a.end_ns) ||
-                          (b.begin_ns <= a.begin_ns && a.end_ns <= b.end_ns);
-      CHECK((disjoint || nested));
-    }
-  }
-  // Self time: a step's ops are inside it, so the step's self time is less than its total.
-  const auto stats = prof.key_averages();
-  for (const auto& s : stats) {
-    CHECK(s.self_us <= s.total_us + 1e-9);
-    CHECK(s.self_us >= -1e-6);
-    if (s.name == "ProfilerStep") CHECK(s.self_us < s.total_us);
-  }
-  const std::string table = prof.table(5);
-  CHECK(table.find("self ms") != std::string::npos);
-  CHECK(table.find("profiled steps") != std::string::npos);
-  TempDir dir;
-  prof.export_chrome_trace(dir / "trace.json");
-  const nlohmann::json j = nlohmann::json::parse(read_file(dir / "trace.json"));
-  REQUIRE(j["traceEvents"].is_array());
-  CHECK(j["traceEvents"].size() == prof.events().size());
-  for (const auto& e : j["traceEvents"]) {
-    CHECK(e["ph"] == "X");
-    CHECK(e["dur"].get<double>() >= 0);
-    CHECK(e["ts"].get<double>() >= 0);
-    CHECK(e["name"].is_string());
-  }
-  // Off: nothing is recorded, and a second profiler cannot run beside a first.
-  Tensor<float> loss =
-      nn::cross_entropy(m(flat(full<float>(Shape{2, 1, 2, 2}, 0.5f))), from_vector(std::vector<std::int64_t>{0, 1}));
-  loss.backward();
-  CHECK(prof.events().size() == j["traceEvents"].size());
-  profile::Profiler a, b;
-  a.start();
-  expect_error(__LINE__, [&] { b.start(); }, {"another profiler is running"});
-  a.stop();
-  CHECK(a.events().empty());
 }
 
 TEST_CASE("Trainer with a profiler: the loop's phases and the data waits are in the trace") {
