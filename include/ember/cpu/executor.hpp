@@ -236,32 +236,10 @@ template <class... T, class... E, class S, class C = expr::NoCheck>
 bool assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
                   const S& slot_src, const char* op = "backward", const C& check = {}) {
   constexpr int n = sizeof...(T);
-  expr::OperandRef orefs[n];
-  std::apply([&](const auto&... o) {
-    int j = 0;
-    (..., (orefs[j++] = expr::operand_ref(o)));
-  }, outs);
-  // The operands read: slot sources first, then each expression's tensor leaves, then the check's.
-  expr::OperandRef ins[expr::kMaxOperands];
-  std::size_t slot_size[expr::kMaxLeaves];
-  int nin = 0, nslots = 0;
-  auto push = [&](const auto& leaf) {
-    EMBER_CHECK(n + nin < expr::kMaxOperands, op, ": the pass has too many operands (at most ", expr::kMaxOperands,
-                ")");
-    ins[nin++] = expr::operand_ref(leaf.tensor());
-  };
-  expr::visit_leaves(slot_src, [&](const auto& leaf) {
-    EMBER_CHECK(nslots < expr::kMaxLeaves, op, ": too many slots (at most ", expr::kMaxLeaves, ")");
-    slot_size[nslots++] = sizeof(*leaf.tensor().data());
-    push(leaf);
-  });
-  std::apply([&](const auto&... e) { (..., expr::visit_leaves(e, push)); }, es);
-  expr::visit_leaves(check, push);
-  expr::PlanBuilder b(space);
-  const bool in_place = expr::plan_multi(b, orefs, n, ins, nin, space, op);
-  EMBER_CHECK(orefs[0].device.is_cpu(), op, ": the CPU executor got tensors on ", orefs[0].device.str());
+  expr::MultiPass<n> m = expr::plan_multi_pass(outs, es, space, slot_src, check, op);
+  EMBER_CHECK(m.outs[0].device.is_cpu(), op, ": the CPU executor got tensors on ", m.outs[0].device.str());
   if (space.numel() == 0) return false;
-  if (!in_place) {
+  if (!m.in_place) {
     // An operand reads an output's memory with another geometry: the pass writes fresh tensors, then copies them.
     auto tmp = std::make_tuple(empty<T>(space)...);
     const bool any = assign_multi(tmp, es, space, slot_src, op, check);
@@ -270,17 +248,9 @@ bool assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
     }(std::index_sequence_for<T...>{});
     return any;
   }
-  const expr::Plan p = b.collapse();
-  expr::SlotTable slots{};
-  slots.n = nslots;
-  const expr::Params params = expr::params_of(slot_src);
-  for (int k = 0; k < expr::kMaxParams; ++k) slots.param[k] = params.v[k];
-  for (int k = 0; k < nslots; ++k) {
-    slots.base[k] = slots.row[k] = static_cast<const char*>(ins[k].data);
-    for (int d = 0; d < p.shape.n; ++d) slots.st[k][d] = p.st[n + k][d] * std::int64_t(slot_size[k]);
-    slots.inner[k] = slots.st[k][p.shape.n - 1];
-  }
-  int kk = n + nslots;
+  const expr::Plan p = m.b.collapse();
+  const expr::SlotTable slots = m.slots(p, slot_src);
+  int kk = n + m.nslots;
   // A braced list evaluates left to right, so leaves take plan operands in order.
   auto evs = std::apply(
       [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },

@@ -63,6 +63,17 @@ struct ClassWeights {
   ClassWeights& operator=(const ClassWeights&) = delete;
 };
 
+/// What cross_entropy's forward and backward both derive from their arguments: the class weights, the label
+/// smoothing eps with its share per class (uni), and the rows per parallel task.
+template <class T>
+struct CrossEntropyRows : ClassWeights<T> {
+  double eps, uni;
+  i64 grain;
+  CrossEntropyRows(const Tensor<T>& weight, i64 C, double label_smoothing)
+      : ClassWeights<T>(weight, C), eps(label_smoothing), uni(label_smoothing / double(C)),
+        grain(std::max<i64>(1, kGrain / std::max<i64>(1, C))) {}
+};
+
 // Row kernels of cross_entropy (compute type C): Σ_c w_c (x_c - mx) (or Σ (x_c - mx) without weights). The
 // weighted and unweighted loops are separate functions: a `w ? w[j] : 1` inside the loop would not vectorise.
 template <bool HasW, class T>
@@ -161,12 +172,10 @@ void cross_entropy_forward(const T* xp, const std::int64_t* tp, const Tensor<T>&
                            std::vector<double>& li, std::vector<double>& wt) {
   using C = compute_t<T>;
   using detail::i64;
-  const detail::ClassWeights<T> cw(weight, Cn);
-  const C* wp = cw.p;
-  const double wsum = cw.sum;
-  const double eps = label_smoothing, uni = eps / double(Cn);
-  const i64 grain = std::max<i64>(1, kGrain / std::max<i64>(1, Cn));
-  parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
+  const detail::CrossEntropyRows<T> ce(weight, Cn, label_smoothing);
+  const C* wp = ce.p;
+  const double wsum = ce.sum, eps = ce.eps, uni = ce.uni;
+  parallel_for(0, P, ce.grain, [&](i64 p0, i64 p1) {
     for (i64 p = p0; p < p1; ++p) {
       const std::size_t ps = std::size_t(p);
       const T* x = xp + p * Cn;
@@ -198,12 +207,10 @@ void cross_entropy_backward(const T* xp, const std::int64_t* tp, const compute_t
                             double label_smoothing, T* dp) {
   using C = compute_t<T>;
   using detail::i64;
-  const detail::ClassWeights<T> cw(weight, Cn);
-  const C* wp = cw.p;
-  const double wsum = cw.sum;
-  const double eps = label_smoothing, uni = eps / double(Cn);
-  const i64 grain = std::max<i64>(1, kGrain / std::max<i64>(1, Cn));
-  parallel_for(0, P, grain, [&](i64 p0, i64 p1) {
+  const detail::CrossEntropyRows<T> ce(weight, Cn, label_smoothing);
+  const C* wp = ce.p;
+  const double wsum = ce.sum, eps = ce.eps, uni = ce.uni;
+  parallel_for(0, P, ce.grain, [&](i64 p0, i64 p1) {
     for (i64 p = p0; p < p1; ++p) {
       T* d = dp + p * Cn;
       const i64 t = tp[p];

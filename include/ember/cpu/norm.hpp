@@ -31,10 +31,10 @@ namespace detail {
 inline constexpr int kNormLanes = 8;
 inline constexpr std::int64_t kNormBlock = 1024;  // elements summed in the compute type before going to double
 
-// Σ (x - pivot) over n contiguous elements. The pivot (an element of the data) keeps the partial sums near the
-// spread of the data rather than its mean, so float lanes lose nothing to a large offset.
-template <class T>
-EMBER_VECTORIZE double block_sum(const T* EMBER_RESTRICT x, std::int64_t n, compute_t<T> pivot) {
+// Σ term(x) over n contiguous elements: blocks of kNormBlock summed in the compute type over kNormLanes partial sums
+// (so the loop vectorises; term is inlined into it), the blocks added in double.
+template <class T, class Term>
+EMBER_VECTORIZE double block_total(const T* EMBER_RESTRICT x, std::int64_t n, Term term) {
   using C = compute_t<T>;
   double total = 0;
   for (std::int64_t b = 0; b < n; b += kNormBlock) {
@@ -42,10 +42,10 @@ EMBER_VECTORIZE double block_sum(const T* EMBER_RESTRICT x, std::int64_t n, comp
     C s[kNormLanes] = {};
     std::int64_t j = b;
     for (; j + kNormLanes <= e; j += kNormLanes)
-      for (int l = 0; l < kNormLanes; ++l) s[l] += static_cast<C>(x[j + l]) - pivot;
+      for (int l = 0; l < kNormLanes; ++l) s[l] += term(static_cast<C>(x[j + l]));
     C r = 0;
     for (int l = 0; l < kNormLanes; ++l) r += s[l];
-    for (; j < e; ++j) r += static_cast<C>(x[j]) - pivot;
+    for (; j < e; ++j) r += term(static_cast<C>(x[j]));
     total += double(r);
   }
   return total;
@@ -59,29 +59,20 @@ struct SplitMean {
   explicit SplitMean(double m) : hi(C(m)), lo(C(m - double(C(m)))) {}
 };
 
+// Σ (x - pivot) over n contiguous elements. The pivot (an element of the data) keeps the partial sums near the
+// spread of the data rather than its mean, so float lanes lose nothing to a large offset.
+template <class T>
+double block_sum(const T* x, std::int64_t n, compute_t<T> pivot) {
+  return block_total(x, n, [pivot](compute_t<T> v) { return v - pivot; });
+}
+
 // Σ (x - m)² over n contiguous elements.
 template <class T>
-EMBER_VECTORIZE double block_sqdev(const T* EMBER_RESTRICT x, std::int64_t n, SplitMean<compute_t<T>> m) {
-  using C = compute_t<T>;
-  double total = 0;
-  for (std::int64_t b = 0; b < n; b += kNormBlock) {
-    const std::int64_t e = std::min(n, b + kNormBlock);
-    C s[kNormLanes] = {};
-    std::int64_t j = b;
-    for (; j + kNormLanes <= e; j += kNormLanes)
-      for (int l = 0; l < kNormLanes; ++l) {
-        const C d = (static_cast<C>(x[j + l]) - m.hi) - m.lo;
-        s[l] += d * d;
-      }
-    C r = 0;
-    for (int l = 0; l < kNormLanes; ++l) r += s[l];
-    for (; j < e; ++j) {
-      const C d = (static_cast<C>(x[j]) - m.hi) - m.lo;
-      r += d * d;
-    }
-    total += double(r);
-  }
-  return total;
+double block_sqdev(const T* x, std::int64_t n, SplitMean<compute_t<T>> m) {
+  return block_total(x, n, [m](compute_t<T> v) {
+    const compute_t<T> d = (v - m.hi) - m.lo;
+    return d * d;
+  });
 }
 
 // Σ g and Σ g (x - m) over n contiguous elements.

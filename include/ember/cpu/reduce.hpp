@@ -126,11 +126,8 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
   }
 
   // Along some dims: out is operand 0 (stride 0 on reduced dims), leaves follow; the walk is expr::plan_reduce's.
-  expr::PlanBuilder b(space);
-  b.add(out.shape(), out.strides());
-  expr::add_leaves(e, b, dev, have, op);
+  const expr::ReducePlan rp = expr::plan_reduce_into(out, e, space, dev, have, R::indexed, op);
   EMBER_CHECK(dev.is_cpu(), op, ": the CPU executor got tensors on ", dev.str());
-  const expr::ReducePlan rp = expr::plan_reduce(b.collapse(), R::indexed);
   const expr::Plan& q = rp.q;
   const int nd = q.shape.n, nred = rp.nred, nkept = rp.nkept;
   const bool inner_reduced = rp.rows;

@@ -345,35 +345,14 @@ template <class... T, class... E, class S, class C = expr::NoCheck>
 void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es, const Shape& space,
                   const S& slot_src, const char* op = "backward", const C& check = {}, std::int64_t* flag = nullptr) {
   constexpr int n = sizeof...(T);
-  expr::OperandRef orefs[n];
-  std::apply([&](const auto&... o) {
-    int j = 0;
-    (..., (orefs[j++] = expr::operand_ref(o)));
-  }, outs);
-  expr::OperandRef ins[expr::kMaxOperands];
-  std::size_t slot_size[expr::kMaxLeaves];
-  int nin = 0, nslots = 0;
-  auto push = [&](const auto& leaf) {
-    EMBER_CHECK(n + nin < expr::kMaxOperands, op, ": the pass has too many operands (at most ", expr::kMaxOperands,
-                ")");
-    ins[nin++] = expr::operand_ref(leaf.tensor());
-  };
-  expr::visit_leaves(slot_src, [&](const auto& leaf) {
-    EMBER_CHECK(nslots < expr::kMaxLeaves, op, ": too many slots (at most ", expr::kMaxLeaves, ")");
-    slot_size[nslots++] = sizeof(*leaf.tensor().data());
-    push(leaf);
-  });
-  std::apply([&](const auto&... e) { (..., expr::visit_leaves(e, push)); }, es);
-  expr::visit_leaves(check, push);
-  expr::PlanBuilder b(space);
-  const bool in_place = expr::plan_multi(b, orefs, n, ins, nin, space, op);
-  const Device dev = orefs[0].device;
+  expr::MultiPass<n> m = expr::plan_multi_pass(outs, es, space, slot_src, check, op);
+  const Device dev = m.outs[0].device;
   EMBER_CHECK(dev.is_cuda(), op, ": the CUDA executor got an output on ", dev.str());
   constexpr bool checks = !std::is_same_v<C, expr::NoCheck>;
   EMBER_CHECK(!checks || flag != nullptr, op, ": a check needs a flag");
   if (space.numel() == 0) return;
   DeviceGuard guard(dev.index);
-  if (!in_place) {
+  if (!m.in_place) {
     // An operand reads an output's memory with another geometry: the pass writes fresh tensors, then copies them.
     auto tmp = std::make_tuple(empty<T>(space, dev)...);
     assign_multi(tmp, es, space, slot_src, op, check, flag);
@@ -385,23 +364,15 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
   constexpr std::size_t widest = std::max({sizeof(T)..., expr::max_leaf_bytes<E>::value...,
                                            expr::max_leaf_bytes<S>::value, expr::max_leaf_bytes<C>::value});
   constexpr int N = detail::pack_width(widest);
-  const expr::Plan p = b.collapse();
-  expr::SlotTable slots{};
-  slots.n = nslots;
-  const expr::Params params = expr::params_of(slot_src);
-  for (int k = 0; k < expr::kMaxParams; ++k) slots.param[k] = params.v[k];
+  const expr::Plan p = m.b.collapse();
+  const expr::SlotTable slots = m.slots(p, slot_src);
   bool aligned = true;
-  for (int k = 0; k < nslots; ++k) {
-    slots.base[k] = slots.row[k] = static_cast<const char*>(ins[k].data);
-    for (int dd = 0; dd < p.shape.n; ++dd) slots.st[k][dd] = p.st[n + k][dd] * std::int64_t(slot_size[k]);
-    slots.inner[k] = slots.st[k][p.shape.n - 1];
-    aligned = aligned && detail::aligned_to(ins[k].data, N * slot_size[k]);
-  }
+  for (int k = 0; k < m.nslots; ++k) aligned = aligned && detail::aligned_to(m.ins[k].data, N * m.slot_size[k]);
   std::apply([&](const auto&... o) { aligned = aligned && (... && detail::aligned_to(o.data(), N * sizeof(*o.data()))); },
              outs);
   std::apply([&](const auto&... e) { aligned = aligned && (... && detail::leaves_aligned<N>(e)); }, es);
   aligned = aligned && detail::leaves_aligned<N>(check);
-  int kk = n + nslots;
+  int kk = n + m.nslots;
   // A braced list evaluates left to right, so leaves take plan operands in order.
   auto evs = std::apply(
       [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },

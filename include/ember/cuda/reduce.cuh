@@ -317,10 +317,7 @@ void reduce(const Tensor<OutT>& out, const E& e, const char* op) {
 
   // Along some dims: out is operand 0 (stride 0 on reduced dims), leaves follow; the walk is expr::plan_reduce's,
   // as on the CPU.
-  expr::PlanBuilder b(space);
-  b.add(out.shape(), out.strides());
-  expr::add_leaves(e, b, d, have, op);
-  const expr::ReducePlan rp = expr::plan_reduce(b.collapse(), R::indexed);
+  const expr::ReducePlan rp = expr::plan_reduce_into(out, e, space, d, have, R::indexed, op);
   const expr::Plan& q = rp.q;
   const int nd = q.shape.n, nred = rp.nred, nkept = rp.nkept;
   const bool inner_reduced = rp.rows;

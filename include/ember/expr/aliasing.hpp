@@ -3,9 +3,15 @@
 // would need a temporary). Host-side logic shared by cpu/ and cuda/.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+
 #include "ember/config.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/expr/evaluator.hpp"
+#include "ember/expr/leaves.hpp"
+#include "ember/expr/node_types.hpp"
 
 namespace ember::expr {
 
@@ -43,6 +49,61 @@ EMBER_HEADER_INLINE bool plan_multi(PlanBuilder& b, const OperandRef* outs, int 
 /// reads an output's memory otherwise: the pass must then write temporaries first.
 EMBER_HEADER_INLINE bool multi_in_place_ok(const PlanBuilder& b, const OperandRef* outs, int nout, const OperandRef* ins,
                                            int nin, const char* op);
+/// The operands of one multi-output pass (cpu::assign_multi and cuda::assign_multi set it up alike): the outputs,
+/// then what the pass reads in the plan's order (the slot sources, each expression's tensor leaves, the check's),
+/// planned over `space` in a PlanBuilder, with plan_multi's verdict.
+template <int N>
+struct MultiPass {
+  OperandRef outs[N];
+  OperandRef ins[kMaxOperands];
+  std::size_t slot_size[kMaxLeaves];  ///< The element size of each slot source.
+  int nin = 0, nslots = 0;
+  bool in_place = false;  ///< plan_multi's verdict: no operand reads an output with another geometry.
+  PlanBuilder b;
+  explicit MultiPass(const Shape& space) : b(space) {}
+
+  /// The slot table of the collapsed plan p: the slot sources' rows and byte strides, and slot_src's parameters.
+  template <class S>
+  SlotTable slots(const Plan& p, const S& slot_src) const {
+    SlotTable t{};
+    t.n = nslots;
+    const Params params = params_of(slot_src);
+    for (int k = 0; k < kMaxParams; ++k) t.param[k] = params.v[k];
+    for (int k = 0; k < nslots; ++k) {
+      t.base[k] = t.row[k] = static_cast<const char*>(ins[k].data);
+      for (int d = 0; d < p.shape.n; ++d) t.st[k][d] = p.st[N + k][d] * std::int64_t(slot_size[k]);
+      t.inner[k] = t.st[k][p.shape.n - 1];
+    }
+    return t;
+  }
+};
+
+/// Gathers and plans the operands of a multi-output pass writing `outs` from the expressions `es` over `space`, with
+/// slot_src's tensors in the slot table and a bool expression `check` (expr::NoCheck: none); the errors name `op`.
+template <class... T, class... E, class S, class C>
+MultiPass<int(sizeof...(T))> plan_multi_pass(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& es,
+                                            const Shape& space, const S& slot_src, const C& check, const char* op) {
+  constexpr int n = sizeof...(T);
+  MultiPass<n> m(space);
+  std::apply([&](const auto&... o) {
+    int j = 0;
+    (..., (m.outs[j++] = operand_ref(o)));
+  }, outs);
+  auto push = [&](const auto& leaf) {
+    EMBER_CHECK(n + m.nin < kMaxOperands, op, ": the pass has too many operands (at most ", kMaxOperands, ")");
+    m.ins[m.nin++] = operand_ref(leaf.tensor());
+  };
+  visit_leaves(slot_src, [&](const auto& leaf) {
+    EMBER_CHECK(m.nslots < kMaxLeaves, op, ": too many slots (at most ", kMaxLeaves, ")");
+    m.slot_size[m.nslots++] = sizeof(*leaf.tensor().data());
+    push(leaf);
+  });
+  std::apply([&](const auto&... e) { (..., visit_leaves(e, push)); }, es);
+  visit_leaves(check, push);
+  m.in_place = plan_multi(m.b, m.outs, n, m.ins, m.nin, space, op);
+  return m;
+}
+
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE bool multi_in_place_ok(const PlanBuilder& b, const OperandRef* outs, int nout, const OperandRef* ins,
                                            int nin, const char* op) {

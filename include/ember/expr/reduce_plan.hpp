@@ -30,6 +30,18 @@ struct ReducePlan {
 /// for its row; any other reducer walks columns with nothing reduced, each output folding its one element.
 EMBER_HEADER_INLINE ReducePlan plan_reduce(const Plan& p, bool indexed);
 
+/// The plan of reducing expression e (over `space`) into `out` (operand 0: its strides are 0 on the reduced dims;
+/// e's tensor leaves follow, and set `dev` / `have_dev` as add_leaves does). Both executors start a reduction along
+/// some dims here.
+template <class OutT, class E>
+ReducePlan plan_reduce_into(const Tensor<OutT>& out, const E& e, const Shape& space, Device& dev, bool& have_dev,
+                            bool indexed, const char* op) {
+  PlanBuilder b(space);
+  b.add(out.shape(), out.strides());
+  add_leaves(e, b, dev, have_dev, op);
+  return plan_reduce(b.collapse(), indexed);
+}
+
 #if EMBER_HEADER_BODIES
 EMBER_HEADER_INLINE ReducePlan plan_reduce(const Plan& p, bool indexed) {
   ReducePlan r;

@@ -63,16 +63,8 @@ struct Pool2dOptions {
 
 /// The window of a sliding-window op from its (height, width) arguments.
 inline Window2d window2d(Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
-  Window2d w;
-  w.kh = kernel.h;
-  w.kw = kernel.w;
-  w.sh = stride.h;
-  w.sw = stride.w;
-  w.ph = padding.h;
-  w.pw = padding.w;
-  w.dh = dilation.h;
-  w.dw = dilation.w;
-  return w;
+  return {.kh = kernel.h, .kw = kernel.w, .sh = stride.h, .sw = stride.w, .ph = padding.h, .pw = padding.w,
+          .dh = dilation.h, .dw = dilation.w};
 }
 
 namespace detail {
