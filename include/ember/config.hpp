@@ -374,11 +374,25 @@ inline bool parse_int(std::string_view s, long long& out) noexcept {
   return true;
 }
 
+/// The whole of `s` as one floating-point number in strtod's syntax (so "inf" and "nan" too), nothing before or
+/// after it; callers check the range they need. The reader of the decimal numbers ember writes as text (a
+/// checkpoint's counters and scores).
+inline bool parse_double(const std::string& s, double& out) noexcept {
+  if (s.empty() || s.front() == ' ' || (s.front() >= '\t' && s.front() <= '\r')) return false;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (!end || *end != '\0') return false;
+  out = v;
+  return true;
+}
+
 }  // namespace ember::detail
 
 namespace ember {
-/// The strict readers of whole numbers (all of the text, digits after an optional sign for parse_int, digits only
-/// for parse_uint, in range) that ember uses for text from outside, for programs that read numbers too.
+/// The strict readers of numbers (all of the text, digits after an optional sign for parse_int, digits only for
+/// parse_uint, in range; one strtod number for parse_double) that ember uses for text from outside, for programs
+/// that read numbers too.
+using detail::parse_double;
 using detail::parse_int;
 using detail::parse_uint;
 }  // namespace ember

@@ -34,7 +34,7 @@ inline double parse_double(const std::map<std::string, std::string>& kv, const s
   const auto it = kv.find(key);
   EMBER_CHECK(it != kv.end(), who, ": the checkpoint has no '", key, "' entry for this callback");
   double v = 0;
-  EMBER_CHECK(parse_number(it->second, v), who, ": the checkpoint's '", key, "' is ",
+  EMBER_CHECK(parse_double(it->second, v), who, ": the checkpoint's '", key, "' is ",
               ember::detail::quote_untrusted(it->second), ", not a number");
   return v;
 }

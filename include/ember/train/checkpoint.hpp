@@ -263,7 +263,7 @@ class ModelCheckpoint : public Callback {
                   "train::ModelCheckpoint: the checkpoint's list of kept files is malformed");
       const std::string score = text.substr(at, tab - at), path = text.substr(tab + 1, nl - tab - 1);
       double v = 0;
-      EMBER_CHECK(detail::parse_number(score, v) && std::isfinite(v) && written_here(path),
+      EMBER_CHECK(detail::parse_double(score, v) && std::isfinite(v) && written_here(path),
                   "train::ModelCheckpoint: the checkpoint lists ", ember::detail::quote_untrusted(path), " (score ",
                   ember::detail::quote_untrusted(score), ") among its kept files; expected a .ckpt file in '",
                   o_.dirpath, "' named by the filename template '", o_.filename, "', with a finite score");

@@ -75,13 +75,8 @@ struct CheckpointLoadPart {
   using Entry = TrainingState (*)(const std::string& path);
 };
 
-/// Text saved in a checkpoint read back as a double: the whole text must be one number (strtod's syntax, so "inf"
-/// and "nan" too); returns false otherwise. Callers check the range they need.
-inline bool parse_number(const std::string& text, double& out) {
-  char* end = nullptr;
-  out = std::strtod(text.c_str(), &end);
-  return !text.empty() && end && *end == '\0';
-}
+/// Text saved in a checkpoint read back as a double (ember::parse_double, config.hpp).
+using ember::detail::parse_double;
 }  // namespace detail
 
 }  // namespace ember::train

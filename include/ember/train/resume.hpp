@@ -47,7 +47,7 @@ inline EpochTotals check_position(const TrainingState& s, const std::string& pat
   auto number = [&](const std::pair<const std::string, std::string>& kv, double max_count) {
     double v = 0;
     const bool count = max_count >= 0;
-    EMBER_CHECK(parse_number(kv.second, v) && (!count || (v >= 0 && v <= max_count && v == std::floor(v))),
+    EMBER_CHECK(parse_double(kv.second, v) && (!count || (v >= 0 && v <= max_count && v == std::floor(v))),
                 "train::Trainer::fit: '", path, "': extra/", kv.first, " is ",
                 ember::detail::quote_untrusted(kv.second),
                 count ? ", expected a whole number in [0, " + std::to_string(std::int64_t(max_count)) + "]"
