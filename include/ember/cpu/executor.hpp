@@ -250,15 +250,12 @@ bool assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
   }
   const expr::Plan p = m.b.collapse();
   const expr::SlotTable slots = m.slots(p, slot_src);
-  int kk = n + m.nslots;
-  // A braced list evaluates left to right, so leaves take plan operands in order.
-  auto evs = std::apply(
-      [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },
-      es);
-  const auto chk = expr::make_eval(check, p, kk);
+  const auto ev = m.evals(p, es, check);
+  const auto& evs = ev.first;
+  const auto& chk = ev.second;
   using Evs = std::remove_cvref_t<decltype(evs)>;
   auto body = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return AssignBody<true, std::remove_const_t<decltype(chk)>,
+    return AssignBody<true, std::remove_cvref_t<decltype(chk)>,
                       std::pair<expr::OperandEval<T>, std::tuple_element_t<I, Evs>>...>{
         std::make_tuple(std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...),
         slots, chk};

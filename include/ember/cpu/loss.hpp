@@ -173,8 +173,6 @@ void cross_entropy_forward(const T* xp, const std::int64_t* tp, const Tensor<T>&
   using C = compute_t<T>;
   using detail::i64;
   const detail::CrossEntropyRows<T> ce(weight, Cn, label_smoothing);
-  const C* wp = ce.p;
-  const double wsum = ce.sum, eps = ce.eps, uni = ce.uni;
   parallel_for(0, P, ce.grain, [&](i64 p0, i64 p1) {
     for (i64 p = p0; p < p1; ++p) {
       const std::size_t ps = std::size_t(p);
@@ -189,10 +187,10 @@ void cross_entropy_forward(const T* xp, const std::int64_t* tp, const Tensor<T>&
       const C l = ::ember::detail::fm::log(detail::row_expsum<false>(x, static_cast<T*>(nullptr), Cn, m));
       st[2 * p] = m;
       st[2 * p + 1] = l;
-      const double w_t = wp ? double(wp[t]) : 1.0;
+      const double w_t = ce.p ? double(ce.p[t]) : 1.0;
       const double logp_t = double((static_cast<C>(x[t]) - m) - l);
-      double loss = -(1 - eps) * w_t * logp_t;
-      if (eps > 0) loss -= uni * (detail::row_shifted_sum(x, wp, Cn, m) - wsum * double(l));
+      double loss = -(1 - ce.eps) * w_t * logp_t;
+      if (ce.eps > 0) loss -= ce.uni * (detail::row_shifted_sum(x, ce.p, Cn, m) - ce.sum * double(l));
       li[ps] = loss;
       wt[ps] = w_t;
     }
@@ -208,8 +206,6 @@ void cross_entropy_backward(const T* xp, const std::int64_t* tp, const compute_t
   using C = compute_t<T>;
   using detail::i64;
   const detail::CrossEntropyRows<T> ce(weight, Cn, label_smoothing);
-  const C* wp = ce.p;
-  const double wsum = ce.sum, eps = ce.eps, uni = ce.uni;
   parallel_for(0, P, ce.grain, [&](i64 p0, i64 p1) {
     for (i64 p = p0; p < p1; ++p) {
       T* d = dp + p * Cn;
@@ -218,10 +214,10 @@ void cross_entropy_backward(const T* xp, const std::int64_t* tp, const compute_t
         for (i64 j = 0; j < Cn; ++j) d[j] = T(0);
         continue;
       }
-      const double sc = gs.at(p), wt = wp ? double(wp[t]) : 1.0;
-      const double a = sc * ((1 - eps) * wt + uni * wsum);
-      detail::ce_grad_row(xp + p * Cn, wp, d, Cn, st[2 * p], st[2 * p + 1], C(a), C(sc * uni));
-      d[t] = convert<T>(double(static_cast<C>(d[t])) - sc * (1 - eps) * wt);
+      const double sc = gs.at(p), wt = ce.p ? double(ce.p[t]) : 1.0;
+      const double a = sc * ((1 - ce.eps) * wt + ce.uni * ce.sum);
+      detail::ce_grad_row(xp + p * Cn, ce.p, d, Cn, st[2 * p], st[2 * p + 1], C(a), C(sc * ce.uni));
+      d[t] = convert<T>(double(static_cast<C>(d[t])) - sc * (1 - ce.eps) * wt);
     }
   });
 }

@@ -155,19 +155,18 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const __grid_constant_
   set_flag(body, bad);
 }
 
-/// The strided kernel: rows of length `row` (the plan's inner dim), cut into chunks of `chunk` elements so that a
-/// few long rows still fill the device. Work item w is chunk w % nchunks of row w / nchunks; threadIdx.y picks a
-/// work item, threadIdx.x strides along it. Each thread sets its row pointers once per work item. `shape` holds
-/// the plan's extents (outer dims first).
-template <class B>
-__global__ void __launch_bounds__(kThreads) strided_kernel(const __grid_constant__ B body, Shape shape,
-                                                           std::int64_t nrows, std::int64_t chunk) {
-  B local = body;  // row pointers are per thread
+/// The walk of a kernel over a plan's rows (`shape`: its extents, outer dims first; rows of length shape[outer], the
+/// inner dim), cut into chunks of `chunk` elements so that a few long rows still fill the device. Work item w is
+/// chunk w % nchunks of row w / nchunks; threadIdx.y picks a work item, threadIdx.x strides along it. For each work
+/// item, row(coords) gets the row's outer coordinates (a thread sets its row pointers once per work item), then
+/// elem(r, j) runs for the thread's elements j of row r, in increasing order. The strided element-wise kernel and
+/// the strided reduction walk rows so.
+template <class RowFn, class ElemFn>
+__device__ void for_row_chunks(const Shape& shape, std::int64_t nrows, std::int64_t chunk, RowFn&& row_fn,
+                               ElemFn&& elem) {
   const int outer = shape.n - 1;
   const std::int64_t row = shape[outer];
   const std::int64_t nchunks = (row + chunk - 1) / chunk;
-  constexpr auto seq = std::make_index_sequence<B::n>{};
-  bool bad = false;
   for (std::int64_t w = std::int64_t(blockIdx.x) * blockDim.y + threadIdx.y; w < nrows * nchunks;
        w += std::int64_t(gridDim.x) * blockDim.y) {
     const std::int64_t r = w / nchunks, j0 = (w % nchunks) * chunk, j1 = j0 + chunk < row ? j0 + chunk : row;
@@ -177,10 +176,21 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(const __grid_constant
       coords[d] = t % shape[d];
       t /= shape[d];
     }
-    local.set_row(coords, outer);
-    for (std::int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
-      bad = step_one(local, expr::RowIdx{j, local.slot_ptr()}, seq) || bad;
+    row_fn(coords, outer);
+    for (std::int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) elem(r, j);
   }
+}
+
+/// The strided kernel: the plan's rows walked by for_row_chunks.
+template <class B>
+__global__ void __launch_bounds__(kThreads) strided_kernel(const __grid_constant__ B body, Shape shape,
+                                                           std::int64_t nrows, std::int64_t chunk) {
+  B local = body;  // row pointers are per thread
+  constexpr auto seq = std::make_index_sequence<B::n>{};
+  bool bad = false;
+  for_row_chunks(
+      shape, nrows, chunk, [&](const std::int64_t* coords, int outer) { local.set_row(coords, outer); },
+      [&](std::int64_t, std::int64_t j) { bad = step_one(local, expr::RowIdx{j, local.slot_ptr()}, seq) || bad; });
   set_flag(local, bad);
 }
 
@@ -372,15 +382,12 @@ void assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
              outs);
   std::apply([&](const auto&... e) { aligned = aligned && (... && detail::leaves_aligned<N>(e)); }, es);
   aligned = aligned && detail::leaves_aligned<N>(check);
-  int kk = n + m.nslots;
-  // A braced list evaluates left to right, so leaves take plan operands in order.
-  auto evs = std::apply(
-      [&](const auto&... e) { return std::tuple<decltype(expr::make_eval(e, p, kk))...>{expr::make_eval(e, p, kk)...}; },
-      es);
-  const auto chk = expr::make_eval(check, p, kk);
+  const auto ev = m.evals(p, es, check);
+  const auto& evs = ev.first;
+  const auto& chk = ev.second;
   using Evs = std::remove_cvref_t<decltype(evs)>;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    using B = detail::Body<true, std::remove_const_t<decltype(chk)>, detail::Output<T, std::tuple_element_t<I, Evs>>...>;
+    using B = detail::Body<true, std::remove_cvref_t<decltype(chk)>, detail::Output<T, std::tuple_element_t<I, Evs>>...>;
     B body{};
     (..., (detail::get<I>(body.outs) = {expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs)}));
     body.slots = slots;

@@ -120,22 +120,10 @@ __global__ void __launch_bounds__(kThreads) reduce_all_kernel(const __grid_const
   } else {
     // Rows cut into chunks, as in the strided element-wise kernel; a thread's work items only increase.
     Ev local = ev;
-    const int outer = shape.n - 1;
-    const std::int64_t row = shape[outer], nrows = n / row;
-    const std::int64_t nchunks = (row + chunk - 1) / chunk;
-    for (std::int64_t w = std::int64_t(blockIdx.x) * blockDim.y + threadIdx.y; w < nrows * nchunks;
-         w += std::int64_t(gridDim.x) * blockDim.y) {
-      const std::int64_t r = w / nchunks, j0 = (w % nchunks) * chunk, j1 = j0 + chunk < row ? j0 + chunk : row;
-      std::int64_t coords[kMaxDims];
-      std::int64_t q = r;
-      for (int d = outer - 1; d >= 0; --d) {
-        coords[d] = q % shape[d];
-        q /= shape[d];
-      }
-      local.set_row(coords, outer);
-      for (std::int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
-        a = fold<R>(a, local.eval(expr::RowIdx{j}), r * row + j);
-    }
+    const std::int64_t row = shape[shape.n - 1];
+    detail::for_row_chunks(
+        shape, n / row, chunk, [&](const std::int64_t* coords, int outer) { local.set_row(coords, outer); },
+        [&](std::int64_t r, std::int64_t j) { a = fold<R>(a, local.eval(expr::RowIdx{j}), r * row + j); });
   }
   a = block_reduce<R>(a, t, blockDim.x * blockDim.y);
   if (t == 0) partial[blockIdx.x] = a;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
+#include <utility>
 
 #include "ember/config.hpp"
 #include "ember/core/tensor.hpp"
@@ -54,12 +55,14 @@ EMBER_HEADER_INLINE bool multi_in_place_ok(const PlanBuilder& b, const OperandRe
 /// planned over `space` in a PlanBuilder, with plan_multi's verdict.
 template <int N>
 struct MultiPass {
-  OperandRef outs[N];
-  OperandRef ins[kMaxOperands];
+  OperandRef outs[N];                 ///< The outputs: operands 0 .. N-1 of the plan.
+  OperandRef ins[kMaxOperands];       ///< What the pass reads, in the plan's order after the outputs.
   std::size_t slot_size[kMaxLeaves];  ///< The element size of each slot source.
-  int nin = 0, nslots = 0;
+  int nin = 0;                        ///< The entries of ins.
+  int nslots = 0;                     ///< The slot sources: the first nslots entries of ins.
   bool in_place = false;  ///< plan_multi's verdict: no operand reads an output with another geometry.
-  PlanBuilder b;
+  PlanBuilder b;          ///< The plan over the pass's space, outputs then ins.
+  /// An empty pass over `space`.
   explicit MultiPass(const Shape& space) : b(space) {}
 
   /// The slot table of the collapsed plan p: the slot sources' rows and byte strides, and slot_src's parameters.
@@ -75,6 +78,18 @@ struct MultiPass {
       t.inner[k] = t.st[k][p.shape.n - 1];
     }
     return t;
+  }
+
+  /// The evaluators over the collapsed plan p of the expressions es (a tuple) and of the check, as a pair: their
+  /// tensor leaves take the plan's operands after the outputs and the slots, in order.
+  template <class... E, class C>
+  auto evals(const Plan& p, const std::tuple<E...>& es, const C& check) const {
+    int k = N + nslots;
+    // A braced list evaluates left to right, so leaves take plan operands in order.
+    auto evs = std::apply(
+        [&](const auto&... e) { return std::tuple<decltype(make_eval(e, p, k))...>{make_eval(e, p, k)...}; }, es);
+    auto chk = make_eval(check, p, k);
+    return std::make_pair(std::move(evs), std::move(chk));
   }
 };
 
