@@ -1,6 +1,8 @@
 # Builds and runs tests/package/consumer against ember the way a user would. Run by CTest:
 #   cmake -DMODE=add_subdirectory|find_package -DSOURCE_DIR= -DWORK_DIR= -DPREFIX= -DGENERATOR= -DCXX=
-#         -DWITH_CUDA= -P run.cmake
+#         -DWITH_CUDA= [-DBUILD_DIR=] -P run.cmake
+# find_package installs ember into PREFIX first: from BUILD_DIR, the build tree this test belongs to (already built,
+# as a user installs after building: `cmake --install build`), or, without BUILD_DIR, from a Release build of its own.
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -12,10 +14,15 @@ set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Releas
 file(REMOVE_RECURSE ${WORK_DIR})
 if(MODE STREQUAL "find_package")
   file(REMOVE_RECURSE ${PREFIX})
-  run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/ember-build ${common}
-      -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF)
-  run(${CMAKE_COMMAND} --build ${WORK_DIR}/ember-build --parallel 2)
-  run(${CMAKE_COMMAND} --install ${WORK_DIR}/ember-build --prefix ${PREFIX})
+  if(BUILD_DIR)
+    # The installed targets (ember::precompiled, ember-run) are part of the default build, so they are built.
+    run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
+  else()
+    run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/ember-build ${common}
+        -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF)
+    run(${CMAKE_COMMAND} --build ${WORK_DIR}/ember-build --parallel 2)
+    run(${CMAKE_COMMAND} --install ${WORK_DIR}/ember-build --prefix ${PREFIX})
+  endif()
   set(how -DCMAKE_PREFIX_PATH=${PREFIX})
 elseif(MODE STREQUAL "add_subdirectory")
   set(how -DEMBER_SOURCE_DIR=${SOURCE_DIR})
