@@ -1,7 +1,8 @@
 // CUDA twins of sort, argsort, topk, cumsum and cumprod (cuda/sort.cuh against cpu/sort.hpp): the same indices as the
 // CPU's stable sort, position for position (ties in position order, NaN above every number, -0 equal to +0), in both
 // directions and along every dim, for float, double, half, bfloat16 and int64; the scans and their gradients (cumprod
-// through zeros) equal the CPU's. Every device case skips itself when no CUDA device is present.
+// through zeros) equal the CPU's; multinomial draws the CPU's samples from the same seed. Every device case skips
+// itself when no CUDA device is present.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -121,4 +122,41 @@ TEST_CASE_TEMPLATE("cuda cumsum and cumprod equal the CPU along every dim, value
   Generator gi(241);
   const Tensor<i64> xi = randint(-50, 50, {6, 33}, gi);
   expect_match(cumsum(xi, 1), cumsum(to_dev(xi), 1), 0.0, 0.0, "cumsum of int64");
+}
+
+TEST_CASE_TEMPLATE("cuda multinomial draws the CPU's samples from the same seed, with and without replacement", T,
+                   float, double, ember::half, ember::bfloat16) {
+  SKIP_WITHOUT_CUDA();
+  // Weights with zeros, one dominant category and many small ones; a 1-D row and a batch of rows.
+  const Tensor<double> a = abs(seeded_randn<double>({6, 50}, 251));
+  Tensor<T> w = cast<T>(a);
+  {
+    Tensor<T> c = w.contiguous();
+    for (i64 r = 0; r < 6; ++r) {
+      c.data()[r * 50 + r] = T(0);
+      c.data()[r * 50 + 10 + r] = T(0);
+      c.data()[r * 50 + 20] = T(40);
+    }
+    w = c;
+  }
+  for (bool replacement : {true, false}) {
+    CAPTURE(replacement);
+    const i64 n = replacement ? 300 : 40;
+    Generator gc(77), gd(77);
+    const auto c = multinomial(w, n, replacement, gc);
+    const auto d = multinomial(to_dev(w), n, replacement, gd);
+    expect_same_indices(d, c, "multinomial, a batch of rows");
+    const Tensor<T> row = w.select(0, 2).contiguous();
+    expect_same_indices(multinomial(to_dev(row), 7, replacement, gd), multinomial(row, 7, replacement, gc),
+                        "multinomial, one row after another draw from the same generators");
+    CHECK(gc.offset() == gd.offset());
+  }
+  // A bad row is the CPU's error, naming the same row and weight.
+  Tensor<T> bad = w.clone();
+  bad.data()[3 * 50 + 5] = T(-1);
+  Generator g(1);
+  EXPECT_ERROR([&] { (void)multinomial(to_dev(bad), 2, true, g); }, {"multinomial", "row 3", "-1", "non-negative"});
+  EXPECT_ERROR([&] { (void)multinomial(to_dev(zeros<T>({2, 4})), 1, true, g); },
+               {"multinomial", "row 0", "sums to zero"});
+  EXPECT_ERROR([&] { (void)multinomial(to_dev(w), 49, false, g); }, {"multinomial", "fewer than the 49 samples"});
 }

@@ -144,9 +144,30 @@ Tensor<T> cumulative_backward(const Tensor<T>& g, const Tensor<T>& x, const Tens
   return gx;
 }
 
+/// Row `row` of multinomial's weights (k values at x) into w as doubles, checked: every weight finite and
+/// non-negative, a positive sum, and without replacement at least num_samples categories with non-zero weight.
+/// Otherwise an error naming the row, the weight and `probs` (the caller's shape). The CUDA kernel runs the same
+/// checks; a row it refuses is reported through this function, with the same message.
+template <class T>
+void multinomial_row_weights(const T* x, std::int64_t row, std::int64_t k, std::int64_t num_samples, bool replacement,
+                             const Shape& probs, std::vector<double>& w) {
+  std::int64_t nonzero = 0;
+  for (std::int64_t j = 0; j < k; ++j) {
+    const double v = double(x[j]);
+    EMBER_CHECK(std::isfinite(v) && v >= 0, "multinomial: row ", row, " of probs (shape ", probs.str(),
+                ") has weight ", v, " at category ", j, "; weights must be finite and non-negative");
+    w[std::size_t(j)] = v;
+    nonzero += v > 0;
+  }
+  EMBER_CHECK(nonzero > 0, "multinomial: row ", row, " of probs (shape ", probs.str(), ") sums to zero");
+  EMBER_CHECK(replacement || num_samples <= nonzero, "multinomial: row ", row, " has ", nonzero,
+              " categories with non-zero weight, fewer than the ", num_samples, " samples to draw without replacement");
+}
+
 /// num_samples category indices per row of the contiguous (rows, k) weights p, drawn from gen: with replacement
 /// through the running sum of the weights, without by removing each pick. Bad weights are an error naming the row
 /// (`probs`: the caller's shape, for the message). The result is (rows, num_samples), or (num_samples) for 1-D p.
+/// Draw i = row * num_samples + s is the uniform double of half i % 2 of Philox block (reserved base) + i / 2.
 template <class T>
 Tensor<std::int64_t> multinomial(const Tensor<T>& p, std::int64_t rows, std::int64_t k, std::int64_t num_samples,
                                  bool replacement, Generator& gen, const Shape& probs) {
@@ -164,17 +185,7 @@ Tensor<std::int64_t> multinomial(const Tensor<T>& p, std::int64_t rows, std::int
   };
   std::vector<double> w(static_cast<std::size_t>(k)), cdf(static_cast<std::size_t>(k));
   for (std::int64_t row = 0; row < rows; ++row) {
-    std::int64_t nonzero = 0;
-    for (std::int64_t j = 0; j < k; ++j) {
-      const double v = double(p.data()[row * k + j]);
-      EMBER_CHECK(std::isfinite(v) && v >= 0, "multinomial: row ", row, " of probs (shape ", probs.str(),
-                  ") has weight ", v, " at category ", j, "; weights must be finite and non-negative");
-      w[std::size_t(j)] = v;
-      nonzero += v > 0;
-    }
-    EMBER_CHECK(nonzero > 0, "multinomial: row ", row, " of probs (shape ", probs.str(), ") sums to zero");
-    EMBER_CHECK(replacement || num_samples <= nonzero, "multinomial: row ", row, " has ", nonzero,
-                " categories with non-zero weight, fewer than the ", num_samples, " samples to draw without replacement");
+    multinomial_row_weights(p.data() + row * k, row, k, num_samples, replacement, probs, w);
     std::int64_t* out = r.data() + row * num_samples;
     if (replacement) {
       double acc = 0;

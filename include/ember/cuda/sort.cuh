@@ -1,5 +1,6 @@
 // ember — CUDA sort and scan kernels along a dim of a contiguous tensor viewed as (outer, n, inner): the stable sort
-// (and its first k positions, for topk) and cumsum / cumprod with their backward; the CUDA twin of cpu/sort.hpp
+// (and its first k positions, for topk), cumsum / cumprod with their backward, and multinomial sampling; the CUDA
+// twin of cpu/sort.hpp
 // (ops/sort.hpp checks the arguments and dispatches).
 //
 // The sort is two stable radix sorts over every element at once: first by the value's order-preserving unsigned key
@@ -12,6 +13,8 @@
 // that makes `cuda::` ambiguous in every user file with `using namespace ember;`.)
 // The scans give one thread to each row and walk it in order, accumulating in double for floating types and int64
 // for integers, exactly as the CPU loop does (the same operations in the same order: the same results).
+// multinomial gives one thread to each row as well: the CPU's draws from the same Philox blocks, in double in the
+// same order, so a seed draws the same samples on both devices (O(k) per sample without replacement, as the CPU).
 // This header needs nvcc; ops/sort.hpp includes it only when __CUDACC__ is defined.
 #pragma once
 
@@ -31,6 +34,7 @@
 
 #include "ember/core/creation.hpp"
 #include "ember/core/dtype.hpp"
+#include "ember/core/random.hpp"
 #include "ember/core/tensor.hpp"
 #include "ember/cuda/allocator.hpp"
 #include "ember/cuda/check.hpp"
@@ -166,6 +170,72 @@ __global__ void __launch_bounds__(kThreads)
       } else {
         acc += d(g[at(k)]) * d(y[at(k)]);
         gx[at(k)] = convert<T>(acc / d(x[at(k)]));
+      }
+    }
+  }
+}
+
+/// One thread per row of multinomial's contiguous (rows, k) weights p: the CPU's draws (cpu::multinomial), the same
+/// operations in double in the same order, from the same Philox blocks (draw i = row * ns + s: half i % 2 of block
+/// base + i / 2), so a seed gives the same samples on both devices. w (rows, 2k doubles) is scratch: the weights and
+/// their running sum. A row the CPU would refuse (cpu::multinomial_row_weights) sets *bad and draws nothing.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    multinomial_kernel(const T* __restrict__ p, std::int64_t rows, std::int64_t k, std::int64_t ns, bool replacement,
+                       std::uint64_t seed, std::uint64_t base, double* __restrict__ scratch,
+                       std::int64_t* __restrict__ out, int* __restrict__ bad) {
+  EMBER_SORT_LOOP(row, rows) {
+    double* w = scratch + row * 2 * k;
+    double* cdf = w + k;
+    std::int64_t nonzero = 0;
+    bool ok = true;
+    for (std::int64_t j = 0; j < k; ++j) {
+      const double v = convert<double>(p[row * k + j]);
+      ok = ok && ::isfinite(v) && v >= 0;
+      w[j] = v;
+      nonzero += v > 0;
+    }
+    if (!ok || nonzero == 0 || (!replacement && ns > nonzero)) {
+      *bad = 1;
+      continue;
+    }
+    auto uniform = [&](std::int64_t s) {
+      const std::uint64_t i = std::uint64_t(row) * std::uint64_t(ns) + std::uint64_t(s);
+      std::uint32_t b[4];
+      Generator::block(seed, base + i / 2, b);
+      return (i % 2) ? Generator::to_unit_double(b[2], b[3]) : Generator::to_unit_double(b[0], b[1]);
+    };
+    std::int64_t* o = out + row * ns;
+    if (replacement) {
+      double acc = 0;
+      for (std::int64_t j = 0; j < k; ++j) cdf[j] = acc += w[j];
+      for (std::int64_t s = 0; s < ns; ++s) {
+        const double u = uniform(s) * acc;
+        std::int64_t lo = 0, hi = k;  // the first j with cdf[j] > u (std::upper_bound)
+        while (lo < hi) {
+          const std::int64_t mid = lo + (hi - lo) / 2;
+          if (cdf[mid] <= u) lo = mid + 1;
+          else hi = mid;
+        }
+        std::int64_t j = lo < k - 1 ? lo : k - 1;
+        while (w[j] == 0) --j;  // rounding at the top end: the last category with weight
+        o[s] = j;
+      }
+    } else {
+      for (std::int64_t s = 0; s < ns; ++s) {
+        double total = 0;
+        for (std::int64_t j = 0; j < k; ++j) total += w[j];
+        const double u = uniform(s) * total;
+        double acc = 0;
+        std::int64_t pick = -1;
+        for (std::int64_t j = 0; j < k; ++j) {
+          if (w[j] == 0) continue;
+          pick = j;
+          acc += w[j];
+          if (u < acc) break;
+        }
+        o[s] = pick;
+        w[pick] = 0;
       }
     }
   }
@@ -309,6 +379,24 @@ void cumulative_backward(const T* g, const T* x, const T* y, T* gx, std::int64_t
   const cudaStream_t s = current_stream(dev).handle();
   cumulative_backward_kernel<T><<<grid_for(outer * inner), kThreads, 0, s>>>(g, x, y, gx, outer, n, inner, prod);
   EMBER_CUDA_CHECK(cudaGetLastError());
+}
+
+/// multinomial's draws for the contiguous (rows, k) weights p into out (rows, ns), from the Philox blocks reserved at
+/// `base` of the generator with `seed`, on device dev's current stream. Returns false when a row's weights are bad
+/// (the caller reports which, as the CPU does); waits for the kernel to learn that.
+template <class T>
+bool multinomial(const T* p, std::int64_t rows, std::int64_t k, std::int64_t ns, bool replacement, std::uint64_t seed,
+                 std::uint64_t base, std::int64_t* out, int dev) {
+  using namespace sort_detail;
+  const Device d = Device::cuda(dev);
+  const cudaStream_t s = current_stream(dev).handle();
+  Tensor<double> scratch = empty<double>(Shape{rows, 2 * k}, d);
+  Tensor<std::int32_t> bad = empty<std::int32_t>(Shape{1}, d);
+  EMBER_CUDA_CHECK(cudaMemsetAsync(bad.data(), 0, sizeof(std::int32_t), s));
+  multinomial_kernel<T><<<grid_for(rows), kThreads, 0, s>>>(p, rows, k, ns, replacement, seed, base, scratch.data(),
+                                                             out, bad.data());
+  EMBER_CUDA_CHECK(cudaGetLastError());
+  return bad.to(Device::cpu()).data()[0] == 0;
 }
 
 #undef EMBER_SORT_LOOP

@@ -1,9 +1,10 @@
 // ember — sorting, cumulative and sampling ops without autograd: the argument checks and the dispatch to the loops of
-// cpu/sort.hpp or, for CUDA tensors in a translation unit compiled by nvcc, to cuda/sort.cuh (sort and the scans;
-// multinomial runs on the CPU only, and a CUDA tensor there is an error that says so).
+// cpu/sort.hpp or, for CUDA tensors in a translation unit compiled by nvcc, to cuda/sort.cuh (sort, the scans and
+// multinomial).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
@@ -107,12 +108,34 @@ Tensor<std::int64_t> multinomial(const Tensor<T>& probs, std::int64_t num_sample
   static_assert(is_floating_v<T>, "multinomial: probs must be a floating-point tensor");
   EMBER_CHECK(probs.dim() == 1 || probs.dim() == 2, "multinomial: probs must be 1-D or 2-D, got shape ",
               probs.shape().str());
-  const Tensor<T> p = detail::host_input(probs, "multinomial");
-  const std::int64_t rows = p.dim() == 2 ? p.shape()[0] : 1, k = p.shape()[p.dim() - 1];
+  const std::int64_t rows = probs.dim() == 2 ? probs.shape()[0] : 1, k = probs.shape()[probs.dim() - 1];
   EMBER_CHECK(k > 0, "multinomial: probs has no categories (shape ", probs.shape().str(), ")");
   EMBER_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
   EMBER_CHECK(replacement || num_samples <= k, "multinomial: cannot draw ", num_samples, " samples from ", k,
               " categories without replacement");
+  if (probs.device().is_cuda()) {
+#if EMBER_CUDA_SORT
+    // The CPU's draws from the same Philox blocks (cuda/sort.cuh): a seed gives the same samples on both devices.
+    cuda::check_device(probs.device(), "multinomial");
+    cuda::DeviceGuard guard(probs.device());
+    const Tensor<T> p = detail::scan_input(probs);
+    Tensor<std::int64_t> r =
+        empty<std::int64_t>(p.dim() == 2 ? Shape{rows, num_samples} : Shape{num_samples}, probs.device());
+    const std::uint64_t base = gen.reserve((std::uint64_t(rows) * std::uint64_t(num_samples) + 1) / 2);
+    if (!cuda::multinomial(p.data(), rows, k, num_samples, replacement, gen.seed(), base, r.data(),
+                           probs.device().index)) {
+      // A row the kernel refused: the CPU's checks on a host copy name the first one, with the CPU's message.
+      const Tensor<T> h = p.to(Device::cpu());
+      std::vector<double> w(static_cast<std::size_t>(k));
+      for (std::int64_t row = 0; row < rows; ++row)
+        cpu::multinomial_row_weights(h.data() + row * k, row, k, num_samples, replacement, probs.shape(), w);
+    }
+    return r;
+#else
+    detail::no_cuda_kernel("multinomial", probs.device(), "the sampling kernel");
+#endif
+  }
+  const Tensor<T> p = detail::host_input(probs, "multinomial");
   return cpu::multinomial(p, rows, k, num_samples, replacement, gen, probs.shape());
 }
 
