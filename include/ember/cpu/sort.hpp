@@ -164,6 +164,16 @@ void multinomial_row_weights(const T* x, std::int64_t row, std::int64_t k, std::
               " categories with non-zero weight, fewer than the ", num_samples, " samples to draw without replacement");
 }
 
+/// Every row of the contiguous (rows, k) weights x checked as multinomial_row_weights does: an error naming the first
+/// bad row. The CUDA path reports a row its kernel refused through this.
+template <class T>
+void check_multinomial_weights(const T* x, std::int64_t rows, std::int64_t k, std::int64_t num_samples,
+                               bool replacement, const Shape& probs) {
+  std::vector<double> w(static_cast<std::size_t>(k));
+  for (std::int64_t row = 0; row < rows; ++row)
+    multinomial_row_weights(x + row * k, row, k, num_samples, replacement, probs, w);
+}
+
 /// num_samples category indices per row of the contiguous (rows, k) weights p, drawn from gen: with replacement
 /// through the running sum of the weights, without by removing each pick. Bad weights are an error naming the row
 /// (`probs`: the caller's shape, for the message). The result is (rows, num_samples), or (num_samples) for 1-D p.

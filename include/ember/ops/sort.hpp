@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
@@ -126,9 +125,7 @@ Tensor<std::int64_t> multinomial(const Tensor<T>& probs, std::int64_t num_sample
                            probs.device().index)) {
       // A row the kernel refused: the CPU's checks on a host copy name the first one, with the CPU's message.
       const Tensor<T> h = p.to(Device::cpu());
-      std::vector<double> w(static_cast<std::size_t>(k));
-      for (std::int64_t row = 0; row < rows; ++row)
-        cpu::multinomial_row_weights(h.data() + row * k, row, k, num_samples, replacement, probs.shape(), w);
+      cpu::check_multinomial_weights(h.data(), rows, k, num_samples, replacement, probs.shape());
     }
     return r;
 #else
