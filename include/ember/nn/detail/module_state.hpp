@@ -28,8 +28,9 @@ namespace detail {
 struct ModuleAccess;
 
 /// Something that code transforming a module tree attaches to a module's state: nn::fuse_conv_bn's record of
-/// what it moved into a layer (nn/fused.hpp), quant's observer or int8 layer (nn/quant_hook.hpp). A module holds at
-/// most one extension of each kind, found by its type (find_extension); nn::Module itself knows none of them.
+/// what it moved into a layer (nn/detail/fused_act.hpp), quant's observer or int8 layer (nn/detail/quant_hook.hpp).
+/// A module holds at most one extension of each kind, found by its type (find_extension); nn::Module itself knows
+/// none of them.
 struct Extension {
   virtual ~Extension() = default;
 };
