@@ -260,6 +260,21 @@ TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into 
   }
 }
 
+// A NaN in A makes its row NaN; an infinity its row infinite (with the sign of the products): a bfloat16 GEMM
+// through whichever kernel is on.
+void nan_and_infinity_rows() {
+  std::vector<bfloat16> a(3 * 4, bfloat16(1.0f)), b(4 * 5, bfloat16(0.5f));
+  a[1] = bfloat16(std::numeric_limits<float>::quiet_NaN());
+  a[4 + 2] = bfloat16(-std::numeric_limits<float>::infinity());
+  std::vector<float> c(3 * 5);
+  cpu::gemm<bfloat16, float>(3, 5, 4, {a.data(), 4, 1}, {b.data(), 5, 1}, c.data(), 5, false);
+  for (int j = 0; j < 5; ++j) {
+    CHECK(std::isnan(c[std::size_t(j)]));
+    CHECK(c[std::size_t(5 + j)] == -std::numeric_limits<float>::infinity());
+    CHECK(c[std::size_t(10 + j)] == 2.0f);
+  }
+}
+
 // bfloat16 on Intel AMX tiles (cpu::set_amx): the same checks as the AVX-512 kernel's above (exact integer sums
 // rounded once, real values within the rounding bound of any summation order), every layout and edge, both thread
 // counts, k past the AMX panel (kKC) with fp32 and bfloat16 outputs; NaN and infinity carried through.
@@ -286,19 +301,68 @@ TEST_CASE("gemm: bfloat16 on AMX tiles (cpu::set_amx) within the rounding bound,
     CHECK(run_case<bfloat16>(c, false, seed++) == 0);
     CHECK(run_case<bfloat16, float>(c, false, seed++) == 0);
   }
-  // A NaN in A makes its row NaN; an infinity its row infinite (with the sign of the products).
-  std::vector<bfloat16> a(3 * 4, bfloat16(1.0f)), b(4 * 5, bfloat16(0.5f));
-  a[1] = bfloat16(std::numeric_limits<float>::quiet_NaN());
-  a[4 + 2] = bfloat16(-std::numeric_limits<float>::infinity());
-  std::vector<float> c(3 * 5);
-  cpu::gemm<bfloat16, float>(3, 5, 4, {a.data(), 4, 1}, {b.data(), 5, 1}, c.data(), 5, false);
-  for (int j = 0; j < 5; ++j) {
-    CHECK(std::isnan(c[std::size_t(j)]));
-    CHECK(c[std::size_t(5 + j)] == -std::numeric_limits<float>::infinity());
-    CHECK(c[std::size_t(10 + j)] == 2.0f);
-  }
+  nan_and_infinity_rows();
   cpu::set_amx(false);
   CHECK_FALSE(cpu::amx_active());
+}
+
+// bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot, on by default where the CPU has them): the same checks
+// as the fp32 kernel's (exact integer sums rounded once, real values within the rounding bound of any summation
+// order), every layout and edge, both thread counts, k past the kernel's panel with fp32 and bfloat16 outputs, NaN
+// and infinity carried through; switched off, the fp32 kernel runs again (its results are the ones above); and a
+// PackedA or PackedB made while the kernel is on multiplies through it, bit for bit as gemm.
+TEST_CASE("gemm: bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot) within the rounding bound, every layout") {
+  struct DotGuard {
+    bool was = cpu::bf16_dot_active();
+    ~DotGuard() { cpu::set_bf16_dot(was); }
+  } restore;
+  if (!cpu::bf16_dot_available()) {
+    MESSAGE("this CPU has no AVX512-BF16 (or this build no AVX-512 kernel): the dot-product kernel is not tested here");
+    cpu::set_bf16_dot(true);
+    CHECK_FALSE(cpu::bf16_dot_active());
+    return;
+  }
+  cpu::set_bf16_dot(true);
+  REQUIRE(cpu::bf16_dot_active());
+  sweeps_16bit<bfloat16>();
+  std::uint32_t seed = 700;
+  for (const Case& c : {Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
+                        Case{37, 600, 1300, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
+                        Case{129, 45, 600, false, true, true, 3}, Case{260, 530, 64, true, false, false, 1},
+                        Case{24, 64, 511, false, false, false, 1}}) {
+    CAPTURE(c.m);
+    CAPTURE(c.n);
+    CAPTURE(c.k);
+    CHECK(run_case<bfloat16>(c, true, seed++) == 0);
+    CHECK(run_case<bfloat16>(c, false, seed++) == 0);
+    CHECK(run_case<bfloat16, float>(c, false, seed++) == 0);
+  }
+  nan_and_infinity_rows();
+  // The kernel's sums are not the fp32 kernel's bit for bit (another order): on real values some element differs,
+  // which shows that the switch selects another kernel, both ways.
+  const Case big{64, 96, 700, false, false, false, 0};
+  std::mt19937 g(77);
+  Mat<bfloat16> ma(big.m, big.k, false, 0), mb(big.k, big.n, false, 0);
+  fill(ma, g, false);
+  fill(mb, g, false);
+  Mat<float> on(big.m, big.n, false, 0), off = on, on2 = on;
+  cpu::gemm<bfloat16, float>(big.m, big.n, big.k, ma.view(), mb.view(), on.v.data(), on.ld, false);
+  cpu::set_bf16_dot(false);
+  CHECK_FALSE(cpu::bf16_dot_active());
+  cpu::gemm<bfloat16, float>(big.m, big.n, big.k, ma.view(), mb.view(), off.v.data(), off.ld, false);
+  sweeps_16bit<bfloat16>();  // the fp32 kernel's conversion path, which the test above runs here with the dot kernel
+  cpu::set_bf16_dot(true);
+  cpu::gemm<bfloat16, float>(big.m, big.n, big.k, ma.view(), mb.view(), on2.v.data(), on2.ld, false);
+  CHECK(bit_diffs(on, off) > 0);
+  CHECK(bit_diffs(on, on2) == 0);
+  // Packed once while the kernel is on: the same bits as gemm.
+  Mat<float> pa_out(big.m, big.n, false, 0), pb_out = pa_out;
+  const cpu::PackedA<bfloat16> pa(big.m, big.k, ma.view());
+  pa.gemm(big.n, mb.view(), pa_out.v.data(), pa_out.ld, false);
+  const cpu::PackedB<bfloat16> pb(big.k, big.n, mb.view());
+  pb.gemm(big.m, ma.view(), pb_out.v.data(), pb_out.ld, false);
+  CHECK(bit_diffs(pa_out, on) == 0);
+  CHECK(bit_diffs(pb_out, on) == 0);
 }
 
 TEST_CASE("gemm: 16-bit outputs round to nearest even and keep NaN and infinity") {

@@ -96,6 +96,20 @@ TEST_CASE("isa: VNNI dot products for int8, from AVX512-VNNI or AVX-VNNI") {
   CHECK_FALSE(cpu::has_vnni(w));
 }
 
+// AVX512_BF16 (CPUID.(7,1):EAX bit 5) counts only on the avx512 tier: with the OS's AVX-512 state, and not on an AVX2
+// CPU whatever the bit says.
+TEST_CASE("isa: AVX512-BF16 dot products need the avx512 tier and the bit") {
+  CpuidWords w = avx512_cpu();
+  CHECK_FALSE(cpu::has_avx512_bf16(w));  // Ice Lake: AVX-512 without BF16
+  w.leaf7_1_eax = b(5);
+  CHECK(cpu::has_avx512_bf16(w));  // Zen 4 and later, Cooper Lake, Sapphire Rapids
+  w.xcr0 &= ~std::uint64_t(0xe0);  // the OS leaves the AVX-512 state off
+  CHECK_FALSE(cpu::has_avx512_bf16(w));
+  CpuidWords a = avx2_cpu();
+  a.leaf7_1_eax = b(5) | b(4);  // AVX-VNNI and the bit, but no AVX-512
+  CHECK_FALSE(cpu::has_avx512_bf16(a));
+}
+
 TEST_CASE("isa: this machine, this build, and the names of EMBER_CPU_ISA") {
   const Isa hw = cpu::isa_from_cpuid(cpu::read_cpuid());
   CHECK(int(cpu::machine_isa()) <= int(hw));  // capped by EMBER_CPU_ISA at most

@@ -54,10 +54,16 @@ inline constexpr std::int64_t kGemmColAlign = gemm::kNR<gemm::compute_t<T>>;
 template <class T, class TC>
 void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<T> b, TC* c, std::int64_t ldc,
                 bool accumulate) {
-#if EMBER_GEMM_AMX
+#if EMBER_GEMM_BF16_PAIRS
   if constexpr (std::is_same_v<T, bfloat16>) {
+#if EMBER_GEMM_AMX
     if (gemm::amx::active()) {  // (cpu::set_amx)
       gemm::amx::gemm<TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
+      return;
+    }
+#endif
+    if (gemm::bf16::active()) {  // AVX512-BF16 (cpu::set_bf16_dot)
+      gemm::bf16::gemm<TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
       return;
     }
   }
@@ -219,6 +225,17 @@ void gemm_prepacked(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a
     }
   });
 }
+
+/// Whether a PackedA or PackedB of T keeps its view and multiplies through cpu::gemm instead of packing its operand
+/// in the fp32 kernel's layout: bfloat16 while the AVX512-BF16 kernel is on (its own layout, pairs along k), so the
+/// results stay gemm's bit for bit.
+template <class T>
+bool via_gemm() {
+#if EMBER_GEMM_BF16_PAIRS
+  if constexpr (std::is_same_v<T, bfloat16>) return gemm::bf16::active();
+#endif
+  return false;
+}
 #endif
 }  // namespace detail
 
@@ -283,10 +300,12 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, MatView<
 template <class T>
 class PackedA {
  public:
-  /// Packs A (m, k), viewed by `a` (which must outlive the object when the packed kernel is not built).
+  /// Packs A (m, k), viewed by `a` (which must outlive the object when the packed kernel is not built, or when a
+  /// bfloat16 A multiplies on AVX512-BF16 dot products: detail::via_gemm).
   PackedA(std::int64_t m, std::int64_t k, MatView<T> a) : m_(m), k_(k), a_(a) {
 #if EMBER_GEMM_PACKED
-    if (m > 0 && k > 0) {
+    via_gemm_ = detail::via_gemm<T>();
+    if (m > 0 && k > 0 && !via_gemm_) {
       packed_.resize(std::size_t(detail::gemm::packed_rows(m) * k));
       detail::gemm::pack_a_all(m, k, a.p, a.rs, a.cs, packed_.data());
     }
@@ -298,7 +317,7 @@ class PackedA {
   void gemm(std::int64_t n, MatView<T> b, TC* c, std::int64_t ldc, bool accumulate = false) const {
 #if EMBER_GEMM_PACKED
     const std::int64_t m = m_, k = k_;
-    if (m == 0 || n == 0 || k == 0) {
+    if (m == 0 || n == 0 || k == 0 || via_gemm_) {
       cpu::gemm<T, TC>(m, n, k, a_, b, c, ldc, accumulate);
       return;
     }
@@ -315,6 +334,7 @@ class PackedA {
   std::int64_t m_, k_;
   MatView<T> a_;
 #if EMBER_GEMM_PACKED
+  bool via_gemm_ = false;  // multiplied through cpu::gemm, which packs A itself (detail::via_gemm)
   std::vector<detail::gemm::compute_t<T>> packed_;
 #endif
 };
@@ -331,7 +351,8 @@ class PackedB {
   /// Packs B (k, n), viewed by `b`, the threads sharing the work for a large B.
   PackedB(std::int64_t k, std::int64_t n, MatView<T> b) : k_(k), n_(n), b_(b) {
 #if EMBER_GEMM_PACKED
-    if (k > 0 && n > 0) {
+    via_gemm_ = detail::via_gemm<T>();
+    if (k > 0 && n > 0 && !via_gemm_) {
       packed_.get<C>(std::size_t(detail::gemm::packed_cols<C>(n) * k));  // 64-byte aligned, as the kernel loads B
       // Split across the threads from 64 Ki values (a quarter MiB of floats; w2 of the MLP, 32 Ki, packs alone).
       if (get_num_threads() > 1 && k * n >= 65536) detail::pack_b_parallel<T>(k, n, b, data());
@@ -348,7 +369,7 @@ class PackedB {
 #if EMBER_GEMM_PACKED
     const std::int64_t n = n_, k = k_;
     // Nothing to multiply, or one or two rows (gemm reads B in place for those, without packing): as gemm.
-    if (m == 0 || n == 0 || k == 0 || (m <= 2 && sizeof(T) > 2 && std::is_same_v<T, TC>)) {
+    if (m == 0 || n == 0 || k == 0 || via_gemm_ || (m <= 2 && sizeof(T) > 2 && std::is_same_v<T, TC>)) {
       cpu::gemm<T, TC>(m, n, k, a, b_, c, ldc, accumulate);
       return;
     }
@@ -366,6 +387,7 @@ class PackedB {
   MatView<T> b_;
 #if EMBER_GEMM_PACKED
   using C = detail::gemm::compute_t<T>;
+  bool via_gemm_ = false;  // multiplied through cpu::gemm, which packs B itself (detail::via_gemm)
   C* data() const { return static_cast<C*>(packed_.p); }
   detail::gemm::Scratch packed_;
 #endif

@@ -74,6 +74,12 @@ constexpr bool has_vnni(const CpuidWords& w) {
   return isa_from_cpuid(w) != Isa::portable && (bit(w.leaf7_ecx, 11) || bit(w.leaf7_1_eax, 4));
 }
 
+/// Whether the words list AVX512_BF16 (vdpbf16ps, bfloat16 pairs' dot products) with the avx512 tier: the
+/// instructions, and the AVX-512 register state enabled by the OS.
+constexpr bool has_avx512_bf16(const CpuidWords& w) {
+  return int(isa_from_cpuid(w)) >= int(Isa::avx512) && detail::bit(w.leaf7_1_eax, 5);
+}
+
 /// This CPU's words (all zero on a CPU that is not x86).
 inline CpuidWords read_cpuid() {
   CpuidWords w;
@@ -144,6 +150,8 @@ inline std::string describe() {
 #endif
   const Isa m = machine_isa();
   s += std::string(", machine ") + isa_name(m);
+  // (bfloat16 GEMMs use its dot products whenever the kernels are avx512: cpu/detail/gemm_bf16.hpp)
+  if (int(m) >= int(Isa::avx512) && has_avx512_bf16(read_cpuid())) s += " with AVX512-BF16";
   if (int(m) > int(compiled_isa())) s += " (build with -march=native for its kernels)";
   return s;
 }

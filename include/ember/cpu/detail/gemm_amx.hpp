@@ -17,7 +17,7 @@
 // tiles, m and n to whole tiles.
 #pragma once
 
-#include "ember/cpu/detail/gemm_kernel.hpp"
+#include "ember/cpu/detail/gemm_bf16.hpp"  // (B packed in pairs, as the dot-product kernel reads it)
 
 #if EMBER_GEMM_PACKED && EMBER_GEMM_AVX512 && defined(__x86_64__) && defined(__linux__) && \
     (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
@@ -41,10 +41,10 @@
 namespace ember::cpu {
 namespace detail::gemm::amx {
 
-/// -1: not asked yet; 0: off; 1: on (when available). The environment's EMBER_AMX=1 turns it on at the first ask.
-inline std::atomic<int>& enabled_flag() {
-  static std::atomic<int> f{-1};
-  return f;
+/// The switch: off by default; EMBER_AMX=1 in the environment turns it on at the first ask.
+inline KernelSwitch& kernel_switch() {
+  static KernelSwitch s{"EMBER_AMX", false};
+  return s;
 }
 
 #if EMBER_GEMM_AMX
@@ -68,7 +68,7 @@ inline constexpr std::int64_t kKC = 2048;  // k per panel: a 16-row strip of A i
 inline constexpr std::int64_t kMC = 256;   // rows of A per packed block (1 MiB at kKC)
 inline constexpr std::int64_t kNC = 512;   // columns of B per packed block (2 MiB at kKC, packed once per panel)
 
-inline std::int64_t round_up(std::int64_t x, std::int64_t q) { return (x + q - 1) / q * q; }
+using bf16::round_up;
 
 /// The tile configuration: palette 1, tiles 0-7 each 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
@@ -102,57 +102,6 @@ EMBER_AMX_TARGET inline void pack_a(std::int64_t mc, std::int64_t kc, const std:
       for (std::int64_t p = 0; p < kc; ++p) d[p] = s[p * cs];
     }
     std::memset(d + kc, 0, std::size_t(kp - kc) * 2);
-  }
-}
-
-/// Columns [0, nc) x k [0, kc) of B (element (p, j) at b[p * rs + j * cs]) as 16-column strips of kp / 2 rows of
-/// pairs: strip t, pair q, column j at dst + t * 16 * kp + (q * 16 + j) * 2 holds (b[2q][16 t + j], b[2q+1][...]),
-/// zeros past kc and past nc (to whole 32-column groups).
-EMBER_AMX_TARGET inline void pack_b(std::int64_t kc, std::int64_t nc, const std::uint16_t* b, std::int64_t rs,
-                                    std::int64_t cs, std::int64_t kp, std::uint16_t* dst) {
-  const std::int64_t np = round_up(nc, 32), pairs = kp / 2;
-  // Interleaves the first 16 values of two registers: (x0, y0, x1, y1, ...) (y's lanes are 32 and up).
-  const __m512i inter = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
-                                         6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  for (std::int64_t t = 0; t < np / 16; ++t) {
-    std::uint16_t* strip = dst + t * 16 * kp;
-    const std::int64_t j0 = t * 16, cols = std::max<std::int64_t>(0, std::min<std::int64_t>(16, nc - j0));
-    if (cols == 0) {
-      std::memset(strip, 0, std::size_t(16 * kp) * 2);
-      continue;
-    }
-    const std::uint16_t* bs = b + j0 * cs;
-    if (cs == 1) {  // rows of B contiguous: two rows of 16 values interleaved per pair
-      // (16 values into a 512-bit register by a masked load: GCC 12 reports the 256-to-512-bit casts and
-      // extensions as maybe-uninitialized)
-      const __mmask32 lm = __mmask32((1u << cols) - 1u);
-      for (std::int64_t q = 0; q < pairs; ++q) {
-        const std::int64_t p0 = 2 * q, p1 = 2 * q + 1;
-        const __m512i x = p0 < kc ? _mm512_maskz_loadu_epi16(lm, bs + p0 * rs) : _mm512_setzero_si512();
-        const __m512i y = p1 < kc ? _mm512_maskz_loadu_epi16(lm, bs + p1 * rs) : _mm512_setzero_si512();
-        _mm512_storeu_si512(strip + q * 32, _mm512_permutex2var_epi16(x, inter, y));
-      }
-    } else if (rs == 1 && kc % 2 == 0) {  // columns contiguous along k: each pair is one 32-bit value
-      // 16 columns x 16 pairs at a time, transposed as 32-bit values (bit patterns only: shuffles, no arithmetic).
-      for (std::int64_t q0 = 0; q0 < pairs; q0 += 16) {
-        const std::int64_t left = std::max<std::int64_t>(0, std::min<std::int64_t>(16, kc / 2 - q0));
-        const __mmask16 lm = __mmask16(left >= 16 ? 0xffffu : (1u << left) - 1u);
-        __m512 r[16];
-        for (int j = 0; j < 16; ++j)
-          r[j] = j < cols ? _mm512_maskz_loadu_ps(lm, reinterpret_cast<const float*>(bs + j * cs + 2 * q0))
-                          : _mm512_setzero_ps();
-        simd::avx512::F32::transpose(r);
-        for (int q = 0; q < 16 && q0 + q < pairs; ++q)
-          _mm512_storeu_ps(reinterpret_cast<float*>(strip + (q0 + q) * 32), r[q]);
-      }
-    } else {
-      for (std::int64_t q = 0; q < pairs; ++q)
-        for (int j = 0; j < 16; ++j) {
-          const std::int64_t p0 = 2 * q, p1 = 2 * q + 1;
-          strip[q * 32 + 2 * j] = j < cols && p0 < kc ? bs[p0 * rs + j * cs] : std::uint16_t(0);
-          strip[q * 32 + 2 * j + 1] = j < cols && p1 < kc ? bs[p1 * rs + j * cs] : std::uint16_t(0);
-        }
-    }
   }
 }
 
@@ -201,7 +150,7 @@ EMBER_AMX_TARGET void gemm_panel(std::int64_t m, std::int64_t n, std::int64_t k,
   load_tile_config(cfg);
   for (std::int64_t jc = 0; jc < n; jc += kNC) {
     const std::int64_t nc = std::min(kNC, n - jc);
-    pack_b(k, nc, b + jc * bcs, brs, bcs, kp, bpack);
+    bf16::pack_b_pairs(k, nc, b + jc * bcs, brs, bcs, kp, bpack);
     for (std::int64_t ic = 0; ic < m; ic += kMC) {
       const std::int64_t mc = std::min(kMC, m - ic);
       pack_a(mc, k, a + ic * ars, ars, acs, kp, apack);
@@ -221,7 +170,7 @@ EMBER_AMX_TARGET void gemm_panel(std::int64_t m, std::int64_t n, std::int64_t k,
 }
 
 /// C (m, n) = [C +] A @ B, any k: one panel, or fp32 accumulation over panels of kKC (in C itself for a float C,
-/// else in a scratch block rounded once at the end, as gemm_packed does).
+/// else in a scratch block rounded once at the end: rounded_once).
 template <class TC>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const bfloat16* a, std::int64_t ars, std::int64_t acs,
           const bfloat16* b, std::int64_t brs, std::int64_t bcs, TC* c, std::int64_t ldc, bool accumulate) {
@@ -236,17 +185,12 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const bfloat16* a, std
       gemm_panel<float>(m, n, std::min(kKC, k - pc), a16 + pc * acs, ars, acs, b16 + pc * brs, brs, bcs, c, ldc,
                         accumulate || pc > 0);
   } else {
-    const std::int64_t nb = std::min(kNC, n);
-    float* acc = scratch_c().get<float>(std::size_t(m * nb));
-    for (std::int64_t j0 = 0; j0 < n; j0 += nb) {
-      const std::int64_t w = std::min(nb, n - j0);
-      if (accumulate)
-        for (std::int64_t i = 0; i < m; ++i) to_compute_run(c + i * ldc + j0, acc + i * w, w);
+    const auto panels = [&](std::int64_t j0, std::int64_t w, float* acc) {
       for (std::int64_t pc = 0; pc < k; pc += kKC)
         gemm_panel<float>(m, w, std::min(kKC, k - pc), a16 + pc * acs, ars, acs, b16 + pc * brs + j0 * bcs, brs,
                           bcs, acc, w, accumulate || pc > 0);
-      for (std::int64_t i = 0; i < m; ++i) store_run(c + i * ldc + j0, acc + i * w, w, false);
-    }
+    };
+    rounded_once<float>(m, n, std::min(kNC, n), c, ldc, accumulate, panels);
   }
 }
 #else
@@ -254,23 +198,14 @@ inline bool available() { return false; }
 #endif
 
 /// Whether bfloat16 GEMMs take the AMX kernel now: switched on and available.
-inline bool active() {
-  int f = enabled_flag().load(std::memory_order_relaxed);
-  if (f < 0) {
-    const char* e = std::getenv("EMBER_AMX");
-    f = e && e[0] == '1' && e[1] == '\0';
-    int expected = -1;
-    if (!enabled_flag().compare_exchange_strong(expected, f)) f = expected;
-  }
-  return f == 1 && available();
-}
+inline bool active() { return kernel_switch().on() && available(); }
 
 }  // namespace detail::gemm::amx
 
 /// bfloat16 GEMMs (matmul, linear, the im2col convolution's GEMMs) on Intel AMX tiles when `on` and the CPU and
 /// OS allow them (cpu::amx_available()); off by default, or as the environment's EMBER_AMX=1 says. See
 /// cpu/detail/gemm_amx.hpp for how its results differ from the AVX-512 kernel's (within the rounding bound).
-inline void set_amx(bool on) { detail::gemm::amx::enabled_flag().store(on ? 1 : 0); }
+inline void set_amx(bool on) { detail::gemm::amx::kernel_switch().set(on); }
 /// Whether this CPU and OS run AMX-BF16 tiles (cpuid, and Linux's permission for the tile state).
 inline bool amx_available() { return detail::gemm::amx::available(); }
 /// Whether bfloat16 GEMMs run on AMX now (set_amx(true) and amx_available()).

@@ -410,6 +410,23 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
   }
 }
 
+/// C (m, n) = [C +] a product computed in blocks of at most nb columns by panels(j0, w, acc), which writes (or, when
+/// accumulating, adds to) columns [j0, j0 + w) into acc (m x w, leading dim w, of the compute type T): C's values
+/// are read into acc first when accumulating, and each block is rounded once into C. A 16-bit output over several k
+/// panels is the fp32 sum rounded once so (gemm_packed, and the bfloat16 dot-product and AMX kernels).
+template <class T, class TC, class Panels>
+void rounded_once(std::int64_t m, std::int64_t n, std::int64_t nb, TC* c, std::int64_t ldc, bool accumulate,
+                  const Panels& panels) {
+  T* acc = scratch_c().get<T>(std::size_t(m * nb));
+  for (std::int64_t j0 = 0; j0 < n; j0 += nb) {
+    const std::int64_t w = std::min(nb, n - j0);
+    if (accumulate)
+      for (std::int64_t i = 0; i < m; ++i) to_compute_run(c + i * ldc + j0, acc + i * w, w);
+    panels(j0, w, acc);
+    for (std::int64_t i = 0; i < m; ++i) store_run(c + i * ldc + j0, acc + i * w, w, false);
+  }
+}
+
 /// C (m, n; row-major, leading dim ldc) = [C +] A (m, k) @ B (k, n) on the calling thread. A's element (i, p)
 /// is a[i * ars + p * acs], B's (p, j) is b[p * brs + j * bcs]: any strides, read in place while packing. S is
 /// float, double, half or bfloat16 (computed in compute_t<S>); C is S or compute_t<S>.
@@ -424,17 +441,12 @@ void gemm_packed(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std
     return;
   }
   // A 16-bit C and several k panels: accumulate each block of nc columns in fp32, round it once.
-  const std::int64_t nb = std::min(Blocking<T>::nc, n);
-  T* acc = scratch_c().get<T>(std::size_t(m * nb));
-  for (std::int64_t j0 = 0; j0 < n; j0 += nb) {
-    const std::int64_t w = std::min(nb, n - j0);
-    if (accumulate)
-      for (std::int64_t i = 0; i < m; ++i) to_compute_run(c + i * ldc + j0, acc + i * w, w);
+  const auto panels = [&](std::int64_t j0, std::int64_t w, T* acc) {
     Prepacked<T> p = pre;
     p.b_col0 += j0;  // (j0 is a multiple of nc, so of NR)
     gemm_panels<S, T>(m, w, k, a, ars, acs, b + j0 * bcs, brs, bcs, acc, w, accumulate, p);
-    for (std::int64_t i = 0; i < m; ++i) store_run(c + i * ldc + j0, acc + i * w, w, false);
-  }
+  };
+  rounded_once<T>(m, n, std::min(Blocking<T>::nc, n), c, ldc, accumulate, panels);
 }
 
 }  // namespace ember::cpu::detail::gemm
