@@ -7,7 +7,8 @@
 // AVX-512 kernel runs. Its results differ from that kernel's within the GEMM's rounding bound: the fp32 sums run in
 // another order (the instruction adds each pair of products first), and bfloat16 subnormal inputs and fp32
 // subnormal partial sums are flushed to zero (the instruction's DAZ/FTZ). cpu::PackedA and cpu::PackedB (a
-// convolution's weights, a linear layer's pre-packed weight) keep the AVX-512 kernel.
+// convolution's weights, a linear layer's pre-packed weight) multiply through cpu::gemm, and so on the tiles, while
+// the AVX512-BF16 kernel is on (the default, cpu/detail/gemm_bf16.hpp); with it off they keep the fp32 kernel.
 //
 // Layout: B's block of kNC columns is packed whole along k into 16-column strips of bfloat16 pairs (the tile
 // instruction's "VNNI" form: row q of a strip holds (b[2q][j], b[2q+1][j]) for its 16 columns j, 64 bytes); A's
