@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <vector>
@@ -244,13 +245,10 @@ void sweeps_16bit() {
   }
 }
 
-TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into the output type", T, bfloat16, half) {
-  sweeps_16bit<T>();
-  // Every cache block and the fp32 accumulation block of a 16-bit output (k > kc), transposed views included.
-  std::uint32_t seed = 500;
-  for (const Case& c : {Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
-                        Case{37, 300, 2100, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
-                        Case{129, 45, 600, false, true, true, 3}}) {
+// 16-bit GEMMs of the given shapes: exact integer sums, and real values with a T and a float output.
+template <class T>
+void big_16bit_cases(std::initializer_list<Case> cases, std::uint32_t& seed) {
+  for (const Case& c : cases) {
     CAPTURE(c.m);
     CAPTURE(c.n);
     CAPTURE(c.k);
@@ -258,6 +256,15 @@ TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into 
     CHECK(run_case<T>(c, false, seed++) == 0);
     CHECK(run_case<T, float>(c, false, seed++) == 0);
   }
+}
+
+TEST_CASE_TEMPLATE("gemm: 16-bit operands, fp32 accumulation, one rounding into the output type", T, bfloat16, half) {
+  sweeps_16bit<T>();
+  // Every cache block and the fp32 accumulation block of a 16-bit output (k > kc), transposed views included.
+  std::uint32_t seed = 500;
+  big_16bit_cases<T>({Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
+                        Case{37, 300, 2100, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
+                        Case{129, 45, 600, false, true, true, 3}}, seed);
 }
 
 // A NaN in A makes its row NaN; an infinity its row infinite (with the sign of the products): a bfloat16 GEMM
@@ -291,16 +298,9 @@ TEST_CASE("gemm: bfloat16 on AMX tiles (cpu::set_amx) within the rounding bound,
   REQUIRE(cpu::amx_active());
   sweeps_16bit<bfloat16>();
   std::uint32_t seed = 600;
-  for (const Case& c : {Case{300, 70, 2100, false, false, true, 1}, Case{13, 1100, 40, false, true, true, 2},
+  big_16bit_cases<bfloat16>({Case{300, 70, 2100, false, false, true, 1}, Case{13, 1100, 40, false, true, true, 2},
                         Case{37, 600, 4300, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
-                        Case{129, 45, 600, false, true, true, 3}, Case{260, 530, 64, true, false, false, 1}}) {
-    CAPTURE(c.m);
-    CAPTURE(c.n);
-    CAPTURE(c.k);
-    CHECK(run_case<bfloat16>(c, true, seed++) == 0);
-    CHECK(run_case<bfloat16>(c, false, seed++) == 0);
-    CHECK(run_case<bfloat16, float>(c, false, seed++) == 0);
-  }
+                        Case{129, 45, 600, false, true, true, 3}, Case{260, 530, 64, true, false, false, 1}}, seed);
   nan_and_infinity_rows();
   cpu::set_amx(false);
   CHECK_FALSE(cpu::amx_active());
@@ -326,17 +326,10 @@ TEST_CASE("gemm: bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot) within
   REQUIRE(cpu::bf16_dot_active());
   sweeps_16bit<bfloat16>();
   std::uint32_t seed = 700;
-  for (const Case& c : {Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
+  big_16bit_cases<bfloat16>({Case{300, 70, 1100, false, false, true, 1}, Case{13, 4200, 40, false, true, true, 2},
                         Case{37, 600, 1300, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
                         Case{129, 45, 600, false, true, true, 3}, Case{260, 530, 64, true, false, false, 1},
-                        Case{24, 64, 511, false, false, false, 1}}) {
-    CAPTURE(c.m);
-    CAPTURE(c.n);
-    CAPTURE(c.k);
-    CHECK(run_case<bfloat16>(c, true, seed++) == 0);
-    CHECK(run_case<bfloat16>(c, false, seed++) == 0);
-    CHECK(run_case<bfloat16, float>(c, false, seed++) == 0);
-  }
+                        Case{24, 64, 511, false, false, false, 1}}, seed);
   nan_and_infinity_rows();
   // The kernel's sums are not the fp32 kernel's bit for bit (another order): on real values some element differs,
   // which shows that the switch selects another kernel, both ways.
