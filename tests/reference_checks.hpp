@@ -1,7 +1,8 @@
 // Checks shared by the tests that compare ops with PyTorch fixtures and gradcheck them in double (test_loss,
 // test_norm, test_softmax, test_fuse, test_index, test_sort, test_manip, test_functional, test_transformer,
 // test_quant): element-wise closeness to a double reference, a gradcheck that reports its message, seeded normal
-// inputs, and one fixture case's value, gradients and gradcheck.
+// inputs, one fixture case's value, gradients and gradcheck, the fixture files they read, and the small conversions
+// they share (leaf, to_float, to_double, mask_of).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -71,6 +72,58 @@ inline void check_fixture_case(const Fixtures& src, const std::string& name, std
   for (std::size_t i = 0; i < n_inputs; ++i)
     fresh.push_back(src[name + ".in" + std::to_string(i)].requires_grad_(true));
   ember_test::check_grad(name, f, fresh);
+}
+
+using TD = ember::Tensor<double>;
+using TF = ember::Tensor<float>;
+using Inputs = std::vector<TD>;
+
+/// tests/fixtures/manip.txt (gen_manip.py), read once per program.
+inline const Fixtures& manip_fixtures() {
+  static const Fixtures f("manip.txt");
+  return f;
+}
+/// tests/fixtures/parity.txt (gen_parity.py): options beyond the basics, PyTorch's less obvious rules.
+inline const Fixtures& parity_fixtures() {
+  static const Fixtures f("parity.txt");
+  return f;
+}
+/// tests/fixtures/norm.txt (gen_norm.py): the normalization and softmax cases.
+inline const Fixtures& norm_fixtures() {
+  static const Fixtures f("norm.txt");
+  return f;
+}
+
+/// check_fixture_case on a case of manip.txt, or of `src`.
+inline void check_case(const std::string& name, std::size_t n_inputs, const GradFn& f, bool grad = true,
+                       const Fixtures& src = manip_fixtures()) {
+  check_fixture_case(src, name, n_inputs, f, grad);
+}
+
+/// t, now requiring its gradient.
+inline TD leaf(TD t) {
+  t.requires_grad_(true);
+  return t;
+}
+/// t's values rounded to float (any layout in, contiguous out).
+inline TF to_float(const TD& t) {
+  TF r = ember::empty<float>(t.shape());
+  const TD c = t.contiguous();
+  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = float(c.data()[i]);
+  return r;
+}
+/// t's values in double.
+inline TD to_double(const TF& t) {
+  TD r = ember::empty<double>(t.shape());
+  const TF c = t.contiguous();
+  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = double(c.data()[i]);
+  return r;
+}
+/// The nonzero elements of a contiguous t, as a mask.
+inline ember::Tensor<bool> mask_of(const TD& t) {
+  ember::Tensor<bool> m = ember::empty<bool>(t.shape());
+  for (std::int64_t i = 0; i < t.numel(); ++i) m.data()[i] = t.data()[i] != 0;
+  return m;
 }
 
 }  // namespace ember_test

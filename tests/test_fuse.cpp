@@ -21,18 +21,13 @@ using namespace ember;
 
 namespace {
 
-using TD = Tensor<double>;
-using TF = Tensor<float>;
+using ember_test::TD;
+using ember_test::TF;
 
 using ember_test::check_close;
 using ember_test::normal;
 
-TF to_float(const TD& t) {
-  TF r = empty<float>(t.shape());
-  const TD c = t.contiguous();
-  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = float(c.data()[i]);
-  return r;
-}
+using ember_test::to_float;
 
 }  // namespace
 

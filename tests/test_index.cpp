@@ -23,27 +23,15 @@ using ember_test::Fixtures;
 
 namespace {
 
-using TD = Tensor<double>;
-using Inputs = std::vector<TD>;
-using Fn = std::function<TD(const Inputs&)>;
+using ember_test::TD;
+using ember_test::Inputs;
+using Fn = ember_test::GradFn;
 
-const Fixtures& fx() {
-  static const Fixtures f("manip.txt");
-  return f;
-}
+constexpr auto fx = &ember_test::manip_fixtures;
 
-Tensor<bool> mask_of(const TD& t) {
-  Tensor<bool> m = empty<bool>(t.shape());
-  for (std::int64_t i = 0; i < t.numel(); ++i) m.data()[i] = t.data()[i] != 0;
-  return m;
-}
+using ember_test::mask_of;
 
-/// Runs `f` on the case's inputs (name.in0, ...): the value against name.y, the gradients for upstream name.g
-/// against name.d0, ..., then gradcheck on the same inputs. The records come from `src` (manip.txt by default).
-void check_case(const std::string& name, std::size_t n_inputs, const Fn& f, bool grad = true,
-                const Fixtures& src = fx()) {
-  ember_test::check_fixture_case(src, name, n_inputs, f, grad);
-}
+using ember_test::check_case;
 
 }  // namespace
 

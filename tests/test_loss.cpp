@@ -26,11 +26,11 @@ using nn::Reduction;
 
 namespace {
 
-using TD = Tensor<double>;
-using TF = Tensor<float>;
+using ember_test::TD;
+using ember_test::TF;
 using TI = Tensor<std::int64_t>;
-using Inputs = std::vector<TD>;
-using Fn = std::function<TD(const Inputs&)>;
+using ember_test::Inputs;
+using Fn = ember_test::GradFn;
 
 using ember_test::Fixtures;
 
@@ -49,16 +49,8 @@ TD uniform(const Shape& s, double lo, double hi, std::uint64_t seed) {
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = lo + (hi - lo) * t.data()[i];
   return t;
 }
-TD leaf(TD t) {
-  t.requires_grad_(true);
-  return t;
-}
-TF to_float(const TD& t) {
-  TF r = empty<float>(t.shape());
-  const TD c = t.contiguous();
-  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = float(c.data()[i]);
-  return r;
-}
+using ember_test::leaf;
+using ember_test::to_float;
 TI idx(const std::vector<std::int64_t>& v, const Shape& s) { return from_vector<std::int64_t>(v, s); }
 
 const char* red_name(Reduction r) { return r == Reduction::None ? "none" : r == Reduction::Sum ? "sum" : "mean"; }

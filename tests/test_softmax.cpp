@@ -19,38 +19,22 @@ using namespace ember;
 
 namespace {
 
-using TD = Tensor<double>;
-using TF = Tensor<float>;
-using Inputs = std::vector<TD>;
-using Fn = std::function<TD(const Inputs&)>;
+using ember_test::TD;
+using ember_test::TF;
+using ember_test::Inputs;
+using Fn = ember_test::GradFn;
 
 using ember_test::Fixtures;
 
-const Fixtures& norm_fx() {
-  static const Fixtures f("norm.txt");
-  return f;
-}
+constexpr auto norm_fx = &ember_test::norm_fixtures;
 
 using ember_test::check_close;
 using ember_test::check_grad;
 using ember_test::normal;
 
-TD leaf(TD t) {
-  t.requires_grad_(true);
-  return t;
-}
-TF to_float(const TD& t) {
-  TF r = empty<float>(t.shape());
-  const TD c = t.contiguous();
-  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = float(c.data()[i]);
-  return r;
-}
-TD to_double(const TF& t) {
-  TD r = empty<double>(t.shape());
-  const TF c = t.contiguous();
-  for (std::int64_t i = 0; i < t.numel(); ++i) r.data()[i] = double(c.data()[i]);
-  return r;
-}
+using ember_test::leaf;
+using ember_test::to_float;
+using ember_test::to_double;
 
 }  // namespace
 

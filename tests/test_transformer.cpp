@@ -25,20 +25,12 @@ using ember_test::Fixtures;
 
 namespace {
 
-using TD = Tensor<double>;
-using Inputs = std::vector<TD>;
+using ember_test::TD;
+using ember_test::Inputs;
 
-Tensor<bool> mask_of(const TD& t) {
-  Tensor<bool> m = empty<bool>(t.shape());
-  for (std::int64_t i = 0; i < t.numel(); ++i) m.data()[i] = t.data()[i] != 0;
-  return m;
-}
+using ember_test::mask_of;
 
-/// The fixtures of tests/fixtures/gen_parity.py (options beyond the basics, PyTorch's less obvious rules).
-const Fixtures& pfx() {
-  static const Fixtures f("parity.txt");
-  return f;
-}
+constexpr auto pfx = &ember_test::parity_fixtures;
 
 }  // namespace
 
