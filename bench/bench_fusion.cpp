@@ -155,6 +155,56 @@ void BM_ChainFusedLeavesByPointer(benchmark::State& state) {
   state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(6 * n * kF));
 }
 
+// Streaming stores (cpu/detail/stream_store.hpp) off and on, alternated within each iteration (the VM's speed
+// changes between benchmarks): the chain into an existing tensor, and its forward + backward (five fresh gradients
+// in one multi-output pass), over 16M floats. Counters: the median of (time with ordinary stores / time streamed),
+// so > 1 means streaming is faster; streamed_passes_per_iter says how many passes of the streamed half streamed
+// (3: the chain, and the forward and the backward of the second; 0 with one thread, or EMBER_STREAM_STORES=0).
+void BM_StreamingStoresPaired(benchmark::State& state) {
+  const std::int64_t n = 1 << 24;
+  Tensor<float> a = ember::randn<float>({n}), b = ember::randn<float>({n}), c = ember::randn<float>({n}),
+                d = ember::randn<float>({n}), e = ember::randn<float>({n}), y = ember::empty<float>({n}),
+                g = ember::ones<float>({n});
+  const std::int64_t saved = cpu::streaming_store_min_bytes();
+  auto timed = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto fwd = [&] { y = a * b + c * d - e; };
+  auto fwd_bwd = [&] {
+    for (auto* p : {&a, &b, &c, &d, &e}) p->requires_grad_(true);
+    {
+      Tensor<float> z = a * b + c * d - e;
+      z.backward(g);
+    }
+    for (auto* p : {&a, &b, &c, &d, &e}) {
+      p->grad() = Tensor<float>();
+      p->requires_grad_(false);
+    }
+  };
+  std::vector<double> r_fwd, r_bwd;
+  std::uint64_t streamed = 0;
+  for (auto _ : state) {
+    cpu::set_streaming_stores(-1);
+    const double f0 = timed(fwd), b0 = timed(fwd_bwd);
+    cpu::set_streaming_stores(saved < 0 ? -1 : saved);
+    const std::uint64_t p0 = cpu::detail::stream::streamed_passes().load();
+    const double f1 = timed(fwd), b1 = timed(fwd_bwd);
+    streamed += cpu::detail::stream::streamed_passes().load() - p0;
+    r_fwd.push_back(f0 / f1);
+    r_bwd.push_back(b0 / b1);
+  }
+  cpu::set_streaming_stores(saved);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["chain_ordinary_over_streamed"] = median(r_fwd);
+  state.counters["chain_fwd_bwd_ordinary_over_streamed"] = median(r_bwd);
+  state.counters["streamed_passes_per_iter"] = double(streamed) / double(std::max<std::int64_t>(1, state.iterations()));
+}
+
 // 64K floats stays in L2; 16M floats (64 MiB per array) is bound by DRAM.
 #define EMBER_SIZES ->Arg(1 << 16)->Arg(1 << 24)->UseRealTime()->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_ChainFused) EMBER_SIZES;
@@ -167,6 +217,7 @@ BENCHMARK(BM_ChainUnfused) EMBER_SIZES;
 BENCHMARK(BM_GeluFwdBwd) EMBER_SIZES;
 BENCHMARK(BM_SumSquares) EMBER_SIZES;
 BENCHMARK(BM_SumSquaresUnfused) EMBER_SIZES;
+BENCHMARK(BM_StreamingStoresPaired)->Iterations(21)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -735,6 +735,174 @@ TEST_CASE("large expressions (threaded) equal the serial answer and an element-w
   for (int k = 0; k < 5; ++k) CHECK_MESSAGE(bad[k] == 0, "expression " << k);
 }
 
+// ============================================================================================== streaming stores
+
+TEST_CASE("streaming stores (cpu/detail/stream_store.hpp): stream_copy at every alignment, and passes that stream "
+          "write what ordinary stores write") {
+  SUBCASE("stream_copy: every head alignment and length, no byte outside touched") {
+    std::vector<unsigned char> src(400), dst(600);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 37 + 11);
+    int bad = 0;
+    for (std::size_t off = 0; off < 64; ++off)
+      for (std::size_t len = 0; len <= 300; len += (len < 140 ? 1 : 7)) {
+        std::fill(dst.begin(), dst.end(), 0xA5);
+        // dst's offset within a 64-byte line varies with off (the vector's own alignment is at least 16)
+        cpu::detail::stream::stream_copy(dst.data() + 64 + off, src.data() + (off % 5), len);
+        cpu::detail::stream::fence();
+        for (std::size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= 64 + off && i < 64 + off + len;
+          bad += dst[i] != (inside ? src[i - 64 - off + off % 5] : 0xA5);
+        }
+      }
+    CHECK(bad == 0);
+  }
+  SUBCASE("passes on two threads: every dtype, sizes around the block and the thread chunk, misaligned outputs") {
+    ThreadsGuard guard;
+    const std::int64_t saved = cpu::streaming_store_min_bytes();
+    struct Restore {
+      std::int64_t v;
+      ~Restore() { cpu::set_streaming_stores(v); }
+    } restore{saved};
+    cpu::set_num_threads(2);
+    Generator g(31);
+    auto passes = [] { return cpu::detail::stream::streamed_passes().load(); };
+    // (Only passes of at least two thread chunks stream: 2 * cpu::kGrain elements.)
+    for (const i64 n : {2 * cpu::kGrain, 2 * cpu::kGrain + 2047, i64(70001), i64(200003)}) {
+      for (const i64 off : {i64(0), i64(1), i64(3)}) {
+        INFO("n " << n << " offset " << off);
+        const Tensor<float> a = randn<float>({n}, g), b = randn<float>({n}, g), c = randn<float>({n}, g);
+        const Tensor<double> da = randn<double>({n}, g);
+        const Tensor<int> ia = randint<int>(-1000, 1000, {n}, g);
+        Tensor<float> plain = empty<float>({n + off}).slice(0, off, off + n);
+        Tensor<float> streamed = empty<float>({n + off}).slice(0, off, off + n);
+        Tensor<double> dplain = empty<double>({n + off}).slice(0, off, off + n);
+        Tensor<double> dstreamed = empty<double>({n + off}).slice(0, off, off + n);
+        Tensor<bfloat16> hplain = empty<bfloat16>({n + off}).slice(0, off, off + n);
+        Tensor<bfloat16> hstreamed = empty<bfloat16>({n + off}).slice(0, off, off + n);
+        Tensor<int> iplain = empty<int>({n + off}).slice(0, off, off + n);
+        Tensor<int> istreamed = empty<int>({n + off}).slice(0, off, off + n);
+        cpu::set_streaming_stores(-1);
+        const auto p0 = passes();
+        cpu::assign(plain, a * b + c * 2.f - a);
+        cpu::assign(dplain, da * da - 3.0);
+        cpu::assign(hplain, cast<bfloat16>(a * c));
+        cpu::assign(iplain, ia * 7 - 5);
+        CHECK(passes() == p0);  // off: nothing streams
+        cpu::set_streaming_stores(0);
+        cpu::assign(streamed, a * b + c * 2.f - a);
+        cpu::assign(dstreamed, da * da - 3.0);
+        cpu::assign(hstreamed, cast<bfloat16>(a * c));
+        cpu::assign(istreamed, ia * 7 - 5);
+        CHECK(passes() == p0 + (cpu::kStreamingStores ? 4 : 0));  // the test sees the streaming path run
+        CHECK(bitwise_equal(plain, streamed));
+        CHECK(std::memcmp(dplain.data(), dstreamed.data(), std::size_t(n) * sizeof(double)) == 0);
+        CHECK(std::memcmp(hplain.data(), hstreamed.data(), std::size_t(n) * sizeof(bfloat16)) == 0);
+        CHECK(std::memcmp(iplain.data(), istreamed.data(), std::size_t(n) * sizeof(int)) == 0);
+        for (i64 i = 0; i < n; i += 997) REQUIRE(rd(streamed, i) == rd(plain, i));  // and plain is the expression
+      }
+    }
+    // In place, below the threshold, on one thread, or smaller than two chunks: ordinary stores.
+    cpu::set_streaming_stores(0);
+    Tensor<float> x = randn<float>({100000}, g);
+    const Tensor<float> x0 = x.clone();
+    auto p0 = passes();
+    x += x0 * 2.f;
+    CHECK(passes() == p0);
+    Tensor<float> small = run_expr(x0.slice(0, 0, 2 * cpu::kGrain - 1) * 3.f);
+    CHECK(passes() == p0);
+    cpu::set_num_threads(1);
+    Tensor<float> one = run_expr(x0 * 3.f);
+    CHECK(passes() == p0);
+    cpu::set_num_threads(2);
+    for (i64 i = 0; i < small.numel(); i += 101) REQUIRE(rd(small, i) == 3.f * rd(x0, i));
+    for (i64 i = 0; i < x.numel(); i += 101) REQUIRE(rd(x, i) == rd(x0, i) + 2.f * rd(x0, i));
+    cpu::set_streaming_stores(100000 * 4 + 1);
+    Tensor<float> y = empty<float>({100000});
+    cpu::assign(y, x0 * 3.f);
+    CHECK(passes() == p0);
+    cpu::set_streaming_stores(100000 * 4);
+    cpu::assign(y, x0 * 3.f);
+    CHECK(passes() == p0 + (cpu::kStreamingStores ? 1 : 0));
+    // A pass with an elementary function or a division is not memory-bound: never streamed.
+    static_assert(expr::memory_bound_v<decltype(x0 * 3.f + cast<float>(x0 < 0.f))>);
+    static_assert(expr::memory_bound_v<decltype(where(x0 > 0.f, relu(x0), -abs(x0)))>);
+    static_assert(!expr::memory_bound_v<decltype(gelu(x0 * 3.f))>);
+    static_assert(!expr::memory_bound_v<decltype(x0 / 3.f)>);
+    Tensor<float> gl = run_expr(gelu(x0 * 3.f));
+    CHECK(passes() == p0 + (cpu::kStreamingStores ? 1 : 0));
+    CHECK_THROWS_WITH_AS(cpu::set_streaming_stores(-2), doctest::Contains("expected -1 (off) or >= 0"), ember::Error);
+  }
+  SUBCASE("multi-output passes (ops::assign_multi): several outputs of two dtypes, slots, the check, misaligned") {
+    ThreadsGuard guard;
+    struct Restore {
+      std::int64_t v;
+      ~Restore() { cpu::set_streaming_stores(v); }
+    } restore{cpu::streaming_store_min_bytes()};
+    cpu::set_num_threads(2);
+    Generator g(32);
+    auto passes = [] { return cpu::detail::stream::streamed_passes().load(); };
+    for (const i64 n : {2 * cpu::kGrain + 777, i64(200003)}) {
+      for (const i64 off : {i64(0), i64(1)}) {
+        INFO("n " << n << " offset " << off);
+        const Tensor<float> x = randn<float>({n}, g), y = randn<float>({n}, g);
+        x.data()[n / 3] = std::numeric_limits<float>::quiet_NaN();
+        const auto X = expr::slot<0>(x);
+        const auto Y = expr::slot<1>(x);
+        auto run = [&](std::int64_t from) {
+          cpu::set_streaming_stores(from);
+          Tensor<float> u = empty<float>({n + off}).slice(0, off, off + n);
+          Tensor<double> v = empty<double>({n + off}).slice(0, off, off + n);
+          Tensor<std::int64_t> flag = zeros<std::int64_t>({1});
+          ops::assign_multi_flag(std::make_tuple(u, v), std::make_tuple(X * Y + Y, cast<double>(X - Y) * 0.5),
+                                 x.shape(), std::make_tuple(x, y), X != X, flag, "test");
+          return std::make_tuple(u, v, flag.item());
+        };
+        const auto p0 = passes();
+        const auto [u0, v0, f0] = run(-1);
+        CHECK(passes() == p0);
+        const auto [u1, v1, f1] = run(0);
+        CHECK(passes() == p0 + (cpu::kStreamingStores ? 1 : 0));
+        CHECK(f0 == 1);
+        CHECK(f1 == 1);  // the check still sees the NaN
+        CHECK(std::memcmp(u0.data(), u1.data(), std::size_t(n) * sizeof(float)) == 0);
+        CHECK(std::memcmp(v0.data(), v1.data(), std::size_t(n) * sizeof(double)) == 0);
+        const float xy = rd(x, 5) * rd(y, 5);
+        CHECK((rd(u1, 5) == xy + rd(y, 5) || rd(u1, 5) == std::fma(rd(x, 5), rd(y, 5), rd(y, 5))));  // FMA or not
+        CHECK(v1.data()[7] == double(rd(x, 7) - rd(y, 7)) * 0.5);  // float subtraction, then the cast
+      }
+    }
+    // An in-place update (an output is also read) never streams.
+    cpu::set_streaming_stores(0);
+    Tensor<float> z = randn<float>({300000}, g);
+    const auto p0 = passes();
+    ops::assign_multi(std::make_tuple(z), std::make_tuple(expr::slot<0>(z) * 2.f), z.shape(), std::make_tuple(z),
+                      "test");
+    CHECK(passes() == p0);
+  }
+  SUBCASE("the default: the last-level cache's size, EMBER_STREAM_STORES=0 turns it off, other text is an error") {
+    const std::int64_t saved = cpu::streaming_store_min_bytes();
+    struct Restore {
+      std::int64_t v;
+      ~Restore() {
+        unsetenv("EMBER_STREAM_STORES");
+        cpu::set_streaming_stores(v);
+      }
+    } restore{saved};
+    auto fresh = [](const char* env) {
+      if (env) setenv("EMBER_STREAM_STORES", env, 1);
+      else unsetenv("EMBER_STREAM_STORES");
+      cpu::detail::stream::min_bytes_state().store(-2);
+      return cpu::streaming_store_min_bytes();
+    };
+    const std::int64_t llc = cpu::detail::stream::last_level_cache_bytes();
+    CHECK(llc >= (std::int64_t(256) << 10));
+    CHECK(fresh(nullptr) == (cpu::kStreamingStores ? llc : -1));
+    CHECK(fresh("1") == (cpu::kStreamingStores ? llc : -1));
+    CHECK(fresh("0") == -1);
+    CHECK_THROWS_WITH_AS(fresh("yes"), doctest::Contains("EMBER_STREAM_STORES is \"yes\", not 0 or 1"), ember::Error);
+  }
+}
+
 // ============================================================================================== half, bfloat16
 
 TEST_CASE("half and bfloat16 expressions compute in float and round once") {

@@ -11,6 +11,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/detail/stream_store.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/aliasing.hpp"
 #include "ember/expr/evaluator.hpp"
@@ -72,6 +73,8 @@ struct NoSlots {
 
 template <bool Slots, class Check, class... Pairs>
 struct AssignBody {
+  template <class P>
+  using out_t = std::remove_pointer_t<decltype(P::first_type::base)>;  // a pair's output element type
   using Table = std::conditional_t<Slots, expr::SlotTable, NoSlots>;
   static constexpr bool kChecks = !std::is_same_v<Check, expr::Eval<expr::NoCheck>>;
   std::tuple<Pairs...> pairs;  // each pair: (OperandEval<T> out, Eval<E> ev)
@@ -96,6 +99,44 @@ struct AssignBody {
   {
     static constexpr Table none{};
     run<expr::LinearIdx>(a, b, &none, Check{}, pr...);
+  }
+  /// run_linear over [a, b) of a linear plan (one dim, unit strides), with the outputs streamed
+  /// (cpu/detail/stream_store.hpp): each block of values is computed by run_linear's own loop (so streaming adds no
+  /// loop per expression) into L1-resident buffers, one per output, then copied out with streaming stores; the
+  /// thread's stores are fenced at the end. Returns whether the check was true anywhere.
+  bool run_streamed(std::int64_t a, std::int64_t b) {
+    // Blocks of a multiple of 64 elements, at multiples of the block size in the whole pass: so with outputs on
+    // 64-byte boundaries (as the allocator gives them) every block is whole lines, and only a chunk's first and last
+    // lines, shared with the neighbouring chunk, take ordinary stores (a line written partly with ordinary stores
+    // and partly with streaming ones is written back twice).
+    constexpr std::size_t kRowBytes = (std::size_t(0) + ... + sizeof(out_t<Pairs>));
+    constexpr std::int64_t kBlock = std::max<std::int64_t>(64, std::int64_t(detail::stream::kBlockBytes / kRowBytes) / 64 * 64);
+    alignas(64) unsigned char raw[std::size_t(kBlock) * kRowBytes + 64 * sizeof...(Pairs)];
+    const auto dst = std::apply([](const auto&... pr) { return std::make_tuple(pr.first.base...); }, pairs);
+    std::tuple<out_t<Pairs>*...> buf;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      std::size_t off = 0;
+      (..., (std::get<K>(buf) = reinterpret_cast<std::remove_reference_t<decltype(*std::get<K>(buf))>*>(raw + off),
+             off += (std::size_t(kBlock) * sizeof(*std::get<K>(buf)) + 63) / 64 * 64));
+    }(std::index_sequence_for<Pairs...>{});
+    bool bad = false;
+    for (std::int64_t s = a, e = 0; s < b; s = e) {
+      e = std::min(b, (s / kBlock + 1) * kBlock);
+      const std::int64_t len = e - s;
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        (..., (std::get<K>(pairs).first.base = detail::stream::rebased(std::get<K>(buf), s)));
+      }(std::index_sequence_for<Pairs...>{});
+      bad = run_linear(s, s + len) || bad;
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        (..., detail::stream::stream_copy(std::get<K>(dst) + s, std::get<K>(buf),
+                                          std::size_t(len) * sizeof(*std::get<K>(dst))));
+      }(std::index_sequence_for<Pairs...>{});
+    }
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (..., (std::get<K>(pairs).first.base = std::get<K>(dst)));
+    }(std::index_sequence_for<Pairs...>{});
+    detail::stream::fence();
+    return bad;
   }
 
  private:
@@ -188,11 +229,14 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
   // Fast path, the common small op: every operand dense with exactly out's shape. No plan to build. (Checked
   // here, inline, unrolled over the expression's leaves: the smallest ops pay for every call.)
   bool dense = out.is_contiguous() && out.device().is_cpu();
+  bool fresh = true;  // no operand reads out's storage (an in-place update reads its lines anyway: never streamed)
   expr::visit_leaves(e, [&](const auto& leaf) {
     const auto& t = leaf.tensor();
     dense = dense && t.defined() && t.device().is_cpu() && t.shape() == out.shape() && t.is_contiguous() &&
             (t.storage() != out.storage() || static_cast<const void*>(t.data()) == static_cast<const void*>(out.data()));
+    fresh = fresh && dense && t.storage() != out.storage();  // (only read when dense: every operand defined)
   });
+  (void)fresh;  // (read only where E is memory-bound)
   if (dense) {
     const expr::Plan& lp = expr::linear_plan();
     int kk = 1;
@@ -201,6 +245,22 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     const Pair pr{expr::OperandEval<T>(out.data(), lp, 0), ev};
     const std::int64_t n = out.numel();
     using Body = AssignBody<false, expr::Eval<expr::NoCheck>, Pair>;
+    // Streaming stores for a fresh output larger than the last-level cache, written by several threads, from a
+    // memory-bound expression (cpu/detail/stream_store.hpp and expr::memory_bound say why each).
+    if constexpr (expr::memory_bound_v<E>) {
+      const std::int64_t stream_from = streaming_store_min_bytes();
+      if (fresh && stream_from >= 0 && n * std::int64_t(sizeof(T)) >= stream_from && n >= 2 * kGrain &&
+          get_num_threads() > 1) {
+        detail::stream::streamed_passes().fetch_add(1, std::memory_order_relaxed);
+        const Body body{std::make_tuple(pr), {}, {}};
+        parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
+          Body local = body;
+          local.run_streamed(a, b);
+        });
+        out.bump_version();
+        return;
+      }
+    }
     if (n < 2 * kGrain)
       Body::run_dense(0, n, pr);
     else
@@ -260,6 +320,26 @@ bool assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
         std::make_tuple(std::make_pair(expr::OperandEval<T>(std::get<I>(outs).data(), p, int(I)), std::get<I>(evs))...),
         slots, chk};
   }(std::index_sequence_for<T...>{});
+  // Streaming stores (as in assign) when the pass is linear, its expressions and check are memory-bound, no operand
+  // reads an output, the outputs' bytes reach the threshold together, and several threads run it.
+  if constexpr ((expr::memory_bound_v<C> && ... && expr::memory_bound_v<E>)) {
+    bool fresh = p.linear;
+    for (int k = 0; k < m.nin && fresh; ++k)
+      for (int j = 0; j < n; ++j) fresh = fresh && m.ins[k].storage != m.outs[j].storage;
+    const std::int64_t stream_from = streaming_store_min_bytes();
+    const std::int64_t count = p.numel();
+    if (fresh && stream_from >= 0 && count * std::int64_t((std::size_t(0) + ... + sizeof(T))) >= stream_from &&
+        count >= 2 * kGrain && get_num_threads() > 1) {
+      detail::stream::streamed_passes().fetch_add(1, std::memory_order_relaxed);
+      std::atomic<bool> flag{false};
+      parallel_for(0, count, kGrain, [&](std::int64_t a, std::int64_t b) {
+        auto local = body;
+        if (local.run_streamed(a, b)) flag.store(true, std::memory_order_relaxed);
+      });
+      std::apply([](const auto&... o) { (..., o.bump_version()); }, outs);
+      return flag.load();
+    }
+  }
   const bool any = run_plan(p, body);
   std::apply([](const auto&... o) { (..., o.bump_version()); }, outs);
   return any;

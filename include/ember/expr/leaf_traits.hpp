@@ -1,6 +1,7 @@
 // ember — compile-time facts about an expression type's leaves, for the executors' set-up: how many tensor leaves
-// it has (leaf_count), whether it reads the slots of a multi-output pass (has_slots, no_slots_v), and the widest
-// element type among its tensor leaves (max_leaf_bytes).
+// it has (leaf_count), whether it reads the slots of a multi-output pass (has_slots, no_slots_v), the widest
+// element type among its tensor leaves (max_leaf_bytes), and whether it costs little more than reading its operands
+// (memory_bound_v).
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <type_traits>
 
 #include "ember/core/tensor.hpp"
+#include "ember/expr/functors.hpp"
 #include "ember/expr/node_types.hpp"
 
 namespace ember::expr {
@@ -74,5 +76,67 @@ template <class... T>
 struct max_leaf_bytes<std::tuple<Tensor<T>...>> : std::integral_constant<std::size_t, std::max({std::size_t(0), sizeof(T)...})> {};
 template <class... T>
 struct max_leaf_bytes<Slots<T...>> : max_leaf_bytes<std::tuple<Tensor<T>...>> {};
+
+/// Whether evaluating an expression costs little more than moving its operands: every node a load, a scalar, an
+/// addition, subtraction or multiplication, a minimum or maximum, a negation, absolute value, square or ReLU, a
+/// comparison or logical op, a where or a cast. A pass over such an expression is bound by memory bandwidth, so
+/// the CPU executor may stream its output (cpu/detail/stream_store.hpp); with a division or an elementary function
+/// it is bound by arithmetic at a few threads, and the streaming path's extra copy made it slower (gelu(a * b + c)
+/// streamed anyway: 0.94x forward, 0.85x forward + backward on Zen 5, bench/RESULTS.md). Unknown nodes count as not
+/// memory-bound.
+template <class Op>
+struct cheap_op : std::false_type {};
+template <> struct cheap_op<ops_table::Identity> : std::true_type {};
+template <> struct cheap_op<ops_table::Neg> : std::true_type {};
+template <> struct cheap_op<ops_table::Abs> : std::true_type {};
+template <> struct cheap_op<ops_table::Square> : std::true_type {};
+template <> struct cheap_op<ops_table::Relu> : std::true_type {};
+template <> struct cheap_op<ops_table::Add> : std::true_type {};
+template <> struct cheap_op<ops_table::Sub> : std::true_type {};
+template <> struct cheap_op<ops_table::Mul> : std::true_type {};
+template <> struct cheap_op<ops_table::Maximum> : std::true_type {};
+template <> struct cheap_op<ops_table::Minimum> : std::true_type {};
+template <> struct cheap_op<ops_table::Lt> : std::true_type {};
+template <> struct cheap_op<ops_table::Le> : std::true_type {};
+template <> struct cheap_op<ops_table::Gt> : std::true_type {};
+template <> struct cheap_op<ops_table::Ge> : std::true_type {};
+template <> struct cheap_op<ops_table::Eq> : std::true_type {};
+template <> struct cheap_op<ops_table::Ne> : std::true_type {};
+template <> struct cheap_op<ops_table::And> : std::true_type {};
+template <> struct cheap_op<ops_table::Or> : std::true_type {};
+template <> struct cheap_op<ops_table::Xor> : std::true_type {};
+template <> struct cheap_op<ops_table::Not> : std::true_type {};
+// The derivatives of those ops are constants, an operand or a select (the fused backward's factors).
+template <class Op>
+struct cheap_op<ops_table::Deriv<Op>> : cheap_op<Op> {};
+template <class Op>
+struct cheap_op<ops_table::DerivA<Op>> : cheap_op<Op> {};
+template <class Op>
+struct cheap_op<ops_table::DerivB<Op>> : cheap_op<Op> {};
+
+struct NoCheck;
+template <class E>
+struct memory_bound : std::false_type {};
+template <> struct memory_bound<NoCheck> : std::true_type {};
+template <class T, bool O>
+struct memory_bound<TensorLeaf<T, O>> : std::true_type {};
+template <class T>
+struct memory_bound<ScalarLeaf<T>> : std::true_type {};
+template <class T, int K>
+struct memory_bound<LeafRef<T, K>> : std::true_type {};
+template <class T, int K>
+struct memory_bound<ParamRef<T, K>> : std::true_type {};
+template <class Op, class A>
+struct memory_bound<UnaryExpr<Op, A>> : std::bool_constant<cheap_op<Op>::value && memory_bound<A>::value> {};
+template <class U, class A>
+struct memory_bound<CastExpr<U, A>> : memory_bound<A> {};
+template <class Op, class A, class B>
+struct memory_bound<BinaryExpr<Op, A, B>>
+    : std::bool_constant<cheap_op<Op>::value && memory_bound<A>::value && memory_bound<B>::value> {};
+template <class C, class A, class B>
+struct memory_bound<WhereExpr<C, A, B>>
+    : std::bool_constant<memory_bound<C>::value && memory_bound<A>::value && memory_bound<B>::value> {};
+template <class E>
+inline constexpr bool memory_bound_v = memory_bound<E>::value;
 
 }  // namespace ember::expr
