@@ -188,7 +188,7 @@ void BM_StreamingStoresPaired(benchmark::State& state) {
   for (auto _ : state) {
     cpu::set_streaming_stores(-1);
     const double f0 = timed(fwd), b0 = timed(fwd_bwd);
-    cpu::set_streaming_stores(saved < 0 ? -1 : saved);
+    cpu::set_streaming_stores(saved);
     const std::uint64_t p0 = cpu::detail::stream::streamed_passes().load();
     const double f1 = timed(fwd), b1 = timed(fwd_bwd);
     streamed += cpu::detail::stream::streamed_passes().load() - p0;

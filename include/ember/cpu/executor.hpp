@@ -110,7 +110,8 @@ struct AssignBody {
     // lines, shared with the neighbouring chunk, take ordinary stores (a line written partly with ordinary stores
     // and partly with streaming ones is written back twice).
     constexpr std::size_t kRowBytes = (std::size_t(0) + ... + sizeof(out_t<Pairs>));
-    constexpr std::int64_t kBlock = std::max<std::int64_t>(64, std::int64_t(detail::stream::kBlockBytes / kRowBytes) / 64 * 64);
+    constexpr std::int64_t kBlock =
+        std::max<std::int64_t>(64, std::int64_t(detail::stream::kBlockBytes / kRowBytes) / 64 * 64);
     alignas(64) unsigned char raw[std::size_t(kBlock) * kRowBytes + 64 * sizeof...(Pairs)];
     const auto dst = std::apply([](const auto&... pr) { return std::make_tuple(pr.first.base...); }, pairs);
     std::tuple<out_t<Pairs>*...> buf;

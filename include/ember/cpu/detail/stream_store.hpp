@@ -4,13 +4,15 @@
 // and without keeping them in cache. That pays when the output is too large to stay in the last-level cache for
 // whoever reads it next, and costs when it would have stayed; so the executor streams a fresh output only from the
 // size of the last-level cache up (cpu::streaming_store_min_bytes; cpu::set_streaming_stores to change it,
-// EMBER_STREAM_STORES=0 in the environment to turn it off), and only in passes that run on more than one thread: one
-// core does not use the memory's bandwidth up, and there the buffer's extra copy cost more than the saved reads
-// (measured on Zen 5, bench/RESULTS.md).
+// EMBER_STREAM_STORES=0 in the environment to turn it off), only in passes that run on more than one thread (one
+// core does not use the memory's bandwidth up, and there the buffer's extra copy cost more than the saved reads),
+// and only for memory-bound expressions (expr::memory_bound_v: with an elementary function the pass is bound by
+// arithmetic, and streaming made it slower). Measured on Zen 5: bench/RESULTS.md.
 //
-// The executor computes a block of values into an L1-resident buffer with its ordinary loop (the output's base pointer
-// rebased onto the buffer), then stream_copy moves the block out (cpu/executor.hpp, AssignBody::run_streamed); each thread fences its streaming stores before its
-// part of the pass ends (they are weakly ordered: without the fence another thread could read stale lines).
+// The executor computes a block of values into an L1-resident buffer with its ordinary loop (the output's base
+// pointer rebased onto the buffer), then stream_copy moves the block out (cpu/executor.hpp,
+// AssignBody::run_streamed); each thread fences its streaming stores before its part of the pass ends (they are
+// weakly ordered: without the fence another thread could read stale lines).
 #pragma once
 
 #include <atomic>
@@ -108,7 +110,8 @@ inline void stream_copy(void* dst, const void* src, std::size_t bytes) {
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32)));
 #else
     for (int k = 0; k < 64; k += 16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + k), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + k)));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + k),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + k)));
 #endif
   }
   std::memcpy(d + i, s + i, bytes - i);
@@ -149,8 +152,8 @@ inline std::int64_t streaming_store_min_bytes() {
     const char* e = std::getenv("EMBER_STREAM_STORES");
     const bool off = !kStreamingStores || (e && e[0] == '0' && e[1] == '\0');
     EMBER_CHECK(!e || !*e || ((e[0] == '0' || e[0] == '1') && e[1] == '\0'),
-                "cpu::streaming_store_min_bytes: environment variable EMBER_STREAM_STORES is ", ember::detail::quote_untrusted(e),
-                ", not 0 or 1");
+                "cpu::streaming_store_min_bytes: environment variable EMBER_STREAM_STORES is ",
+                ember::detail::quote_untrusted(e), ", not 0 or 1");
     std::int64_t want = off ? -1 : detail::stream::last_level_cache_bytes();
     if (!st.compare_exchange_strong(v, want)) want = v;
     v = want;
@@ -158,8 +161,9 @@ inline std::int64_t streaming_store_min_bytes() {
   return v;
 }
 
-/// Streams fresh outputs of at least `min_bytes` bytes from now on (0: every fresh dense output, which the tests
-/// use; the default is streaming_store_min_bytes()'s); set_streaming_stores(-1) turns streaming off.
+/// Streams fresh outputs of at least `min_bytes` bytes from now on (0: every one that meets the other conditions
+/// above, which the tests use; the default is streaming_store_min_bytes()'s); set_streaming_stores(-1) turns
+/// streaming off.
 inline void set_streaming_stores(std::int64_t min_bytes) {
   EMBER_CHECK(min_bytes >= -1, "cpu::set_streaming_stores: min_bytes is ", min_bytes, ", expected -1 (off) or >= 0");
   detail::stream::min_bytes_state().store(kStreamingStores ? min_bytes : -1);
