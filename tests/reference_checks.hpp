@@ -88,7 +88,7 @@ inline const Fixtures& parity_fixtures() {
   static const Fixtures f("parity.txt");
   return f;
 }
-/// tests/fixtures/norm.txt (gen_norm.py): the normalization and softmax cases.
+/// tests/fixtures/norm.txt (gen_norm_loss.py): the normalization and softmax cases.
 inline const Fixtures& norm_fixtures() {
   static const Fixtures f("norm.txt");
   return f;
