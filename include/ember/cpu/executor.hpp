@@ -222,6 +222,19 @@ EMBER_HEADER_INLINE bool plan_write(const expr::OperandRef& out, const expr::Ope
 #endif
 }  // namespace detail
 
+namespace detail {
+/// Whether a pass of `count` elements whose fresh outputs take `bytes` streams them (cpu/detail/stream_store.hpp):
+/// at least two thread chunks, at least the threshold, more than one thread. Counts the passes that do. (The
+/// caller has checked that the expressions are memory-bound and that no operand reads an output.)
+inline bool stream_this_pass(std::int64_t count, std::int64_t bytes) {
+  if (count < 2 * kGrain) return false;  // first: the smallest ops pay for every check
+  const std::int64_t from = streaming_store_min_bytes();
+  if (from < 0 || bytes < from || get_num_threads() <= 1) return false;
+  stream::streamed_passes().fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+}  // namespace detail
+
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
@@ -249,10 +262,7 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
     // Streaming stores for a fresh output larger than the last-level cache, written by several threads, from a
     // memory-bound expression (cpu/detail/stream_store.hpp and expr::memory_bound say why each).
     if constexpr (expr::memory_bound_v<E>) {
-      const std::int64_t stream_from = streaming_store_min_bytes();
-      if (fresh && stream_from >= 0 && n * std::int64_t(sizeof(T)) >= stream_from && n >= 2 * kGrain &&
-          get_num_threads() > 1) {
-        detail::stream::streamed_passes().fetch_add(1, std::memory_order_relaxed);
+      if (fresh && detail::stream_this_pass(n, n * std::int64_t(sizeof(T)))) {
         const Body body{std::make_tuple(pr), {}, {}};
         parallel_for(0, n, kGrain, [&](std::int64_t a, std::int64_t b) {
           Body local = body;
@@ -327,11 +337,8 @@ bool assign_multi(const std::tuple<Tensor<T>...>& outs, const std::tuple<E...>& 
     bool fresh = p.linear;
     for (int k = 0; k < m.nin && fresh; ++k)
       for (int j = 0; j < n; ++j) fresh = fresh && m.ins[k].storage != m.outs[j].storage;
-    const std::int64_t stream_from = streaming_store_min_bytes();
     const std::int64_t count = p.numel();
-    if (fresh && stream_from >= 0 && count * std::int64_t((std::size_t(0) + ... + sizeof(T))) >= stream_from &&
-        count >= 2 * kGrain && get_num_threads() > 1) {
-      detail::stream::streamed_passes().fetch_add(1, std::memory_order_relaxed);
+    if (fresh && detail::stream_this_pass(count, count * std::int64_t((std::size_t(0) + ... + sizeof(T))))) {
       std::atomic<bool> flag{false};
       parallel_for(0, count, kGrain, [&](std::int64_t a, std::int64_t b) {
         auto local = body;
