@@ -159,7 +159,8 @@ void BM_ChainFusedLeavesByPointer(benchmark::State& state) {
 // changes between benchmarks): the chain into an existing tensor, and its forward + backward (five fresh gradients
 // in one multi-output pass), over 16M floats. Counters: the median of (time with ordinary stores / time streamed),
 // so > 1 means streaming is faster; streamed_passes_per_iter says how many passes of the streamed half streamed
-// (3: the chain, and the forward and the backward of the second; 0 with one thread, or EMBER_STREAM_STORES=0).
+// (3: the chain, and the forward and the backward of the second; 0 with one thread). Streaming is off by default:
+// the streamed half uses EMBER_STREAM_STORES=1's threshold, the last-level cache's size.
 void BM_StreamingStoresPaired(benchmark::State& state) {
   const std::int64_t n = 1 << 24;
   Tensor<float> a = ember::randn<float>({n}), b = ember::randn<float>({n}), c = ember::randn<float>({n}),
@@ -188,7 +189,7 @@ void BM_StreamingStoresPaired(benchmark::State& state) {
   for (auto _ : state) {
     cpu::set_streaming_stores(-1);
     const double f0 = timed(fwd), b0 = timed(fwd_bwd);
-    cpu::set_streaming_stores(saved);
+    cpu::set_streaming_stores(cpu::detail::stream::last_level_cache_bytes());
     const std::uint64_t p0 = cpu::detail::stream::streamed_passes().load();
     const double f1 = timed(fwd), b1 = timed(fwd_bwd);
     streamed += cpu::detail::stream::streamed_passes().load() - p0;

@@ -879,7 +879,8 @@ TEST_CASE("streaming stores (cpu/detail/stream_store.hpp): stream_copy at every 
                       "test");
     CHECK(passes() == p0);
   }
-  SUBCASE("the default: the last-level cache's size, EMBER_STREAM_STORES=0 turns it off, other text is an error") {
+  SUBCASE("off by default; EMBER_STREAM_STORES=1 turns it on from the last-level cache's size; other text is an "
+          "error") {
     const std::int64_t saved = cpu::streaming_store_min_bytes();
     struct Restore {
       std::int64_t v;
@@ -896,9 +897,10 @@ TEST_CASE("streaming stores (cpu/detail/stream_store.hpp): stream_copy at every 
     };
     const std::int64_t llc = cpu::detail::stream::last_level_cache_bytes();
     CHECK(llc >= (std::int64_t(256) << 10));
-    CHECK(fresh(nullptr) == (cpu::kStreamingStores ? llc : -1));
+    CHECK(fresh(nullptr) == -1);
     CHECK(fresh("1") == (cpu::kStreamingStores ? llc : -1));
     CHECK(fresh("0") == -1);
+    CHECK(fresh("") == -1);
     CHECK_THROWS_WITH_AS(fresh("yes"), doctest::Contains("EMBER_STREAM_STORES is \"yes\", not 0 or 1"), ember::Error);
   }
 }

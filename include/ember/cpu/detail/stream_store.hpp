@@ -2,9 +2,10 @@
 // first reads the line from memory (write-allocate), so a pass writing a fresh output moves its bytes twice: once read,
 // once written back. A streaming store writes whole lines through the write-combining buffers without reading them
 // and without keeping them in cache. That pays when the output is too large to stay in the last-level cache for
-// whoever reads it next, and costs when it would have stayed; so the executor streams a fresh output only from the
-// size of the last-level cache up (cpu::streaming_store_min_bytes; cpu::set_streaming_stores to change it,
-// EMBER_STREAM_STORES=0 in the environment to turn it off), only in passes that run on more than one thread (one
+// whoever reads it next, and costs when it would have stayed. It is off by default: on the one machine measured (a
+// 2-core Zen 5 guest) paired runs put it between 0.88x and 1.09x of ordinary stores, no gain beyond the noise
+// (bench/RESULTS.md). Turned on (EMBER_STREAM_STORES=1, or cpu::set_streaming_stores with a threshold), the executor
+// streams a fresh output only from the size of the last-level cache up, only in passes that run on more than one thread (one
 // core does not use the memory's bandwidth up, and there the buffer's extra copy cost more than the saved reads),
 // and only for memory-bound expressions (expr::memory_bound_v: with an elementary function the pass is bound by
 // arithmetic, and streaming made it slower). Measured on Zen 5: bench/RESULTS.md.
@@ -142,15 +143,15 @@ inline void fence() {
 inline constexpr bool kStreamingStores = EMBER_STREAM_X86 != 0;
 
 /// The size in bytes from which an element-wise pass writing a fresh, dense output uses streaming stores; -1 when
-/// they are off. By default the last-level cache's size (an output that large is out of cache by the time anyone
-/// reads it); EMBER_STREAM_STORES=0 in the environment turns them off at the first ask, 1 (or unset) keeps the
-/// default. Outputs written in place are never streamed (their lines are read anyway).
+/// they are off, the default. EMBER_STREAM_STORES=1 in the environment turns them on at the first ask, from the
+/// last-level cache's size (an output that large is out of cache by the time anyone reads it); 0 (or unset) keeps
+/// them off. Outputs written in place are never streamed (their lines are read anyway).
 inline std::int64_t streaming_store_min_bytes() {
   auto& st = detail::stream::min_bytes_state();
   std::int64_t v = st.load(std::memory_order_relaxed);
   if (v == -2) {
     const char* e = std::getenv("EMBER_STREAM_STORES");
-    const bool off = !kStreamingStores || (e && e[0] == '0' && e[1] == '\0');
+    const bool off = !kStreamingStores || !(e && e[0] == '1' && e[1] == '\0');
     EMBER_CHECK(!e || !*e || ((e[0] == '0' || e[0] == '1') && e[1] == '\0'),
                 "cpu::streaming_store_min_bytes: environment variable EMBER_STREAM_STORES is ",
                 ember::detail::quote_untrusted(e), ", not 0 or 1");
@@ -162,8 +163,8 @@ inline std::int64_t streaming_store_min_bytes() {
 }
 
 /// Streams fresh outputs of at least `min_bytes` bytes from now on (0: every one that meets the other conditions
-/// above, which the tests use; the default is streaming_store_min_bytes()'s); set_streaming_stores(-1) turns
-/// streaming off.
+/// above, which the tests use; detail::stream::last_level_cache_bytes() is what EMBER_STREAM_STORES=1 sets);
+/// set_streaming_stores(-1) turns streaming off again.
 inline void set_streaming_stores(std::int64_t min_bytes) {
   EMBER_CHECK(min_bytes >= -1, "cpu::set_streaming_stores: min_bytes is ", min_bytes, ", expected -1 (off) or >= 0");
   detail::stream::min_bytes_state().store(kStreamingStores ? min_bytes : -1);
