@@ -12,19 +12,15 @@
 #include <iterator>
 #include <string>
 #include <vector>
+#include "image_helpers.hpp"
 
 using namespace ember;
+using ember_test::bytes_of;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kDir = std::string(EMBER_TEST_FIXTURES) + "/images/";
-
-std::vector<unsigned char> bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "missing fixture " << path);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 // A binary PPM (P6) or PGM (P5) as written by djpeg and gen_images.py.
 struct Pnm {

@@ -18,20 +18,16 @@
 #include <iterator>
 #include <string>
 #include <vector>
+#include "image_helpers.hpp"
 
 using namespace ember;
+using ember_test::bytes_of;
 namespace fs = std::filesystem;
 namespace tr = ember::data::transforms;
 
 namespace {
 
 const std::string kDir = std::string(EMBER_TEST_FIXTURES) + "/images/";
-
-std::vector<unsigned char> bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "missing fixture " << path);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 struct TempDir {
   fs::path p;

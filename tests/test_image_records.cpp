@@ -15,19 +15,16 @@
 #include <iterator>
 #include <string>
 #include <vector>
+#include "image_helpers.hpp"
 
 using namespace ember;
+using ember_test::bytes_of;
+using ember_test::image_batches;
 namespace fs = std::filesystem;
 namespace tr = ember::data::transforms;
 
 namespace {
 const std::string kDir = std::string(EMBER_TEST_FIXTURES) + "/images/";
-
-std::vector<unsigned char> bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "missing " << path);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 struct TempDir {
   fs::path p;
@@ -43,14 +40,6 @@ struct TempDir {
   std::string str() const { return p.string(); }
 };
 
-template <class D>
-std::vector<data::Batch> batches(const D& d, int workers) {
-  data::DataLoader loader(d, {.batch_size = 4, .shuffle = true, .num_workers = workers, .seed = 2},
-                          data::ImagePipeline({.random_resized_crop = tr::RandomResizedCrop(12), .flip = 0.5f}));
-  std::vector<data::Batch> out;
-  for (auto& b : loader) out.push_back(b);
-  return out;
-}
 }  // namespace
 
 TEST_CASE("pack_images: the pack holds the folder's images and labels; its batches equal the folder's") {
@@ -72,13 +61,7 @@ TEST_CASE("pack_images: the pack holds the folder's images and labels; its batch
     const std::vector<unsigned char> file = bytes_of(folder.path(i));
     CHECK(std::vector<unsigned char>(b.begin(), b.end()) == file);
   }
-  const std::vector<data::Batch> a = batches(folder, 0), b = batches(pack, 2);
-  REQUIRE(a.size() == b.size());
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    REQUIRE(a[k].data.shape() == b[k].data.shape());
-    CHECK(std::memcmp(a[k].data.data(), b[k].data.data(), std::size_t(a[k].data.numel()) * 4) == 0);
-    CHECK(std::memcmp(a[k].target.data(), b[k].target.data(), std::size_t(a[k].target.numel()) * 8) == 0);
-  }
+  ember_test::check_same_batches(image_batches(folder, 0), image_batches(pack, 2));
   // Shuffled at packing: the same labels in another order.
   TempDir e("image_pack_shuffled");
   data::pack_images(folder, e.str(), {.seed = 3});

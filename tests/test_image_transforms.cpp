@@ -14,19 +14,15 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "image_helpers.hpp"
 
 using namespace ember;
+using ember_test::bytes_of;
 namespace tr = ember::data::transforms;
 
 namespace {
 
 const std::string kDir = std::string(EMBER_TEST_FIXTURES) + "/images/";
-
-std::vector<unsigned char> bytes_of(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "missing fixture " << path);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 // transforms/photo.ppm (djpeg's decode of photo.jpg, 96x72) as a (3, H, W) float image in [0, 1]; small: its 24x32
 // window at the top left.

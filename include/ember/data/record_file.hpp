@@ -8,17 +8,10 @@
 //   footer  u64 index offset | u64 record count | u32 crc32c(index) | u32 version | "EMBEREND"   32 bytes
 #pragma once
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,8 +19,9 @@
 #include <vector>
 
 #include "ember/config.hpp"
-#include "ember/core/atomic_file.hpp"
 #include "ember/data/detail/crc32c.hpp"
+#include "ember/data/detail/mapped_file.hpp"
+#include "ember/data/detail/staged_file.hpp"
 
 namespace ember::data {
 
@@ -65,13 +59,11 @@ inline std::uint64_t get_u64(const unsigned char* p) {
 class RecordWriter {
  public:
   /// Starts a record file that close() will put at `path`.
-  explicit RecordWriter(const std::string& path) : path_(path) {
-    file_.emplace(path, "RecordWriter");
-    buf_.reserve(kBuffer);
+  explicit RecordWriter(const std::string& path) : file_(path, "RecordWriter") {
     unsigned char h[detail::kRecordHeader] = {};
     std::memcpy(h, detail::kRecordMagic, 8);
     detail::put_u32(h + 8, detail::kRecordVersion);
-    put(h, sizeof(h));
+    file_.put(h, sizeof(h));
   }
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
@@ -80,13 +72,11 @@ class RecordWriter {
 
   /// Appends one record; returns its index.
   std::size_t write(std::span<const unsigned char> record) {
-    EMBER_CHECK(file_.has_value(), "RecordWriter: write after close (or after a failed write, or discard) of ",
-                ember::detail::quote_untrusted(path_, 4096));
     unsigned char e[detail::kRecordEntry] = {};
-    detail::put_u64(e, offset_);
+    detail::put_u64(e, file_.offset());
     detail::put_u64(e + 8, record.size());
     detail::put_u32(e + 16, detail::crc32c(record.data(), record.size()));
-    put(record.data(), record.size());
+    file_.put(record.data(), record.size());
     index_.insert(index_.end(), e, e + sizeof(e));
     return count_++;
   }
@@ -98,61 +88,25 @@ class RecordWriter {
   /// Writes the index and footer, syncs the file and renames it over the destination. On error the destination is
   /// untouched and the temporary file removed. Does nothing after close() or discard().
   void close() {
-    if (!file_) return;
-    const std::uint64_t index_offset = offset_;
-    put(index_.data(), index_.size());
+    if (!file_.is_open()) return;
+    const std::uint64_t index_offset = file_.offset();
+    file_.put(index_.data(), index_.size());
     unsigned char footer[detail::kRecordFooter] = {};
     detail::put_u64(footer, index_offset);
     detail::put_u64(footer + 8, count_);
     detail::put_u32(footer + 16, detail::crc32c(index_.data(), index_.size()));
     detail::put_u32(footer + 20, detail::kRecordVersion);
     std::memcpy(footer + 24, detail::kRecordEndMagic, 8);
-    put(footer, sizeof(footer));
-    try {
-      flush();
-      file_->commit();  // removes the temporary file itself when it fails
-    } catch (...) {
-      discard();
-      throw;
-    }
-    file_.reset();
+    file_.put(footer, sizeof(footer));
+    file_.commit();
   }
   /// Abandons the file: the temporary file is removed and the destination is untouched.
-  void discard() noexcept {
-    file_.reset();
-    buf_.clear();
-  }
+  void discard() noexcept { file_.discard(); }
   /// The records written so far.
   std::size_t size() const { return count_; }
 
  private:
-  static constexpr std::size_t kBuffer = std::size_t(1) << 20;  // bytes gathered before one write to the file
-
-  void put(const void* p, std::size_t n) {
-    if (n == 0) return;
-    try {
-      if (buf_.size() + n > kBuffer) flush();
-      if (n >= kBuffer) {
-        file_->write(p, n);
-      } else {
-        const auto* b = static_cast<const unsigned char*>(p);
-        buf_.insert(buf_.end(), b, b + n);
-      }
-    } catch (...) {  // the temporary file may now hold part of a record: abandon it
-      discard();
-      throw;
-    }
-    offset_ += n;
-  }
-  void flush() {
-    if (!buf_.empty()) file_->write(buf_.data(), buf_.size());
-    buf_.clear();
-  }
-
-  std::string path_;
-  std::optional<AtomicFile> file_;  // the temporary file; empty after close(), discard() or a failure
-  std::vector<unsigned char> buf_;
-  std::uint64_t offset_ = 0;
+  detail::StagedFile file_;  // the temporary file, closed after close(), discard() or a failure
   std::uint64_t count_ = 0;
   std::vector<unsigned char> index_;
 };
@@ -246,7 +200,8 @@ class RecordView {
 class RecordReader {
  public:
   /// Maps the record file at `path` and validates it (see RecordView).
-  explicit RecordReader(const std::string& path) : map_(std::make_shared<Mapping>(path)) {
+  explicit RecordReader(const std::string& path)
+      : map_(std::make_shared<const detail::MappedFile>(path, "RecordReader")) {
     view_ = RecordView(map_->bytes(), path);
   }
   /// The number of records.
@@ -259,42 +214,7 @@ class RecordReader {
   const std::string& path() const { return view_.name(); }
 
  private:
-  struct Mapping {
-    void* p = nullptr;
-    std::size_t n = 0;
-    explicit Mapping(const std::string& path) {
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      const int open_err = errno;
-      EMBER_CHECK(fd >= 0, "RecordReader: cannot open ", ember::detail::quote_untrusted(path, 4096), ": ",
-                  std::strerror(open_err));
-      struct stat st {};
-      if (::fstat(fd, &st) != 0) {
-        const int err = errno;
-        ::close(fd);
-        EMBER_CHECK(false, "RecordReader: cannot stat ", ember::detail::quote_untrusted(path, 4096), ": ",
-                    std::strerror(err));
-      }
-      n = std::size_t(st.st_size);
-      if (n > 0) {
-        p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
-        const int err = errno;
-        ::close(fd);
-        EMBER_CHECK(p != MAP_FAILED, "RecordReader: cannot map ", ember::detail::quote_untrusted(path, 4096), ": ",
-                    std::strerror(err));
-      } else {
-        ::close(fd);
-      }
-    }
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    ~Mapping() {
-      if (p && p != MAP_FAILED) ::munmap(p, n);
-    }
-    std::span<const unsigned char> bytes() const {
-      return {static_cast<const unsigned char*>(p), n};
-    }
-  };
-  std::shared_ptr<Mapping> map_;
+  std::shared_ptr<const detail::MappedFile> map_;
   RecordView view_;
 };
 
