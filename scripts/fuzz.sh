@@ -3,7 +3,7 @@
 # bounded time on a working copy of its seed corpus (fuzz/corpus/<name>). Crashing inputs land in
 # build-fuzz/artifacts/; turn each into a regular test (tests/test_io.cpp, tests/test_data.cpp, tests/test_optim.cpp,
 # tests/test_store.cpp).
-# usage: scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (targets: safetensors records idx state store image)
+# usage: scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (targets: safetensors records tar idx state store image)
 # EMBER_FUZZ_OUT sets the output folder (default build-fuzz). Inputs up to 256 KiB, so that the hostile seeds (deep
 # nesting, thousands of tensors, gzip bombs) are reachable. CI runs it for 20 s a target (ctest's fuzz_smoke).
 # needs: clang and libclang-rt-14-dev (scripts/deps.sh --fuzz); the image target libjpeg and libspng (skipped without
@@ -14,7 +14,7 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(safetensors records idx state store)
+  targets=(safetensors records tar idx state store)
   # The image decoders, where libjpeg's and libspng's headers are installed (scripts/deps.sh installs them).
   printf '#include <cstdio>\n#include <jpeglib.h>\n#include <spng.h>\n' | "${CLANGXX:-clang++}" -fsyntax-only -x c++ - \
     >/dev/null 2>&1 && targets+=(image)
