@@ -11,7 +11,8 @@
 #                   bench/bench_allreduce.
 #   --bench-python  --bench plus the wheel's dependencies (~4 GB: PyPI's Linux wheel is the CUDA build, and `import
 #                   torch` loads its CUDA runtime packages), for the Python peers bench/torch_*_peer.py (torch.compile),
-#                   and torchvision + Pillow (bench/torchvision_loader_peer.py, tests/fixtures/gen_images.py)
+#                   torchvision + Pillow (bench/torchvision_loader_peer.py, tests/fixtures/gen_images.py), and the
+#                   webdataset package (the reference reader of tests/fixtures/gen_tar.py)
 #   --fuzz          accepted for old scripts (clang and libFuzzer are now always installed: the tests run the fuzzers)
 set -euo pipefail
 # zlib1g-dev: gzip'd IDX files; nlohmann-json3-dev: the tests' independent JSON parser; dataset-fashion-mnist: the examples' data
@@ -72,8 +73,9 @@ fi
 if [ $bench_python -eq 1 ]; then
   echo "deps: torch $version's dependencies (for the Python peers) into $venv"
   "$py" -m pip install --quiet "torch==${version%%+*}"
-  # bench/torchvision_loader_peer.py and tests/fixtures/gen_images.py: the torchvision that matches this torch
-  echo "deps: torchvision and Pillow for torch $version into $venv"
-  "$py" -m pip install --quiet "torch==${version%%+*}" torchvision pillow
+  # bench/torchvision_loader_peer.py and tests/fixtures/gen_images.py: the torchvision that matches this torch;
+  # tests/fixtures/gen_tar.py: webdataset
+  echo "deps: torchvision, Pillow and webdataset for torch $version into $venv"
+  "$py" -m pip install --quiet "torch==${version%%+*}" torchvision pillow webdataset
 fi
 echo "deps: LibTorch $version in $venv; cmake finds it through -DEMBER_TORCH_PYTHON=$py (the default is ~/.cache/ember/torch-venv/bin/python)"

@@ -1,8 +1,10 @@
 // ember_pack_images: packs an ImageFolder (ROOT/<class>/**/<image>) into ember record shards for
 // data::ImageRecordDataset: OUT/classes.rec and OUT/shard-NNNNN.rec, the encoded files with their labels, in a seeded
-// random order; with --max-side, images larger than that are resized (antialiased) and re-encoded as JPEG.
+// random order; with --max-side, images larger than that are resized (antialiased) and re-encoded as JPEG. With
+// --webdataset: WebDataset tar shards instead (OUT/shard-NNNNN.tar and OUT/classes.txt) for data::WebDataset and the
+// Python webdataset package.
 //
-//   ember_pack_images ROOT OUT [--shard-mb N] [--max-side N] [--quality Q] [--seed S] [--no-shuffle]
+//   ember_pack_images ROOT OUT [--webdataset] [--shard-mb N] [--max-side N] [--quality Q] [--seed S] [--no-shuffle]
 #include <ember/data/image_records.hpp>
 
 #include <chrono>
@@ -12,8 +14,8 @@
 
 namespace {
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "ember_pack_images: %s\nusage: ember_pack_images ROOT OUT [--shard-mb N] [--max-side N] "
-                       "[--quality Q] [--seed S] [--no-shuffle]\n", why);
+  std::fprintf(stderr, "ember_pack_images: %s\nusage: ember_pack_images ROOT OUT [--webdataset] [--shard-mb N] "
+                       "[--max-side N] [--quality Q] [--seed S] [--no-shuffle]\n", why);
   std::exit(2);
 }
 long long number(const char* flag, const char* text, long long lo, long long hi) {
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
     else if (a == "--quality") opt.quality = int(number("--quality", value(), 1, 100));
     else if (a == "--seed") opt.seed = std::uint64_t(number("--seed", value(), 0, 1LL << 62));
     else if (a == "--no-shuffle") opt.shuffle = false;
+    else if (a == "--webdataset") opt.format = ember::data::PackImagesOptions::Format::webdataset;
     else if (!a.empty() && a[0] == '-') usage(("unknown flag " + a).c_str());
     else if (root.empty()) root = a;
     else if (out.empty()) out = a;

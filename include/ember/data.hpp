@@ -1,5 +1,5 @@
-// ember — the data pipeline: datasets (IDX, Fashion-MNIST, packed record files), samplers, transforms and the
-// DataLoader. Separate from ember/ember.hpp because reading gzip-compressed IDX files uses zlib: link the CMake
+// ember — the data pipeline: datasets (IDX, Fashion-MNIST, packed record files), tar archives, samplers, transforms
+// and the DataLoader. Separate from ember/ember.hpp because reading gzip-compressed IDX files uses zlib: link the CMake
 // target ember::ember (it carries ZLIB::ZLIB when CMake finds zlib) or add -lz.
 #pragma once
 
@@ -12,8 +12,9 @@
 #include "ember/data/fashion_mnist.hpp"
 #include "ember/data/record_file.hpp"
 #include "ember/data/record_dataset.hpp"
+#include "ember/data/tar.hpp"
 
-// Images (JPEG/PNG decoding, ImagePipeline, ImageFolder, packed image shards): opt-in, since decoding links libjpeg
+// Images (JPEG/PNG decoding, ImagePipeline, ImageFolder, packed image shards, WebDataset tar shards): opt-in, since decoding links libjpeg
 // and libspng. The CMake target ember::image defines EMBER_WITH_IMAGE; without CMake, define it and link -ljpeg -lspng.
 #if defined(EMBER_WITH_IMAGE) && EMBER_WITH_IMAGE
 #include "ember/data/image.hpp"
@@ -22,6 +23,7 @@
 #include "ember/data/image_pipeline.hpp"
 #include "ember/data/image_records.hpp"
 #include "ember/data/image_resample.hpp"
+#include "ember/data/image_tar.hpp"
 #include "ember/data/image_transforms.hpp"
 #include "ember/data/image_types.hpp"
 #endif

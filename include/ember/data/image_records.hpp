@@ -10,7 +10,8 @@
 // records are ByteImageDecoder's layout (an 8-byte little-endian label, then the payload: here the encoded file).
 // With max_side, images larger than that are decoded, resized (antialiased) so that their longer side is max_side, and
 // re-encoded as JPEG (FFCV's max_resolution); smaller ones keep their bytes. pack_images shuffles the images (seeded)
-// before writing, so that consecutive records are of mixed classes.
+// before writing, so that consecutive records are of mixed classes. With {.format = webdataset} it writes WebDataset
+// tar shards instead (shard-NNNNN.tar and classes.txt), read by data::WebDataset (data/image_tar.hpp).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "ember/config.hpp"
+#include "ember/data/detail/staged_file.hpp"
 #include "ember/data/image.hpp"
 #include "ember/data/image_encode.hpp"
 #include "ember/data/image_folder.hpp"
@@ -33,6 +35,7 @@
 #include "ember/data/record_file.hpp"
 #include "ember/data/rng.hpp"
 #include "ember/data/sampler.hpp"
+#include "ember/data/tar.hpp"
 
 namespace ember::data {
 
@@ -40,6 +43,9 @@ namespace ember::data {
 /// max_resolution):
 ///   data::pack_images(data::ImageFolder("photos/train"), "photos/train.shards", {.max_side = 256, .seed = 1});
 struct PackImagesOptions {
+  /// The files written: ember record files (ImageRecordDataset), or WebDataset tar shards (WebDataset).
+  enum class Format { records, webdataset };
+  Format format = Format::records;  ///< records: classes.rec + shard-NNNNN.rec; webdataset: shard-NNNNN.tar
   std::size_t shard_bytes = std::size_t(256) << 20;  ///< a shard is closed once it holds this many bytes
   std::int64_t max_side = 0;                         ///< 0: keep every file's bytes; else re-encode larger images
   int quality = 90;                                  ///< JPEG quality of re-encoded images
@@ -84,11 +90,25 @@ inline std::vector<unsigned char> fit_image(std::span<const unsigned char> file,
   return encode_jpeg(hwc.data(), nh, nw, 3, quality);
 }
 
-/// Packs an ImageFolder into `dir` (created; see the file comment).
+/// Packs an ImageFolder into `dir` (created; see the file comment). With Format::webdataset the shards are tar files
+/// (shard-NNNNN.tar) of WebDataset samples: key the image's position in the written order (8 digits), fields the
+/// image ("jpg" or "png", from its bytes) and "cls" (its class index as text), for data::WebDataset and the Python
+/// webdataset package; classes.txt then lists the class names, one per line (a name with a line break is refused).
 inline PackImagesResult pack_images(const ImageFolder& folder, const std::string& dir, PackImagesOptions opt = {}) {
   namespace fs = std::filesystem;
+  const bool tar = opt.format == PackImagesOptions::Format::webdataset;
   fs::create_directories(dir);
-  {
+  if (tar) {
+    std::string names;
+    for (const std::string& c : folder.classes()) {
+      EMBER_CHECK(c.find_first_of("\r\n") == std::string::npos, "pack_images: the class name ",
+                  ember::detail::quote_untrusted(c, 4096), " has a line break, which classes.txt cannot hold");
+      names += c + "\n";
+    }
+    detail::StagedFile classes(dir + "/classes.txt", "pack_images");
+    classes.put(names.data(), names.size());
+    classes.commit();
+  } else {
     RecordWriter classes(dir + "/classes.rec");
     for (const std::string& c : folder.classes()) classes.write(c.data(), c.size());
     classes.close();
@@ -97,29 +117,45 @@ inline PackImagesResult pack_images(const ImageFolder& folder, const std::string
       opt.shuffle ? RandomSampler{opt.seed}.indices(folder.size(), 0) : SequentialSampler{}.indices(folder.size());
   PackImagesResult r;
   std::unique_ptr<RecordWriter> w;
+  std::unique_ptr<TarWriter> t;
   std::size_t in_shard = 0;
   std::vector<unsigned char> file;
   auto shard_name = [&](std::size_t k) {
     std::string n = std::to_string(k);
-    return dir + "/shard-" + std::string(n.size() < 5 ? 5 - n.size() : 0, '0') + n + ".rec";
+    return dir + "/shard-" + std::string(n.size() < 5 ? 5 - n.size() : 0, '0') + n + (tar ? ".tar" : ".rec");
   };
   for (std::size_t i : order) {
-    if (!w) w = std::make_unique<RecordWriter>(shard_name(r.shards++));
+    if (!w && !t) {
+      if (tar) t = std::make_unique<TarWriter>(shard_name(r.shards++));
+      else w = std::make_unique<RecordWriter>(shard_name(r.shards++));
+    }
     folder.source()->bytes(i, file);
     bool re = false;
     const std::vector<unsigned char> payload = fit_image(file, folder.path(i), opt.max_side, opt.quality, &re);
-    w->write(encode_byte_image(folder.target(i), payload));
+    if (tar) {
+      std::string key = std::to_string(r.images);
+      key.insert(0, key.size() < 8 ? 8 - key.size() : 0, '0');
+      const std::string label = std::to_string(folder.target(i));
+      t->add(key + (sniff_image_format(payload) == ImageFormat::png ? ".png" : ".jpg"), payload);
+      t->add(key + ".cls", label.data(), label.size());
+      in_shard += payload.size() + 3 * detail::kTarBlock;
+    } else {
+      w->write(encode_byte_image(folder.target(i), payload));
+      in_shard += payload.size() + 8;
+    }
     r.reencoded += re;
     r.bytes += payload.size();
     ++r.images;
-    in_shard += payload.size() + 8;
     if (in_shard >= opt.shard_bytes) {
-      w->close();
+      if (w) w->close();
+      if (t) t->close();
       w.reset();
+      t.reset();
       in_shard = 0;
     }
   }
   if (w) w->close();
+  if (t) t->close();
   return r;
 }
 
