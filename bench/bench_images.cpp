@@ -8,8 +8,8 @@
 // 2. RandomResizedCrop(224) per image on one thread: full decode + resize against reduced-size + crop-first decoding,
 //    on the 500x375 training images and on the full-size source pictures (SET/sources.txt) (targets >= 2x, >= 4x).
 // 3. The loader: ImageFolder + DataLoader(num_workers) with RandomResizedCrop(224) + flip + Normalize, batches of 64,
-//    from the folder and from packed shards (SET/train.shards, packed on the first run; target >= 1.2x); the peer is
-//    bench/torchvision_loader_peer.py on the same images.
+//    from the folder, from packed shards (SET/train.shards, packed on the first run; target >= 1.2x) and from
+//    WebDataset tar shards (SET/train.wds, likewise); the peer is bench/torchvision_loader_peer.py on the same images.
 // The machine's CPU model and load average are printed with the figures.
 #include <ember/data.hpp>
 
@@ -180,13 +180,22 @@ int main(int argc, char** argv) {
       const auto r = data::pack_images(train, shards);
       std::printf("packed %zu images into %zu shards (%s)\n", r.images, r.shards, shards.c_str());
     }
+    const std::string tars = set + "/train.wds";
+    if (!fs::exists(tars + "/classes.txt")) {
+      const auto r = data::pack_images(train, tars, {.format = data::PackImagesOptions::Format::webdataset});
+      std::printf("packed %zu images into %zu WebDataset shards (%s)\n", r.images, r.shards, tars.c_str());
+    }
     const data::ImageRecordDataset pack(shards);
+    const data::WebDataset wds({tars});
     const double folder_rate = loader_rate(train, workers, images, data::RandomSampler{1});
     const double shard_rate = loader_rate(pack, workers, images, data::ShardShuffleSampler{.seed = 1});
+    const double tar_rate = loader_rate(wds, workers, images, data::ShardShuffleSampler{.seed = 1});
     const double folder_rate2 = loader_rate(train, workers, images, data::RandomSampler{2});
     std::printf("DataLoader(%d workers), RandomResizedCrop(224) + flip + Normalize, batches of 64: ImageFolder %.0f "
-                "img/s (again: %.0f), packed shards %.0f img/s: %.2fx (target >= 1.2x)\n", workers, folder_rate,
-                folder_rate2, shard_rate, shard_rate / std::max(folder_rate, folder_rate2));
+                "img/s (again: %.0f), packed shards %.0f img/s: %.2fx (target >= 1.2x), WebDataset tar shards %.0f "
+                "img/s: %.2fx\n", workers, folder_rate, folder_rate2, shard_rate,
+                shard_rate / std::max(folder_rate, folder_rate2), tar_rate,
+                tar_rate / std::max(folder_rate, folder_rate2));
     std::printf("load average at end: %s\n", first_line_of("/proc/loadavg", "").c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
