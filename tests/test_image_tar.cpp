@@ -321,7 +321,9 @@ TEST_CASE("TarView: truncated, corrupt and hostile archives are errors naming th
   REQUIRE(data::detail::tar_number(pax.data() + x + 124, 12, xsize));
   const std::pair<std::string, const char*> records[] = {
       {"999 path=a\n", "malformed record"}, {"1x path=a\n", "malformed record"}, {"9 pathx\n", "without key=value"}};
-  for (const auto& [rec, why] : records) {
+  for (const auto& r : records) {
+    const std::string& rec = r.first;  // not a structured binding: clang 14 cannot capture one (CAPTURE)
+    const char* why = r.second;
     CAPTURE(rec);
     REQUIRE(rec.size() < xsize);
     a = pax;
