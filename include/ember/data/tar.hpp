@@ -374,7 +374,9 @@ class TarWriter {
     EMBER_CHECK(size < (std::uint64_t(1) << 33), "TarWriter: a member of ", size,
                 " bytes; this writer's ustar headers hold sizes below 8 GiB");
     unsigned char h[detail::kTarBlock] = {};
-    const auto text = [&](std::size_t at, std::string_view v) { std::memcpy(h + at, v.data(), v.size()); };
+    const auto text = [&](std::size_t at, std::string_view v) {
+      if (!v.empty()) std::memcpy(h + at, v.data(), v.size());  // (an empty view's data() may be null)
+    };
     const auto octal = [&](std::size_t at, std::size_t width, std::uint64_t v) {  // width - 1 digits, then NUL
       for (std::size_t i = width - 1; i-- > 0; v >>= 3) h[at + i] = static_cast<unsigned char>('0' + (v & 7));
     };
