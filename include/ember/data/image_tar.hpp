@@ -39,7 +39,7 @@ namespace ember::data {
 
 /// Expands the brace groups of a shard name as the shell (and WebDataset's URLs) do: "{000..011}" counts with the
 /// zero padding of its ends, "{a,b}" lists alternatives; several groups give every combination, in order. A group
-/// with neither ".." nor "," is kept as written. More than max_names names is an error.
+/// with neither ".." nor "," is kept as written; groups do not nest. More than max_names names is an error.
 inline std::vector<std::string> expand_braces(std::string_view pattern, std::size_t max_names = std::size_t(1) << 20) {
   const std::size_t open = pattern.find('{');
   const std::size_t close = open == std::string_view::npos ? open : pattern.find('}', open);
