@@ -349,6 +349,13 @@ TEST_CASE("WebDataset: bad shards are errors naming the shard and the sample") {
                {"WebDataset: cannot open", "missing-0.tar"});
   expect_error(__LINE__, [] { data::WebDataset({kImages + "folder"}); }, {"no *.tar files in"});
   expect_error(__LINE__, [] { data::WebDataset(std::vector<std::string>{}); }, {"no shards given"});
+  {  // classes.txt is untrusted too: a bound on its lines
+    ember_test::TempDir d;
+    std::filesystem::copy_file(kTar + "python.tar", d / "s.tar");
+    std::ofstream(d / "classes.txt") << std::string((std::size_t(1) << 20) + 1, '\n');
+    expect_error(__LINE__, [&] { data::WebDataset({d.path.string()}); },
+                 {"classes.txt", "names more than 1048576 classes"});
+  }
   const data::WebDataset some({kTar + "bad_no_label.tar"}, {.skip_incomplete = true});
   CHECK(some.size() == 2);
   CHECK(some.skipped() == 1);

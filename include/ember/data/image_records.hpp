@@ -120,6 +120,12 @@ inline PackImagesResult pack_images(const ImageFolder& folder, const std::string
   std::unique_ptr<TarWriter> t;
   std::size_t in_shard = 0;
   std::vector<unsigned char> file;
+  auto close_shard = [&] {  // puts the open shard, if any, in place
+    if (w) w->close();
+    if (t) t->close();
+    w.reset();
+    t.reset();
+  };
   auto shard_name = [&](std::size_t k) {
     std::string n = std::to_string(k);
     return dir + "/shard-" + std::string(n.size() < 5 ? 5 - n.size() : 0, '0') + n + (tar ? ".tar" : ".rec");
@@ -147,15 +153,11 @@ inline PackImagesResult pack_images(const ImageFolder& folder, const std::string
     r.bytes += payload.size();
     ++r.images;
     if (in_shard >= opt.shard_bytes) {
-      if (w) w->close();
-      if (t) t->close();
-      w.reset();
-      t.reset();
+      close_shard();
       in_shard = 0;
     }
   }
-  if (w) w->close();
-  if (t) t->close();
+  close_shard();
   return r;
 }
 

@@ -270,12 +270,16 @@ class WebDataset {
     finish();
   }
 
+  static constexpr std::size_t kMaxClasses = std::size_t(1) << 20;  // classes.txt is untrusted: a bound on its lines
+
   void read_classes(const std::string& path) {
     std::vector<unsigned char> text;
     read_file_into(path, text, std::size_t(64) << 20, "WebDataset");
     std::string_view t(reinterpret_cast<const char*>(text.data()), text.size());
     while (!t.empty()) {
       const std::size_t nl = t.find('\n');
+      EMBER_CHECK(classes_.size() < kMaxClasses, "WebDataset: ", ember::detail::quote_untrusted(path, 4096),
+                  " names more than ", kMaxClasses, " classes");
       classes_.emplace_back(t.substr(0, nl));
       t.remove_prefix(nl == std::string_view::npos ? t.size() : nl + 1);
     }
