@@ -74,6 +74,49 @@ TEST_CASE("pack_images: the pack holds the folder's images and labels; its batch
   CHECK(x == y);
 }
 
+TEST_CASE("pack_images: a pack is written whole or not at all, and replaces an older pack whole") {
+  TempDir src("image_pack_src");
+  fs::copy(kDir + "folder", src.p, fs::copy_options::recursive);
+  const data::ImageFolder folder(src.str());
+  TempDir d("image_pack_whole");
+  const data::PackImagesResult many = data::pack_images(folder, d.str(), {.shard_bytes = 1500});
+  REQUIRE(many.shards >= 3);
+  // Packed again in one shard: the older pack's other shards are gone, not read as part of the new one.
+  const data::PackImagesResult one = data::pack_images(folder, d.str() + "/");
+  CHECK(one.shards == 1);
+  {
+    const data::ImageRecordDataset pack(d.str());
+    CHECK(pack.num_shards() == 1);
+    CHECK(pack.size() == folder.size());
+  }
+  // An image that cannot be read part way: an error, and the pack in place is the one before.
+  const data::ImageFolder listed(src.str());
+  fs::remove(listed.path(listed.size() - 1));
+  CHECK_THROWS_AS(data::pack_images(listed, d.str(), {.shard_bytes = 1500, .shuffle = false}), Error);
+  {
+    const data::ImageRecordDataset pack(d.str());
+    CHECK(pack.num_shards() == 1);
+    CHECK(pack.size() == folder.size());
+  }
+  // A failure into a new folder leaves no folder.
+  TempDir fresh("image_pack_fresh");
+  CHECK_THROWS_AS(data::pack_images(listed, fresh.str(), {.shard_bytes = 1500, .shuffle = false}), Error);
+  CHECK_FALSE(fs::exists(fresh.p));
+  // No staging or set-aside folder is left beside either.
+  for (const auto& e : fs::directory_iterator(d.p.parent_path())) {
+    const std::string n = e.path().filename().string();
+    CHECK_FALSE(n.rfind(d.p.filename().string() + ".ember", 0) == 0);
+    CHECK_FALSE(n.rfind(fresh.p.filename().string() + ".ember", 0) == 0);
+  }
+  // A folder holding a file that is not a pack's: refused before anything is written, the file kept.
+  TempDir mine("image_pack_mine");
+  fs::create_directories(mine.p);
+  std::ofstream(mine.p / "notes.txt") << "mine";
+  CHECK_THROWS_WITH_AS(data::pack_images(folder, mine.str()), doctest::Contains("notes.txt"), Error);
+  CHECK(fs::exists(mine.p / "notes.txt"));
+  CHECK_FALSE(fs::exists(mine.p / "classes.rec"));
+}
+
 TEST_CASE("pack_images: max_side re-encodes larger images at that size") {
   const data::ImageFolder folder(kDir + "folder");
   TempDir d("image_pack_small");

@@ -11,8 +11,11 @@
 // With max_side, images larger than that are decoded, resized (antialiased) so that their longer side is max_side, and
 // re-encoded as JPEG (FFCV's max_resolution); smaller ones keep their bytes. pack_images shuffles the images (seeded)
 // before writing, so that consecutive records are of mixed classes. With {.format = webdataset} it writes WebDataset
-// tar shards instead (shard-NNNNN.tar and classes.txt), read by data::WebDataset (data/image_tar.hpp).
+// tar shards instead (shard-NNNNN.tar and classes.txt), read by data::WebDataset (data/image_tar.hpp). A pack is
+// written into a sibling folder that replaces the destination once complete (detail::PackFolder).
 #pragma once
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -90,14 +93,93 @@ inline std::vector<unsigned char> fit_image(std::span<const unsigned char> file,
   return encode_jpeg(hwc.data(), nh, nw, 3, quality);
 }
 
-/// Packs an ImageFolder into `dir` (created; see the file comment). With Format::webdataset the shards are tar files
-/// (shard-NNNNN.tar) of WebDataset samples: key the image's position in the written order (8 digits), fields the
-/// image ("jpg" or "png", from its bytes) and "cls" (its class index as text), for data::WebDataset and the Python
-/// webdataset package; classes.txt then lists the class names, one per line (a name with a line break is refused).
-inline PackImagesResult pack_images(const ImageFolder& folder, const std::string& dir, PackImagesOptions opt = {}) {
-  namespace fs = std::filesystem;
-  const bool tar = opt.format == PackImagesOptions::Format::webdataset;
-  fs::create_directories(dir);
+namespace detail {
+
+/// pack_images's output folder: checked when made (absent, empty or an older pack), then publish() writes the pack
+/// into a new sibling folder and swaps it in.
+class PackFolder {
+ public:
+  explicit PackFolder(std::string dir) : dir_(std::move(dir)) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    EMBER_CHECK(!dir_.empty(), "pack_images: the output folder is an empty path");
+    while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();  // "out/" and "out" are one folder
+    const std::string leaf = fs::path(dir_).filename().string();
+    EMBER_CHECK(!leaf.empty() && leaf != "." && leaf != "..", "pack_images: the output folder ",
+                ember::detail::quote_untrusted(dir_, 4096), " must end in a folder's own name (it is replaced whole)");
+    if (fs::is_symlink(dir_, ec)) dir_ = fs::canonical(dir_, ec).string();  // the folder the link names is replaced
+    const std::string q = ember::detail::quote_untrusted(dir_, 4096);
+    const fs::file_status st = fs::symlink_status(dir_, ec);
+    if (!fs::exists(st)) return;
+    EMBER_CHECK(fs::is_directory(st), "pack_images: ", q, " exists and is not a folder");
+    for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      const bool ours = n == "classes.rec" || n == "classes.txt" ||
+                        (n.rfind("shard-", 0) == 0 && (n.ends_with(".rec") || n.ends_with(".tar")));
+      EMBER_CHECK(ours && it->is_regular_file(ec), "pack_images: ", q, " holds ",
+                  ember::detail::quote_untrusted(n, 4096),
+                  ", which is not a file of a pack; pack into a new or empty folder, or into an older pack");
+    }
+    EMBER_CHECK(!ec, "pack_images: cannot list ", q, ": ", ec.message());
+    existed_ = true;
+  }
+
+  /// Calls write(staging folder), then puts the staging folder in place of the output folder (the older one, if
+  /// any, removed). If write throws, the staging folder is removed and the output folder is untouched.
+  template <class Write>
+  auto publish(Write&& write) const {
+    namespace fs = std::filesystem;
+    const std::string staging = sibling(".partial");
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    const fs::path parent = fs::path(dir_).parent_path();
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    EMBER_CHECK(fs::create_directory(staging, ec) && !ec, "pack_images: cannot make the folder ",
+                ember::detail::quote_untrusted(staging, 4096), ": ", ec.message());
+    try {
+      auto result = write(staging);
+      swap_in(staging);
+      return result;
+    } catch (...) {
+      fs::remove_all(staging, ec);
+      throw;
+    }
+  }
+
+ private:
+  std::string sibling(const char* what) const {
+    return dir_ + ".ember" + what + "-" + std::to_string(::getpid());
+  }
+  void swap_in(const std::string& staging) const {
+    namespace fs = std::filesystem;
+    const std::string q = ember::detail::quote_untrusted(dir_, 4096);
+    std::error_code ec;
+    if (!existed_) {
+      fs::remove(dir_, ec);  // an empty folder made since the check; rename(2) replaces only an empty one anyway
+      fs::rename(staging, dir_, ec);
+      EMBER_CHECK(!ec, "pack_images: cannot put the new pack at ", q, ": ", ec.message());
+      return;
+    }
+    const std::string old = sibling(".old");
+    fs::remove_all(old, ec);
+    fs::rename(dir_, old, ec);
+    EMBER_CHECK(!ec, "pack_images: cannot move the older pack ", q, " aside: ", ec.message());
+    fs::rename(staging, dir_, ec);
+    if (ec) {
+      std::error_code back;
+      fs::rename(old, dir_, back);  // the older pack back in place
+      EMBER_CHECK(false, "pack_images: cannot put the new pack at ", q, ": ", ec.message());
+    }
+    fs::remove_all(old, ec);
+  }
+
+  std::string dir_;
+  bool existed_ = false;
+};
+
+/// pack_images's writing, into the (new, empty) folder `dir`.
+inline PackImagesResult write_pack(const ImageFolder& folder, const std::string& dir, const PackImagesOptions& opt,
+                                   bool tar) {
   if (tar) {
     std::string names;
     for (const std::string& c : folder.classes()) {
@@ -159,6 +241,24 @@ inline PackImagesResult pack_images(const ImageFolder& folder, const std::string
   }
   close_shard();
   return r;
+}
+
+}  // namespace detail
+
+/// Packs an ImageFolder into `dir` (created; see the file comment). With Format::webdataset the shards are tar files
+/// (shard-NNNNN.tar) of WebDataset samples: key the image's position in the written order (8 digits), fields the
+/// image ("jpg" or "png", from its bytes) and "cls" (its class index as text), for data::WebDataset and the Python
+/// webdataset package; classes.txt then lists the class names, one per line (a name with a line break is refused).
+///
+/// The pack is written whole or not at all: its files go to a new folder beside `dir`, which takes `dir`'s place once
+/// every shard is complete. A pack that fails part way (an unreadable image, a full disk) leaves `dir` as it was, and
+/// packing again over an older pack replaces all of it (no shard of the older one is left to be read with the new).
+/// `dir` must be absent, empty, or a pack (classes.rec or classes.txt and shard-* files only): any other file in it
+/// is an error before anything is written, so that no file of the user's is replaced.
+inline PackImagesResult pack_images(const ImageFolder& folder, const std::string& dir, PackImagesOptions opt = {}) {
+  const bool tar = opt.format == PackImagesOptions::Format::webdataset;
+  const detail::PackFolder out(dir);
+  return out.publish([&](const std::string& staging) { return detail::write_pack(folder, staging, opt, tar); });
 }
 
 /// The records of a pack (thread-safe: mapped read-only).
