@@ -1,6 +1,7 @@
 // Packed image shards (data/image_records.hpp): an ImageFolder packed and read back gives the same images, labels and
-// loader batches; max_side re-encodes large images; the quasi-random shard order visits every record once and
-// shuffles labels far better than reading in order; corrupt shards are errors naming the shard.
+// loader batches; a pack is written whole or not at all and replaces an older one whole; max_side re-encodes large
+// images; the quasi-random shard order visits every record once and shuffles labels far better than reading in order;
+// corrupt shards are errors naming the shard.
 #include <doctest/doctest.h>
 
 #include <unistd.h>

@@ -2,7 +2,8 @@
 // data::ImageRecordDataset: OUT/classes.rec and OUT/shard-NNNNN.rec, the encoded files with their labels, in a seeded
 // random order; with --max-side, images larger than that are resized (antialiased) and re-encoded as JPEG. With
 // --webdataset: WebDataset tar shards instead (OUT/shard-NNNNN.tar and OUT/classes.txt) for data::WebDataset and the
-// Python webdataset package.
+// Python webdataset package. OUT is replaced whole when the pack is complete; a failure leaves it as it was, and an
+// OUT holding files that are not a pack's is refused.
 //
 //   ember_pack_images ROOT OUT [--webdataset] [--shard-mb N] [--max-side N] [--quality Q] [--seed S] [--no-shuffle]
 #include <ember/data/image_records.hpp>
