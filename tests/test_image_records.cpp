@@ -116,6 +116,18 @@ TEST_CASE("pack_images: a pack is written whole or not at all, and replaces an o
   CHECK_THROWS_WITH_AS(data::pack_images(folder, mine.str()), doctest::Contains("notes.txt"), Error);
   CHECK(fs::exists(mine.p / "notes.txt"));
   CHECK_FALSE(fs::exists(mine.p / "classes.rec"));
+  // A link to a pack: the pack it names is replaced, the link stays; a link to nothing is an error.
+  TempDir link("image_pack_link");
+  fs::create_directory_symlink(d.p, link.p);
+  const data::ImageFolder left(src.str());  // (without the image removed above)
+  const data::PackImagesResult linked = data::pack_images(left, link.str(), {.shard_bytes = 1500});
+  CHECK(linked.shards > 1);
+  CHECK(fs::is_symlink(link.p));
+  CHECK(data::ImageRecordDataset(d.str()).num_shards() == linked.shards);
+  CHECK(data::ImageRecordDataset(d.str()).size() == left.size());
+  TempDir dangling("image_pack_dangling");
+  fs::create_directory_symlink(d.p / "none", dangling.p);
+  CHECK_THROWS_WITH_AS(data::pack_images(folder, dangling.str()), doctest::Contains("link to nothing"), Error);
 }
 
 TEST_CASE("pack_images: max_side re-encodes larger images at that size") {

@@ -107,7 +107,12 @@ class PackFolder {
     const std::string leaf = fs::path(dir_).filename().string();
     EMBER_CHECK(!leaf.empty() && leaf != "." && leaf != "..", "pack_images: the output folder ",
                 ember::detail::quote_untrusted(dir_, 4096), " must end in a folder's own name (it is replaced whole)");
-    if (fs::is_symlink(dir_, ec)) dir_ = fs::canonical(dir_, ec).string();  // the folder the link names is replaced
+    if (fs::is_symlink(dir_, ec)) {  // the folder the link names is the one replaced
+      const fs::path target = fs::canonical(dir_, ec);
+      EMBER_CHECK(!ec, "pack_images: the output folder ", ember::detail::quote_untrusted(dir_, 4096),
+                  " is a link to nothing (", ec.message(), ")");
+      dir_ = target.string();
+    }
     const std::string q = ember::detail::quote_untrusted(dir_, 4096);
     const fs::file_status st = fs::symlink_status(dir_, ec);
     if (!fs::exists(st)) return;
