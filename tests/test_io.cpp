@@ -22,6 +22,7 @@
 
 #include "ember/ember.hpp"
 #include "helpers.hpp"
+#include "process_helpers.hpp"
 #include "ember/io.hpp"
 #if __has_include(<nlohmann/json.hpp>)  // an independent JSON parser to compare ember's reader with
 #include <nlohmann/json.hpp>
@@ -694,17 +695,7 @@ TEST_CASE("atomic_write: a folder that does not exist") {
                                                                        "/nonexistent/dir/f.bin"});
 }
 
-namespace {
-/// The pid of a process that has exited and been reaped (so no process has it, barring reuse).
-pid_t dead_pid() {
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) ::_exit(0);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return pid;
-}
-}  // namespace
+using ember_test::dead_pid;
 
 TEST_CASE("atomic_write: stale temporary files of dead writers are removed on the next save; live ones are kept") {
   TempDir d;

@@ -5,7 +5,8 @@
 //
 // Temporary files are named `.<name>.tmp-<pid>-<n>` next to `<name>`. A writer killed between creating and
 // renaming its temporary file (SIGKILL, power loss) leaves it behind; the next save to the same path removes such
-// stale files of writers that no longer run (kill(pid, 0) reports ESRCH). Only names of exactly that pattern for
+// stale files of writers that no longer run (kill(pid, 0) reports ESRCH). A folder replaced whole (pack_images's
+// output) is staged under the same pattern, and its writer removes stale staging folders the same way. Only names of exactly that pattern for
 // that destination are touched, and never one whose process is alive (or might be: a pid that exists but belongs to
 // another user counts as alive). The check assumes the writers of one path share a pid namespace (one host, one
 // container); a writer on another host writing into the same shared folder could lose its temporary file.
@@ -49,6 +50,29 @@ inline std::string atomic_temp_prefix(const std::filesystem::path& target) {
   return s;
 }
 
+/// A new name beside `target` for its temporary file (or staging folder): `.<name>.tmp-<pid>-<n>`, n counting up
+/// within this process, so that names are unique within it (a leftover of an earlier process with the same pid is
+/// possible: create the file or folder exclusively and ask again on EEXIST).
+inline std::string atomic_temp_path(const std::filesystem::path& target) {
+  static std::atomic<unsigned long long> counter{0};
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  std::string s = (dir / atomic_temp_prefix(target)).string();
+  s += std::to_string(::getpid());
+  s += '-';
+  s += std::to_string(counter++);
+  return s;
+}
+
+/// Makes the entries of folder `dir` durable (fsync of the folder: renames into or within it survive a power
+/// cut). Best effort where a folder cannot be opened.
+inline void atomic_sync_folder(const std::filesystem::path& dir) {
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
 /// If `name` is exactly `prefix` + <pid> + "-" + <counter> (decimal digits, pid > 0), returns the pid.
 inline std::optional<pid_t> atomic_temp_pid(std::string_view name, std::string_view prefix) {
   if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return std::nullopt;
@@ -66,11 +90,13 @@ inline std::optional<pid_t> atomic_temp_pid(std::string_view name, std::string_v
   return static_cast<pid_t>(pid);
 }
 
-/// Removes the temporary files that killed writers left for `target` (see the top of this file). Best effort:
-/// a folder that cannot be listed or a file that cannot be removed is left as it is. Returns how many it removed.
-EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target);
+/// Removes the temporary files that killed writers left for `target` (see the top of this file); with `folders`,
+/// their staging folders too (with what they hold). Best effort: a folder that cannot be listed or an entry that
+/// cannot be removed is left as it is. Links are never followed or removed. Returns how many entries it removed.
+EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target, bool folders = false);
 #if EMBER_HEADER_BODIES
-EMBER_COLD EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target) {
+EMBER_COLD EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::filesystem::path& target,
+                                                                   bool folders) {
   namespace fs = std::filesystem;
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string prefix = atomic_temp_prefix(target);
@@ -84,8 +110,12 @@ EMBER_COLD EMBER_HEADER_INLINE std::size_t remove_stale_temp_files(const std::fi
     if (!pid || *pid == self) continue;  // not ours to judge; our own in-flight files are alive by definition
     if (::kill(*pid, 0) == 0 || errno != ESRCH) continue;  // alive, or alive under another user (EPERM)
     std::error_code st_ec;
-    if (!fs::is_regular_file(fs::symlink_status(it->path(), st_ec))) continue;
-    if (::unlink(it->path().c_str()) == 0) ++removed;
+    const fs::file_status st = fs::symlink_status(it->path(), st_ec);
+    if (fs::is_regular_file(st)) {
+      if (::unlink(it->path().c_str()) == 0) ++removed;
+    } else if (folders && fs::is_directory(st)) {
+      if (fs::remove_all(it->path(), st_ec) != static_cast<std::uintmax_t>(-1) && !st_ec) ++removed;
+    }
   }
   return removed;
 }
@@ -141,16 +171,12 @@ class AtomicFile {
 EMBER_COLD EMBER_HEADER_INLINE AtomicFile::AtomicFile(std::string path, std::string who)
     : path_(std::move(path)), who_(std::move(who)) {
   namespace fs = std::filesystem;
-  static std::atomic<unsigned long long> counter{0};
   const fs::path target(path_);
   EMBER_CHECK(!path_.empty() && target.has_filename(), who_, ": '", path_, "' does not name a file");
   detail::remove_stale_temp_files(target);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string stem = (dir / detail::atomic_temp_prefix(target)).string() + std::to_string(::getpid()) + "-";
-  // The counter makes names unique within this process; a leftover of an earlier process that had the same pid
-  // (EEXIST) is skipped rather than overwritten.
+  // A leftover of an earlier process that had the same pid (EEXIST) is skipped rather than overwritten.
   for (int attempt = 0;; ++attempt) {
-    tmp_ = stem + std::to_string(counter++);
+    tmp_ = detail::atomic_temp_path(target);
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ >= 0 || errno != EEXIST || attempt >= 64) break;
   }
@@ -185,13 +211,7 @@ EMBER_COLD EMBER_HEADER_INLINE void AtomicFile::commit() {
   }
   tmp_.clear();
   // Make the rename durable: sync the directory entry (best effort where directories cannot be opened).
-  const std::filesystem::path target(path_);
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  detail::atomic_sync_folder(std::filesystem::path(path_).parent_path());
 }
 #endif
 
