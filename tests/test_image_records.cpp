@@ -1,9 +1,10 @@
 // Packed image shards (data/image_records.hpp): an ImageFolder packed and read back gives the same images, labels and
 // loader batches; a pack is written whole or not at all and replaces an older one whole; max_side re-encodes large
 // images; the quasi-random shard order visits every record once and shuffles labels far better than reading in order;
-// corrupt shards are errors naming the shard.
+// corrupt shards are errors naming the shard; what a killed packer leaves is cleaned up by the next.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ember/data/dataloader.hpp>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 #include "image_helpers.hpp"
+#include "process_helpers.hpp"
 
 using namespace ember;
 using ember_test::bytes_of;
@@ -34,12 +36,24 @@ struct TempDir {
       : p(fs::temp_directory_path() / ("ember_test_" + name + "_" + std::to_string(::getpid()))) {
     fs::remove_all(p);
   }
-  ~TempDir() {
+  ~TempDir() {  // with what a packer left beside it (".<name>.tmp-*", ".<name>.old-*") if a check failed
     std::error_code ec;
     fs::remove_all(p, ec);
+    const std::string pre = "." + p.filename().string() + ".";
+    for (fs::directory_iterator it(p.parent_path(), ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().rfind(pre, 0) == 0) fs::remove_all(it->path(), ec);
   }
   std::string str() const { return p.string(); }
 };
+
+/// The entries beside `dir` whose names start with "." + dir's name (staging and set-aside folders).
+std::vector<std::string> beside(const fs::path& dir) {
+  std::vector<std::string> v;
+  const std::string pre = "." + dir.filename().string() + ".";
+  for (const auto& e : fs::directory_iterator(dir.parent_path()))
+    if (e.path().filename().string().rfind(pre, 0) == 0) v.push_back(e.path().filename().string());
+  return v;
+}
 
 }  // namespace
 
@@ -104,11 +118,8 @@ TEST_CASE("pack_images: a pack is written whole or not at all, and replaces an o
   CHECK_THROWS_AS(data::pack_images(listed, fresh.str(), {.shard_bytes = 1500, .shuffle = false}), Error);
   CHECK_FALSE(fs::exists(fresh.p));
   // No staging or set-aside folder is left beside either.
-  for (const auto& e : fs::directory_iterator(d.p.parent_path())) {
-    const std::string n = e.path().filename().string();
-    CHECK_FALSE(n.rfind(d.p.filename().string() + ".ember", 0) == 0);
-    CHECK_FALSE(n.rfind(fresh.p.filename().string() + ".ember", 0) == 0);
-  }
+  CHECK(beside(d.p).empty());
+  CHECK(beside(fresh.p).empty());
   // A folder holding a file that is not a pack's: refused before anything is written, the file kept.
   TempDir mine("image_pack_mine");
   fs::create_directories(mine.p);
@@ -128,6 +139,69 @@ TEST_CASE("pack_images: a pack is written whole or not at all, and replaces an o
   TempDir dangling("image_pack_dangling");
   fs::create_directory_symlink(d.p / "none", dangling.p);
   CHECK_THROWS_WITH_AS(data::pack_images(folder, dangling.str()), doctest::Contains("link to nothing"), Error);
+}
+
+TEST_CASE("pack_images: what a killed packer leaves is cleaned up, and a set-aside older pack is put back") {
+  TempDir src("image_pack_kill_src");
+  fs::copy(kDir + "folder", src.p, fs::copy_options::recursive);
+  const data::ImageFolder folder(src.str());
+  TempDir d("image_pack_kill");
+  const std::size_t first = data::pack_images(folder, d.str()).shards;
+  REQUIRE(first == 1);
+  // A packer killed part way (here it exits as its second shard is committed) leaves its staging folder.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int commits = 0;
+    ember::detail::atomic_write_before_rename = [&](const std::string&) {
+      if (++commits == 3) ::_exit(0);  // classes.rec, shard-00000.rec, then this one
+    };
+    data::pack_images(folder, d.str(), {.shard_bytes = 1500});
+    ::_exit(3);  // not reached when the hook runs
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string staging_pre = "." + d.p.filename().string() + ".tmp-" + std::to_string(pid) + "-";
+  const std::vector<std::string> left = beside(d.p);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].rfind(staging_pre, 0) == 0);
+  CHECK(data::ImageRecordDataset(d.str()).num_shards() == first);  // the pack in place is the one before
+  // The next pack removes the dead packer's staging folder, and leaves none of its own.
+  const std::size_t next = data::pack_images(folder, d.str(), {.shard_bytes = 1500}).shards;
+  CHECK(next > 1);
+  CHECK(data::ImageRecordDataset(d.str()).num_shards() == next);
+  CHECK(beside(d.p).empty());
+
+  // The two-rename path (file systems without an atomic exchange) replaces the pack the same way.
+  data::detail::pack_swap_by_exchange = false;
+  struct Restore {
+    ~Restore() { data::detail::pack_swap_by_exchange = true; }
+  } restore;
+  CHECK(data::pack_images(folder, d.str()).shards == 1);
+  CHECK(data::ImageRecordDataset(d.str()).num_shards() == 1);
+  CHECK(beside(d.p).empty());
+  // Killed between its two renames, a packer leaves the older pack set aside and no pack in place: the next
+  // packer puts it back before anything else, so even a pack that then fails leaves the older one in place.
+  const fs::path aside = d.p.parent_path() / ("." + d.p.filename().string() + ".old-" +
+                                              std::to_string(ember_test::dead_pid()) + "-0");
+  fs::rename(d.p, aside);
+  const data::ImageFolder listed(src.str());
+  fs::remove(listed.path(listed.size() - 1));
+  CHECK_THROWS_AS(data::pack_images(listed, d.str()), Error);
+  CHECK(data::ImageRecordDataset(d.str()).num_shards() == 1);
+  CHECK(data::ImageRecordDataset(d.str()).size() == folder.size());
+  CHECK(beside(d.p).empty());
+  // Killed after them, it leaves the older pack set aside beside the new one: removed.
+  fs::copy(d.p, aside, fs::copy_options::recursive);
+  const fs::path live_aside = d.p.parent_path() / ("." + d.p.filename().string() + ".old-1-0");  // pid 1 runs
+  fs::copy(d.p, live_aside, fs::copy_options::recursive);
+  const data::ImageFolder fewer(src.str());
+  data::pack_images(fewer, d.str());
+  CHECK(data::ImageRecordDataset(d.str()).size() == fewer.size());
+  CHECK(beside(d.p) == std::vector<std::string>{live_aside.filename().string()});  // a live packer's is kept
+  fs::remove_all(live_aside);
 }
 
 TEST_CASE("pack_images: max_side re-encodes larger images at that size") {

@@ -12,17 +12,23 @@
 // re-encoded as JPEG (FFCV's max_resolution); smaller ones keep their bytes. pack_images shuffles the images (seeded)
 // before writing, so that consecutive records are of mixed classes. With {.format = webdataset} it writes WebDataset
 // tar shards instead (shard-NNNNN.tar and classes.txt), read by data::WebDataset (data/image_tar.hpp). A pack is
-// written into a sibling folder that replaces the destination once complete (detail::PackFolder).
+// written into a staging folder beside the destination that replaces it once complete (detail::PackFolder).
 #pragma once
 
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,8 +101,16 @@ inline std::vector<unsigned char> fit_image(std::span<const unsigned char> file,
 
 namespace detail {
 
+/// Test hook: whether PackFolder swaps the new pack in with one atomic exchange of the two folders (Linux's
+/// renameat2(RENAME_EXCHANGE)) where the file system supports it; false takes the portable two-rename path.
+inline bool pack_swap_by_exchange = true;
+
 /// pack_images's output folder: checked when made (absent, empty or an older pack), then publish() writes the pack
-/// into a new sibling folder and swaps it in.
+/// into a staging folder beside it and swaps it in. The staging folder is named like core/atomic_file.hpp's
+/// temporary files (`.<name>.tmp-<pid>-<n>`), and a writer removes those that killed writers left. Where the two
+/// folders cannot be exchanged in one step, the older pack is first renamed to `.<name>.old-<pid>-<n>`; a writer
+/// killed between the two renames leaves the older pack there, which the next writer puts back (when `<name>` is
+/// missing) or removes (when the new pack is in place).
 class PackFolder {
  public:
   explicit PackFolder(std::string dir) : dir_(std::move(dir)) {
@@ -113,6 +127,7 @@ class PackFolder {
                   " is a link to nothing (", ec.message(), ")");
       dir_ = target.string();
     }
+    recover();
     const std::string q = ember::detail::quote_untrusted(dir_, 4096);
     const fs::file_status st = fs::symlink_status(dir_, ec);
     if (!fs::exists(st)) return;
@@ -129,20 +144,28 @@ class PackFolder {
     existed_ = true;
   }
 
+  /// The output folder (a link's target).
+  const std::string& path() const { return dir_; }
+
   /// Calls write(staging folder), then puts the staging folder in place of the output folder (the older one, if
   /// any, removed). If write throws, the staging folder is removed and the output folder is untouched.
   template <class Write>
   auto publish(Write&& write) const {
     namespace fs = std::filesystem;
-    const std::string staging = sibling(".partial");
-    std::error_code ec;
-    fs::remove_all(staging, ec);
     const fs::path parent = fs::path(dir_).parent_path();
+    std::error_code ec;
     if (!parent.empty()) fs::create_directories(parent, ec);
-    EMBER_CHECK(fs::create_directory(staging, ec) && !ec, "pack_images: cannot make the folder ",
-                ember::detail::quote_untrusted(staging, 4096), ": ", ec.message());
+    std::string staging;
+    bool made = false;
+    for (int attempt = 0; !made && !ec && attempt < 64; ++attempt) {  // an earlier process's leftover is skipped
+      staging = ember::detail::atomic_temp_path(dir_);
+      made = fs::create_directory(staging, ec);
+    }
+    EMBER_CHECK(made, "pack_images: cannot make the folder ", ember::detail::quote_untrusted(staging, 4096), ": ",
+                ec ? ec.message() : std::string("names in use"));
     try {
       auto result = write(staging);
+      ember::detail::atomic_sync_folder(staging);
       swap_in(staging);
       return result;
     } catch (...) {
@@ -152,21 +175,57 @@ class PackFolder {
   }
 
  private:
-  std::string sibling(const char* what) const {
-    return dir_ + ".ember" + what + "-" + std::to_string(::getpid());
+  std::string aside_prefix() const { return "." + std::filesystem::path(dir_).filename().string() + ".old-"; }
+
+  // What killed writers left beside the output folder: an older pack set aside (put back when the output folder
+  // is missing, else removed), then staging folders.
+  void recover() const {
+    namespace fs = std::filesystem;
+    const fs::path parent = fs::path(dir_).parent_path();
+    const std::string prefix = aside_prefix();
+    std::error_code ec;
+    for (fs::directory_iterator it(parent.empty() ? fs::path(".") : parent, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::optional<pid_t> pid = ember::detail::atomic_temp_pid(it->path().filename().string(), prefix);
+      if (!pid || *pid == ::getpid() || ::kill(*pid, 0) == 0 || errno != ESRCH) continue;
+      std::error_code e;
+      if (!fs::is_directory(fs::symlink_status(it->path(), e))) continue;
+      if (!fs::exists(fs::symlink_status(dir_, e))) fs::rename(it->path(), dir_, e);
+      else fs::remove_all(it->path(), e);
+    }
+    ember::detail::remove_stale_temp_files(dir_, /*folders=*/true);
   }
+
   void swap_in(const std::string& staging) const {
     namespace fs = std::filesystem;
     const std::string q = ember::detail::quote_untrusted(dir_, 4096);
+    const fs::path parent = fs::path(dir_).parent_path();
     std::error_code ec;
     if (!existed_) {
       fs::remove(dir_, ec);  // an empty folder made since the check; rename(2) replaces only an empty one anyway
       fs::rename(staging, dir_, ec);
       EMBER_CHECK(!ec, "pack_images: cannot put the new pack at ", q, ": ", ec.message());
+      ember::detail::atomic_sync_folder(parent);
       return;
     }
-    const std::string old = sibling(".old");
-    fs::remove_all(old, ec);
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+    // One step: the new pack takes the output folder's name and the older one the staging name, then is removed.
+    if (pack_swap_by_exchange) {
+      if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) == 0) {
+        ember::detail::atomic_sync_folder(parent);
+        fs::remove_all(staging, ec);
+        return;
+      }
+      EMBER_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "pack_images: cannot put the new pack at ",
+                  q, ": ", std::strerror(errno));
+    }
+#endif
+    std::string old;
+    for (int attempt = 0;; ++attempt) {  // an unused name: the older pack must not land inside another folder
+      old = (parent.empty() ? std::string() : parent.string() + "/") + aside_prefix() + std::to_string(::getpid()) +
+            "-" + std::to_string(attempt);
+      if (!fs::exists(fs::symlink_status(old, ec)) || attempt >= 64) break;
+    }
     fs::rename(dir_, old, ec);
     EMBER_CHECK(!ec, "pack_images: cannot move the older pack ", q, " aside: ", ec.message());
     fs::rename(staging, dir_, ec);
@@ -175,6 +234,7 @@ class PackFolder {
       fs::rename(old, dir_, back);  // the older pack back in place
       EMBER_CHECK(false, "pack_images: cannot put the new pack at ", q, ": ", ec.message());
     }
+    ember::detail::atomic_sync_folder(parent);
     fs::remove_all(old, ec);
   }
 
