@@ -1,6 +1,6 @@
 // ember — CPU int8 kernels of quantized Conv2d layers (quant/layers.hpp converts and checks the layer). Convolutions
-// with 4 or more input channels per group run, in AVX512-VNNI builds, a direct kernel (conv_direct) on the input
-// quantized into channel quads: no columns are built. The others build uint8 columns (stride 1: in place from the
+// with 4 or more input channels per group run, on every path but the scalar one (AVX512-VNNI, AVX-VNNI, AVX2), a
+// direct kernel (conv_direct) on the input quantized into channel quads: no columns are built. The others build uint8 columns (stride 1: in place from the
 // padded planes) for the GEMM of cpu/qgemm.hpp. The dequantization, the fused activation and the fused 2x2 max pool
 // follow cpu/qlinear.hpp's epilogue.
 #pragma once
@@ -119,7 +119,7 @@ inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::
 #endif
     }
 }
-#if EMBER_QGEMM_VNNI512
+#if EMBER_QCONV_DIRECT
 // The direct path (cpu::q::conv_direct): the input quantized once into planes of 4-byte positions, the 4 channels of
 // a quad side by side, so the kernel reads each (position, tap, quad) as one broadcast in place: no columns are
 // built, and only real output positions are computed. The product comes out channels-last, which makes the
@@ -130,10 +130,18 @@ inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::
 inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t quads, float inv, float zp,
                            std::int64_t r0, std::int64_t r1, std::uint8_t* out) {
   const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, cg = g.cg();
+#if !defined(__AVX512F__)
+  // Each channel's row quantized by quantize_u8 into a row of bytes that starts as the zero point (the value of a
+  // padded 0.0, and of the channels past cg in the last quad), then the quad's 4 rows interleaved.
+  std::vector<std::uint8_t> rowq(std::size_t(4 * wp));
+  const auto zb = std::uint8_t(zp);
+  bool nan = false;
+#else
   const __m512 vinv = _mm512_set1_ps(inv), vzp = _mm512_set1_ps(zp), lo = _mm512_setzero_ps(),
                hi = _mm512_set1_ps(255.0f);
   const __mmask16 all = 0xFFFF;
   __mmask16 nan = 0;
+#endif
   for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t img = r / (g.groups * quads), grp = (r / quads) % g.groups, quad = r % quads;
     const std::int64_t nch = std::min<std::int64_t>(4, cg - 4 * quad);
@@ -141,6 +149,17 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
     auto* dst = reinterpret_cast<std::uint32_t*>(out + r * hp * wp * 4);
     for (std::int64_t yy = 0; yy < hp; ++yy) {
       const bool in_row = yy >= g.ph && yy < g.ph + g.h;
+#if !defined(__AVX512F__)
+      std::fill(rowq.begin(), rowq.end(), zb);
+      if (in_row)
+        for (std::int64_t t = 0; t < nch; ++t)
+          nan |= quantize_u8(src + t * g.h * g.w + (yy - g.ph) * g.w, g.w, inv, zp, rowq.data() + t * wp + g.pw);
+      const std::uint8_t *q0 = rowq.data(), *q1 = q0 + wp, *q2 = q1 + wp, *q3 = q2 + wp;
+      std::uint32_t* d = dst + yy * wp;
+      for (std::int64_t i = 0; i < wp; ++i)
+        d[i] = std::uint32_t(q0[i]) | std::uint32_t(q1[i]) << 8 | std::uint32_t(q2[i]) << 16 |
+               std::uint32_t(q3[i]) << 24;
+#else
       for (std::int64_t x0 = 0; x0 < wp; x0 += 16) {
         // lanes x0 + l < wp are stored; those inside [pw, pw + w) of an input row read x, the others are padding:
         // they load 0.0, which quantizes to the zero point.
@@ -165,6 +184,7 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
         }
         _mm512_mask_storeu_epi32(dst + yy * wp + x0, store, packed);
       }
+#endif
     }
   }
   return nan != 0;
@@ -173,7 +193,7 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
 /// The convolution of x through the direct kernel into y (N, O, ph, pw): ph, pw are the output's size, halved by a
 /// fused pool. Returns whether x held a NaN.
 inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const float* x, const ConvGeometry& g,
-                          float* y) {
+                          float* y, Path path) {
   const std::int64_t G = g.groups, og = g.og(), quads = q.quads, blocks = q.blocks, ogp = blocks * 16;
   const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, qplane = hp * wp * 4, taps = g.kh * g.kw;
   const std::int64_t nkg = quads * taps;
@@ -202,17 +222,54 @@ inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const fl
     std::vector<std::int64_t> pos(static_cast<std::size_t>(pmax));
     std::vector<std::int32_t> c(std::size_t(pmax * ogp));
     std::vector<float> f(std::size_t(pmax * ogp)), pooled(pool && !pool_first ? std::size_t(yw * ogp) : 0);
+    [[maybe_unused]] std::vector<std::int32_t> pos_max(static_cast<std::size_t>(ogp));  // (the portable epilogue's)
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t img = t / (G * rblocks), grp = (t / rblocks) % G, rb = t % rblocks;
       const std::int64_t oy0 = rb * rows, oy1 = std::min(g.oh, oy0 + rows), P = (oy1 - oy0) * g.ow;
       for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
         for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[std::size_t(p)] = (oy * g.sh * wp + ox * g.sw) * 4;
       cpu::q::conv_direct(xq + (img * G + grp) * quads * qplane, pos.data(), P, koff.data(), nkg,
-                          q.blocked.data() + grp * blocks * nkg * 64, blocks, c.data(), ogp);
+                          q.blocked.data() + grp * blocks * nkg * 64, blocks, c.data(), ogp, path);
       // f[p][o] = (c + zp offset) · scale + bias, as dequantize_row computes it, then the activation. With a pool
       // and no activation or ReLU (monotone, like the dequantization: scales are positive), the int32 sums are
       // pooled first and only the pooled ones dequantized; other activations are pooled after.
       const std::int64_t n_out = pool ? yw : P, y0 = pool ? (oy0 / 2) * yw : oy0 * g.ow;
+#if !defined(__AVX512F__)
+      // The same arithmetic as dequantize_row's (so every path of one build agrees bit for bit), across channels.
+      const std::int64_t oc0 = grp * og;
+      const std::int32_t* off = q.zp_offset.data() + oc0;
+      const float *sc = q.out_scale.data() + oc0, *bo = e.bias + oc0;
+      const auto dequantize = [&](const std::int32_t* v, float* out) {
+        for (std::int64_t o = 0; o < og; ++o) {
+          const float r = float(v[o] + off[o]) * sc[o] + bo[o];
+          out[o] = relu ? std::max(r, 0.0f) : r;
+        }
+      };
+      if (pool_first) {
+        std::vector<std::int32_t>& mx = pos_max;
+        for (std::int64_t px = 0; px < yw; ++px) {
+          const std::int32_t* r0 = c.data() + 2 * px * ogp;
+          const std::int32_t* r1 = r0 + g.ow * ogp;
+          for (std::int64_t o = 0; o < og; ++o)
+            mx[std::size_t(o)] = std::max(std::max(r0[o], r0[o + ogp]), std::max(r1[o], r1[o + ogp]));
+          dequantize(mx.data(), f.data() + px * ogp);
+        }
+      } else {
+        for (std::int64_t p = 0; p < P; ++p) dequantize(c.data() + p * ogp, f.data() + p * ogp);
+      }
+      const float* src = f.data();
+      if (!pool_first && e.act != Activation::none && !relu)
+        for (std::int64_t p = 0; p < P; ++p) cpu::act_(f.data() + p * ogp, og, e.act);
+      if (pool && !pool_first) {
+        for (std::int64_t px = 0; px < yw; ++px) {
+          const float* r0 = f.data() + 2 * px * ogp;
+          const float* r1 = r0 + g.ow * ogp;
+          for (std::int64_t o = 0; o < og; ++o)
+            pooled[std::size_t(px * ogp + o)] = std::max(std::max(r0[o], r0[o + ogp]), std::max(r1[o], r1[o + ogp]));
+        }
+        src = pooled.data();
+      }
+#else
       for (std::int64_t o0 = 0; o0 < og; o0 += 16) {
         const __mmask16 m = og - o0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (og - o0)) - 1);
         const std::int64_t oc = grp * og + o0;
@@ -253,6 +310,7 @@ inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const fl
           }
         src = pooled.data();
       }
+#endif
       // channels-last rows -> the output's planes
       for (std::int64_t o = 0; o < og; ++o) {
         float* yr = y + (img * g.o + grp * og + o) * yl + y0;

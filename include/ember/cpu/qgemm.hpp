@@ -47,6 +47,8 @@
 #else
 #define EMBER_QGEMM_AVX2 0
 #endif
+// The direct convolution (conv_direct below) has a kernel for each of these paths.
+#define EMBER_QCONV_DIRECT (EMBER_QGEMM_VNNI512 || EMBER_QGEMM_VNNI256 || EMBER_QGEMM_AVX2)
 
 namespace ember::cpu::q {
 
@@ -362,6 +364,73 @@ void conv_tile512(const unsigned char* in, const std::int64_t* pos, int mr, cons
       for (int v = 0; v < NV; ++v) _mm512_storeu_si512(c + i * ldc + v * 16, acc[i][v]);
 }
 
+#endif
+
+#if EMBER_QGEMM_VNNI256 || EMBER_QGEMM_AVX2
+// The 256-bit tiles of the direct convolution: MR positions against one block of 16 output channels (two vectors).
+// VNNI: vpdpbusd, the accumulators starting at init = 0. AVX2: a position's 4 bytes u are taken as the signed
+// a = u - 128 (u ^ 0x80), and vpmaddubsw(|a|, sign(w, a)) sums two products a·w into int16 exactly (|a| <= 128 and
+// |w| <= 127, so 2·128·127 < 2^15: weights of -128 are refused when a layer is prepared), widened by vpmaddwd; the
+// accumulators start at init = 128·Σw, which makes Σ a·w into Σ u·w. Four vector operations per 32 products where
+// the GEMM's split form takes six.
+template <bool VNNI, int MR>
+void conv_tile256(const unsigned char* in, const std::int64_t* pos, int mr, const std::int64_t* koff, std::int64_t nkg,
+                  const signed char* w, const __m256i (&init)[2], std::int32_t* c, std::int64_t ldc) {
+  __m256i acc[MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) acc[i][0] = init[0], acc[i][1] = init[1];
+  const unsigned char* ar[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) ar[i] = in + pos[std::min(i, mr - 1)];
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
+  for (std::int64_t kg = 0; kg < nkg; ++kg) {
+    const std::int64_t o = koff[kg];
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kg * 64));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kg * 64 + 32));
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      if constexpr (VNNI) {
+#if EMBER_QGEMM_VNNI256
+        const __m256i av = _mm256_set1_epi32(load4(ar[i] + o));
+        acc[i][0] = EMBER_QGEMM_DPBUSD256(acc[i][0], av, b0);
+        acc[i][1] = EMBER_QGEMM_DPBUSD256(acc[i][1], av, b1);
+#endif
+      } else {
+        const __m256i av = _mm256_set1_epi32(load4(ar[i] + o) ^ std::int32_t(0x80808080u));
+        const __m256i mag = _mm256_abs_epi8(av);
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, av)), ones));
+        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, av)), ones));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+    if (i < mr) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + i * ldc), acc[i][0]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + i * ldc + 8), acc[i][1]);
+    }
+}
+
+template <bool VNNI, int MR>
+void conv_rows256(const unsigned char* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
+                  std::int64_t nkg, const signed char* w, std::int32_t* c, std::int64_t ldc) {
+  __m256i init[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  if constexpr (!VNNI) {  // 128·Σw per channel: vpmaddubsw of ones and w, widened, summed over the groups
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (std::int64_t kg = 0; kg < nkg; ++kg)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kg * 64 + 32 * h));
+        init[h] = _mm256_add_epi32(init[h], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, b), ones16));
+      }
+    init[0] = _mm256_slli_epi32(init[0], 7);
+    init[1] = _mm256_slli_epi32(init[1], 7);
+  }
+  for (std::int64_t i = 0; i < m; i += MR)
+    conv_tile256<VNNI, MR>(in, pos + i, int(std::min<std::int64_t>(MR, m - i)), koff, nkg, w, init, c + i * ldc, ldc);
+}
+#endif
+
+#if EMBER_QGEMM_VNNI512
 template <int MR, int NV>
 void conv_rows512(const unsigned char* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
                   std::int64_t nkg, const signed char* w, std::int64_t wstride, std::int32_t* c, std::int64_t ldc) {
@@ -395,38 +464,58 @@ void gemm_raw(const TA* a, std::int64_t lda, std::int64_t m, const TB* b, std::i
                                                       reinterpret_cast<const unsigned char*>(b), n, kp, c, ldc);
 }
 
-/// Whether this build has the direct convolution kernel below (AVX512-VNNI).
-inline constexpr bool conv_direct_compiled = EMBER_QGEMM_VNNI512 != 0;
+/// Whether this build has the direct convolution kernel below for some path (AVX512-VNNI, AVX-VNNI or AVX2).
+inline constexpr bool conv_direct_compiled = EMBER_QCONV_DIRECT != 0;
 
-/// The direct convolution's product (AVX512-VNNI builds only): for positions p < m and output channels o < 16 ·
-/// nblocks,
+/// Whether conv_direct has a kernel for `path` in this build (every compiled path but the scalar one).
+inline constexpr bool conv_direct_runs(Path path) { return path != Path::scalar && path_compiled(path); }
+
+/// The direct convolution's product on `path` (conv_direct_runs(path) must hold): for positions p < m and output
+/// channels o < 16 · nblocks,
 ///   C[p][o] = Σ_{kg < nkg} Σ_{t < 4} in[pos[p] + koff[kg] + t] · W[o][4 kg + t]
 /// with `in` uint8 (an input whose 4 consecutive bytes are 4 channels at one position, so every k-group of a position
-/// is one 4-byte read in place) and W int8, packed in blocks of 16 output channels: block b's group kg is 64 bytes
-/// at w + (b · nkg + kg) · 64, channel b·16 + l's 4 bytes at offset 4 l. C's rows are ldc ≥ 16 · nblocks apart.
+/// is one 4-byte read in place) and W int8 in [-127, 127], packed in blocks of 16 output channels: block b's group kg
+/// is 64 bytes at w + (b · nkg + kg) · 64, channel b·16 + l's 4 bytes at offset 4 l. C's rows are ldc ≥ 16 · nblocks
+/// apart. Exact integer sums: every path gives the same C.
 inline void conv_direct(const std::uint8_t* in, const std::int64_t* pos, std::int64_t m, const std::int64_t* koff,
                         std::int64_t nkg, const std::int8_t* w, std::int64_t nblocks, std::int32_t* c,
-                        std::int64_t ldc) {
+                        std::int64_t ldc, Path path = best_path()) {
+  EMBER_CHECK(conv_direct_runs(path), "cpu::q::conv_direct: no kernel for path ", path_name(path), " in this build");
+  [[maybe_unused]] const auto* u = reinterpret_cast<const unsigned char*>(in);
+  [[maybe_unused]] const auto* s = reinterpret_cast<const signed char*>(w);
+  [[maybe_unused]] const std::int64_t wstride = nkg * 64;
+  switch (path) {
 #if EMBER_QGEMM_VNNI512
-  const auto* u = reinterpret_cast<const unsigned char*>(in);
-  const auto* s = reinterpret_cast<const signed char*>(w);
-  const std::int64_t wstride = nkg * 64;
-  // 4 blocks of 16 channels against 6 positions keep 24 accumulators, 4 weight vectors and a broadcast in the 32
-  // registers; fewer blocks take more positions.
-  for (std::int64_t b = 0; b < nblocks; b += 4) {
-    const std::int64_t nb = std::min<std::int64_t>(4, nblocks - b);
-    const signed char* wb = s + b * wstride;
-    std::int32_t* cb = c + b * 16;
-    switch (nb) {
-      case 4: detail::conv_rows512<6, 4>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
-      case 3: detail::conv_rows512<8, 3>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
-      case 2: detail::conv_rows512<12, 2>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
-      default: detail::conv_rows512<16, 1>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
-    }
-  }
-#else
-  (void)in, (void)pos, (void)m, (void)koff, (void)nkg, (void)w, (void)nblocks, (void)c, (void)ldc;
+    case Path::vnni512:
+      // 4 blocks of 16 channels against 6 positions keep 24 accumulators, 4 weight vectors and a broadcast in the
+      // 32 registers; fewer blocks take more positions.
+      for (std::int64_t b = 0; b < nblocks; b += 4) {
+        const std::int64_t nb = std::min<std::int64_t>(4, nblocks - b);
+        const signed char* wb = s + b * wstride;
+        std::int32_t* cb = c + b * 16;
+        switch (nb) {
+          case 4: detail::conv_rows512<6, 4>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+          case 3: detail::conv_rows512<8, 3>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+          case 2: detail::conv_rows512<12, 2>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+          default: detail::conv_rows512<16, 1>(u, pos, m, koff, nkg, wb, wstride, cb, ldc); break;
+        }
+      }
+      return;
 #endif
+#if EMBER_QGEMM_VNNI256
+    case Path::vnni256:  // 6 positions: 12 accumulators, 2 weight vectors and a broadcast of the 16 registers
+      for (std::int64_t b = 0; b < nblocks; ++b)
+        detail::conv_rows256<true, 6>(u, pos, m, koff, nkg, s + b * wstride, c + b * 16, ldc);
+      return;
+#endif
+#if EMBER_QGEMM_AVX2
+    case Path::avx2:  // 4 positions: 8 accumulators, 2 weight vectors, the broadcast, its magnitude and temporaries
+      for (std::int64_t b = 0; b < nblocks; ++b)
+        detail::conv_rows256<false, 4>(u, pos, m, koff, nkg, s + b * wstride, c + b * 16, ldc);
+      return;
+#endif
+    default: return;  // (refused above)
+  }
 }
 
 }  // namespace ember::cpu::q

@@ -165,10 +165,11 @@ inline Tensor<float> quantized_conv2d(const QuantizedLayer& q, const Tensor<floa
     EMBER_CHECK(g.oh >= 2 && g.ow >= 2, op, " '", q.name, "': a fused 2x2 max pool needs an output of at least 2x2, got ",
                 g.oh, "x", g.ow);
   const Tensor<float> xc = x.contiguous(), b = q.bias.contiguous();
-#if EMBER_QGEMM_VNNI512
-  if (path == cpu::q::Path::vnni512 && !q.blocked.empty()) {
+#if EMBER_QCONV_DIRECT
+  if (cpu::q::conv_direct_runs(path) && !q.blocked.empty()) {
     Tensor<float> y = empty<float>(q.pool ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow});
-    if (cpu::q::detail::conv2d_direct(q, detail::epilogue(q, b), xc.data(), g, y.data())) detail::nan_input(q, x, op);
+    if (cpu::q::detail::conv2d_direct(q, detail::epilogue(q, b), xc.data(), g, y.data(), path))
+      detail::nan_input(q, x, op);
     return y;
   }
 #endif
