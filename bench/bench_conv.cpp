@@ -4,9 +4,12 @@
 // output written). Wall-clock time because the work runs on the thread pool.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <ember/ember.hpp>
+#include <ember/quant/layers.hpp>
 #include <ember/quant/quantize.hpp>
 
 using namespace ember;  // as ember's users write it
@@ -137,7 +140,44 @@ void BM_CnnInference(benchmark::State& state) {
   state.counters["images/s"] = benchmark::Counter(double(n * state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// One int8 convolution, example 04's second block (32->64, 3x3, padding 1, ReLU and the 2x2 max pool fused), batch 64,
+// on one int8 path: range(0) 0 vnni512, 1 vnni256, 2 avx2 (skipped where the build lacks it); range(1) 0 the direct
+// kernel (channel quads, as prepared), 1 the uint8 columns and the GEMM (the layer's blocked weight cleared).
+void BM_Int8ConvPath(benchmark::State& state) {
+  namespace q = cpu::q;
+  const q::Path path = state.range(0) == 0 ? q::Path::vnni512 : state.range(0) == 1 ? q::Path::vnni256 : q::Path::avx2;
+  if (!q::path_compiled(path)) {
+    state.SkipWithError("this build has no such int8 path");
+    return;
+  }
+  manual_seed(1);
+  const Tensor<float> x = randn<float>({64, 32, 14, 14}), w = randn<float>({64, 32, 3, 3}), b = randn<float>({64});
+  quant::Observer obs;
+  obs.observe(x.data(), x.numel());
+  quant::QuantizedLayer l;
+  l.conv = true;
+  l.name = "conv";
+  const std::vector<float> scales = quant::symmetric_scales(w.data(), 64, 32 * 9);
+  l.weight = empty<std::int8_t>(w.shape());
+  l.weight_scale = empty<float>(Shape{64});
+  std::copy(scales.begin(), scales.end(), l.weight_scale.data());
+  q::quantize_weights(w.data(), scales.data(), 64, 32 * 9, l.weight.data());
+  l.bias = b;
+  l.input = obs.qparams();
+  l.act = Activation::relu;
+  l.pool = true;
+  l.conv_options = Conv2dOptions{.padding = 1};
+  l.prepare();
+  if (state.range(1) == 1) l.blocked.clear();
+  for (auto _ : state) {
+    Tensor<float> y = quant::quantized_conv2d(l, x, path);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["images/s"] = benchmark::Counter(double(64 * state.iterations()), benchmark::Counter::kIsRate);
+}
+
 BENCHMARK(BM_CnnInference)->ArgsProduct({{0, 1, 2, 3}, {1, 64}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Int8ConvPath)->ArgsProduct({{0, 1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForwardAlgo)->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dTrain<float>)->DenseRange(0, 2)->UseRealTime()->Unit(benchmark::kMillisecond);
