@@ -3,11 +3,11 @@
 // over the target (atomic within a file system), fsync the folder so the rename itself is durable. Readers that
 // have the previous file open (or mapped) keep it: the rename replaces the directory entry, not the file.
 //
-// Temporary files are named `.<name>.tmp-<pid>-<n>` next to `<name>`. A writer killed between creating and
-// renaming its temporary file (SIGKILL, power loss) leaves it behind; the next save to the same path removes such
-// stale files of writers that no longer run (kill(pid, 0) reports ESRCH). A folder replaced whole (pack_images's
-// output) is staged under the same pattern, and its writer removes stale staging folders the same way. Only names of exactly that pattern for
-// that destination are touched, and never one whose process is alive (or might be: a pid that exists but belongs to
+// Temporary files are named `.<name>.tmp-<pid>-<n>` next to `<name>`. A writer killed between creating and renaming its
+// temporary file (SIGKILL, power loss) leaves it behind; the next save to the same path removes such stale files of
+// writers that no longer run (kill(pid, 0) reports ESRCH). A folder replaced whole (pack_images's output) is staged
+// under the same pattern, and its writer removes stale staging folders the same way. Only names of exactly that pattern
+// for that destination are touched, and never one whose process is alive (or might be: a pid that exists but belongs to
 // another user counts as alive). The check assumes the writers of one path share a pid namespace (one host, one
 // container); a writer on another host writing into the same shared folder could lose its temporary file.
 #pragma once

@@ -1,8 +1,8 @@
 // ember — CPU int8 kernels of quantized Conv2d layers (quant/layers.hpp converts and checks the layer). Convolutions
 // with 4 or more input channels per group run, on every path but the scalar one (AVX512-VNNI, AVX-VNNI, AVX2), a
-// direct kernel (conv_direct) on the input quantized into channel quads: no columns are built. The others build uint8 columns (stride 1: in place from the
-// padded planes) for the GEMM of cpu/qgemm.hpp. The dequantization, the fused activation and the fused 2x2 max pool
-// follow cpu/qlinear.hpp's epilogue.
+// direct kernel (conv_direct) on the input quantized into channel quads: no columns are built. The others build
+// uint8 columns (stride 1: in place from the padded planes) for the GEMM of cpu/qgemm.hpp. The dequantization, the
+// fused activation and the fused 2x2 max pool follow cpu/qlinear.hpp's epilogue.
 #pragma once
 
 #include <algorithm>

@@ -398,8 +398,10 @@ void conv_tile256(const unsigned char* in, const std::int64_t* pos, int mr, cons
       } else {
         const __m256i av = _mm256_set1_epi32(load4(ar[i] + o) ^ std::int32_t(0x80808080u));
         const __m256i mag = _mm256_abs_epi8(av);
-        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, av)), ones));
-        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, av)), ones));
+        const __m256i p0 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, av));
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
+        const __m256i p1 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, av));
+        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
       }
     }
   }
