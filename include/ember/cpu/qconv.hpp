@@ -130,7 +130,14 @@ inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::
 inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t quads, float inv, float zp,
                            std::int64_t r0, std::int64_t r1, std::uint8_t* out) {
   const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, cg = g.cg();
-#if !defined(__AVX512F__)
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // As the AVX-512 form below at 8 lanes: the arithmetic of quantize_u8 (bit for bit), lanes outside the input row
+  // and channels past cg loading 0.0, which quantizes to the zero point.
+  const __m256 vinv = _mm256_set1_ps(inv), vzp = _mm256_set1_ps(zp), lo = _mm256_setzero_ps(),
+               hi = _mm256_set1_ps(255.0f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 nan = _mm256_setzero_ps();
+#elif !defined(__AVX512F__)
   // Each channel's row quantized by quantize_u8 into a row of bytes that starts as the zero point (the value of a
   // padded 0.0, and of the channels past cg in the last quad), then the quad's 4 rows interleaved.
   std::vector<std::uint8_t> rowq(std::size_t(4 * wp));
@@ -149,7 +156,34 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
     auto* dst = reinterpret_cast<std::uint32_t*>(out + r * hp * wp * 4);
     for (std::int64_t yy = 0; yy < hp; ++yy) {
       const bool in_row = yy >= g.ph && yy < g.ph + g.h;
-#if !defined(__AVX512F__)
+#if defined(__AVX2__) && !defined(__AVX512F__)
+      for (std::int64_t x0 = 0; x0 < wp; x0 += 8) {
+        const std::int64_t n = std::min<std::int64_t>(8, wp - x0);
+        const std::int64_t a = std::clamp<std::int64_t>(g.pw - x0, 0, 8), b = std::clamp<std::int64_t>(g.pw + g.w - x0, 0, 8);
+        const bool any = in_row && b > a;
+        const __m256i valid = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(int(a) - 1)),
+                                               _mm256_cmpgt_epi32(_mm256_set1_epi32(int(b)), lane));
+        __m256i packed = _mm256_setzero_si256();
+        for (std::int64_t t = 0; t < 4; ++t) {
+          __m256 v = lo;
+          if (any && t < nch) {
+            // x0 - pw may be negative: lanes outside `valid` are never read (masked loads do not fault)
+            const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(src + t * g.h * g.w + (yy - g.ph) * g.w) +
+                                      std::uintptr_t(x0 - g.pw) * sizeof(float);
+            v = _mm256_maskload_ps(reinterpret_cast<const float*>(at), valid);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+          }
+          __m256 q = _mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(q, vzp), lo), hi);
+          packed = _mm256_or_si256(packed, _mm256_slli_epi32(_mm256_cvtps_epi32(q), int(8 * t)));
+        }
+        if (n == 8)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + yy * wp + x0), packed);
+        else
+          _mm256_maskstore_epi32(reinterpret_cast<int*>(dst + yy * wp + x0),
+                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lane), packed);
+      }
+#elif !defined(__AVX512F__)
       std::fill(rowq.begin(), rowq.end(), zb);
       if (in_row)
         for (std::int64_t t = 0; t < nch; ++t)
@@ -187,7 +221,11 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
 #endif
     }
   }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  return _mm256_movemask_ps(nan) != 0;
+#else
   return nan != 0;
+#endif
 }
 
 /// The convolution of x through the direct kernel into y (N, O, ph, pw): ph, pw are the output's size, halved by a
