@@ -127,15 +127,16 @@ inline void pack_columns(const std::uint8_t* const* rows, std::int64_t kp, std::
 // (N, O, H, W) output at the end.
 
 /// Planes [r0, r1) of the quad layout, r = (image · G + group) · quads + quad; returns whether x held a NaN there.
+/// With `mag`, the planes are stored split for Path::avx2's kernel (cpu::q::split_signed): a at out, |a| at mag.
 inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t quads, float inv, float zp,
-                           std::int64_t r0, std::int64_t r1, std::uint8_t* out) {
+                           std::int64_t r0, std::int64_t r1, std::uint8_t* out, std::uint8_t* mag) {
   const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw, cg = g.cg();
 #if defined(__AVX2__) && !defined(__AVX512F__)
   // As the AVX-512 form below at 8 lanes: the arithmetic of quantize_u8 (bit for bit), lanes outside the input row
   // and channels past cg loading 0.0, which quantizes to the zero point.
   const __m256 vinv = _mm256_set1_ps(inv), vzp = _mm256_set1_ps(zp), lo = _mm256_setzero_ps(),
                hi = _mm256_set1_ps(255.0f);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), flip = _mm256_set1_epi8(char(0x80));
   __m256 nan = _mm256_setzero_ps();
 #elif !defined(__AVX512F__)
   // Each channel's row quantized by quantize_u8 into a row of bytes that starts as the zero point (the value of a
@@ -154,6 +155,9 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
     const std::int64_t nch = std::min<std::int64_t>(4, cg - 4 * quad);
     const float* src = x + (img * g.c + grp * cg + 4 * quad) * g.h * g.w;  // channel t's plane at src + t·h·w
     auto* dst = reinterpret_cast<std::uint32_t*>(out + r * hp * wp * 4);
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    auto* mdst = mag ? reinterpret_cast<std::uint32_t*>(mag + r * hp * wp * 4) : nullptr;
+#endif
     for (std::int64_t yy = 0; yy < hp; ++yy) {
       const bool in_row = yy >= g.ph && yy < g.ph + g.h;
 #if defined(__AVX2__) && !defined(__AVX512F__)
@@ -177,11 +181,18 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
           q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(q, vzp), lo), hi);
           packed = _mm256_or_si256(packed, _mm256_slli_epi32(_mm256_cvtps_epi32(q), int(8 * t)));
         }
-        if (n == 8)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + yy * wp + x0), packed);
-        else
-          _mm256_maskstore_epi32(reinterpret_cast<int*>(dst + yy * wp + x0),
-                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lane), packed);
+        const auto store = [&](std::uint32_t* to, __m256i v) {
+          if (n == 8)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + yy * wp + x0), v);
+          else
+            _mm256_maskstore_epi32(reinterpret_cast<int*>(to + yy * wp + x0),
+                                   _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lane), v);
+        };
+        if (mdst) {  // split_signed's bytes
+          packed = _mm256_xor_si256(packed, flip);
+          store(mdst, _mm256_abs_epi8(packed));
+        }
+        store(dst, packed);
       }
 #elif !defined(__AVX512F__)
       std::fill(rowq.begin(), rowq.end(), zb);
@@ -220,6 +231,9 @@ inline bool quantize_quads(const float* x, const ConvGeometry& g, std::int64_t q
       }
 #endif
     }
+#if !defined(__AVX2__) || defined(__AVX512F__)
+    if (mag) cpu::q::split_signed(out + r * hp * wp * 4, hp * wp * 4, mag + r * hp * wp * 4);
+#endif
   }
 #if defined(__AVX2__) && !defined(__AVX512F__)
   return _mm256_movemask_ps(nan) != 0;
@@ -240,12 +254,15 @@ inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const fl
     for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j)
         koff[std::size_t((quad * g.kh + i) * g.kw + j)] = quad * qplane + (i * g.dh * wp + j * g.dw) * 4;
-  const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{g.n * G * quads * qplane});  // caching allocator
-  std::uint8_t* xq = xq_buf.data();
+  // The quantized input; split (a, then |a| `mag` bytes on) where the path's kernel reads it so.
+  const bool split = cpu::q::conv_direct_split(path);
+  const std::int64_t mag = split ? g.n * G * quads * qplane : 0;
+  const Tensor<std::uint8_t> xq_buf = empty<std::uint8_t>(Shape{(split ? 2 : 1) * g.n * G * quads * qplane});
+  std::uint8_t* xq = xq_buf.data();  // (from the caching allocator)
   const float inv = 1.0f / e.input_scale, zp = float(q.zp_u8);
   std::atomic<bool> saw_nan{false};
   cpu::parallel_for(0, g.n * G * quads, 4, [&](std::int64_t r0, std::int64_t r1) {
-    if (quantize_quads(x, g, quads, inv, zp, r0, r1, xq)) saw_nan = true;
+    if (quantize_quads(x, g, quads, inv, zp, r0, r1, xq, split ? xq + mag : nullptr)) saw_nan = true;
   });
   if (saw_nan) return true;
 
@@ -266,7 +283,7 @@ inline bool conv2d_direct(const Int8Operands& q, const Int8Epilogue& e, const fl
       const std::int64_t oy0 = rb * rows, oy1 = std::min(g.oh, oy0 + rows), P = (oy1 - oy0) * g.ow;
       for (std::int64_t oy = oy0, p = 0; oy < oy1; ++oy)
         for (std::int64_t ox = 0; ox < g.ow; ++ox, ++p) pos[std::size_t(p)] = (oy * g.sh * wp + ox * g.sw) * 4;
-      cpu::q::conv_direct(xq + (img * G + grp) * quads * qplane, pos.data(), P, koff.data(), nkg,
+      cpu::q::conv_direct(xq + (img * G + grp) * quads * qplane, mag, pos.data(), P, koff.data(), nkg,
                           q.blocked.data() + grp * blocks * nkg * 64, blocks, c.data(), ogp, path);
       // f[p][o] = (c + zp offset) · scale + bias, as dequantize_row computes it, then the activation. With a pool
       // and no activation or ReLU (monotone, like the dequantization: scales are positive), the int32 sums are
