@@ -31,13 +31,14 @@ inline constexpr std::int64_t kMaxDepth = 2147483647LL / (255 * 128);
 
 namespace detail {
 /// Said once when an int8 layer is prepared in a build without VNNI dot products (vpdpbusd), where the int8 kernels
-/// run on AVX2's vpmaddubsw and can be slower than float32: either the CPU has VNNI and the build does not use it,
-/// or the CPU has none.
+/// run on AVX2's vpmaddubsw, at half the VNNI kernels' rate or less: either the CPU has VNNI and the build does not
+/// use it, or the CPU has none. (Example 04's int8 CNN in an x86-64-v3 build ran 1.87x its fused float32 model
+/// on a Zen 4, bench/RESULTS.md; an int8 Linear or a convolution of fewer than 4 input channels gains less.)
 [[gnu::cold, gnu::noinline]] inline void hint_int8_without_vnni() {
   hint("int8-vnni", cpu::has_vnni(cpu::read_cpuid()) ? "int8 layers run the AVX2 kernel: this CPU has VNNI dot-product instructions but the "
                                "program was compiled without them; compile with -march=native"
                              : "this CPU has no VNNI dot-product instructions (AVX512-VNNI or AVX-VNNI): int8 layers "
-                               "run the AVX2 kernel and can be slower than float32 here; measure before deploying");
+                               "run the slower AVX2 kernels; measure against float32 before deploying");
 }
 }  // namespace detail
 
