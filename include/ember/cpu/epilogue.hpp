@@ -163,10 +163,12 @@ template <bool Sum, class T, class A, class F>
 EMBER_VECTORIZE void act_grad_run(const T* EMBER_RESTRICT g, const T* EMBER_RESTRICT s, T* EMBER_RESTRICT gz,
                                   A* EMBER_RESTRICT acc, std::int64_t n, F f) {
   using C = std::conditional_t<sizeof(T) == 2, float, T>;
+  // (No named T temporary: GCC does not vectorise the copy of a named bfloat16/half into gz, so the value is
+  // rounded where it is stored and again, to the same bits, for the sum.)
   for (std::int64_t i = 0; i < n; ++i) {
-    const T v = T(C(g[i]) * C(f.d(C(s[i]))));
-    gz[i] = v;
-    if constexpr (Sum) acc[i] += A(v);
+    const C c = C(g[i]) * C(f.d(C(s[i])));
+    gz[i] = T(c);
+    if constexpr (Sum) acc[i] += A(T(c));
   }
 }
 template <class T, class A>
