@@ -53,15 +53,23 @@ void BM_MatmulDtype(benchmark::State& state) {
   set_flops(state, m, n, k);
 }
 
-// The same bfloat16 product on AMX tiles (cpu::set_amx), where the CPU and OS run them; skipped elsewhere.
+// bfloat16 with AMX switched off (the AVX512-BF16 dot products, or the fp32 kernel converting while it packs), and
+// on AMX tiles (the default where the CPU and OS run them; skipped elsewhere).
+void BM_MatmulBf16NoAmx(benchmark::State& state) {
+  const bool was = cpu::amx_active();
+  cpu::set_amx(false);
+  BM_MatmulDtype<bfloat16>(state);
+  cpu::set_amx(was);
+}
 void BM_MatmulBf16Amx(benchmark::State& state) {
   if (!cpu::amx_available()) {
     state.SkipWithError("no AMX-BF16 tiles on this CPU or OS");
     return;
   }
+  const bool was = cpu::amx_active();
   cpu::set_amx(true);
   BM_MatmulDtype<bfloat16>(state);
-  cpu::set_amx(false);
+  cpu::set_amx(was);
 }
 
 void dtype_args(benchmark::internal::Benchmark* b) {
@@ -70,6 +78,7 @@ void dtype_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatmulDtype<float>)->Apply(dtype_args);
 BENCHMARK(BM_MatmulDtype<bfloat16>)->Apply(dtype_args);
+BENCHMARK(BM_MatmulBf16NoAmx)->Apply(dtype_args);
 BENCHMARK(BM_MatmulBf16Amx)->Apply(dtype_args);
 BENCHMARK(BM_MatmulDtype<half>)->Apply(dtype_args);
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -282,19 +283,29 @@ void nan_and_infinity_rows() {
   }
 }
 
-// bfloat16 on Intel AMX tiles (cpu::set_amx): the same checks as the AVX-512 kernel's above (exact integer sums
-// rounded once, real values within the rounding bound of any summation order), every layout and edge, both thread
-// counts, k past the AMX panel (kKC) with fp32 and bfloat16 outputs; NaN and infinity carried through.
+// Restores the AMX switch as it was when made.
+struct AmxRestore {
+  bool was = cpu::amx_active();
+  ~AmxRestore() { cpu::set_amx(was); }
+};
+
+// bfloat16 on Intel AMX tiles (cpu::set_amx; on by default where the CPU and OS run them): the same checks as the
+// AVX-512 kernel's above (exact integer sums rounded once, real values within the rounding bound of any summation
+// order), every layout and edge, both thread counts, k past the AMX panel (kKC) with fp32 and bfloat16 outputs;
+// NaN and infinity carried through; a PackedA or PackedB multiplies on the tiles too, bit for bit as gemm.
 TEST_CASE("gemm: bfloat16 on AMX tiles (cpu::set_amx) within the rounding bound, every layout") {
   if (!cpu::amx_available()) {
     MESSAGE("this CPU or OS runs no AMX-BF16 tiles: the AMX kernel is not tested here");
+    cpu::set_amx(true);
     CHECK_FALSE(cpu::amx_active());
+    cpu::set_amx(false);
     return;
   }
-  struct AmxGuard {
-    AmxGuard() { cpu::set_amx(true); }
-    ~AmxGuard() { cpu::set_amx(false); }
-  } amx_on;
+  // On by default (the other tests restore what they switch), unless the environment says otherwise.
+  const char* env = std::getenv("EMBER_AMX");
+  if (!env || std::strcmp(env, "0") != 0) CHECK(cpu::amx_active());
+  AmxRestore restore;
+  cpu::set_amx(true);
   REQUIRE(cpu::amx_active());
   sweeps_16bit<bfloat16>();
   std::uint32_t seed = 600;
@@ -302,8 +313,24 @@ TEST_CASE("gemm: bfloat16 on AMX tiles (cpu::set_amx) within the rounding bound,
                         Case{37, 600, 4300, true, true, false, 0}, Case{1, 1000, 513, true, false, true, 0},
                         Case{129, 45, 600, false, true, true, 3}, Case{260, 530, 64, true, false, false, 1}}, seed);
   nan_and_infinity_rows();
+  const Case big{64, 96, 700, false, false, false, 0};
+  std::mt19937 g(78);
+  Mat<bfloat16> ma(big.m, big.k, false, 0), mb(big.k, big.n, false, 0);
+  fill(ma, g, false);
+  fill(mb, g, false);
+  Mat<float> on(big.m, big.n, false, 0), off = on, pa_out = on, pb_out = on;
+  cpu::gemm<bfloat16, float>(big.m, big.n, big.k, ma.view(), mb.view(), on.v.data(), on.ld, false);
+  const cpu::PackedA<bfloat16> pa(big.m, big.k, ma.view());
+  pa.gemm(big.n, mb.view(), pa_out.v.data(), pa_out.ld, false);
+  const cpu::PackedB<bfloat16> pb(big.k, big.n, mb.view());
+  pb.gemm(big.m, ma.view(), pb_out.v.data(), pb_out.ld, false);
+  CHECK(bit_diffs(pa_out, on) == 0);
+  CHECK(bit_diffs(pb_out, on) == 0);
+  // Switched off, another kernel runs (the sums come in another order: some element differs).
   cpu::set_amx(false);
   CHECK_FALSE(cpu::amx_active());
+  cpu::gemm<bfloat16, float>(big.m, big.n, big.k, ma.view(), mb.view(), off.v.data(), off.ld, false);
+  CHECK(bit_diffs(on, off) > 0);
 }
 
 // bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot, on by default where the CPU has them): the same checks
@@ -316,6 +343,8 @@ TEST_CASE("gemm: bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot) within
     bool was = cpu::bf16_dot_active();
     ~DotGuard() { cpu::set_bf16_dot(was); }
   } restore;
+  AmxRestore restore_amx;
+  cpu::set_amx(false);  // (AMX comes first where it runs)
   if (!cpu::bf16_dot_available()) {
     MESSAGE("this CPU has no AVX512-BF16 (or this build no AVX-512 kernel): the dot-product kernel is not tested here");
     cpu::set_bf16_dot(true);

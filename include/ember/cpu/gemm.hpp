@@ -57,7 +57,7 @@ void gemm_block(std::int64_t m, std::int64_t n, std::int64_t k, MatView<T> a, Ma
 #if EMBER_GEMM_BF16_PAIRS
   if constexpr (std::is_same_v<T, bfloat16>) {
 #if EMBER_GEMM_AMX
-    if (gemm::amx::active()) {  // (cpu::set_amx)
+    if (gemm::amx::active()) {  // (on by default where available; cpu::set_amx)
       gemm::amx::gemm<TC>(m, n, k, a.p, a.rs, a.cs, b.p, b.rs, b.cs, c, ldc, accumulate);
       return;
     }

@@ -142,7 +142,7 @@ Isa precompiled_isa();
 #endif
 
 /// One line for a program's header: the tier compiled in (this TU's, and ember::precompiled's when linked) and this
-/// machine's, e.g. "kernels avx512, machine amx (AMX-BF16 GEMMs with cpu::set_amx)".
+/// machine's, e.g. "kernels avx512, machine amx with AVX512-BF16".
 inline std::string describe() {
   std::string s = std::string("kernels ") + isa_name(compiled_isa());
 #if defined(EMBER_PRECOMPILED)

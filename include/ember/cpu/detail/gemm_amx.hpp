@@ -2,9 +2,10 @@
 // accumulation and one rounding into the output (bfloat16 or float), as the AVX-512 kernel computes it, at many
 // times its rate of multiply-adds (one tile instruction is 16 x 16 x 32 of them).
 //
-// Opt-in (cpu::set_amx(true), or EMBER_AMX=1 in the environment), and used only where the CPU has AMX-BF16 and
-// Linux grants the tile state to the process (arch_prctl(ARCH_REQ_XCOMP_PERM), asked once); anywhere else the
-// AVX-512 kernel runs. Its results differ from that kernel's within the GEMM's rounding bound: the fp32 sums run in
+// On by default, as PyTorch's bfloat16 matmuls and convolutions take AMX through oneDNN; cpu::set_amx(false) or
+// EMBER_AMX=0 in the environment turns it off, and so does EMBER_CPU_ISA below amx. Used only where the CPU has
+// AMX-BF16 and Linux grants the tile state to the process (arch_prctl(ARCH_REQ_XCOMP_PERM), asked once); anywhere
+// else the AVX-512 kernel runs. Its results differ from that kernel's within the GEMM's rounding bound: the fp32 sums run in
 // another order (the instruction adds each pair of products first), and bfloat16 subnormal inputs and fp32
 // subnormal partial sums are flushed to zero (the instruction's DAZ/FTZ). cpu::PackedA and cpu::PackedB (a
 // convolution's weights, a linear layer's pre-packed weight) multiply through cpu::gemm, and so on the tiles, while
@@ -42,19 +43,20 @@
 namespace ember::cpu {
 namespace detail::gemm::amx {
 
-/// The switch: off by default; EMBER_AMX=1 in the environment turns it on at the first ask.
+/// The switch: on by default; EMBER_AMX=0 in the environment turns it off at the first ask.
 inline KernelSwitch& kernel_switch() {
-  static KernelSwitch s{"EMBER_AMX", false};
+  static KernelSwitch s{"EMBER_AMX", true};
   return s;
 }
 
 #if EMBER_GEMM_AMX
 #define EMBER_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 
-/// Whether this process may run AMX-BF16 tiles: the CPU says so (cpuid), and Linux grants the tile data state
-/// (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18); asked once per process.
+/// Whether this process may run AMX-BF16 tiles: the CPU says so (cpuid), the tier (capped by EMBER_CPU_ISA) is amx,
+/// and Linux grants the tile data state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18); asked once per process.
 inline bool available() {
   static const bool ok = [] {
+    if (machine_isa() != Isa::amx) return false;
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;  // CPUID.(7, 0):EDX
@@ -204,12 +206,12 @@ inline bool active() { return kernel_switch().on() && available(); }
 }  // namespace detail::gemm::amx
 
 /// bfloat16 GEMMs (matmul, linear, the im2col convolution's GEMMs) on Intel AMX tiles when `on` and the CPU and
-/// OS allow them (cpu::amx_available()); off by default, or as the environment's EMBER_AMX=1 says. See
+/// OS allow them (cpu::amx_available()); on by default, or as the environment's EMBER_AMX=0/1 says. See
 /// cpu/detail/gemm_amx.hpp for how its results differ from the AVX-512 kernel's (within the rounding bound).
 inline void set_amx(bool on) { detail::gemm::amx::kernel_switch().set(on); }
 /// Whether this CPU and OS run AMX-BF16 tiles (cpuid, and Linux's permission for the tile state).
 inline bool amx_available() { return detail::gemm::amx::available(); }
-/// Whether bfloat16 GEMMs run on AMX now (set_amx(true) and amx_available()).
+/// Whether bfloat16 GEMMs run on AMX now (switched on, the default, and amx_available()).
 inline bool amx_active() { return detail::gemm::amx::active(); }
 
 }  // namespace ember::cpu

@@ -5,7 +5,7 @@
 // On by default wherever the CPU has AVX512_BF16 and the OS enables the AVX-512 state (Zen 4 and later, Cooper Lake,
 // Sapphire Rapids), chosen at run time, so any AVX-512 build uses it; cpu::set_bf16_dot(false), or EMBER_BF16_DOT=0 in
 // the environment, keeps the fp32 kernel (operands converted while packed), and EMBER_CPU_ISA=avx2 or below turns
-// it off too. AMX, when switched on (cpu::set_amx), comes first. Results differ from the fp32 kernel's within the
+// it off too. AMX, where the CPU has it and it is switched on (the default, cpu::set_amx), comes first. Results differ from the fp32 kernel's within the
 // GEMM's rounding bound: each instruction adds the pair's two products in turn (odd index first), and bfloat16
 // subnormal inputs and fp32 subnormal sums are flushed to zero (the instruction's DAZ/FTZ, whatever MXCSR says).
 // cpu::PackedA and cpu::PackedB of bfloat16 then keep the view and multiply through this kernel as cpu::gemm does,
