@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -847,6 +849,35 @@ TEST_CASE("max_pool2d: ties go to the first maximum, NaN wins, padding never win
   // All-negative input with padding: -inf padding never wins.
   const TD neg = max_pool2d(from_vector<double>({-5, -4, -3, -2}, {1, 1, 2, 2}), 2, {.stride = 1, .padding = 1});
   CHECK(neg.to_vector() == std::vector<double>{-5, -4, -4, -3, -2, -2, -3, -2, -2});
+}
+
+// 2x2 max pooling at stride 2 runs 16 windows of a row at a time for float and bfloat16 (AVX-512 builds), and one
+// window at a time for double and half: on the same values (few distinct ones, so ties are common, and NaNs) the
+// maxima, their bits and the indices are the double path's, for widths around the 16-window step and odd ones.
+TEST_CASE_TEMPLATE("max_pool2d 2x2: values, indices, ties and NaN as the one-window path, every width", T, float,
+                   bfloat16, half) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::mt19937 g(91);
+  for (std::int64_t w : {2, 3, 5, 15, 16, 17, 30, 31, 32, 33, 34, 35, 64, 67}) {
+    for (std::int64_t h : {2, 5}) {
+      CAPTURE(w);
+      CAPTURE(h);
+      std::vector<double> v(std::size_t(2 * 3 * h * w));
+      for (double& e : v) e = g() % 23 == 0 ? nan : double(int(g() % 5) - 2) * 0.5;
+      const Tensor<T> x = cast<T>(from_vector<double>(v, {2, 3, h, w}));
+      const TD xd = cast<double>(x);
+      const auto [y, idx] = ops::max_pool2d_with_indices(x, 2, {}, true);
+      const auto [yd, idxd] = ops::max_pool2d_with_indices(xd, 2, {}, true);
+      CHECK(idx.to_vector() == idxd.to_vector());
+      const Tensor<T> yn = ops::max_pool2d_with_indices(x, 2, {}, false).first;
+      const std::vector<T> got = y.to_vector(), got_n = yn.to_vector(), want = Tensor<T>(cast<T>(yd)).to_vector();
+      REQUIRE(got.size() == want.size());
+      std::size_t diffs = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        diffs += std::memcmp(&got[i], &want[i], sizeof(T)) != 0 || std::memcmp(&got_n[i], &want[i], sizeof(T)) != 0;
+      CHECK(diffs == 0);
+    }
+  }
 }
 
 TEST_CASE("avg_pool2d: divisors with and without padding") {

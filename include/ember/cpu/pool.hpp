@@ -23,6 +23,11 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define EMBER_POOL_AVX512 1
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define EMBER_POOL_AVX512_BF16 1  // bfloat16 rows through the same windows (16-bit masked loads and stores)
+#else
+#define EMBER_POOL_AVX512_BF16 0
+#endif
 #else
 #define EMBER_POOL_AVX512 0
 #endif
@@ -123,6 +128,20 @@ struct Windows16 {
     d = _mm512_permutex2var_ps(r1a, ev, r1b);
     e = _mm512_permutex2var_ps(r1a, od, r1b);
   }
+#if EMBER_POOL_AVX512_BF16
+  /// The same windows of bfloat16 rows: each 32-bit lane of a row's load holds one window's pair (r[2j] in its low
+  /// half, r[2j + 1] in its high half), and a bfloat16 is the high half of its float, so a shift and a mask give
+  /// the four elements as exact floats.
+  Windows16(const bfloat16* r0, const bfloat16* r1, std::int64_t n) {
+    const __mmask32 m = __mmask32((std::uint64_t(1) << unsigned(2 * n)) - 1u);
+    const __m512i v0 = _mm512_maskz_loadu_epi16(m, r0), v1 = _mm512_maskz_loadu_epi16(m, r1);
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    a = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, v0, 16));
+    b = _mm512_castsi512_ps(_mm512_and_si512(v0, high));
+    d = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, v1, 16));
+    e = _mm512_castsi512_ps(_mm512_and_si512(v1, high));
+  }
+#endif
   /// relu of each element, as relu computes it (x < 0 ? 0 : x; NaN stays).
   void relu() {
     const __m512 z = _mm512_setzero_ps();
@@ -143,6 +162,38 @@ struct Windows16 {
   }
 };
 
+/// Stores the first n of sixteen maxima (each one of the inputs, exactly): as float, or as bfloat16 (the high
+/// halves; a NaN is quieted as the scalar conversion quiets it).
+inline void store_max16(float* p, __m512 m, std::int64_t n) { _mm512_mask_storeu_ps(p, low_lanes(n), m); }
+#if EMBER_POOL_AVX512_BF16
+inline void store_max16(bfloat16* p, __m512 m, std::int64_t n) {
+  // (The zero-masked forms with a full mask: GCC 12 reports the plain ones, which start from an undefined vector,
+  // as maybe-uninitialized once inlined.)
+  constexpr __mmask16 all = 0xffff;
+  __m512i bits = _mm512_maskz_srli_epi32(all, _mm512_castps_si512(m), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q);
+  bits = _mm512_mask_or_epi32(bits, nan, bits, _mm512_set1_epi32(0x40));
+  _mm256_mask_storeu_epi16(p, low_lanes(n), _mm512_maskz_cvtepi32_epi16(all, bits));
+}
+#endif
+
+/// The flat input indices of the first n of sixteen windows whose top-left elements are at first, first + 2, ...
+/// in rows of width W: + 1, + W or + W + 1 where b, d or e won (the last of wb, wd, we set); eight per register.
+inline void store_indices16(std::int64_t* p, std::int64_t first, std::int64_t W, __mmask16 wb, __mmask16 wd,
+                            __mmask16 we, std::int64_t n) {
+  const __m512i one = _mm512_set1_epi64(1), w0 = _mm512_set1_epi64(W), w1 = _mm512_set1_epi64(W + 1);
+  for (int h = 0; h < 2 && 8 * h < n; ++h) {
+    const auto lanes = [h](__mmask16 m) { return __mmask8(m >> (8 * h)); };
+    __m512i off = _mm512_maskz_mov_epi64(lanes(wb), one);
+    off = _mm512_mask_mov_epi64(off, lanes(wd), w0);
+    off = _mm512_mask_mov_epi64(off, lanes(we), w1);
+    const __m512i top_left = _mm512_add_epi64(_mm512_set1_epi64(first + 16 * h),
+                                              _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14));
+    _mm512_mask_storeu_epi64(p + 8 * h, __mmask8(low_lanes(std::min<std::int64_t>(8, n - 8 * h))),
+                             _mm512_add_epi64(top_left, off));
+  }
+}
+
 /// Stores the first n values of x and y interleaved (x0 y0 x1 y1 ...) at p[0, 2n).
 inline void store_interleaved(float* p, __m512 x, __m512 y, std::int64_t n) {
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -154,8 +205,8 @@ inline void store_interleaved(float* p, __m512 x, __m512 y, std::int64_t n) {
 
 // 2x2 windows with stride 2 and no padding, all inside the input: the layer after most conv blocks. Extents are
 // copied to locals (stores through ip could otherwise alias them) and the maxima are chosen with selects, not
-// branches (random data would mispredict about every other comparison). fp32 without indices takes up to 16
-// windows of a row at a time with AVX-512 (the same rule, in masks).
+// branches (random data would mispredict about every other comparison). fp32 and bfloat16, with or without
+// indices, take up to 16 windows of a row at a time with AVX-512 (the same rule, in masks).
 template <class T, bool Idx>
 EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_RESTRICT yp,
                         std::int64_t* EMBER_RESTRICT ip) {
@@ -169,11 +220,13 @@ EMBER_VECTORIZE void max_pool_plane_2x2(const PoolGeometry& g, const T* EMBER_RE
     const std::int64_t base = 2 * oy * W;
     std::int64_t ox0 = 0;
 #if EMBER_POOL_AVX512
-    if constexpr (!Idx && std::is_same_v<T, float>) {
+    constexpr bool vec = std::is_same_v<T, float> || (EMBER_POOL_AVX512_BF16 && std::is_same_v<T, bfloat16>);
+    if constexpr (vec) {
       for (; ox0 < ow; ox0 += 16) {
         const std::int64_t n = std::min<std::int64_t>(16, ow - ox0);
         __mmask16 wb, wd, we;
-        _mm512_mask_storeu_ps(yr + ox0, low_lanes(n), Windows16(r0 + 2 * ox0, r1 + 2 * ox0, n).max(wb, wd, we));
+        store_max16(yr + ox0, Windows16(r0 + 2 * ox0, r1 + 2 * ox0, n).max(wb, wd, we), n);
+        if constexpr (Idx) store_indices16(ir + ox0, base + 2 * ox0, W, wb, wd, we, n);
       }
     }
 #endif
