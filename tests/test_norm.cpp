@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ember/ember.hpp"
@@ -160,6 +162,70 @@ TEST_CASE("batch_norm does not depend on the thread count") {
   }
   CHECK(outs[0] == outs[1]);
   CHECK(outs[0] == outs[2]);
+}
+
+namespace {
+template <class T>
+bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
+  const std::vector<T> va = a.contiguous().to_vector(), vb = b.contiguous().to_vector();
+  return va.size() == vb.size() && std::memcmp(va.data(), vb.data(), va.size() * sizeof(T)) == 0;
+}
+}  // namespace
+
+static_assert(ops::BatchNormParam<float, bfloat16> && ops::BatchNormParam<float, half> &&
+              ops::BatchNormParam<double, double> && !ops::BatchNormParam<double, bfloat16> &&
+              !ops::BatchNormParam<float, double> && !ops::BatchNormParam<half, float>);
+
+TEST_CASE_TEMPLATE("batch_norm on 16-bit data with float statistics and parameters: what widening to float, "
+                   "normalising and rounding gives, forward and backward, training and eval", T, bfloat16, half) {
+  // The mixed-type kernel reads the 16-bit values and computes in float; going through a float copy of x computes
+  // the same float values, so everything must agree bit for bit (y and dx rounded once to T, dbias and the running
+  // statistics in float; dweight to its float rounding, see below). A strided (transposed) input and an affine-free
+  // call are included.
+  const TF x0 = to_float(normal({6, 5, 7, 4}, 71, 1.5, 2)), g0 = to_float(normal({6, 5, 7, 4}, 72));
+  const Tensor<T> xs = cast<T>(x0), gs = cast<T>(g0);
+  for (bool training : {true, false})
+    for (bool affine : {true, false})
+      for (bool strided : {false, true}) {
+        CAPTURE(training);
+        CAPTURE(affine);
+        CAPTURE(strided);
+        const Tensor<T> xin = strided ? Tensor<T>(xs.transpose(2, 3).contiguous().transpose(2, 3)) : xs;
+        auto params = [&] {
+          std::vector<TF> p = {to_float(normal({5}, 73, 0.2)), to_float(normal({5}, 74, 0.1, 1)),
+                               to_float(normal({5}, 75, 0.3, 1)), to_float(normal({5}, 76))};
+          for (std::size_t i = 2; i < 4; ++i) p[i].requires_grad_(true);
+          return p;
+        };
+        std::vector<TF> pm = params(), pr = params();
+        const TF wm = affine ? pm[2] : TF(), bm = affine ? pm[3] : TF();
+        const TF wr = affine ? pr[2] : TF(), br = affine ? pr[3] : TF();
+        Tensor<T> xm = xin.clone(), xr = xin.clone();
+        xm.requires_grad_(true);
+        xr.requires_grad_(true);
+        Tensor<T> ym = batch_norm(xm, pm[0], pm[1], wm, bm, training, 0.1, 1e-5);
+        Tensor<T> yr = cast<T>(batch_norm(TF(cast<float>(xr)), pr[0], pr[1], wr, br, training, 0.1, 1e-5));
+        CHECK(same_bits(ym, yr));
+        CHECK(same_bits(pm[0], pr[0]));
+        CHECK(same_bits(pm[1], pr[1]));
+        ym.backward(gs);
+        yr.backward(gs);
+        CHECK(same_bits(xm.grad(), xr.grad()));
+        if (affine) {
+          // dweight sums g (x - mean) in float lanes, and the compiler may contract that product-and-add into a
+          // fused multiply-add in one instantiation of the loop and not the other (seen at -O3): the same float sum
+          // up to its rounding, not the same bits.
+          check_close(wm.grad(), to_double(wr.grad()), 1e-5, 1e-5);
+          CHECK(same_bits(bm.grad(), br.grad()));
+        }
+      }
+  // The module under the mixed policy runs the same kernel: its output equals the functional call's.
+  using Policy = std::conditional_t<std::is_same_v<T, bfloat16>, amp::bf16_mixed, amp::fp16_mixed>;
+  nn::BatchNormT<2, Policy> bn(5);
+  const TF rm = bn.running_mean.clone(), rv = bn.running_var.clone();
+  const Tensor<T> y = bn(xs);
+  CHECK(same_bits(y, batch_norm(xs, rm, rv, bn.weight.detach(), bn.bias.detach(), true, 0.1, 1e-5)));
+  CHECK(same_bits(bn.running_mean, rm));
 }
 
 TEST_CASE("batch_norm errors: rank, channel mismatches, missing running stats, one value per channel") {

@@ -170,9 +170,9 @@ void for_chunks(std::int64_t NC, std::int64_t S, const F& fn) {
 /// Per channel, the batch mean and 1/sqrt(biased var + eps) from the moments of fixed batch blocks (`part`, nblk x C,
 /// merged in block order) over M values per channel; updates the running statistics when they are defined:
 /// r = (1 - momentum) r + momentum * batch_stat, with the unbiased variance for running_var.
-template <class T>
+template <class P>
 void finish_batch_stats(std::int64_t C, std::int64_t nblk, const std::vector<Moments>& part, std::int64_t M,
-                        const Tensor<T>& running_mean, const Tensor<T>& running_var, double momentum, double eps,
+                        const Tensor<P>& running_mean, const Tensor<P>& running_var, double momentum, double eps,
                         std::vector<double>& mean, std::vector<double>& invstd) {
   for (std::int64_t c = 0; c < C; ++c) {
     Moments tot;
@@ -183,22 +183,23 @@ void finish_batch_stats(std::int64_t C, std::int64_t nblk, const std::vector<Mom
     mean[std::size_t(c)] = tot.mean;
     invstd[std::size_t(c)] = 1.0 / std::sqrt(tot.m2 / double(M) + eps);
     if (running_mean.defined()) {
-      T& rm = running_mean.data()[c * running_mean.strides()[0]];
-      T& rv = running_var.data()[c * running_var.strides()[0]];
-      rm = convert<T>((1 - momentum) * elem(running_mean, c) + momentum * tot.mean);
-      rv = convert<T>((1 - momentum) * elem(running_var, c) + momentum * (tot.m2 / double(M - 1)));
+      P& rm = running_mean.data()[c * running_mean.strides()[0]];
+      P& rv = running_var.data()[c * running_var.strides()[0]];
+      rm = convert<P>((1 - momentum) * elem(running_mean, c) + momentum * tot.mean);
+      rv = convert<P>((1 - momentum) * elem(running_var, c) + momentum * (tot.m2 / double(M - 1)));
     }
   }
 }
 
-/// Per channel, what y = (x - mean) * invstd * weight + bias computes with (affine_).
-template <class T>
+/// Per channel, what y = (x - mean) * invstd * weight + bias computes with (affine_), in the data's compute type
+/// (weight and bias may be of another dtype P: float parameters for 16-bit data).
+template <class T, class P = T>
 struct BnAffine {
   using Cm = compute_t<T>;
   std::vector<Cm> scale, shift;
   std::vector<SplitMean<Cm>> mean;
-  BnAffine(const std::vector<double>& m, const std::vector<double>& invstd, const Tensor<T>& weight,
-           const Tensor<T>& bias) {
+  BnAffine(const std::vector<double>& m, const std::vector<double>& invstd, const Tensor<P>& weight,
+           const Tensor<P>& bias) {
     const std::size_t C = m.size();
     scale.resize(C);
     shift.resize(C);
@@ -234,13 +235,13 @@ struct BnGradSums {
 };
 
 /// Per channel, the factors of dx = k1 g + k2 (x - mean) + k3 (bn_dx_), from Σ g and Σ g (x - mean) over the M values
-/// of each channel; in evaluation mode (training = false) only k1.
-template <class T>
+/// of each channel; in evaluation mode (training = false) only k1. The weight may be of another dtype P.
+template <class T, class P = T>
 struct BnDx {
   using Cm = compute_t<T>;
   std::vector<Cm> k1, k2, k3;
   std::vector<SplitMean<Cm>> mean;
-  BnDx(const std::vector<double>& m, const std::vector<double>& invstd, const Tensor<T>& weight, bool training,
+  BnDx(const std::vector<double>& m, const std::vector<double>& invstd, const Tensor<P>& weight, bool training,
        std::int64_t M, const std::vector<double>& sg, const std::vector<double>& sgx) {
     const std::size_t C = m.size();
     k1.resize(C);
@@ -334,11 +335,13 @@ EMBER_VECTORIZE void ln_backward_row_(const T* EMBER_RESTRICT g, const T* EMBER_
 /// batch_norm's forward on a contiguous (N, C, S) buffer into y: in training, the batch statistics (and the running
 /// statistics updated in place when defined: r = (1 - momentum) r + momentum * batch_stat, the unbiased variance for
 /// running_var); in eval, the running statistics. mean and invstd (C values each) receive the per-channel mean and
-/// 1/sqrt(var + eps) the output was normalised with. weight and bias (C) may be undefined.
-template <class T>
+/// 1/sqrt(var + eps) the output was normalised with. weight and bias (C) may be undefined. The statistics and
+/// parameters are of dtype P: T itself, or float for 16-bit data (PyTorch's mixed-type batch norm: the data's
+/// values are widened as they are read and the output rounded once, no float copy of the data is made).
+template <class T, class P>
 void batch_norm_forward(const T* xp, T* yp, std::int64_t N, std::int64_t C, std::int64_t S,
-                        const Tensor<T>& running_mean, const Tensor<T>& running_var, const Tensor<T>& weight,
-                        const Tensor<T>& bias, bool training, double momentum, double eps, std::vector<double>& mean,
+                        const Tensor<P>& running_mean, const Tensor<P>& running_var, const Tensor<P>& weight,
+                        const Tensor<P>& bias, bool training, double momentum, double eps, std::vector<double>& mean,
                         std::vector<double>& invstd) {
   const std::int64_t M = N * S;
   if (training) {
@@ -367,7 +370,7 @@ void batch_norm_forward(const T* xp, T* yp, std::int64_t N, std::int64_t C, std:
     }
   }
   // Sweep 2, in memory order: y = (x - mean) * invstd * weight + bias.
-  const detail::BnAffine<T> a(mean, invstd, weight, bias);
+  const detail::BnAffine<T, P> a(mean, invstd, weight, bias);
   detail::for_chunks(N * C, S, [&](std::int64_t i) {
     const std::size_t c = std::size_t(i % C);
     detail::affine_(xp + i * S, yp + i * S, S, a.mean[c], a.scale[c], a.shift[c]);
@@ -376,10 +379,11 @@ void batch_norm_forward(const T* xp, T* yp, std::int64_t N, std::int64_t C, std:
 
 /// batch_norm's gradients on contiguous (N, C, S) buffers g and x, from the forward's mean and invstd: dx (when dxp is
 /// not null), dweight and dbias (C values, when not null). `training`: the batch-statistics gradient (the statistics
-/// depend on x), else the eval one (they are constants).
-template <class T>
-void batch_norm_backward(const T* gp, const T* xp, T* dxp, T* dweight, T* dbias, std::int64_t N, std::int64_t C,
-                         std::int64_t S, const Tensor<T>& weight, const std::vector<double>& mean,
+/// depend on x), else the eval one (they are constants). The weight and its gradients are of dtype P (see
+/// batch_norm_forward).
+template <class T, class P>
+void batch_norm_backward(const T* gp, const T* xp, T* dxp, P* dweight, P* dbias, std::int64_t N, std::int64_t C,
+                         std::int64_t S, const Tensor<P>& weight, const std::vector<double>& mean,
                          const std::vector<double>& invstd, bool training) {
   const std::int64_t M = N * S;
   const bool sums = dweight || dbias || (dxp && training);
@@ -395,12 +399,12 @@ void batch_norm_backward(const T* gp, const T* xp, T* dxp, T* dweight, T* dbias,
     gs.total(sg, sgx);
   }
   for (std::int64_t c = 0; c < C; ++c) {
-    if (dweight) dweight[c] = convert<T>(sgx[std::size_t(c)] * invstd[std::size_t(c)]);
-    if (dbias) dbias[c] = convert<T>(sg[std::size_t(c)]);
+    if (dweight) dweight[c] = convert<P>(sgx[std::size_t(c)] * invstd[std::size_t(c)]);
+    if (dbias) dbias[c] = convert<P>(sg[std::size_t(c)]);
   }
   if (!dxp) return;
   // Sweep 2: dx = k1 g + k2 (x - mean) + k3 per channel.
-  const detail::BnDx<T> k(mean, invstd, weight, training, M, sg, sgx);
+  const detail::BnDx<T, P> k(mean, invstd, weight, training, M, sg, sgx);
   detail::for_chunks(N * C, S, [&](std::int64_t i) {
     const std::size_t c = std::size_t(i % C);
     detail::bn_dx_(gp + i * S, xp + i * S, dxp + i * S, S, k.k1[c], k.k2[c], k.k3[c], k.mean[c]);

@@ -110,10 +110,13 @@ auto BatchNormT<Rank, P>::forward(const Tensor<compute_t>& x) const -> Tensor<co
               x.shape().str());
   const bool use_batch = is_training() || !options.track_running_stats;
   const double factor = count_batch();
-  if constexpr (std::is_same_v<param_t, compute_t>) {
+  if constexpr (std::is_same_v<param_t, compute_t> || ops::BatchNormParam<param_t, compute_t>) {
+    // Mixed precision (fp32 parameters, 16-bit activations) included: the kernel reads the 16-bit values, computes
+    // in float with the float statistics and parameters, and writes the 16-bit output; the parameters' gradients
+    // come back in float (PyTorch's mixed-type batch norm).
     return ember::batch_norm(x, running_mean, running_var, weight, bias, use_batch, factor, options.eps);
   } else {
-    // Mixed precision: normalise in the parameters' precision (fp32), return the compute type.
+    // Other pairs (e.g. double parameters): normalise in the parameters' precision, return the compute type.
     Tensor<param_t> xf = cast<param_t>(x);
     Tensor<param_t> y = ember::batch_norm(xf, running_mean, running_var, weight, bias, use_batch, factor,
                                           options.eps);

@@ -34,6 +34,13 @@ namespace ember::ops {
 template <class T>
 using bn_param_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+/// The dtypes batch norm's statistics and parameters (running_mean, running_var, weight, bias) may have for data of
+/// dtype T: T itself, or float for half / bfloat16 data (mixed precision: fp32 parameters, 16-bit activations, as
+/// PyTorch's mixed-type batch norm).
+template <class P, class T>
+concept BatchNormParam = std::is_same_v<P, T> ||
+                         (std::is_same_v<P, float> && (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>));
+
 namespace detail {
 template <class T>
 void check_channel_vec(const Tensor<T>& t, std::int64_t C, const char* what, const Shape& xs, Device dev) {
@@ -63,23 +70,23 @@ struct BatchNormResult {
 };
 
 namespace detail {
-template <class T>
-BatchNormResult<T> batch_norm_forward_cuda(const Tensor<T>& x, const Tensor<T>& running_mean,
-                                           const Tensor<T>& running_var, const Tensor<T>& weight,
-                                           const Tensor<T>& bias, bool training, double momentum, double eps) {
+template <class T, class Q>
+BatchNormResult<T> batch_norm_forward_cuda(const Tensor<T>& x, const Tensor<Q>& running_mean,
+                                           const Tensor<Q>& running_var, const Tensor<Q>& weight,
+                                           const Tensor<Q>& bias, bool training, double momentum, double eps) {
 #if EMBER_USE_CUDNN
   using P = bn_param_t<T>;
   cuda::check_device(x.device(), "batch_norm");
   cuda::DeviceGuard guard(x.device());
   const std::int64_t C = x.size(1);
-  for (const Tensor<T>* t : {&running_mean, &running_var})
+  for (const Tensor<Q>* t : {&running_mean, &running_var})
     EMBER_CHECK(!t->defined() || t->is_contiguous(), "batch_norm: running statistics on CUDA must be contiguous");
   BatchNormResult<T> r;
   r.y = empty<T>(x.shape(), x.device());
   if (x.numel() == 0) return r;
   const Tensor<T> xc = x.is_contiguous() ? x : x.detach().contiguous();
   cuda::BatchNormParams<P> p;
-  auto param = [&](const Tensor<T>& t, double fill) {
+  auto param = [&](const Tensor<Q>& t, double fill) {
     if (t.defined()) return cuda::cast_params<P>(t.is_contiguous() ? t : t.detach().contiguous());
     Tensor<P> c = empty<P>(Shape{C}, x.device());
     cuda::fill(c, fill);
@@ -119,10 +126,11 @@ BatchNormResult<T> batch_norm_forward_cuda(const Tensor<T>& x, const Tensor<T>& 
 /// F.batch_norm's forward. x is (N, C) or (N, C, *). In training, normalises with the batch statistics over N and
 /// the spatial dims (biased variance) and, when running_mean / running_var are defined, updates them in place:
 /// r = (1 - momentum) r + momentum * batch_stat, with the unbiased variance for running_var. In eval, normalises
-/// with the running statistics. weight and bias (C) are optional.
-template <class T>
-BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& running_mean,
-                                      const Tensor<T>& running_var, const Tensor<T>& weight, const Tensor<T>& bias,
+/// with the running statistics. weight and bias (C) are optional. The statistics and parameters may be float for
+/// half / bfloat16 data (BatchNormParam); the output has x's dtype.
+template <class T, BatchNormParam<T> P = T>
+BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<P>& running_mean,
+                                      const Tensor<P>& running_var, const Tensor<P>& weight, const Tensor<P>& bias,
                                       bool training, double momentum, double eps) {
   EMBER_PROFILE_RANGE("batch_norm");
   static_assert(is_floating_v<T>, "batch_norm: needs a floating-point tensor");
@@ -162,21 +170,20 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<T>& runni
 
 /// Gradients of batch_norm: dx (shape of x), dweight and dbias (C); each only when its flag is set (the others
 /// are left undefined). `training` selects the batch-statistics gradient (the mean and variance depend on x) or
-/// the eval one (they are constants). mean / invstd are what the forward returned.
-template <class T>
+/// the eval one (they are constants). mean / invstd are what the forward returned. The weight's and bias's
+/// gradients have the weight's dtype P.
+template <class T, class P = T>
 struct BatchNormGrads {
-  ///@{
-  /// The gradients of x, the weight and the bias.
-  Tensor<T> dx, dweight, dbias;
-  ///@}
+  Tensor<T> dx;               ///< The gradient of x.
+  Tensor<P> dweight, dbias;  ///< The gradients of the weight and the bias.
 };
 
 namespace detail {
-template <class T>
-BatchNormGrads<T> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<T>& weight,
-                                           const Tensor<bn_param_t<T>>& save_mean,
-                                           const Tensor<bn_param_t<T>>& save_invstd, bool training, bool need_dx,
-                                           bool need_dweight, bool need_dbias, double eps) {
+template <class T, class Q>
+BatchNormGrads<T, Q> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<Q>& weight,
+                                              const Tensor<bn_param_t<T>>& save_mean,
+                                              const Tensor<bn_param_t<T>>& save_invstd, bool training, bool need_dx,
+                                              bool need_dweight, bool need_dbias, double eps) {
 #if EMBER_USE_CUDNN
   using P = bn_param_t<T>;
   EMBER_CHECK(grad.device() == x.device(), "batch_norm_backward: the gradient is on ", grad.device().str(),
@@ -188,7 +195,7 @@ BatchNormGrads<T> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T
   cuda::check_device(x.device(), "batch_norm_backward");
   cuda::DeviceGuard guard(x.device());
   const std::int64_t C = x.size(1);
-  BatchNormGrads<T> r;
+  BatchNormGrads<T, Q> r;
   const Tensor<T> xc = x.is_contiguous() ? x : x.detach().contiguous();
   const Tensor<T> gc = grad.is_contiguous() ? grad : grad.detach().contiguous();
   cuda::BatchNormParams<P> p;
@@ -209,8 +216,8 @@ BatchNormGrads<T> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T
     cuda::fill(db, 0.0);
   }
   if (need_dx) r.dx = dx;
-  if (need_dweight) r.dweight = cuda::cast_params<T>(dw);
-  if (need_dbias) r.dbias = cuda::cast_params<T>(db);
+  if (need_dweight) r.dweight = cuda::cast_params<Q>(dw);
+  if (need_dbias) r.dbias = cuda::cast_params<Q>(db);
   return r;
 #else
   (void)grad, (void)weight, (void)save_mean, (void)save_invstd, (void)training, (void)need_dx, (void)need_dweight,
@@ -223,14 +230,15 @@ BatchNormGrads<T> batch_norm_backward_cuda(const Tensor<T>& grad, const Tensor<T
 }  // namespace detail
 
 /// On CUDA the statistics come from save_mean / save_invstd (device tensors from the forward's BatchNormResult) and
-/// eps must be the forward's; on the CPU from mean / invstd.
-template <class T>
-BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<T>& weight,
-                                      const std::vector<double>& mean, const std::vector<double>& invstd,
-                                      bool training, bool need_dx, bool need_dweight, bool need_dbias,
-                                      const Tensor<bn_param_t<T>>& save_mean = Tensor<bn_param_t<T>>(),
-                                      const Tensor<bn_param_t<T>>& save_invstd = Tensor<bn_param_t<T>>(),
-                                      double eps = 1e-5) {
+/// eps must be the forward's; on the CPU from mean / invstd. The weight (undefined without one) may be float for
+/// half / bfloat16 data, as in batch_norm_forward; its dtype P is the dtype of dweight and dbias.
+template <class T, BatchNormParam<T> P = T>
+BatchNormGrads<T, P> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x, const Tensor<P>& weight,
+                                         const std::vector<double>& mean, const std::vector<double>& invstd,
+                                         bool training, bool need_dx, bool need_dweight, bool need_dbias,
+                                         const Tensor<bn_param_t<T>>& save_mean = Tensor<bn_param_t<T>>(),
+                                         const Tensor<bn_param_t<T>>& save_invstd = Tensor<bn_param_t<T>>(),
+                                         double eps = 1e-5) {
   EMBER_PROFILE_RANGE("batch_norm_backward");
   EMBER_CHECK(grad.shape() == x.shape(), "batch_norm_backward: the gradient has shape ", grad.shape().str(),
               " but the input has ", x.shape().str());
@@ -240,10 +248,10 @@ BatchNormGrads<T> batch_norm_backward(const Tensor<T>& grad, const Tensor<T>& x,
   x.check_cpu("batch_norm_backward");
   grad.check_cpu("batch_norm_backward");
   const std::int64_t N = x.size(0), C = x.size(1), S = x.numel() / std::max<std::int64_t>(1, N * C);
-  BatchNormGrads<T> r;
+  BatchNormGrads<T, P> r;
   if (need_dx) r.dx = empty<T>(x.shape(), x.device());
-  if (need_dweight) r.dweight = empty<T>(Shape{C}, x.device());
-  if (need_dbias) r.dbias = empty<T>(Shape{C}, x.device());
+  if (need_dweight) r.dweight = empty<P>(Shape{C}, x.device());
+  if (need_dbias) r.dbias = empty<P>(Shape{C}, x.device());
   const Tensor<T> xc = x.contiguous(), gc = grad.contiguous();
   cpu::batch_norm_backward(gc.data(), xc.data(), need_dx ? r.dx.data() : nullptr,
                            need_dweight ? r.dweight.data() : nullptr, need_dbias ? r.dbias.data() : nullptr, N, C, S,
