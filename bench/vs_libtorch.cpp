@@ -622,17 +622,12 @@ struct EmberCnn : nn::Module {
     register_module("fc", fc);
   }
   Tensor<float> forward(const Tensor<float>& x) const {
-    if constexpr (std::is_same_v<P, amp::fp32>) {
-      // float32: each conv -> batch norm -> ReLU -> pool block as one fused op in training (nn/conv_bn.hpp), as an
-      // nn::Sequential of the same modules runs it.
-      Tensor<C> h = nn::conv_bn_forward(conv1, bn1, x, {.relu = true, .pool2 = true});
-      h = nn::conv_bn_forward(conv2, bn2, h, {.relu = true, .pool2 = true});
-      return fc(h.flatten(1));
-    } else {
-      Tensor<C> h = max_pool2d(Tensor<C>(relu(bn1(conv1(to_c<C>(x))))), 2);
-      h = max_pool2d(Tensor<C>(relu(bn2(conv2(h)))), 2);
-      return to_f(fc(h.flatten(1)));
-    }
+    // Each conv -> batch norm -> ReLU -> pool block as one fused op in training (nn/conv_bn.hpp), as an
+    // nn::Sequential of the same fp32 modules runs it; under bf16_mixed the convolutions run in bf16 and the batch
+    // norms keep fp32 parameters and statistics.
+    Tensor<C> h = nn::conv_bn_forward(conv1, bn1, to_c<C>(x), {.relu = true, .pool2 = true});
+    h = nn::conv_bn_forward(conv2, bn2, h, {.relu = true, .pool2 = true});
+    return to_f(fc(h.flatten(1)));
   }
 };
 

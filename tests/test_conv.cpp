@@ -21,6 +21,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ember/ember.hpp"
@@ -1127,8 +1128,12 @@ TEST_CASE("conv2d_batch_norm gradcheck: every tail, with and without biases and 
 
 // The fused operation does batch_norm's, relu's and max_pool2d's arithmetic in their order, so it must equal the
 // four ops bit for bit: outputs, every gradient and the running statistics, at one and two threads.
-TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d bit for bit") {
+TEST_CASE_TEMPLATE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d bit for bit, in float and "
+                   "in 16-bit data with float batch-norm parameters", T, float, bfloat16, half) {
+  // In 16 bits, the mixed-precision block: the convolution in T, the batch norm with float statistics and parameters
+  // (its mixed-type form), ReLU and pool in T; the fused kernel runs the same instantiations in the same order.
   ThreadsGuard guard;
+  auto wide = [](const Tensor<T>& t) { return TF(cast<float>(t)); };  // exact and one-to-one: same bits <=> same
   // 3 -> 6 channels (im2col + GEMM) and 16 -> 24 (the Winograd kernel in AVX-512 and AVX2 builds, with the statistics' callback)
   // (plain variables, not structured bindings: clang 14 cannot capture those in INFO's lambda)
   for (const auto& channels : {std::pair<i64, i64>{3, 6}, std::pair<i64, i64>{16, 24}})
@@ -1140,26 +1145,31 @@ TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d b
         INFO("channels " << ci << " -> " << co << ", threads " << threads << ", relu " << relu_on << ", pool "
                          << pool_on);
         // 17 images: more than the 16 batch blocks of the statistics; an odd output size for the pool.
-        const TF x0 = normal_f({17, ci, 11, 11}, 51), w0 = normal_f({co, ci, 3, 3}, 52), b0 = normal_f({co}, 53);
+        const Tensor<T> x0 = cast<T>(normal_f({17, ci, 11, 11}, 51)), w0 = cast<T>(normal_f({co, ci, 3, 3}, 52));
+        const Tensor<T> b0 = cast<T>(normal_f({co}, 53));
         const TF g0 = TF(normal_f({co}, 54) * 0.5f + 1.f), be0 = normal_f({co}, 55);
-        TF out[2], gx[2], gw[2], gb[2], gg[2], gbe[2], rm[2], rv[2];
+        Tensor<T> out[2], gx[2], gw[2], gb[2];
+        TF gg[2], gbe[2], rm[2], rv[2];
         for (int fused = 0; fused < 2; ++fused) {
-          TF x = x0.clone(), w = w0.clone(), b = b0.clone(), gamma = g0.clone(), beta = be0.clone();
-          for (TF* t : {&x, &w, &b, &gamma, &beta}) t->requires_grad_(true);
+          Tensor<T> x = x0.clone(), w = w0.clone(), b = b0.clone();
+          TF gamma = g0.clone(), beta = be0.clone();
+          for (Tensor<T>* t : {&x, &w, &b}) t->requires_grad_(true);
+          gamma.requires_grad_(true);
+          beta.requires_grad_(true);
           rm[fused] = zeros<float>({co});
           rv[fused] = ones<float>({co});
           ops::ConvBnOptions bo;
           bo.relu = relu_on;
           bo.pool2 = pool_on;
-          TF y;
+          Tensor<T> y;
           if (fused) {
             y = conv2d_batch_norm(x, w, b, rm[1], rv[1], gamma, beta, {1, 1}, bo);
           } else {
             y = batch_norm(conv2d(x, w, b, {1, 1}), rm[0], rv[0], gamma, beta, true, bo.momentum, bo.eps);
-            if (relu_on) y = TF(relu(y));
+            if (relu_on) y = Tensor<T>(relu(y));
             if (pool_on) y = max_pool2d(y, 2);
           }
-          y.backward(normal_f(y.shape(), 56));
+          y.backward(cast<T>(normal_f(y.shape(), 56)));
           out[fused] = y.detach();
           gx[fused] = x.grad();
           gw[fused] = w.grad();
@@ -1167,15 +1177,42 @@ TEST_CASE("conv2d_batch_norm equals conv2d -> batch_norm -> relu -> max_pool2d b
           gg[fused] = gamma.grad();
           gbe[fused] = beta.grad();
         }
-        CHECK(ember_test::bitwise_equal(out[0], out[1]));
-        CHECK(ember_test::bitwise_equal(gx[0], gx[1]));
-        CHECK(ember_test::bitwise_equal(gw[0], gw[1]));
-        CHECK(ember_test::bitwise_equal(gb[0], gb[1]));
+        CHECK(ember_test::bitwise_equal(wide(out[0]), wide(out[1])));
+        CHECK(ember_test::bitwise_equal(wide(gx[0]), wide(gx[1])));
+        CHECK(ember_test::bitwise_equal(wide(gw[0]), wide(gw[1])));
+        CHECK(ember_test::bitwise_equal(wide(gb[0]), wide(gb[1])));
         CHECK(ember_test::bitwise_equal(gg[0], gg[1]));
         CHECK(ember_test::bitwise_equal(gbe[0], gbe[1]));
         CHECK(ember_test::bitwise_equal(rm[0], rm[1]));
         CHECK(ember_test::bitwise_equal(rv[0], rv[1]));
       }
+}
+
+TEST_CASE_TEMPLATE("nn::conv_bn_forward under the mixed policies equals the modules one after another", T, bfloat16,
+                   half) {
+  auto wide = [](const Tensor<T>& t) { return TF(cast<float>(t)); };
+  // The modules: fp32 masters, their gradients and the batch norm's running statistics the same either way.
+  using Policy = std::conditional_t<std::is_same_v<T, bfloat16>, amp::bf16_mixed, amp::fp16_mixed>;
+  // 40 columns: the pool's 20 windows per row take a full group of 16 and a partial one in the vectorised paths.
+  const Tensor<T> x = cast<T>(normal_f({9, 4, 12, 40}, 67));
+  TF y32[2], gw32[2], gbn[2], rmean[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    manual_seed(68);
+    nn::Conv2dT<Policy> conv(4, 8, 3, {.padding = 1});
+    nn::BatchNormT<2, Policy> bn(8);
+    Tensor<T> y = fused ? nn::conv_bn_forward(conv, bn, x, {.relu = true, .pool2 = true})
+                        : max_pool2d(Tensor<T>(relu(bn(conv(x)))), 2);
+    CHECK(y.shape() == Shape{9, 8, 6, 20});
+    TF(sum(cast<float>(y))).backward();
+    y32[fused] = wide(y.detach());
+    gw32[fused] = conv.weight.grad();
+    gbn[fused] = bn.weight.grad();
+    rmean[fused] = bn.running_mean.clone();
+  }
+  CHECK(ember_test::bitwise_equal(y32[0], y32[1]));
+  CHECK(ember_test::bitwise_equal(gw32[0], gw32[1]));
+  CHECK(ember_test::bitwise_equal(gbn[0], gbn[1]));
+  CHECK(ember_test::bitwise_equal(rmean[0], rmean[1]));
 }
 
 // Ties in the pool's windows (few distinct values): the gradient goes to the first maximum, as max_pool2d's.

@@ -76,12 +76,14 @@ EMBER_VECTORIZE void conv_bn_plane_grad(const T* EMBER_RESTRICT z, const T* EMBE
   for (std::int64_t oy = 0; oy < poh; ++oy) {
     std::int64_t ox0 = 0;
 #if EMBER_POOL_AVX512
-    if constexpr (std::is_same_v<T, float>) {
-      // Up to 16 windows of the row at a time: the winner's lane mask per element, relu's derivative, the gradient interleaved back.
+    constexpr bool vec = std::is_same_v<T, float> || (EMBER_POOL_AVX512_BF16 && std::is_same_v<T, bfloat16>);
+    if constexpr (vec) {
+      // Up to 16 windows of the row at a time: the winner's lane mask per element, relu's derivative, the gradient
+      // interleaved back (bfloat16 values travel as exact floats).
       const __m512 zero = _mm512_setzero_ps();
       for (; ox0 < pow; ox0 += 16) {
         const std::int64_t n = std::min<std::int64_t>(16, pow - ox0);
-        const float* r0 = u + 2 * oy * ow + 2 * ox0;
+        const T* r0 = u + 2 * oy * ow + 2 * ox0;
         detail::Windows16 pre(r0, r0 + ow, n), in16 = pre;
         if (relu) in16.relu();
         __mmask16 wb, wd, we;
@@ -91,8 +93,8 @@ EMBER_VECTORIZE void conv_bn_plane_grad(const T* EMBER_RESTRICT z, const T* EMBE
         auto live = [&](__m512 v) {  // relu's derivative: 0 where its input is <= 0
           return relu ? __mmask16(~_mm512_cmp_ps_mask(v, zero, _CMP_LE_OQ)) : __mmask16(0xffff);
         };
-        const __m512 gv = _mm512_maskz_loadu_ps(detail::low_lanes(n), gy + oy * pow + ox0);
-        float* g0 = gu + 2 * oy * ow + 2 * ox0;
+        const __m512 gv = detail::load16(gy + oy * pow + ox0, n);
+        T* g0 = gu + 2 * oy * ow + 2 * ox0;
         detail::store_interleaved(g0, _mm512_maskz_mov_ps(__mmask16(sa & live(pre.a)), gv),
                                        _mm512_maskz_mov_ps(__mmask16(sb & live(pre.b)), gv), n);
         detail::store_interleaved(g0 + ow, _mm512_maskz_mov_ps(__mmask16(sd & live(pre.d)), gv),
@@ -123,11 +125,11 @@ EMBER_VECTORIZE void conv_bn_plane_grad(const T* EMBER_RESTRICT z, const T* EMBE
 /// The fused forward on dense buffers: z (N, O, oh, ow) = conv2d(x, w, b) (b may be null), the batch statistics of z
 /// into mean and invstd (O values each; the running statistics updated in place when defined), and y =
 /// [pool]([relu](batch_norm(z))) ((N, O, oh, ow), or (N, O, oh/2, ow/2) with pool2). bn_weight / bn_bias (O) may be
-/// undefined.
-template <class T>
+/// undefined; they and the running statistics are of dtype P (T, or float for 16-bit data, as batch_norm's).
+template <class T, class P = T>
 void conv2d_batch_norm_forward(const ConvGeometry& g, const T* xp, const T* wp, const T* bp, T* zp, T* yp,
-                               const Tensor<T>& running_mean, const Tensor<T>& running_var, const Tensor<T>& bn_weight,
-                               const Tensor<T>& bn_bias, double momentum, double eps, bool relu, bool pool2,
+                               const Tensor<P>& running_mean, const Tensor<P>& running_var, const Tensor<P>& bn_weight,
+                               const Tensor<P>& bn_bias, double momentum, double eps, bool relu, bool pool2,
                                std::vector<double>& mean, std::vector<double>& invstd) {
   const std::int64_t N = g.n, C = g.o, L = g.l();
   // The convolution, and each image's per-channel moments while its output is in cache.
@@ -145,7 +147,7 @@ void conv2d_batch_norm_forward(const ConvGeometry& g, const T* xp, const T* wp, 
         part[std::size_t(blk * C + c)].merge(double(L), cm[std::size_t(n * C + c)], cm2[std::size_t(n * C + c)]);
   detail::finish_batch_stats(C, nblk, part, N * L, running_mean, running_var, momentum, eps, mean, invstd);
   // One pass: y = [pool]([relu](bn(z))).
-  const detail::BnAffine<T> a(mean, invstd, bn_weight, bn_bias);
+  const detail::BnAffine<T, P> a(mean, invstd, bn_weight, bn_bias);
   const std::int64_t yl = pool2 ? (g.oh / 2) * (g.ow / 2) : L;
   parallel_for(0, N * C, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(1, L)),
                [&](std::int64_t p0, std::int64_t p1) {
@@ -159,26 +161,28 @@ void conv2d_batch_norm_forward(const ConvGeometry& g, const T* xp, const T* wp, 
 }
 
 /// The gradients of the fused block's batch norm, ReLU and pool: gz (the gradient at the convolution's output, when
-/// need_gz), and the batch norm's weight and bias gradients (when asked for); undefined where not asked for.
-template <class T>
+/// need_gz), and the batch norm's weight and bias gradients (when asked for, in the parameters' dtype P); undefined
+/// where not asked for.
+template <class T, class P = T>
 struct ConvBnNormGrads {
-  Tensor<T> gz, dbn_weight, dbn_bias;
+  Tensor<T> gz;
+  Tensor<P> dbn_weight, dbn_bias;
 };
 
 /// The backward of the fused block down to the convolution's output, from gp (the dense gradient of y), zp (the saved
 /// convolution output) and the forward's statistics (the ReLU's and the pool's decisions are recomputed from z).
-template <class T>
-ConvBnNormGrads<T> conv2d_batch_norm_backward(const ConvGeometry& g, const T* gp, const T* zp,
-                                              const std::vector<double>& mean, const std::vector<double>& invstd,
-                                              const Tensor<T>& bn_weight, const Tensor<T>& bn_bias, bool relu,
-                                              bool pool2, bool need_gz, bool need_bn_weight, bool need_bn_bias) {
+template <class T, class P = T>
+ConvBnNormGrads<T, P> conv2d_batch_norm_backward(const ConvGeometry& g, const T* gp, const T* zp,
+                                                 const std::vector<double>& mean, const std::vector<double>& invstd,
+                                                 const Tensor<P>& bn_weight, const Tensor<P>& bn_bias, bool relu,
+                                                 bool pool2, bool need_gz, bool need_bn_weight, bool need_bn_bias) {
   const std::int64_t N = g.n, C = g.o, L = g.l();
   const Shape zs{N, C, g.oh, g.ow};
   const std::int64_t yl = pool2 ? (g.oh / 2) * (g.ow / 2) : L;
-  ConvBnNormGrads<T> r;
+  ConvBnNormGrads<T, P> r;
   // Pass 1, per plane in fixed batch blocks: gu, the gradient at the batch norm's output, and Σ gu, Σ gu (z - mean)
   // while the plane is in cache.
-  const detail::BnAffine<T> a(mean, invstd, bn_weight, bn_bias);
+  const detail::BnAffine<T, P> a(mean, invstd, bn_weight, bn_bias);
   Tensor<T> gu = empty<T>(zs);
   T* gup = gu.data();
   detail::BnGradSums gs(N, C);
@@ -196,17 +200,17 @@ ConvBnNormGrads<T> conv2d_batch_norm_backward(const ConvGeometry& g, const T* gp
   std::vector<double> sg(std::size_t(C), 0.0), sgx(std::size_t(C), 0.0);
   gs.total(sg, sgx);
   if (need_bn_weight) {
-    r.dbn_weight = empty<T>(Shape{C});
+    r.dbn_weight = empty<P>(Shape{C});
     for (std::int64_t c = 0; c < C; ++c)
-      r.dbn_weight.data()[c] = convert<T>(sgx[std::size_t(c)] * invstd[std::size_t(c)]);
+      r.dbn_weight.data()[c] = convert<P>(sgx[std::size_t(c)] * invstd[std::size_t(c)]);
   }
   if (need_bn_bias) {
-    r.dbn_bias = empty<T>(Shape{C});
-    for (std::int64_t c = 0; c < C; ++c) r.dbn_bias.data()[c] = convert<T>(sg[std::size_t(c)]);
+    r.dbn_bias = empty<P>(Shape{C});
+    for (std::int64_t c = 0; c < C; ++c) r.dbn_bias.data()[c] = convert<P>(sg[std::size_t(c)]);
   }
   if (!need_gz) return r;
   // Pass 2: gz = k1 gu + k2 (z - mean) + k3, batch_norm's input gradient.
-  const detail::BnDx<T> k(mean, invstd, bn_weight, true, N * L, sg, sgx);
+  const detail::BnDx<T, P> k(mean, invstd, bn_weight, true, N * L, sg, sgx);
   r.gz = empty<T>(zs);
   T* gzp = r.gz.data();
   detail::for_chunks(N * C, L, [&](std::int64_t p) {

@@ -201,6 +201,24 @@ inline void store_interleaved(float* p, __m512 x, __m512 y, std::int64_t n) {
   _mm512_mask_storeu_ps(p, low_lanes(std::min<std::int64_t>(16, 2 * n)), _mm512_permutex2var_ps(x, lo, y));
   _mm512_mask_storeu_ps(p + 16, low_lanes(std::max<std::int64_t>(0, 2 * n - 16)), _mm512_permutex2var_ps(x, hi, y));
 }
+/// The first n of 16 contiguous values as floats (the rest 0).
+inline __m512 load16(const float* p, std::int64_t n) { return _mm512_maskz_loadu_ps(low_lanes(n), p); }
+#if EMBER_POOL_AVX512_BF16
+/// The first n of 16 contiguous bfloat16 values as exact floats (the rest 0).
+inline __m512 load16(const bfloat16* p, std::int64_t n) {
+  constexpr __mmask16 all = 0xffff;  // (zero-masked forms: see store_max16)
+  const __m256i v = _mm256_maskz_loadu_epi16(low_lanes(n), p);
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, v), 16));
+}
+/// store_interleaved for values that are bfloat16 numbers held exactly as floats (each one's high half is its bits,
+/// NaN payloads included): x's in the low and y's in the high half of each 32-bit lane, 2n elements stored.
+inline void store_interleaved(bfloat16* p, __m512 x, __m512 y, std::int64_t n) {
+  constexpr __mmask16 all = 0xffff;
+  const __m512i lo = _mm512_maskz_srli_epi32(all, _mm512_castps_si512(x), 16);
+  const __m512i hi = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(int(0xffff0000u)));
+  _mm512_mask_storeu_epi16(p, __mmask32((std::uint64_t(1) << unsigned(2 * n)) - 1u), _mm512_or_si512(lo, hi));
+}
+#endif
 #endif
 
 // 2x2 windows with stride 2 and no padding, all inside the input: the layer after most conv blocks. Extents are

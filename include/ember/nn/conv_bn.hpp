@@ -22,8 +22,13 @@ struct ConvBnTail {
 };
 
 /// Whether conv -> bn [-> relu] [-> pool] can run fused on x: bn in training mode, neither module folded or
-/// quantized, a 4-D input and parameters on the CPU, and a convolution output of at least 2x2 for the pool.
-inline bool conv_bn_fusable(const Conv2d& conv, const BatchNorm2d& bn, const Tensor<float>& x, bool pool2) {
+/// quantized, a 4-D input and parameters on the CPU, and a convolution output of at least 2x2 for the pool. Under a
+/// precision policy P, the batch norm's parameters must be of a dtype batch_norm takes with P's compute type (fp32
+/// parameters with bf16 or fp16 activations: bf16_mixed, fp16_mixed).
+template <class P>
+bool conv_bn_fusable(const Conv2dT<P>& conv, const BatchNormT<2, P>& bn, const Tensor<typename P::compute_t>& x,
+                     bool pool2) {
+  if constexpr (!ops::BatchNormParam<typename P::param_t, typename P::compute_t>) return false;
   if (!bn.is_training() || nn::folded(bn) || nn::quantized(conv) || nn::fused_activation(conv) != Activation::none ||
       nn::fused_pool(conv) ||
       x.dim() != 4 || !x.device().is_cpu() || !conv.weight.device().is_cpu() || x.size(1) != conv.in_channels ||
@@ -39,27 +44,31 @@ inline bool conv_bn_fusable(const Conv2d& conv, const BatchNorm2d& bn, const Ten
 }
 
 /// pool2? / relu? of bn(conv(x)): fused when conv_bn_fusable, else the modules (and relu, max_pool2d(2)) one after
-/// another. (A template only so that its body, which instantiates both layers and the fused op, is compiled where
-/// it is called, not in every TU that includes nn::Sequential.)
-template <class = void>
-Tensor<float> conv_bn_forward(const Conv2d& conv, const BatchNorm2d& bn, const Tensor<float>& x,
-                              const ConvBnTail& tail = {}) {
+/// another. Under a mixed policy (bf16_mixed, fp16_mixed) the convolution's weight and bias are cast to the compute
+/// type as Conv2dT::forward casts them, and the batch norm keeps its fp32 parameters and statistics.
+template <class P>
+Tensor<typename P::compute_t> conv_bn_forward(const Conv2dT<P>& conv, const BatchNormT<2, P>& bn,
+                                              const Tensor<typename P::compute_t>& x, const ConvBnTail& tail = {}) {
+  using C = typename P::compute_t;
   if (!conv_bn_fusable(conv, bn, x, tail.pool2)) {
-    Tensor<float> h = bn.forward(conv.forward(x));
-    if (tail.relu) h = Tensor<float>(relu(h));
+    Tensor<C> h = bn.forward(conv.forward(x));
+    if (tail.relu) h = Tensor<C>(relu(h));
     if (tail.pool2) h = max_pool2d(h, 2);
     return h;
   }
+  const Tensor<C> w = detail::to_compute<C>(conv.weight), b = detail::to_compute<C>(conv.bias);
   const ember::Conv2dOptions co{conv.options.stride, conv.options.padding, conv.options.dilation, conv.options.groups};
-  (void)ops::conv2d_geometry(x, conv.weight, conv.bias, co);  // the convolution's errors before the batch is counted
+  (void)ops::conv2d_geometry(x, w, b, co);  // the convolution's errors before the batch is counted
   const double factor = bn.count_batch();
   ops::ConvBnOptions bo;
   bo.momentum = factor;
   bo.eps = bn.options.eps;
   bo.relu = tail.relu;
   bo.pool2 = tail.pool2;
-  return ember::conv2d_batch_norm(x, conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias, co,
-                                  bo);
+  if constexpr (ops::BatchNormParam<typename P::param_t, C>)
+    return ember::conv2d_batch_norm(x, w, b, bn.running_mean, bn.running_var, bn.weight, bn.bias, co, bo);
+  else
+    return Tensor<C>();  // not reached: conv_bn_fusable is false for such a policy
 }
 
 }  // namespace ember::nn

@@ -40,9 +40,9 @@ struct ConvBnResult {
 };
 
 namespace detail {
-template <class T>
-void check_conv_bn(const char* op, const Tensor<T>& x, const cpu::ConvGeometry& g, const Tensor<T>& running_mean,
-                   const Tensor<T>& running_var, const Tensor<T>& weight, const Tensor<T>& bias,
+template <class T, class P>
+void check_conv_bn(const char* op, const Tensor<T>& x, const cpu::ConvGeometry& g, const Tensor<P>& running_mean,
+                   const Tensor<P>& running_var, const Tensor<P>& weight, const Tensor<P>& bias,
                    const ConvBnOptions& bo) {
   EMBER_CHECK(x.device().is_cpu(), op, ": runs on the CPU only; the input is on ", x.device().str(),
               " (use conv2d and batch_norm there)");
@@ -63,12 +63,13 @@ void check_conv_bn(const char* op, const Tensor<T>& x, const cpu::ConvGeometry& 
 }  // namespace detail
 
 /// The training forward of conv2d(x, w, b, o) -> batch_norm (batch statistics; running statistics updated when
-/// defined) -> [relu] -> [2x2 max pool], on the CPU. bn_weight / bn_bias (O) are optional, as batch_norm's.
-template <class T>
+/// defined) -> [relu] -> [2x2 max pool], on the CPU. bn_weight / bn_bias (O) are optional, as batch_norm's; the
+/// batch norm's parameters and statistics may be float for half / bfloat16 data (BatchNormParam), as batch_norm's.
+template <class T, BatchNormParam<T> P = T>
 ConvBnResult<T> conv2d_batch_norm_forward(const Tensor<T>& x, const Tensor<T>& w, const Tensor<T>& b,
-                                  const Tensor<T>& running_mean, const Tensor<T>& running_var,
-                                  const Tensor<T>& bn_weight, const Tensor<T>& bn_bias, const Conv2dOptions& o,
-                                  const ConvBnOptions& bo) {
+                                          const Tensor<P>& running_mean, const Tensor<P>& running_var,
+                                          const Tensor<P>& bn_weight, const Tensor<P>& bn_bias,
+                                          const Conv2dOptions& o, const ConvBnOptions& bo) {
   static_assert(is_floating_v<T>, "conv2d_batch_norm: floating-point tensors only");
   const char* op = "conv2d_batch_norm";
   const cpu::ConvGeometry g = conv2d_geometry(x, w, b, o);
@@ -90,8 +91,8 @@ ConvBnResult<T> conv2d_batch_norm_forward(const Tensor<T>& x, const Tensor<T>& w
   return r;
 }
 
-/// The gradients of the fused block; each is undefined when not asked for.
-template <class T>
+/// The gradients of the fused block; each is undefined when not asked for. P: the batch norm's parameter dtype.
+template <class T, class P = T>
 struct ConvBnGrads {
   ///@{
   /// The gradients of the convolution's input, weight and bias.
@@ -99,19 +100,20 @@ struct ConvBnGrads {
   ///@}
   ///@{
   /// The gradients of the batch norm's weight and bias.
-  Tensor<T> bn_weight, bn_bias;   // the batch norm's
+  Tensor<P> bn_weight, bn_bias;   // the batch norm's
   ///@}
 };
 
 /// Gradients of conv2d_batch_norm given gy (the shape of its y), from what its forward returned (z, mean, invstd) and
 /// its inputs x, w, bn_weight and bn_bias (the last two may be undefined; the ReLU's and the pool's decisions are
 /// recomputed from z through the batch norm). Each gradient is computed only when its flag is set.
-template <class T>
-ConvBnGrads<T> conv2d_batch_norm_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w,
-                                          const Tensor<T>& z, const Tensor<T>& bn_weight, const Tensor<T>& bn_bias,
-                                          const std::vector<double>& mean, const std::vector<double>& invstd,
-                                          const Conv2dOptions& o, const ConvBnOptions& bo, bool need_input,
-                                          bool need_weight, bool need_bias, bool need_bn_weight, bool need_bn_bias) {
+template <class T, BatchNormParam<T> P = T>
+ConvBnGrads<T, P> conv2d_batch_norm_backward(const Tensor<T>& gy, const Tensor<T>& x, const Tensor<T>& w,
+                                             const Tensor<T>& z, const Tensor<P>& bn_weight, const Tensor<P>& bn_bias,
+                                             const std::vector<double>& mean, const std::vector<double>& invstd,
+                                             const Conv2dOptions& o, const ConvBnOptions& bo, bool need_input,
+                                             bool need_weight, bool need_bias, bool need_bn_weight,
+                                             bool need_bn_bias) {
   const char* op = "conv2d_batch_norm_backward";
   const cpu::ConvGeometry g = conv2d_geometry(x, w, Tensor<T>(), o);
   const std::int64_t N = g.n, C = g.o;
@@ -124,11 +126,11 @@ ConvBnGrads<T> conv2d_batch_norm_backward(const Tensor<T>& gy, const Tensor<T>& 
   EMBER_CHECK(gy.device().is_cpu(), op, ": the gradient is on ", gy.device().str(), ", expected the CPU");
   EMBER_CHECK(mean.size() == std::size_t(C) && invstd.size() == std::size_t(C), op, ": ", mean.size(),
               " saved means for ", C, " channels");
-  ConvBnGrads<T> r;
+  ConvBnGrads<T, P> r;
   const bool need_gz = need_input || need_weight || need_bias;
   if (!(need_gz || need_bn_weight || need_bn_bias)) return r;
   const Tensor<T> gyc = detail::dense(gy);
-  cpu::ConvBnNormGrads<T> bg = cpu::conv2d_batch_norm_backward<T>(g, gyc.data(), z.data(), mean, invstd, bn_weight,
+  cpu::ConvBnNormGrads<T, P> bg = cpu::conv2d_batch_norm_backward<T, P>(g, gyc.data(), z.data(), mean, invstd, bn_weight,
                                                                     bn_bias, bo.relu, bo.pool2, need_gz, need_bn_weight,
                                                                     need_bn_bias);
   r.bn_weight = std::move(bg.dbn_weight);
