@@ -174,8 +174,9 @@ BatchNormResult<T> batch_norm_forward(const Tensor<T>& x, const Tensor<P>& runni
 /// gradients have the weight's dtype P.
 template <class T, class P = T>
 struct BatchNormGrads {
-  Tensor<T> dx;               ///< The gradient of x.
-  Tensor<P> dweight, dbias;  ///< The gradients of the weight and the bias.
+  Tensor<T> dx;       ///< The gradient of x.
+  Tensor<P> dweight;  ///< The gradient of the weight.
+  Tensor<P> dbias;    ///< The gradient of the bias.
 };
 
 namespace detail {
