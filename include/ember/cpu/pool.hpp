@@ -110,6 +110,10 @@ void max_pool_plane(const PoolGeometry& g, const T* EMBER_RESTRICT xp, T* EMBER_
 #if EMBER_POOL_AVX512
 /// The low n bits (n <= 16).
 inline __mmask16 low_lanes(std::int64_t n) { return __mmask16((1u << unsigned(n)) - 1u); }
+#if EMBER_POOL_AVX512_BF16
+/// The 2n low lanes of 32 16-bit lanes (n <= 16 windows' pairs of bfloat16 elements).
+inline __mmask32 low_pairs(std::int64_t n) { return __mmask32((std::uint64_t(1) << unsigned(2 * n)) - 1u); }
+#endif
 
 /// Up to sixteen 2x2 windows (n of them) of fp32 rows r0 and r1 (columns [0, 2n) of each, read with masks, so
 /// narrow planes such as 14x14 take one step per row pair), split into their four elements: a = r0[2j],
@@ -133,7 +137,7 @@ struct Windows16 {
   /// half, r[2j + 1] in its high half), and a bfloat16 is the high half of its float, so a shift and a mask give
   /// the four elements as exact floats.
   Windows16(const bfloat16* r0, const bfloat16* r1, std::int64_t n) {
-    const __mmask32 m = __mmask32((std::uint64_t(1) << unsigned(2 * n)) - 1u);
+    const __mmask32 m = low_pairs(n);
     const __m512i v0 = _mm512_maskz_loadu_epi16(m, r0), v1 = _mm512_maskz_loadu_epi16(m, r1);
     const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
     a = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, v0, 16));
@@ -216,7 +220,7 @@ inline void store_interleaved(bfloat16* p, __m512 x, __m512 y, std::int64_t n) {
   constexpr __mmask16 all = 0xffff;
   const __m512i lo = _mm512_maskz_srli_epi32(all, _mm512_castps_si512(x), 16);
   const __m512i hi = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(int(0xffff0000u)));
-  _mm512_mask_storeu_epi16(p, __mmask32((std::uint64_t(1) << unsigned(2 * n)) - 1u), _mm512_or_si512(lo, hi));
+  _mm512_mask_storeu_epi16(p, low_pairs(n), _mm512_or_si512(lo, hi));
 }
 #endif
 #endif
