@@ -538,3 +538,95 @@ TEST_CASE_TEMPLATE("PackedB: GEMMs with B packed once equal gemm bit for bit", T
     }
   }
 }
+
+// ============================================================================ conversion runs (cpu/detail/cast16.hpp)
+
+namespace {
+// Floats that probe rounding to T: every T value, the midpoints between neighbours (ties) and the floats one ulp
+// either side of them, NaNs with payloads in the bits that rounding drops, and a sweep over all exponents.
+template <class T>
+std::vector<float> rounding_probes() {
+  std::vector<float> v;
+  auto bits = [](float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  auto from = [](std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    const float f = float(T::from_bits(std::uint16_t(b)));
+    v.push_back(f);
+    const float g = float(T::from_bits(std::uint16_t(b + 1)));
+    if (std::isfinite(f) && std::isfinite(g) && std::signbit(f) == std::signbit(g) && (b & 0x7fffu) != 0x7fffu) {
+      const float mid = (f + g) / 2;  // exact: float has 13 (half) or 16 (bfloat16) more significand bits
+      v.insert(v.end(), {mid, from(bits(mid) - 1), from(bits(mid) + 1)});
+    }
+  }
+  for (std::uint32_t payload : {0x1u, 0x7fffu, 0x8000u, 0xffffu, 0x400000u, 0x7fffffu})
+    for (std::uint32_t sign : {0u, 0x80000000u}) v.push_back(from(sign | 0x7f800000u | payload));
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 65537) v.push_back(from(std::uint32_t(u)));
+  v.push_back(std::numeric_limits<float>::max());
+  v.push_back(-std::numeric_limits<float>::max());
+  return v;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("conversion runs: float to bfloat16/half and back, and the executor's cast, are the scalar "
+                   "conversions bit for bit (this binary's tier)",
+                   T, bfloat16, half) {
+  namespace cv = cpu::detail::cast16;
+  const std::vector<float> src = rounding_probes<T>();
+  const i64 n = i64(src.size());
+  // Every start offset within a vector and a length that is not a whole number of vectors: the loops' tails.
+  for (i64 off : {i64(0), i64(1), i64(7), i64(15)}) {
+    const i64 len = n - off - 3;
+    std::vector<T> got(std::size_t(len), T::from_bits(0x1234));
+    cv::store_run(got.data(), src.data() + off, len, false);
+    i64 bad = 0;
+    for (i64 i = 0; i < len; ++i) bad += got[std::size_t(i)].bits != T(src[std::size_t(off + i)]).bits;
+    CHECK_MESSAGE(bad == 0, "store_run, offset " << off);
+    // Accumulating: round(dst + src), one rounding.
+    std::vector<T> acc(static_cast<std::size_t>(len)), want(static_cast<std::size_t>(len));
+    for (i64 i = 0; i < len; ++i) {
+      acc[std::size_t(i)] = T(float((i % 13) - 6) * 0.375f);
+      want[std::size_t(i)] = T(float(acc[std::size_t(i)]) + src[std::size_t(off + i)]);
+    }
+    cv::store_run(acc.data(), src.data() + off, len, true);
+    bad = 0;
+    for (i64 i = 0; i < len; ++i) {
+      const bool both_nan = ember::isnan(acc[std::size_t(i)]) && ember::isnan(want[std::size_t(i)]);
+      bad += !both_nan && acc[std::size_t(i)].bits != want[std::size_t(i)].bits;
+    }
+    CHECK_MESSAGE(bad == 0, "store_run accumulating, offset " << off);
+  }
+  // Widening every bit pattern (exact).
+  std::vector<T> all(0x10000u + 5);
+  for (std::size_t b = 0; b < all.size(); ++b) all[b] = T::from_bits(std::uint16_t(b));
+  for (i64 off : {i64(0), i64(3)}) {
+    std::vector<float> wide(all.size() - std::size_t(off));
+    cv::to_compute_run(all.data() + off, wide.data(), i64(wide.size()));
+    i64 bad = 0;
+    for (std::size_t i = 0; i < wide.size(); ++i) {
+      const float w = float(all[i + std::size_t(off)]);
+      bad += std::memcmp(&wide[i], &w, 4) != 0;
+    }
+    CHECK_MESSAGE(bad == 0, "to_compute_run, offset " << off);
+  }
+  // The executor's plain casts take these runs (cpu/executor.hpp), threaded over chunks.
+  const Tensor<float> x = from_vector(src, {n});
+  const Tensor<T> y = cast<T>(x);
+  const Tensor<float> z = cast<float>(y);
+  i64 bad_y = 0, bad_z = 0;
+  for (i64 i = 0; i < n; ++i) {
+    const T want = T(src[std::size_t(i)]);
+    bad_y += y.data()[i].bits != want.bits;
+    const float back = float(want);
+    bad_z += std::memcmp(&z.data()[i], &back, 4) != 0;
+  }
+  CHECK(bad_y == 0);
+  CHECK(bad_z == 0);
+}

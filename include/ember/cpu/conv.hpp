@@ -35,6 +35,7 @@
 #include "ember/core/tensor.hpp"
 #include "ember/core/window.hpp"
 #include "ember/cpu/conv_direct.hpp"
+#include "ember/cpu/detail/cast16.hpp"
 #include "ember/cpu/conv_winograd.hpp"
 #include "ember/cpu/epilogue.hpp"
 #include "ember/cpu/gemm.hpp"
@@ -100,15 +101,10 @@ inline void clear_conv_benchmark_cache() { (void)detail::conv_choice_cache_size(
 
 namespace detail {
 
-// dst[0, n) = src[0, n) rounded to T: the packed GEMM's store where that kernel is built, a plain loop where the
-// Eigen fallback is (EMBER_GEMM_EIGEN, or nvcc without vector-extension flags).
+// dst[0, n) = src[0, n) rounded to T, once (cpu/detail/cast16.hpp).
 template <class T, class A>
 inline void store_rounded(T* EMBER_RESTRICT dst, const A* EMBER_RESTRICT src, std::int64_t n) {
-#if EMBER_GEMM_PACKED
-  gemm::store_run(dst, src, n, false);
-#else
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-#endif
+  cast16::store_run(dst, src, n, false);
 }
 
 // floor(a / b) for b > 0 and any sign of a.

@@ -11,6 +11,7 @@
 #include "ember/config.hpp"
 #include "ember/core/creation.hpp"
 #include "ember/core/tensor.hpp"
+#include "ember/cpu/detail/cast16.hpp"
 #include "ember/cpu/detail/stream_store.hpp"
 #include "ember/cpu/thread_pool.hpp"
 #include "ember/expr/aliasing.hpp"
@@ -235,6 +236,16 @@ inline bool stream_this_pass(std::int64_t count, std::int64_t bytes) {
 }
 }  // namespace detail
 
+namespace detail {
+/// Whether E is cast<T>(tensor of S) with one of T and S float and the other bfloat16 or half.
+template <class T, class E>
+inline constexpr bool is_plain_16bit_cast_v = false;
+template <class T, class S, bool Own>
+inline constexpr bool is_plain_16bit_cast_v<T, expr::CastExpr<T, expr::TensorLeaf<S, Own>>> =
+    (std::is_same_v<T, float> && (std::is_same_v<S, bfloat16> || std::is_same_v<S, half>)) ||
+    (std::is_same_v<S, float> && (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>));
+}  // namespace detail
+
 /// out = e (out already has the broadcast shape of e, or e broadcasts to it). One pass; aliasing-safe.
 template <class T, class E>
 void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
@@ -268,6 +279,22 @@ void assign(const Tensor<T>& out, const E& e, const char* op = "assign") {
           Body local = body;
           local.run_streamed(a, b);
         });
+        out.bump_version();
+        return;
+      }
+    }
+    // A plain cast between float and bfloat16 or half: the conversion runs (cpu/detail/cast16.hpp), the same bits
+    // as the loop's, which the compiler vectorises poorly for bfloat16's rounding (2.5x slower on AVX-512).
+    if constexpr (detail::is_plain_16bit_cast_v<T, E>) {
+      if (fresh) {
+        const auto* src = e.a.tensor().data();
+        T* dst = out.data();
+        const auto run = [src, dst](std::int64_t a, std::int64_t b) {
+          if constexpr (sizeof(T) == 2) detail::cast16::store_run(dst + a, src + a, b - a, false);
+          else detail::cast16::to_compute_run(src + a, dst + a, b - a);
+        };
+        if (n < 2 * kGrain) run(0, n);
+        else parallel_for(0, n, kGrain, run);
         out.bump_version();
         return;
       }

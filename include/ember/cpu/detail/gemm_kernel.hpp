@@ -24,6 +24,7 @@
 
 #include "ember/config.hpp"
 #include "ember/core/float16.hpp"
+#include "ember/cpu/detail/cast16.hpp"
 #include "ember/cpu/detail/simd.hpp"
 
 // EMBER_GEMM_EIGEN selects the Eigen fallback; the kernel's tier is simd::Vec's (EMBER_SIMD_NO_AVX512: the AVX2
@@ -68,80 +69,11 @@ inline constexpr int kNV = 3;
 template <class T>
 inline constexpr int kNR = kNV * Vec<T>::width;
 
-/// The type the kernel computes in for operands stored as T: double for double, fp32 for everything else.
-template <class T>
-using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-#if EMBER_GEMM_AVX512
-// The zero-masked forms of the conversions and shifts: GCC 12.2 reports its own unmasked forms (which start from
-// _mm512_undefined) as maybe-uninitialized once inlined; with an all-ones mask they compile to the same instruction.
-inline __m512 cvt16_ps(__m256i h, bool is_half) {
-  return is_half ? _mm512_maskz_cvtph_ps(0xffff, h)
-                 : _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
-}
-#endif
-
-/// n values of S converted to the compute type at dst (a plain copy when S is the compute type). half uses the
-/// F16C/AVX-512 vector conversions, bfloat16 a widening shift; both are exact.
-template <class S>
-inline void to_compute_run(const S* EMBER_RESTRICT src, compute_t<S>* EMBER_RESTRICT dst, std::int64_t n) {
-  if constexpr (std::is_same_v<S, compute_t<S>>) {
-    std::memcpy(dst, src, std::size_t(n) * sizeof(S));
-  } else {
-    std::int64_t i = 0;
-#if EMBER_GEMM_AVX512
-    for (; i + 16 <= n; i += 16) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      _mm512_storeu_ps(dst + i, cvt16_ps(h, std::is_same_v<S, half>));
-    }
-#elif EMBER_GEMM_AVX2 && EMBER_HAS_F16C
-    for (; i + 8 <= n; i += 8) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      if constexpr (std::is_same_v<S, half>)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-      else
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-    }
-#endif
-    for (; i < n; ++i) dst[i] = float(src[i]);
-  }
-}
-
-/// dst[0, n) = round(src[0, n) [+ dst[0, n)]) in T, from the kernel's compute type: one rounding per element.
-template <class T>
-inline void store_run(T* EMBER_RESTRICT dst, const compute_t<T>* EMBER_RESTRICT src, std::int64_t n, bool add) {
-  if constexpr (std::is_same_v<T, compute_t<T>>) {
-    if (add)
-      for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
-    else
-      std::memcpy(dst, src, std::size_t(n) * sizeof(T));
-  } else {
-    std::int64_t i = 0;
-#if EMBER_GEMM_AVX512
-    for (; i + 16 <= n; i += 16) {
-      __m512 v = _mm512_loadu_ps(src + i);
-      __m256i* d = reinterpret_cast<__m256i*>(dst + i);
-      if (add) {
-        const __m256i o = _mm256_loadu_si256(d);
-        v = _mm512_add_ps(v, cvt16_ps(o, std::is_same_v<T, half>));
-      }
-      if constexpr (std::is_same_v<T, half>) {
-        _mm256_storeu_si256(d, _mm512_maskz_cvtps_ph(0xffff, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      } else {
-        // Round to nearest even (x + 0x7fff + lsb) >> 16; a NaN keeps its sign and top bits with the quiet bit set.
-        const __m512i x = _mm512_castps_si512(v), hi = _mm512_maskz_srli_epi32(0xffff, x, 16);
-        const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-        __m512i r = _mm512_maskz_srli_epi32(
-            0xffff, _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-        r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r,
-                                    _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-        _mm256_storeu_si256(d, _mm512_maskz_cvtepi32_epi16(0xffff, r));  // maskz: GCC 12 warns on the unmasked form
-      }
-    }
-#endif
-    for (; i < n; ++i) dst[i] = T(add ? float(dst[i]) + src[i] : src[i]);
-  }
-}
+/// The type the kernel computes in for operands stored as T (cpu/detail/cast16.hpp), and the conversion runs
+/// that packing and the tile stores use.
+using cast16::compute_t;
+using cast16::store_run;
+using cast16::to_compute_run;
 
 /// Cache blocking: kc values of k per packed panel, mc rows of A per packed block, nc columns of B per block.
 template <class T>
