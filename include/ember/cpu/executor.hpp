@@ -234,9 +234,7 @@ inline bool stream_this_pass(std::int64_t count, std::int64_t bytes) {
   stream::streamed_passes().fetch_add(1, std::memory_order_relaxed);
   return true;
 }
-}  // namespace detail
 
-namespace detail {
 /// Whether E is cast<T>(tensor of S) with one of T and S float and the other bfloat16 or half.
 template <class T, class E>
 inline constexpr bool is_plain_16bit_cast_v = false;

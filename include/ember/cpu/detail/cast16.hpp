@@ -1,7 +1,7 @@
 // ember — conversion runs between the 16-bit storage types and the type the CPU kernels compute in: n bfloat16 or
 // half values widened to float (exact), and n float values rounded once to bfloat16 or half (round to nearest
 // even; a NaN stays a NaN with its sign and quiet bit), bit for bit the scalar conversions of core/float16.hpp,
-// with AVX-512 (and, for widening, AVX2 + F16C) vector loops where the tier has them. The packed GEMM converts its
+// with AVX-512 or AVX2 + F16C vector loops where the tier has them. The packed GEMM converts its
 // operands and stores its tiles with them (cpu/detail/gemm_kernel.hpp), the executor a plain cast between float and
 // a 16-bit type (cpu/executor.hpp), the convolutions their 16-bit outputs.
 #pragma once
