@@ -4,6 +4,7 @@
 
 #include "helpers.hpp"
 #include "ember/core/hint.hpp"
+#include "ember/cpu/detail/gemm_bf16.hpp"
 #include "ember/cpu/isa.hpp"
 
 using namespace ember;
@@ -108,6 +109,27 @@ TEST_CASE("isa: AVX512-BF16 dot products need the avx512 tier and the bit") {
   CpuidWords a = avx2_cpu();
   a.leaf7_1_eax = b(5) | b(4);  // AVX-VNNI and the bit, but no AVX-512
   CHECK_FALSE(cpu::has_avx512_bf16(a));
+}
+
+// The dot-product kernel is the default only where it beats the fp32 FMAs: AMD's cores, not Intel's.
+TEST_CASE("isa: bfloat16 GEMMs default to the dot products on AMD only, and only with AVX512-BF16") {
+  CpuidWords w = avx512_cpu();
+  w.leaf7_1_eax = b(5);
+  w.leaf0_ebx = 0x756e6547;  // "Genu"ineIntel: Cooper Lake, Sapphire Rapids
+  CHECK(cpu::has_avx512_bf16(w));
+  CHECK_FALSE(cpu::is_amd(w));
+  CHECK_FALSE(cpu::bf16_dot_pays(w));
+  w.leaf0_ebx = 0x68747541;  // "Auth"enticAMD: Zen 4, Zen 5
+  CHECK(cpu::is_amd(w));
+  CHECK(cpu::bf16_dot_pays(w));
+  w.leaf7_1_eax = 0;  // no AVX512-BF16 (an AMD CPU before Zen 4)
+  CHECK_FALSE(cpu::bf16_dot_pays(w));
+  w.leaf7_1_eax = b(5);
+  w.xcr0 &= ~std::uint64_t(0xe0);  // the OS leaves the AVX-512 state off
+  CHECK_FALSE(cpu::bf16_dot_pays(w));
+  // This machine: the switch starts where bf16_dot_pays says unless EMBER_BF16_DOT decides.
+  if (!std::getenv("EMBER_BF16_DOT") && !std::getenv("EMBER_CPU_ISA") && cpu::bf16_dot_available())
+    CHECK(cpu::bf16_dot_active() == cpu::bf16_dot_pays(cpu::read_cpuid()));
 }
 
 TEST_CASE("isa: this machine, this build, and the names of EMBER_CPU_ISA") {

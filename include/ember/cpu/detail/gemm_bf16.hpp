@@ -2,12 +2,16 @@
 // accumulation and one rounding into the output (bfloat16 or float), at twice the fp32 kernel's multiply-adds per
 // instruction: one instruction adds, in each of 16 fp32 lanes, the two products of a pair of values along k.
 //
-// On by default wherever the CPU has AVX512_BF16 and the OS enables the AVX-512 state (Zen 4 and later, Cooper Lake,
-// Sapphire Rapids), chosen at run time, so any AVX-512 build uses it; cpu::set_bf16_dot(false), or EMBER_BF16_DOT=0 in
-// the environment, keeps the fp32 kernel (operands converted while packed), and EMBER_CPU_ISA=avx2 or below turns
-// it off too. AMX, where the CPU has it and it is switched on (the default, cpu::set_amx), comes first. Results differ from the fp32 kernel's within the
-// GEMM's rounding bound: each instruction adds the pair's two products in turn (odd index first), and bfloat16
-// subnormal inputs and fp32 subnormal sums are flushed to zero (the instruction's DAZ/FTZ, whatever MXCSR says).
+// Chosen at run time from CPUID wherever the CPU has AVX512_BF16 and the OS enables the AVX-512 state, so any
+// AVX-512 build can use it; on by default where it pays (cpu::bf16_dot_pays: AMD's Zen 4 and later, where one
+// instruction does twice an fp32 FMA's work at the same rate), off on Intel's cores, which run it no faster than
+// their fp32 FMAs (half their rate on the Sapphire and Emerald Rapids-class Xeons measured), so that the fp32
+// kernel on operands converted while packed is as fast or faster. cpu::set_bf16_dot(true/false), or
+// EMBER_BF16_DOT=1/0 in the environment, overrides the default, and EMBER_CPU_ISA=avx2 or below turns it off. AMX,
+// where the CPU has it and it is switched on (the default, cpu::set_amx), comes first. Results differ from the fp32
+// kernel's within the GEMM's rounding bound: each instruction adds the pair's two products in turn (odd index first),
+// and bfloat16 subnormal inputs and fp32 subnormal sums are flushed to zero (the instruction's DAZ/FTZ, whatever
+// MXCSR says).
 // cpu::PackedA and cpu::PackedB of bfloat16 then keep the view and multiply through this kernel as cpu::gemm does,
 // so their results stay gemm's bit for bit.
 //
@@ -60,9 +64,10 @@ struct KernelSwitch {
 
 namespace detail::gemm::bf16 {
 
-/// The switch: on by default; EMBER_BF16_DOT=0 in the environment turns it off at the first ask.
+/// The switch: on by default where the dot products pay (cpu::bf16_dot_pays); EMBER_BF16_DOT=0/1 in the
+/// environment decides instead at the first ask.
 inline KernelSwitch& kernel_switch() {
-  static KernelSwitch s{"EMBER_BF16_DOT", true};
+  static KernelSwitch s{"EMBER_BF16_DOT", bf16_dot_pays(read_cpuid())};
   return s;
 }
 
@@ -252,8 +257,9 @@ inline bool active() { return kernel_switch().on() && available(); }
 }  // namespace detail::gemm::bf16
 
 /// bfloat16 GEMMs (matmul, linear, the im2col convolution's GEMMs) on AVX512-BF16 dot products (vdpbf16ps) when
-/// `on` (the default) and the CPU has them (cpu::bf16_dot_available()); off, they run the fp32 kernel on operands
-/// converted while packed. The environment's EMBER_BF16_DOT=0 turns it off at start. See cpu/detail/gemm_bf16.hpp
+/// `on` and the CPU has them (cpu::bf16_dot_available()); off, they run the fp32 kernel on operands converted while
+/// packed. The default is on where the dot products pay (cpu::bf16_dot_pays: AMD's cores, not Intel's); the
+/// environment's EMBER_BF16_DOT=1 or 0 sets it at start instead. See cpu/detail/gemm_bf16.hpp
 /// for how its results differ from the fp32 kernel's (within the rounding bound).
 inline void set_bf16_dot(bool on) { detail::gemm::bf16::kernel_switch().set(on); }
 /// Whether this CPU runs AVX512-BF16 dot products in this build (an AVX-512 build of the packed kernel; the tier not
