@@ -122,21 +122,39 @@ template <class T>
 }
 
 #if EMBER_GEMM_AVX512
-/// Transposing packs of float operands, 16 values of k at a time through Vec<float>::transpose: `lines` runs of src
-/// (run i at src + i * ld, contiguous along k; missing runs read as zeros) become kc groups of `width` values at
-/// dst (group p at dst + p * ld_dst + off). A row-major A's micro-panel is 12 runs packed 12 wide; a column-major
-/// B's is 32 runs packed as two halves of 16.
-inline void pack_transposed_f32(int lines, std::int64_t kc, const float* src, std::int64_t ld, float* dst,
+/// n (at most 16) values of S at src as 16 fp32 lanes, zeros past n: float as it is, bfloat16 and half widened
+/// (exactly: every 16-bit value is a float).
+template <class S>
+inline __m512 load_f32x16(const S* src, int n) {
+  const __mmask16 m = __mmask16((1u << n) - 1u);
+  if constexpr (std::is_same_v<S, float>) {
+    return _mm512_maskz_loadu_ps(m, src);
+  } else {
+    static_assert(std::is_same_v<S, bfloat16> || std::is_same_v<S, half>, "load_f32x16: float, bfloat16 or half");
+    return cast16::cvt16_ps(_mm256_maskz_loadu_epi16(m, src), std::is_same_v<S, half>);
+  }
+}
+
+/// Transposing packs into fp32 panels, 16 values of k at a time through Vec<float>::transpose: `lines` runs of src
+/// (run i at src + i * ld, contiguous along k; missing runs read as zeros; float, or bfloat16 / half widened as they
+/// are read) become kc groups of `width` values at dst (group p at dst + p * ld_dst + off). A row-major A's
+/// micro-panel is 12 runs packed 12 wide; a column-major B's is 32 runs packed as two halves of 16.
+template <class S>
+inline void pack_transposed_f32(int lines, std::int64_t kc, const S* src, std::int64_t ld, float* dst,
                                 std::int64_t ld_dst, __mmask16 keep) {
   __m512 r[16];
   for (std::int64_t p = 0; p < kc; p += 16) {
     const int n = int(std::min<std::int64_t>(16, kc - p));
-    const __mmask16 lm = __mmask16((1u << n) - 1u);
-    for (int i = 0; i < 16; ++i) r[i] = i < lines ? _mm512_maskz_loadu_ps(lm, src + i * ld + p) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < lines ? load_f32x16(src + i * ld + p, n) : _mm512_setzero_ps();
     Vec<float>::transpose(r);
     for (int j = 0; j < n; ++j) _mm512_mask_storeu_ps(dst + (p + j) * ld_dst, keep, r[j]);
   }
 }
+
+/// Whether pack_transposed_f32 reads S (and the kernel computes S in fp32).
+template <class S>
+inline constexpr bool kTransposedPack =
+    std::is_same_v<S, float> || std::is_same_v<S, bfloat16> || std::is_same_v<S, half>;
 #endif
 
 /// Packs rows [0, mc) x cols [0, kc) of A (element (i, p) at a[i * rs + p * cs]) into MR-row micro-panels of the
@@ -148,7 +166,7 @@ void pack_a(std::int64_t mc, std::int64_t kc, const S* a, std::int64_t rs, std::
     const int rows = int(std::min<std::int64_t>(kMR, mc - i0));
     const S* ap = a + i0 * rs;
 #if EMBER_GEMM_AVX512
-    if constexpr (std::is_same_v<S, float>) {
+    if constexpr (kTransposedPack<S>) {
       if (cs == 1) {  // rows contiguous along k: transposed 16 x 16 in registers, zero rows below the last
         pack_transposed_f32(rows, kc, ap, rs, dst, kMR, __mmask16((1u << kMR) - 1u));
         continue;
@@ -187,7 +205,7 @@ void pack_b(std::int64_t kc, std::int64_t nc, const S* b, std::int64_t rs, std::
     const int cols = int(std::min<std::int64_t>(NR, nc - j0));
     const S* bp = b + j0 * cs;
 #if EMBER_GEMM_AVX512
-    if constexpr (std::is_same_v<S, float>) {
+    if constexpr (kTransposedPack<S>) {
       if (rs == 1 && cs != 1) {  // columns contiguous along k: two 16-column halves transposed in registers
         pack_transposed_f32(std::min(cols, 16), kc, bp, cs, dst, NR, 0xffff);
         pack_transposed_f32(std::max(cols - 16, 0), kc, bp + 16 * cs, cs, dst + 16, NR, 0xffff);
