@@ -707,6 +707,84 @@ TEST_CASE_TEMPLATE("conv2d in half and bfloat16: fp32 accumulation, one rounding
   }
 }
 
+// Where Winograd (or, forward, the direct kernel) applies and the 16-bit GEMM is no faster than fp32's (half always;
+// bfloat16 without AMX or AVX512-BF16 dot products on), 16-bit convolutions run the float kernels on widened operands:
+// the same bits as widening, convolving in float and rounding each result once, forward (with the activation, the
+// pool and the per-image callback) and both gradients.
+TEST_CASE_TEMPLATE("conv2d in half and bfloat16 through the float Winograd and direct kernels: widened, rounded once",
+                   H, half, bfloat16) {
+  if (!EMBER_CONV_DIRECT) {
+    MESSAGE("a build without the Winograd and direct kernels: 16-bit convolutions take im2col + GEMM");
+    return;
+  }
+  ThreadsGuard guard;
+  struct FastGemmOff {  // the fp32-speed 16-bit GEMM, so that widening is chosen for bfloat16 too
+    bool dot = cpu::bf16_dot_active(), amx = cpu::amx_active();
+    FastGemmOff() { cpu::set_bf16_dot(false), cpu::set_amx(false); }
+    ~FastGemmOff() { cpu::set_bf16_dot(dot), cpu::set_amx(amx); }
+  } fast_off;
+  cpu::enable_act_epilogues<float>();
+  auto same = [](const Tensor<H>& a, const Tensor<H>& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), std::size_t(a.numel()) * sizeof(H)) == 0;
+  };
+  struct Case {
+    i64 n, c, h, w, o, s;
+  };
+  for (const Case& k : {Case{3, 16, 10, 9, 24, 1}, Case{2, 8, 11, 11, 16, 2}}) {  // Winograd; direct (stride 2)
+    cpu::ConvGeometry g;
+    g.n = k.n, g.c = k.c, g.h = k.h, g.w = k.w, g.o = k.o, g.kh = g.kw = 3, g.sh = g.sw = k.s, g.ph = g.pw = 1;
+    g.oh = (g.h + 2 - 3) / k.s + 1, g.ow = (g.w + 2 - 3) / k.s + 1;
+    const bool winograd = k.s == 1;
+    REQUIRE(cpu::conv_winograd_applies<float>(g) == winograd);
+    REQUIRE(cpu::conv_direct_applies<float>(g));
+    INFO("input " << Shape{g.n, g.c, g.h, g.w}.str() << " stride " << k.s);
+    const Tensor<H> x = cast<H>(normal_f({g.n, g.c, g.h, g.w}, 81)), w = cast<H>(normal_f({g.o, g.c, 3, 3}, 82)),
+                    b = cast<H>(normal_f({g.o}, 83));
+    const TF xf = TF(cast<float>(x)), wf = TF(cast<float>(w)), bf = TF(cast<float>(b));
+    for (const int threads : {1, 2}) {
+      cpu::set_num_threads(threads);
+      for (const Activation act : {Activation::none, Activation::relu})
+        for (const bool pool : {false, true}) {
+          INFO("threads " << threads << " act " << std::string(activation_name(act)) << " pool " << pool);
+          const Shape ys = pool ? Shape{g.n, g.o, g.oh / 2, g.ow / 2} : Shape{g.n, g.o, g.oh, g.ow};
+          TF want = empty<float>(ys);
+          cpu::conv2d_forward<float>(g, xf.data(), wf.data(), bf.data(), want.data(), act, pool);
+          Tensor<H> got = empty<H>(ys);
+          cpu::conv2d_forward<H>(g, x.data(), w.data(), b.data(), got.data(), act, pool);
+          CHECK(same(got, cast<H>(want)));
+        }
+      if (!winograd) continue;  // (the direct kernel takes no callback)
+      // The per-image callback (the fused batch norm's statistics) sees each image's rounded output once.
+      Tensor<H> got = empty<H>({g.n, g.o, g.oh, g.ow}), seen = zeros<H>({g.n, g.o, g.oh, g.ow});
+      std::vector<int> calls(std::size_t(g.n), 0);
+      const i64 L = g.o * g.oh * g.ow;
+      cpu::conv2d_forward<H>(g, x.data(), w.data(), nullptr, got.data(), Activation::relu, false,
+                             [&](i64 i, const H* yi) {
+                               ++calls[std::size_t(i)];
+                               std::memcpy(seen.data() + i * L, yi, std::size_t(L) * sizeof(H));
+                             });
+      TF want = empty<float>({g.n, g.o, g.oh, g.ow});
+      cpu::conv2d_forward<float>(g, xf.data(), wf.data(), nullptr, want.data(), Activation::relu);
+      CHECK(same(got, cast<H>(want)));
+      CHECK(same(seen, got));
+      CHECK(calls == std::vector<int>(std::size_t(g.n), 1));
+      // Both gradients and the bias's.
+      const Tensor<H> gy = cast<H>(normal_f({g.n, g.o, g.oh, g.ow}, 84));
+      const TF gyf = TF(cast<float>(gy));
+      TF gxf = empty<float>(xf.shape()), gwf = empty<float>(wf.shape()), gbf = empty<float>({g.o});
+      cpu::conv2d_backward<float>(g, xf.data(), wf.data(), gyf.data(), gxf.data(), gwf.data(), gbf.data());
+      Tensor<H> gx = empty<H>(x.shape()), gw = empty<H>(w.shape()), gb = empty<H>({g.o});
+      cpu::conv2d_backward<H>(g, x.data(), w.data(), gy.data(), gx.data(), gw.data(), gb.data());
+      CHECK(same(gx, cast<H>(gxf)));
+      CHECK(same(gw, cast<H>(gwf)));
+      CHECK(same(gb, cast<H>(gbf)));
+      Tensor<H> gw_only = empty<H>(w.shape());  // the weight's gradient alone (no input gradient, no weight read)
+      cpu::conv2d_backward<H>(g, x.data(), nullptr, gy.data(), nullptr, gw_only.data(), nullptr);
+      CHECK(same(gw_only, gw));
+    }
+  }
+}
+
 // Pooling in half and bfloat16 reads and writes the 16-bit planes in place and computes in fp32: averages sum in
 // fp32, and the gradients that overlapping windows send onto one input element add up in an fp32 plane, each
 // rounded once. So every element is within one rounding of the double result on the same 16-bit inputs (rounding

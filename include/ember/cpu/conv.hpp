@@ -10,6 +10,9 @@
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
 // column matrix. In AVX-512 and AVX2 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out
 // take the Winograd kernels of cpu/conv_winograd.hpp for the forward and the gradients to the input and the weight.
+// bfloat16 and half convolutions where those kernels apply run them on float copies of their operands (widening is
+// exact; each result is rounded once) unless the 16-bit GEMM is the faster (bfloat16 on AMX, or on AVX512-BF16 dot
+// products where they are on): with GEMMs at fp32's speed, im2col + GEMM would do about twice Winograd's work.
 //
 // Choosing the algorithm: by default each pass runs the first that applies of Winograd, the direct kernel (forward
 // only) and im2col + GEMM, an order measured on this project's shapes (bench_conv's *Algo benchmarks). In benchmark
@@ -210,6 +213,47 @@ void for_image_runs(std::int64_t n, std::int64_t tasks, const F& body) {
   });
 }
 
+
+/// Whether 16-bit GEMMs run faster than fp32 ones here: bfloat16 on AMX tiles or on AVX512-BF16 dot products (where
+/// those are on: cpu::set_amx, cpu::set_bf16_dot); never for half, whose GEMMs convert to fp32.
+template <class T>
+bool conv16_fast_gemm() {
+#if EMBER_GEMM_BF16_PAIRS
+  if constexpr (std::is_same_v<T, bfloat16>) {
+#if EMBER_GEMM_AMX
+    if (gemm::amx::active()) return true;
+#endif
+    return gemm::bf16::active();
+  }
+#endif
+  return false;
+}
+
+/// Whether a 16-bit convolution (bfloat16, half) runs the float kernels on widened copies of its operands: where
+/// Winograd (or, for the forward, the direct kernel) applies to the float problem and the 16-bit GEMM is no faster
+/// than fp32's, so im2col + GEMM would do Winograd's work twice over (or the direct kernel's with the column
+/// buffer's traffic). Widening is exact and the float results are rounded once, as the GEMM path's are.
+template <class T>
+bool conv16_widens(bool winograd, bool direct) {
+  static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, half>, "conv16_widens: a 16-bit type");
+  return (winograd || direct) && !conv16_fast_gemm<T>();
+}
+
+/// n values of a 16-bit src widened into a new float buffer (threaded).
+template <class T>
+Tensor<float> widened(const T* src, std::int64_t n) {
+  Tensor<float> out = empty<float>(Shape{n});
+  float* dst = out.data();
+  parallel_for(0, n, 1 << 16,
+               [&](std::int64_t i0, std::int64_t i1) { cast16::to_compute_run(src + i0, dst + i0, i1 - i0); });
+  return out;
+}
+
+/// dst[0, n) = src[0, n) rounded to T (threaded).
+template <class T>
+void rounded_into(T* dst, const float* src, std::int64_t n) {
+  parallel_for(0, n, 1 << 16, [&](std::int64_t i0, std::int64_t i1) { store_rounded(dst + i0, src + i0, i1 - i0); });
+}
 }  // namespace detail
 
 /// conv2d_forward through im2col + GEMM, whatever the geometry (every dtype; the fallback of the faster kernels).
@@ -353,8 +397,29 @@ void conv2d_backward_im2col(const ConvGeometry& g, const T* x, const T* w, const
 template <class T, class ImageDone = std::nullptr_t>
 void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T* y, Activation act = Activation::none,
                     bool pool2 = false, const ImageDone& image_done = nullptr) {
+  constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
+    if (detail::conv16_widens<T>((no_done || !pool2) && conv_winograd_applies<float>(g),
+                                 no_done && conv_direct_applies<float>(g))) {
+      const std::int64_t L = g.oh * g.ow, ny = g.n * g.o * (pool2 ? (g.oh / 2) * (g.ow / 2) : L);
+      const Tensor<float> xf = detail::widened(x, g.n * g.c * g.h * g.w),
+                          wf = detail::widened(w, g.o * g.cg() * g.kh * g.kw);
+      const Tensor<float> bf = b ? detail::widened(b, g.o) : Tensor<float>();
+      Tensor<float> yf = empty<float>(Shape{ny});
+      if constexpr (no_done) {
+        conv2d_forward<float>(g, xf.data(), wf.data(), b ? bf.data() : nullptr, yf.data(), act, pool2);
+        detail::rounded_into(y, yf.data(), ny);
+      } else {  // each image rounded as it is done, then handed on in T
+        conv2d_forward<float>(g, xf.data(), wf.data(), b ? bf.data() : nullptr, yf.data(), act, pool2,
+                              [&](std::int64_t i, const float* yi) {
+                                detail::store_rounded(y + i * g.o * L, yi, g.o * L);
+                                image_done(i, static_cast<const T*>(y + i * g.o * L));
+                              });
+      }
+      return;
+    }
+  }
   if constexpr (std::is_same_v<T, float>) {
-    constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
     ConvAlgo cands[3];
     int nc = 0;
     if ((no_done || !pool2) && conv_winograd_applies<T>(g)) cands[nc++] = ConvAlgo::winograd;
@@ -392,6 +457,23 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
 /// input's and the weight's gradients each run Winograd or the GEMMs (the header's comment says which).
 template <class T>
 void conv2d_backward(const ConvGeometry& g, const T* x, const T* w, const T* gy, T* gx, T* gw, T* gb) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
+    if ((gx || gw) && detail::conv16_widens<T>(conv_winograd_applies<float>(g), false)) {
+      const std::int64_t nx = g.n * g.c * g.h * g.w, nw = g.o * g.cg() * g.kh * g.kw;
+      const Tensor<float> gyf = detail::widened(gy, g.n * g.o * g.oh * g.ow);
+      const Tensor<float> xf = gw ? detail::widened(x, nx) : Tensor<float>(),
+                          wf = gx ? detail::widened(w, nw) : Tensor<float>();
+      Tensor<float> gxf = gx ? empty<float>(Shape{nx}) : Tensor<float>(),
+                    gwf = gw ? empty<float>(Shape{nw}) : Tensor<float>(),
+                    gbf = gb ? empty<float>(Shape{g.o}) : Tensor<float>();
+      conv2d_backward<float>(g, gw ? xf.data() : nullptr, gx ? wf.data() : nullptr, gyf.data(),
+                             gx ? gxf.data() : nullptr, gw ? gwf.data() : nullptr, gb ? gbf.data() : nullptr);
+      if (gx) detail::rounded_into(gx, gxf.data(), nx);
+      if (gw) detail::rounded_into(gw, gwf.data(), nw);
+      if (gb) detail::rounded_into(gb, gbf.data(), g.o);
+      return;
+    }
+  }
   if constexpr (std::is_same_v<T, float>) {
     if ((gx || gw) && conv_winograd_applies<T>(g)) {
       ConvAlgo ax = ConvAlgo::winograd, aw = ConvAlgo::winograd;

@@ -183,8 +183,8 @@ void pack_a(std::int64_t mc, std::int64_t kc, const S* a, std::int64_t rs, std::
           for (std::int64_t p = 0; p < kc; ++p) dst[p * kMR + r] = row[p];
         }
       }
-    } else if (rs == 1 && rows == kMR) {  // columns contiguous: one contiguous run of MR per k
-      for (std::int64_t p = 0; p < kc; ++p) to_compute_run(ap + p * cs, dst + p * kMR, kMR);
+    } else if (rs == 1) {  // columns contiguous: one contiguous run of MR (the last panel: rows) per k
+      for (std::int64_t p = 0; p < kc; ++p) to_compute_run(ap + p * cs, dst + p * kMR, rows);
     } else {
       for (std::int64_t p = 0; p < kc; ++p)
         for (int r = 0; r < rows; ++r) dst[p * kMR + r] = T(ap[r * rs + p * cs]);
@@ -213,8 +213,8 @@ void pack_b(std::int64_t kc, std::int64_t nc, const S* b, std::int64_t rs, std::
       }
     }
 #endif
-    if (cs == 1 && cols == NR) {  // row-major: NR contiguous values per k
-      for (std::int64_t p = 0; p < kc; ++p) to_compute_run(bp + p * rs, dst + p * NR, NR);
+    if (cs == 1) {  // row-major: NR (the last panel: cols) contiguous values per k
+      for (std::int64_t p = 0; p < kc; ++p) to_compute_run(bp + p * rs, dst + p * NR, cols);
     } else if (rs == 1) {  // column-major (a transposed view): read each column along k
       for (int j = 0; j < cols; ++j) {
         if constexpr (std::is_same_v<S, T>) {
