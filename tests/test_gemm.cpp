@@ -333,11 +333,11 @@ TEST_CASE("gemm: bfloat16 on AMX tiles (cpu::set_amx) within the rounding bound,
   CHECK(bit_diffs(on, off) > 0);
 }
 
-// bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot, on by default where the CPU has them): the same checks
-// as the fp32 kernel's (exact integer sums rounded once, real values within the rounding bound of any summation
-// order), every layout and edge, both thread counts, k past the kernel's panel with fp32 and bfloat16 outputs, NaN
-// and infinity carried through; switched off, the fp32 kernel runs again (its results are the ones above); and a
-// PackedA or PackedB made while the kernel is on multiplies through it, bit for bit as gemm.
+// bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot; on by default where they pay, cpu::bf16_dot_pays): the
+// same checks as the fp32 kernel's (exact integer sums rounded once, real values within the rounding bound of any
+// summation order), every layout and edge, both thread counts, k past the kernel's panel with fp32 and bfloat16
+// outputs, NaN and infinity carried through; switched off, the fp32 kernel runs again (its results are the ones
+// above); and a PackedA or PackedB made while the kernel is on multiplies through it, bit for bit as gemm.
 TEST_CASE("gemm: bfloat16 on AVX512-BF16 dot products (cpu::set_bf16_dot) within the rounding bound, every layout") {
   struct DotGuard {
     bool was = cpu::bf16_dot_active();
