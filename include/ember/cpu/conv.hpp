@@ -399,8 +399,10 @@ void conv2d_forward(const ConvGeometry& g, const T* x, const T* w, const T* b, T
                     bool pool2 = false, const ImageDone& image_done = nullptr) {
   constexpr bool no_done = std::is_same_v<ImageDone, std::nullptr_t>;
   if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, half>) {
-    if (detail::conv16_widens<T>((no_done || !pool2) && conv_winograd_applies<float>(g),
-                                 no_done && conv_direct_applies<float>(g))) {
+    // (only without an activation or with ReLU, which commute with the rounding: others act on the rounded values)
+    const bool exact_act = act == Activation::none || act == Activation::relu;
+    if (exact_act && detail::conv16_widens<T>((no_done || !pool2) && conv_winograd_applies<float>(g),
+                                              no_done && conv_direct_applies<float>(g))) {
       const std::int64_t L = g.oh * g.ow, ny = g.n * g.o * (pool2 ? (g.oh / 2) * (g.ow / 2) : L);
       const Tensor<float> xf = detail::widened(x, g.n * g.c * g.h * g.w),
                           wf = detail::widened(w, g.o * g.cg() * g.kh * g.kw);
