@@ -10,9 +10,10 @@
 // split across the threads instead. A 1x1 convolution with stride 1 and no padding reads the input as its own
 // column matrix. In AVX-512 and AVX2 builds, 3x3 stride-1 float convolutions with 16 or more channels in and out
 // take the Winograd kernels of cpu/conv_winograd.hpp for the forward and the gradients to the input and the weight.
-// bfloat16 and half convolutions where those kernels apply run them on float copies of their operands (widening is
-// exact; each result is rounded once) unless the 16-bit GEMM is the faster (bfloat16 on AMX, or on AVX512-BF16 dot
-// products where they are on): with GEMMs at fp32's speed, im2col + GEMM would do about twice Winograd's work.
+// bfloat16 and half convolutions where those kernels apply (with no activation, or ReLU) run them on float copies of
+// their operands (widening is exact; each result is rounded once) unless the 16-bit GEMM is the faster (bfloat16 on
+// AMX, or on AVX512-BF16 dot products where they are on): with GEMMs at fp32's speed, im2col + GEMM would do about
+// twice Winograd's work.
 //
 // Choosing the algorithm: by default each pass runs the first that applies of Winograd, the direct kernel (forward
 // only) and im2col + GEMM, an order measured on this project's shapes (bench_conv's *Algo benchmarks). In benchmark
