@@ -75,3 +75,5 @@ TEST_CASE("dist: a world of one (the self backend) gathers and scatters device t
   pg->reduce_scatter_tensor(rs, x).wait();
   CHECK(rs.to_vector()[999] == 999.f);
 }
+
+#undef SKIP_WITHOUT_DEVICE  // (the CUDA files are compiled several to a TU: tests/unity.cmake)

@@ -723,3 +723,5 @@ TEST_CASE("cuda GradScaler: unscale_ on device gradients, an injected inf skips 
   CHECK(scaler.get_scale() == 256.0);
   expect_close(b, full<double>({5}, 1.75), 0, "b untouched");
 }
+
+#undef SKIP_WITHOUT_DEVICE  // (the CUDA files are compiled several to a TU: tests/unity.cmake)
